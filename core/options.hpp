@@ -1,0 +1,59 @@
+// Configuration: one table of VRAMSWAP_* environment variables (mimalloc's options.c idea).
+//
+// Each option is read from the environment when asked for, unless a programmatic override
+// was set with option_set(), which wins. Sizes accept K/M/G/T suffixes (powers of two, with
+// or without "iB"/"B"), some also a percentage of a base. A malformed value is an error that
+// names the variable, the value and what would be accepted; it is never silently replaced
+// by the default.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace vramswap {
+
+// X(id, ENV_NAME, default text, help)
+#define VRAMSWAP_OPTIONS(X)                                                                     \
+  X(backend, "VRAMSWAP_BACKEND", "auto",                                                         \
+    "backend: host | cuda | auto (cuda where a GPU is usable, else host)")                       \
+  X(log_level, "VRAMSWAP_LOG", "info", "log level: error | warn | info | debug")                 \
+  X(host_devices, "VRAMSWAP_HOST_DEVICES", "1", "number of emulated devices of the host backend") \
+  X(host_device_memory, "VRAMSWAP_HOST_DEVICE_MEMORY", "4GiB",                                   \
+    "memory of each emulated device of the host backend (size)")                                 \
+  X(frame_size, "VRAMSWAP_FRAME_SIZE", "32MiB",                                                  \
+    "frame size: a multiple of the device's allocation granularity (2 MiB on CUDA)")             \
+  X(arena_size, "VRAMSWAP_ARENA_SIZE", "200%",                                                   \
+    "virtual reservation per process and device: size, or percent of device memory")
+
+enum class option_id {
+#define VRAMSWAP_OPTION_ENUM(id, env, def, help) id,
+  VRAMSWAP_OPTIONS(VRAMSWAP_OPTION_ENUM)
+#undef VRAMSWAP_OPTION_ENUM
+      count_
+};
+
+struct option_desc {
+  const char* env_name;
+  const char* default_text;
+  const char* help;
+};
+
+const option_desc& describe(option_id id) noexcept;
+
+// The effective text: override, else environment, else the default. Never null.
+std::string option_text(option_id id);
+// True when neither an override nor the environment sets the option.
+bool option_is_default(option_id id);
+
+// Programmatic override (wins over the environment); nullptr removes it.
+void option_set(option_id id, const char* value);
+
+// Parse "4096", "32M", "32MiB", "1.5G" (binary units). With percent_base != 0, "50%" means
+// half of percent_base. Returns err_invalid_argument with a detail naming `what`.
+int parse_size(const char* text, uint64_t* out, const char* what, uint64_t percent_base = 0) noexcept;
+
+// Typed accessors: the detail of a failure names the variable and the bad value.
+int option_size(option_id id, uint64_t* out, uint64_t percent_base = 0);
+int option_uint(option_id id, uint64_t* out, uint64_t min_value, uint64_t max_value);
+
+}  // namespace vramswap
