@@ -215,6 +215,9 @@ class backend {
 // built without cuda.h, ...) when it cannot work on this machine.
 int make_backend(backend_kind kind, std::unique_ptr<backend>* out);
 
+// What VRAMSWAP_BACKEND=`text` selects, made anew (default_backend() caches this).
+int select_backend(const std::string& text, std::unique_ptr<backend>* out);
+
 // The process-wide backend chosen by VRAMSWAP_BACKEND (host | cuda | auto): made on the
 // first call, the choice said once in the log. A malformed value, or an explicit `cuda`
 // that cannot work here, is an error every time it is asked for.

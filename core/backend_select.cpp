@@ -1,0 +1,70 @@
+// Which backend a process uses: VRAMSWAP_BACKEND=host|cuda|auto, decided once.
+#include <mutex>
+#include <string>
+
+#include "core/backend_impls.hpp"
+#include "core/log.hpp"
+#include "core/options.hpp"
+#include "core/status.hpp"
+
+namespace vramswap {
+
+int make_backend(backend_kind kind, std::unique_ptr<backend>* out) {
+  switch (kind) {
+    case backend_kind::host: return make_host_backend(out);
+    case backend_kind::cuda: return make_cuda_backend(out);
+  }
+  return fail(err_invalid_argument, "make_backend: unknown backend kind %d", static_cast<int>(kind));
+}
+
+namespace {
+
+struct chosen {
+  std::unique_ptr<backend> instance;
+  int status = ok;
+  std::string detail;
+};
+
+}  // namespace
+
+int select_backend(const std::string& text, std::unique_ptr<backend>* out) {
+  if (text == "host" || text == "cuda") {
+    const int rc = make_backend(text == "host" ? backend_kind::host : backend_kind::cuda, out);
+    if (rc != ok) return add_context(rc, "VRAMSWAP_BACKEND=%s: ", text.c_str());
+    log(log_level::info, "backend %s (VRAMSWAP_BACKEND=%s)", (*out)->name(), text.c_str());
+    return ok;
+  }
+  if (text == "auto") {
+    const int rc = make_backend(backend_kind::cuda, out);
+    if (rc == ok) {
+      log(log_level::info, "backend cuda (a GPU is usable; VRAMSWAP_BACKEND=host selects the emulation)");
+      return ok;
+    }
+    if (rc != err_unavailable) return rc;
+    const std::string why = last_error();
+    VS_TRY(make_backend(backend_kind::host, out));
+    log(log_level::info, "backend host: no usable GPU (%s)", why.c_str());
+    return ok;
+  }
+  return fail(err_invalid_argument, "VRAMSWAP_BACKEND=\"%s\" is not one of host, cuda, auto", text.c_str());
+}
+
+namespace {
+
+chosen choose() {
+  chosen c;
+  c.status = select_backend(option_text(option_id::backend), &c.instance);
+  if (c.status != ok) c.detail = last_error();
+  return c;
+}
+
+}  // namespace
+
+int default_backend(backend** out) {
+  static chosen c = choose();  // thread-safe, once per process
+  if (c.status != ok) return fail(c.status, "%s", c.detail.c_str());
+  *out = c.instance.get();
+  return ok;
+}
+
+}  // namespace vramswap

@@ -1,0 +1,79 @@
+// Child process of the conformance suite's cross-process test (spawned, never forked, so
+// that it initializes the backend itself, as a real client would).
+//
+// usage: frame_importer <host|cuda> <socket-fd> <frame-bytes> <seed>
+// Receives one frame descriptor over the socket, imports and maps it, checks that every
+// byte equals fill_random(seed), overwrites it with fill_random(seed + 1), synchronizes and
+// answers "ok" (or "error: <what>") on the socket.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "core/backend.hpp"
+#include "core/fd_transfer.hpp"
+#include "core/status.hpp"
+#include "support/random_bytes.hpp"
+
+using namespace vramswap;
+
+namespace {
+int sock = -1;
+
+[[noreturn]] void answer(const std::string& text, int code) {
+  send_fd(sock, -1, text.data(), text.size());
+  std::exit(code);
+}
+
+void check(int rc, const char* what) {
+  if (rc != ok) answer(std::string("error: ") + what + ": " + status_name(rc) + ": " + last_error(), 2);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: %s <host|cuda> <socket-fd> <frame-bytes> <seed>\n", argv[0]);
+    return 64;
+  }
+  sock = std::atoi(argv[2]);
+  const size_t size = std::strtoull(argv[3], nullptr, 10);
+  const uint64_t seed = std::strtoull(argv[4], nullptr, 10);
+
+  std::unique_ptr<backend> be;
+  check(make_backend(std::string(argv[1]) == "cuda" ? backend_kind::cuda : backend_kind::host, &be), "make_backend");
+
+  int fd = -1;
+  char tag[16];
+  size_t len = 0;
+  check(recv_fd(sock, &fd, tag, sizeof tag, &len), "recv_fd");
+  if (fd < 0) answer("error: no descriptor arrived", 2);
+
+  frame_id frame = 0;
+  check(be->import_frame(0, fd, size, &frame), "import_frame");
+  ::close(fd);
+  device_ptr va = 0;
+  check(be->reserve(0, size, 0, &va), "reserve");
+  check(be->map(va, size, frame, 0), "map");
+  check(be->set_access(va, size, access_flags::read_write), "set_access");
+  void* buf = nullptr;
+  check(be->host_alloc(size, &buf), "host_alloc");
+  stream_id s = 0;
+  check(be->stream_create(0, &s), "stream_create");
+  check(be->copy_d2h(buf, va, size, s), "copy_d2h");
+  check(be->stream_synchronize(s), "stream_synchronize");
+  const size_t bad = test::first_mismatch(buf, size, seed);
+  if (bad != size) answer("error: byte " + std::to_string(bad) + " of the imported frame differs from what the parent wrote", 3);
+
+  test::fill_random(buf, size, seed + 1);
+  check(be->copy_h2d(va, buf, size, s), "copy_h2d");
+  check(be->stream_synchronize(s), "stream_synchronize");
+  check(be->stream_destroy(s), "stream_destroy");
+  check(be->unmap(va, size), "unmap");
+  check(be->release_frame(frame), "release_frame");
+  check(be->unreserve(va, size), "unreserve");
+  check(be->host_free(buf), "host_free");
+  answer("ok", 0);
+}
