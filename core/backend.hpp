@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <unordered_map>
 
@@ -38,6 +39,8 @@ namespace vramswap {
 
 enum class backend_kind { host, cuda };
 const char* backend_kind_name(backend_kind kind) noexcept;
+// For GoogleTest's parameter printing and for logs.
+inline void PrintTo(backend_kind kind, std::ostream* os) { *os << backend_kind_name(kind); }
 
 // Opaque handles; 0 is never a valid handle.
 using frame_id = uint64_t;

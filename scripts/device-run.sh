@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one go: record the machine's facts, build, run every test suite
+# (the cuda backend's included) and the benchmarks, with logs under $OUT.
+#
+#   here:   bash scripts/fetch-device-deps.sh            (once; fills .devdeps/)
+#   device: run(command="bash scripts/device-run.sh [tests] [bench]", carry=[".devdeps"])
+#
+# With no argument it does both. Exit status: that of the test suites.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/vramswap-device-out}
+mkdir -p "$OUT"
+export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
+what=${*:-tests bench}
+
+# --- facts, for the logs and for the next session --------------------------------------
+{
+  date -u
+  uname -a
+  nvidia-smi --query-gpu=name,uuid,memory.total,memory.free,driver_version --format=csv 2>&1
+  nvcc --version 2>&1 | tail -2
+  g++ --version | head -1
+  cmake --version | head -1
+  ninja --version
+  python3 --version
+  echo "boost: $(ls -d /usr/include/boost 2>&1) $(grep -m1 'define BOOST_LIB_VERSION' /usr/include/boost/version.hpp 2>&1)"
+  echo "gtest headers: $(ls -d /usr/include/gtest 2>&1); libs: $(ls /usr/lib/x86_64-linux-gnu/libgtest* 2>&1 | tr '\n' ' ')"
+  echo "liburing (system): $(ls /usr/lib/x86_64-linux-gnu/liburing* 2>&1 | tr '\n' ' ')"
+  free -g | head -2
+  df -h . /tmp | tail -2
+} >"$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+# --- carried packages ---------------------------------------------------------------------
+prefix=$PWD/.devdeps/root
+if compgen -G ".devdeps/*.deb" >/dev/null; then
+  mkdir -p "$prefix"
+  for deb in .devdeps/*.deb; do dpkg -x "$deb" "$prefix"; done
+  export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+else
+  echo "device-run: no .devdeps/*.deb carried (run scripts/fetch-device-deps.sh here and carry .devdeps)" >&2
+fi
+
+# --- build --------------------------------------------------------------------------------
+build=build/device
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVRAMSWAP_WERROR=ON \
+  -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/configure.log" 2>&1 ||
+  { tail -40 "$OUT/configure.log"; exit 2; }
+grep -E "^-- vramswap" "$OUT/configure.log"
+cmake --build "$build" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 2; }
+
+status=0
+if [[ $what == *tests* ]]; then
+  VRAMSWAP_LOG=warn ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600 >"$OUT/ctest.log" 2>&1 || status=$?
+  grep -E "tests passed|tests failed|\*\*\*Failed|Failed  |\(Failed\)" "$OUT/ctest.log" | tail -30
+  # The cuda half of the conformance suite, verbosely, for the record.
+  "$build/tests/core/backend_conformance_test" --gtest_filter='*cuda*' >"$OUT/conformance-cuda.log" 2>&1 || status=$?
+  tail -5 "$OUT/conformance-cuda.log"
+  grep "\[ info" "$OUT/conformance-cuda.log"
+fi
+if [[ $what == *bench* ]]; then
+  for b in "$build"/bench/*/bench_*; do
+    [[ -x $b ]] || continue
+    name=$(basename "$b")
+    echo "== $name"
+    "$b" >"$OUT/$name.md" 2>"$OUT/$name.err" || { echo "$name failed"; tail -5 "$OUT/$name.err"; status=1; }
+    cat "$OUT/$name.md"
+  done
+fi
+exit $status

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Run HERE (a machine with Debian's package archive), before using the GPU machine: the GPU
+# machine has no network, so what it lacks travels with the working tree in .devdeps/
+# (git-ignored; name it in the device tool's `carry`). scripts/device-run.sh unpacks it.
+#   liburing: not installed there; Debian 12's 2.3 links and runs there.
+#   libgtest-dev: a fallback in case the image has GoogleTest headers without libraries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .devdeps
+cd .devdeps
+apt-get download liburing-dev liburing2 libgtest-dev 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
+ls -l ./*.deb
