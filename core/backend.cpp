@@ -240,9 +240,10 @@ int backend::map(device_ptr va, size_t size, frame_id frame, size_t offset) {
                 "map: va 0x%" PRIxPTR ", size %zu and offset %zu must be multiples of device %d's granularity %zu (size > 0)", va, size,
                 offset, device, gran);
   }
-  if (offset > f->second.size || size > f->second.size - offset) {
-    return fail(err_invalid_argument, "map: bytes [%zu, %zu) are outside frame %" PRIu64 " of %zu bytes", offset, offset + size, frame,
-                f->second.size);
+  if (offset != 0 || size != f->second.size) {
+    return fail(err_invalid_argument,
+                "map: bytes [%zu, %zu) are not the whole of frame %" PRIu64 " (%zu bytes); frames map whole, from offset 0", offset,
+                offset + size, frame, f->second.size);
   }
   if (overflows(va, size)) return fail(err_invalid_argument, "map: va 0x%" PRIxPTR " + %zu overflows", va, size);
   int res_device = -1;

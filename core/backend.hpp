@@ -98,9 +98,10 @@ class backend {
   int frame_size(frame_id frame, size_t* out);
 
   // --- mappings -------------------------------------------------------------------------
-  // Map bytes [offset, offset+size) of `frame` at `va`. `va`, `size` and `offset` must be
-  // multiples of the granularity and [va, va+size) must lie inside one reservation of the
-  // frame's device and overlap no mapping. The new mapping is inaccessible until
+  // Map the whole of `frame` at `va`: `offset` must be 0 and `size` the frame's size (CUDA's
+  // cuMemMap supports nothing else today; the parameters are there for when it does). `va`
+  // must be a multiple of the granularity and [va, va+size) must lie inside one reservation
+  // of the frame's device and overlap no mapping. The new mapping is inaccessible until
   // set_access().
   int map(device_ptr va, size_t size, frame_id frame, size_t offset);
   // Unmap [va, va+size), which must be exactly a run of whole mappings.
