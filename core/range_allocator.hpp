@@ -53,7 +53,10 @@ struct range_allocation {
 //   a page boundary; a small one may be moved to the next boundary to avoid straddling).
 //   Every block of at least `size + max slack` is known to fit, so the search scans at most
 //   kScanLimit best-fit candidates below that size and then takes lower_bound(size + max
-//   slack): O(log n) per operation (n = blocks + allocations). The slack before a placed
+//   slack): O(log n) per operation (n = blocks + allocations). Only when no block is that
+//   large (the reservation is nearly exhausted) does the scan go on through the remaining
+//   candidates, so that a fitting block is never missed; a small allocation straddles a
+//   page boundary only when no block can hold it inside one page. The slack before a placed
 //   allocation stays a free block (the "prefix"), the rest after it another (the "suffix").
 //   Reference: Wilson, Johnstone, Neely, Boles, "Dynamic Storage Allocation: A Survey and
 //   Critical Review" (1995), sections on best fit and coalescing; RMM's

@@ -453,7 +453,7 @@ TEST_P(RangeAllocatorFuzz, MatchesShadowModel) {
   std::map<uint64_t, uint64_t> shadow;        // addr -> rounded size
   std::vector<uint64_t> counts(cfg.pages, 0);  // live allocations overlapping each page
   std::vector<uint64_t> freed;                 // recently freed addresses
-  uint64_t shadow_bytes = 0, allocs = 0, frees = 0, ooms = 0, bad = 0;
+  uint64_t shadow_bytes = 0, allocs = 0, frees = 0, ooms = 0, bad = 0, straddles = 0;
 
   auto random_size = [&]() -> uint64_t {
     switch (rng() % 10) {
@@ -468,6 +468,9 @@ TEST_P(RangeAllocatorFuzz, MatchesShadowModel) {
     SCOPED_TRACE("step " + std::to_string(step));
     const double fill = static_cast<double>(shadow_bytes) / static_cast<double>(size);
     const uint64_t roll = rng() % 100;
+    // Alternate calm phases (about half full) with pressure phases (nearly full, fragmented)
+    // so that out-of-memory and forced-straddle paths are exercised too.
+    const double free_weight = (step / 2000) % 2 == 0 ? 90.0 : 12.0;
     if (roll < 3 && !shadow.empty()) {
       // Bad input: an interior pointer or a stale pointer; must fail and change nothing.
       const snapshot before(r);
@@ -485,7 +488,8 @@ TEST_P(RangeAllocatorFuzz, MatchesShadowModel) {
         ASSERT_EQ(snapshot(r), before);
         ++bad;
       }
-    } else if (!shadow.empty() && (roll < 3 + static_cast<uint64_t>(90 * fill) || roll >= 97)) {
+    } else if (!shadow.empty() && (roll < 3 + static_cast<uint64_t>(free_weight * fill) ||
+                                   roll >= 97)) {
       auto it = std::next(shadow.begin(), static_cast<long>(rng() % shadow.size()));
       const uint64_t a = it->first, s = it->second;
       std::vector<page_range> v{{777, 1}};
@@ -538,6 +542,23 @@ TEST_P(RangeAllocatorFuzz, MatchesShadowModel) {
           auto prev = std::prev(next);
           ASSERT_LE(prev->first + prev->second, a) << "overlaps " << hex(prev->first);
         }
+        if (s < P && (a - base) / P != (a + s - 1 - base) / P) {
+          // A straddling small allocation: no free gap may have held it inside one page.
+          uint64_t gap = base;
+          auto fits_in_a_page = [&](uint64_t lo, uint64_t hi) {  // gap [lo, hi)
+            if (hi - lo < s) return false;
+            if ((lo - base) / P == (lo + s - 1 - base) / P) return true;
+            const uint64_t b = base + ((lo - base) / P + 1) * P;
+            return b < hi && hi - b >= s;
+          };
+          for (const auto& [la, ls] : shadow) {
+            ASSERT_FALSE(fits_in_a_page(gap, la)) << hex(a) << " straddles but " << hex(gap)
+                                                  << " could hold " << s << " bytes in one page";
+            gap = la + ls;
+          }
+          ASSERT_FALSE(fits_in_a_page(gap, base + size)) << hex(a) << " straddles needlessly";
+          ++straddles;
+        }
         ASSERT_LE(v.size(), 1u);
         std::vector<uint64_t> expect;
         for (uint64_t p = (a - base) / P; p <= (a + s - 1 - base) / P; ++p) {
@@ -567,10 +588,12 @@ TEST_P(RangeAllocatorFuzz, MatchesShadowModel) {
   EXPECT_GT(frees, steps / 4);
   EXPECT_GT(ooms, 0u);
   EXPECT_GT(bad, 0u);
-  std::printf("[ fuzz     ] %s: %llu steps, %llu allocations, %llu frees, %llu OOM, %llu bad frees\n",
+  std::printf("[ fuzz     ] %s: %llu steps, %llu allocations, %llu frees, %llu OOM, "
+              "%llu bad frees, %llu forced straddles\n",
               cfg.name, static_cast<unsigned long long>(steps),
               static_cast<unsigned long long>(allocs), static_cast<unsigned long long>(frees),
-              static_cast<unsigned long long>(ooms), static_cast<unsigned long long>(bad));
+              static_cast<unsigned long long>(ooms), static_cast<unsigned long long>(bad),
+              static_cast<unsigned long long>(straddles));
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, RangeAllocatorFuzz,
