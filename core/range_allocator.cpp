@@ -372,6 +372,12 @@ int range_allocator::find(uint64_t addr, range_allocation* out) const noexcept {
   return 0;
 }
 
+void range_allocator::overlapping(uint64_t lo, uint64_t hi, std::vector<range_allocation>* out) const {
+  auto it = live_.upper_bound(lo);
+  if (it != live_.begin() && std::prev(it)->first + std::prev(it)->second > lo) --it;
+  for (; it != live_.end() && it->first < hi; ++it) out->push_back({it->first, it->second});
+}
+
 uint64_t range_allocator::page_live_count(uint64_t page) const noexcept {
   if (page >= end_count_.size()) return 0;
   if (end_count_[page] != 0) return end_count_[page];  // then no allocation covers it whole

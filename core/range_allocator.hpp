@@ -127,6 +127,10 @@ class range_allocator {
   // whether it is outside the reservation or in free space). *out is unchanged on failure.
   int find(uint64_t addr, range_allocation* out) const noexcept;
 
+  // Appends to *out the live allocations that overlap [lo, hi), in address order (the
+  // pager asks which allocations share a page, to combine their advice).
+  void overlapping(uint64_t lo, uint64_t hi, std::vector<range_allocation>* out) const;
+
   // Number of live allocations that overlap page `page`; 0 for a page past page_count().
   uint64_t page_live_count(uint64_t page) const noexcept;
 

@@ -16,6 +16,7 @@
 #include "core/backend.hpp"
 #include "core/fd_transfer.hpp"
 #include "core/status.hpp"
+#include "support/backends.hpp"
 #include "support/random_bytes.hpp"
 
 extern char** environ;
@@ -23,29 +24,7 @@ extern char** environ;
 namespace vramswap {
 namespace {
 
-#define EXPECT_FAILS(expr, code, needle)                                                  \
-  do {                                                                                    \
-    clear_error();                                                                        \
-    EXPECT_EQ((expr), (code)) << #expr;                                                   \
-    EXPECT_NE(std::string(last_error()).find(needle), std::string::npos) << last_error(); \
-  } while (0)
 
-// One backend per kind for the whole run: a CUDA context is costly to make.
-backend* shared_backend(backend_kind kind, std::string* why) {
-  static std::map<backend_kind, std::unique_ptr<backend>> made;
-  static std::map<backend_kind, std::string> reasons;
-  if (made.count(kind) == 0 && reasons.count(kind) == 0) {
-    std::unique_ptr<backend> be;
-    if (make_backend(kind, &be) == ok) {
-      made[kind] = std::move(be);
-    } else {
-      reasons[kind] = last_error();
-    }
-  }
-  if (made.count(kind) != 0) return made[kind].get();
-  *why = reasons[kind];
-  return nullptr;
-}
 
 // Owns pinned host buffers for a test and frees them at its end.
 struct pinned_buffer {
@@ -64,7 +43,7 @@ class BackendConformance : public ::testing::TestWithParam<backend_kind> {
  protected:
   void SetUp() override {
     std::string why;
-    be = shared_backend(GetParam(), &why);
+    be = test::shared_backend(GetParam(), &why);
     if (be == nullptr) GTEST_SKIP() << "backend " << backend_kind_name(GetParam()) << " unavailable here: " << why;
     device_info info;
     ASSERT_EQ(be->get_device_info(0, &info), ok) << last_error();
@@ -411,7 +390,7 @@ TEST_P(BackendConformance, BadDescriptorsAreRejected) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackendConformance, ::testing::Values(backend_kind::host, backend_kind::cuda),
-                         [](const auto& param_info) { return std::string(backend_kind_name(param_info.param)); });
+                         test::param_name);
 
 // --- host-backend specifics -------------------------------------------------------------
 

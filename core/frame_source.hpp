@@ -1,0 +1,33 @@
+// frame_source: where the pager gets frames to back resident pages, and gives them back.
+//
+// In a single process (and in tests) frames are made and released on demand
+// (local_frame_source). With the pool server (planned) frames come from the per-device pool
+// shared by all processes instead, through the same interface.
+#pragma once
+
+#include <cstddef>
+
+#include "core/backend.hpp"
+
+namespace vramswap {
+
+class frame_source {
+ public:
+  virtual ~frame_source() = default;
+  // A frame of `size` bytes on `device`; err_out_of_memory when none can be had.
+  virtual int take(int device, size_t size, frame_id* out) = 0;
+  virtual int give_back(frame_id frame) = 0;
+};
+
+// Frames created with the backend on demand and released when given back.
+class local_frame_source final : public frame_source {
+ public:
+  explicit local_frame_source(backend& be) : be_(be) {}
+  int take(int device, size_t size, frame_id* out) override { return be_.create_frame(device, size, out); }
+  int give_back(frame_id frame) override { return be_.release_frame(frame); }
+
+ private:
+  backend& be_;
+};
+
+}  // namespace vramswap

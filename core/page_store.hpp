@@ -1,0 +1,35 @@
+// Where the contents of non-resident pages live, as the pager sees it: pinned host memory.
+//
+// The pager (core/) moves bytes between device frames and host memory over PCIe; a
+// page_store (implemented in swap/: the host tier, later spilling to the disk tier) owns
+// that host memory. Keeping the interface here lets core/ stay independent of swap/
+// (arrows point one way: swap -> core).
+//
+// A slot is identified by the caller's key (the pager uses the page's index in its arena).
+// Slot memory is always pinned (registered with the backend once, reused), so copies run at
+// the link's rate; the store never pins per swap.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace vramswap {
+
+class page_store {
+ public:
+  virtual ~page_store() = default;
+
+  // Pinned host memory of `size` bytes that will hold page `key`'s saved bytes. Valid until
+  // release(key). Asking again for a key that has a slot returns the same memory.
+  virtual int slot_for_write(uint64_t key, size_t size, void** host) = 0;
+  // Pinned host memory holding page `key`'s saved bytes (a store with a disk tier may read
+  // them back first). err_invalid_argument when the key has no slot.
+  virtual int slot_for_read(uint64_t key, void** host) = 0;
+  // The saved copy of `key` is no longer needed; its memory is reused. No-op if none.
+  virtual int release(uint64_t key) = 0;
+  virtual bool holds(uint64_t key) const = 0;
+  // Bytes of saved pages held (in pinned host memory).
+  virtual uint64_t bytes_held() const = 0;
+};
+
+}  // namespace vramswap

@@ -1,0 +1,48 @@
+// page_table: where each page of an arena's contents is.
+//
+//   unbacked  no frame and no saved copy: a page no live allocation touches, or one
+//             allocated while the process was evicted and not yet brought in
+//   resident  mapped at its address in frame `frame`, accessible
+//   host      not mapped; its bytes are in the page store's pinned host memory
+//   disk      not mapped; its bytes are on the disk tier (planned, swap/)
+//   discarded not mapped; its contents were dropped on eviction (discardable advice) and
+//             come back zero-filled
+//
+// Flags: host_copy_valid says a resident page's saved copy in the store still equals its
+// device bytes (read_mostly pages keep it after restore), so evicting it again copies
+// nothing. Not thread-safe: the pager serializes calls.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/backend.hpp"
+
+namespace vramswap {
+
+enum class page_state : uint8_t { unbacked, resident, host, disk, discarded };
+const char* page_state_name(page_state s) noexcept;
+
+struct page_entry {
+  page_state state = page_state::unbacked;
+  bool host_copy_valid = false;
+  frame_id frame = 0;  // valid when resident
+};
+
+class page_table {
+ public:
+  explicit page_table(uint64_t pages = 0) : entries_(pages) {}
+  page_entry& operator[](uint64_t page) { return entries_[page]; }
+  const page_entry& operator[](uint64_t page) const { return entries_[page]; }
+  uint64_t size() const noexcept { return entries_.size(); }
+  uint64_t count(page_state s) const noexcept {
+    uint64_t n = 0;
+    for (const page_entry& e : entries_) n += e.state == s;
+    return n;
+  }
+
+ private:
+  std::vector<page_entry> entries_;
+};
+
+}  // namespace vramswap

@@ -1,0 +1,363 @@
+#include "core/pager.hpp"
+
+#include <chrono>
+#include <cinttypes>
+#include <deque>
+
+#include "core/log.hpp"
+#include "core/options.hpp"
+#include "core/status.hpp"
+
+namespace vramswap {
+
+const char* page_state_name(page_state s) noexcept {
+  switch (s) {
+    case page_state::unbacked: return "unbacked";
+    case page_state::resident: return "resident";
+    case page_state::host: return "host";
+    case page_state::disk: return "disk";
+    case page_state::discarded: return "discarded";
+  }
+  return "?";
+}
+
+namespace {
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+}  // namespace
+
+int resolve_pager_config(backend& be, int device, pager_config* cfg) {
+  device_info info;
+  VS_TRY(be.get_device_info(device, &info));
+  if (cfg->frame_size == 0) VS_TRY(option_size(option_id::frame_size, &cfg->frame_size));
+  if (cfg->frame_size % info.granularity != 0 || !is_pow2(cfg->frame_size / info.granularity)) {
+    return fail(err_invalid_argument,
+                "VRAMSWAP_FRAME_SIZE: %" PRIu64 " bytes is not a power-of-two multiple of device %d's allocation granularity (%" PRIu64
+                " bytes); use e.g. 2MiB, 32MiB (the default), 64MiB or 256MiB",
+                cfg->frame_size, device, info.granularity);
+  }
+  if (cfg->arena_size == 0) VS_TRY(option_size(option_id::arena_size, &cfg->arena_size, info.total_bytes));
+  cfg->arena_size = (cfg->arena_size + cfg->frame_size - 1) / cfg->frame_size * cfg->frame_size;
+  if (cfg->arena_size == 0) return fail(err_invalid_argument, "VRAMSWAP_ARENA_SIZE: the arena must hold at least one frame");
+  if (cfg->copies_in_flight == 0) cfg->copies_in_flight = 1;
+  return ok;
+}
+
+pager::pager(backend& be, int device, page_store& store, frame_source& frames, const pager_config& cfg)
+    : be_(be), device_(device), store_(store), frames_(frames), frame_size_(cfg.frame_size), copies_in_flight_(cfg.copies_in_flight) {}
+
+int pager::create(backend& be, int device, page_store& store, frame_source& frames, pager_config cfg, std::unique_ptr<pager>* out) {
+  VS_TRY(resolve_pager_config(be, device, &cfg));
+  std::unique_ptr<pager> p(new pager(be, device, store, frames, cfg));
+  VS_TRY(p->arena_.init(be, device, cfg.arena_size, cfg.frame_size));
+  p->table_ = page_table(p->arena_.page_count());
+  VS_TRY(be.stream_create(device, &p->out_stream_));
+  VS_TRY(be.stream_create(device, &p->in_stream_));
+  p->events_.resize(cfg.copies_in_flight);
+  for (event_id& e : p->events_) VS_TRY(be.event_create(device, &e));
+  log(log_level::debug, "pager: device %d, arena 0x%" PRIxPTR " + %" PRIu64 " bytes, frames of %" PRIu64 " bytes", device,
+      p->arena_.base(), p->arena_.size(), cfg.frame_size);
+  *out = std::move(p);
+  return ok;
+}
+
+pager::~pager() {
+  // Teardown tolerates failures (the driver may be shutting down): give back what we can.
+  if (in_stream_ != 0) be_.stream_synchronize(in_stream_);
+  if (out_stream_ != 0) be_.stream_synchronize(out_stream_);
+  for (uint64_t p = 0; p < table_.size(); ++p) {
+    if (table_[p].state == page_state::resident) unback_page(p, page_state::unbacked);
+    drop_saved_copy(p);
+  }
+  for (event_id e : events_) {
+    if (e != 0) be_.event_destroy(e);
+  }
+  if (in_stream_ != 0) be_.stream_destroy(in_stream_);
+  if (out_stream_ != 0) be_.stream_destroy(out_stream_);
+}
+
+// --- page moves -------------------------------------------------------------------------
+
+int pager::back_page(uint64_t page) {
+  frame_id f = 0;
+  VS_TRY(frames_.take(device_, frame_size_, &f));
+  const device_ptr va = arena_.page_address(page);
+  int rc = be_.map(va, frame_size_, f, 0);
+  if (rc == ok) {
+    rc = be_.set_access(va, frame_size_, access_flags::read_write);
+    if (rc != ok) be_.unmap(va, frame_size_);
+  }
+  if (rc != ok) {
+    const std::string why = last_error();
+    frames_.give_back(f);
+    return fail(rc, "%s", why.c_str());
+  }
+  table_[page].frame = f;
+  table_[page].state = page_state::resident;
+  return ok;
+}
+
+int pager::unback_page(uint64_t page, page_state now) {
+  page_entry& e = table_[page];
+  VS_TRY(be_.unmap(arena_.page_address(page), frame_size_));
+  const int rc = frames_.give_back(e.frame);
+  e.frame = 0;
+  e.state = now;
+  if (rc != ok) log(log_level::warn, "pager: giving back the frame of page %" PRIu64 " failed: %s", page, last_error());
+  return ok;
+}
+
+void pager::drop_saved_copy(uint64_t page) {
+  store_.release(page);
+  table_[page].host_copy_valid = false;
+}
+
+void pager::invalidate_saved_copies(page_range pages) {
+  for (uint64_t p = pages.first; p < pages.first + pages.count; ++p) {
+    if (table_[p].host_copy_valid) drop_saved_copy(p);
+  }
+}
+
+// --- allocation -------------------------------------------------------------------------
+
+int pager::malloc(uint64_t size, device_ptr* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<page_range> fresh;
+  device_ptr ptr = 0;
+  VS_TRY(arena_.allocate(size, &ptr, &fresh));
+  // New bytes on a page make a kept copy of it stale.
+  invalidate_saved_copies(arena_.pages_of(ptr, size));
+  if (resident_) {
+    for (const page_range& r : fresh) {
+      for (uint64_t p = r.first; p < r.first + r.count; ++p) {
+        const int rc = back_page(p);
+        if (rc == ok) continue;
+        // Undo: the pages backed so far, then the allocation itself.
+        const std::string why = last_error();
+        for (uint64_t q = r.first; q < p; ++q) unback_page(q, page_state::unbacked);
+        arena_.deallocate(ptr, nullptr);
+        return fail(rc, "malloc(%" PRIu64 "): backing page %" PRIu64 " of the new allocation: %s", size, p - r.first, why.c_str());
+      }
+    }
+  }
+  *out = ptr;
+  return ok;
+}
+
+int pager::free(device_ptr ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<page_range> dead;
+  VS_TRY(arena_.deallocate(ptr, &dead));
+  for (const page_range& r : dead) {
+    for (uint64_t p = r.first; p < r.first + r.count; ++p) {
+      if (table_[p].state == page_state::resident) unback_page(p, page_state::unbacked);
+      drop_saved_copy(p);
+      table_[p].state = page_state::unbacked;
+    }
+  }
+  return ok;
+}
+
+int pager::advise(device_ptr ptr, uint64_t size, advice a) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  VS_TRY(arena_.advise(ptr, size, a));
+  // A copy kept under earlier advice may not match what the new advice lets the caller do.
+  invalidate_saved_copies(arena_.pages_of(ptr, size));
+  return ok;
+}
+
+// --- eviction ---------------------------------------------------------------------------
+
+int pager::evict_all() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = evict_locked();
+  stats_.evict_seconds += since(t0);
+  return rc;
+}
+
+int pager::evict_locked() {
+  // The caller's kernels may still be writing the memory we are about to copy.
+  VS_TRY(add_context(be_.device_synchronize(device_), "evict_all: synchronizing device %d: ", device_));
+
+  struct in_flight {
+    uint64_t page;
+    event_id event;
+  };
+  std::deque<in_flight> pending;
+  size_t next_event = 0;
+  int failure = ok;
+  std::string failure_detail;
+
+  // Completes the oldest queued copy: the page's bytes are saved, so it can be unmapped.
+  auto finish_oldest = [&]() {
+    const in_flight f = pending.front();
+    pending.pop_front();
+    int rc = failure == ok ? be_.event_synchronize(f.event) : failure;
+    if (rc == ok) rc = unback_page(f.page, page_state::host);
+    if (rc == ok) {
+      stats_.bytes_out += frame_size_;
+      ++stats_.pages_evicted;
+      return;
+    }
+    // The copy (or the unmap) failed: the page stays resident and its partial copy is dropped.
+    store_.release(f.page);
+    if (failure == ok) {
+      failure = rc;
+      failure_detail = last_error();
+    }
+  };
+
+  for (uint64_t p = 0; p < table_.size() && failure == ok; ++p) {
+    page_entry& e = table_[p];
+    if (e.state != page_state::resident) continue;
+    const advice adv = arena_.page_advice(p);
+    if (adv == advice::discardable) {
+      drop_saved_copy(p);
+      if ((failure = unback_page(p, page_state::discarded)) != ok) failure_detail = last_error();
+      ++stats_.pages_discarded;
+      ++stats_.pages_evicted;
+      continue;
+    }
+    if (e.host_copy_valid && adv == advice::read_mostly) {
+      if ((failure = unback_page(p, page_state::host)) != ok) failure_detail = last_error();
+      e.host_copy_valid = false;  // the copy is now the page's only home, not a spare
+      ++stats_.pages_clean;
+      ++stats_.pages_evicted;
+      continue;
+    }
+    if (e.host_copy_valid) drop_saved_copy(p);  // stale under the current advice
+    if (pending.size() == copies_in_flight_) finish_oldest();
+    if (failure != ok) break;
+    void* host = nullptr;
+    int rc = store_.slot_for_write(p, frame_size_, &host);
+    if (rc == ok) {
+      rc = be_.copy_d2h(host, arena_.page_address(p), frame_size_, out_stream_);
+      if (rc == ok) rc = be_.event_record(events_[next_event], out_stream_);
+      if (rc != ok) {
+        const std::string why = last_error();
+        be_.stream_synchronize(out_stream_);  // nothing may still be writing into the slot
+        store_.release(p);
+        failure = fail(rc, "%s", why.c_str());
+      }
+    } else {
+      failure = rc;
+    }
+    if (failure != ok) {
+      failure_detail = last_error();
+      break;
+    }
+    pending.push_back({p, events_[next_event]});
+    next_event = (next_event + 1) % events_.size();
+  }
+  while (!pending.empty()) finish_oldest();
+  if (failure != ok) {
+    return fail(failure, "evict_all: stopped with %" PRIu64 " page(s) still resident, nothing lost: %s",
+                table_.count(page_state::resident), failure_detail.c_str());
+  }
+  resident_ = false;
+  return ok;
+}
+
+// --- restore ----------------------------------------------------------------------------
+
+int pager::restore_all() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<uint64_t> from_host;
+  int failure = ok;
+  std::string failure_detail;
+  for (uint64_t p = 0; p < table_.size(); ++p) {
+    page_entry& e = table_[p];
+    if (e.state == page_state::resident || arena_.page_live_count(p) == 0) continue;
+    const page_state was = e.state;
+    void* host = nullptr;
+    if (was == page_state::host && (failure = store_.slot_for_read(p, &host)) != ok) break;
+    if ((failure = back_page(p)) != ok) {
+      e.state = was;
+      break;
+    }
+    const device_ptr va = arena_.page_address(p);
+    if (was == page_state::host) {
+      failure = be_.copy_h2d(va, host, frame_size_, in_stream_);
+      from_host.push_back(p);
+    } else if (was == page_state::discarded) {
+      failure = be_.memset_d8(va, 0, frame_size_, in_stream_);
+    }
+    if (failure != ok) break;
+  }
+  if (failure != ok) failure_detail = last_error();
+  const int sync = be_.stream_synchronize(in_stream_);
+  if (sync != ok && failure == ok) {
+    failure = sync;
+    failure_detail = last_error();
+  }
+  if (failure != ok) {
+    // Copies in may not have completed: the saved copies stay the pages' home.
+    for (uint64_t p : from_host) {
+      if (table_[p].state == page_state::resident) unback_page(p, page_state::host);
+    }
+    stats_.restore_seconds += since(t0);
+    return fail(failure, "restore_all: stopped, nothing lost (pages not restored keep their saved copies): %s", failure_detail.c_str());
+  }
+  for (uint64_t p : from_host) {
+    if (arena_.page_advice(p) == advice::read_mostly) {
+      table_[p].host_copy_valid = true;  // the caller promised not to write: keep the copy
+    } else {
+      store_.release(p);
+    }
+    stats_.bytes_in += frame_size_;
+    ++stats_.pages_restored;
+  }
+  resident_ = true;
+  stats_.restore_seconds += since(t0);
+  return ok;
+}
+
+// --- queries ------------------------------------------------------------------------------
+
+bool pager::resident() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return resident_;
+}
+
+pager_stats pager::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pager_stats s = stats_;
+  s.allocated_bytes = arena_.allocator().bytes_allocated();
+  s.allocations = arena_.allocator().allocation_count();
+  s.resident_bytes = table_.count(page_state::resident) * frame_size_;
+  s.host_bytes = store_.bytes_held();
+  return s;
+}
+
+page_state pager::state_of(device_ptr ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (ptr < arena_.base() || ptr >= arena_.base() + arena_.size()) return page_state::unbacked;
+  return table_[(ptr - arena_.base()) / frame_size_].state;
+}
+
+int pager::check_invariants() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  VS_TRY(arena_.allocator().check_invariants());
+  for (uint64_t p = 0; p < table_.size(); ++p) {
+    const page_entry& e = table_[p];
+    const bool live = arena_.page_live_count(p) > 0;
+    const bool saved = store_.holds(p);
+    auto broken = [&](const char* what) {
+      return fail(err_internal, "pager: page %" PRIu64 " (%s, live %d, saved %d, copy valid %d): %s", p, page_state_name(e.state),
+                  live, saved, e.host_copy_valid, what);
+    };
+    if (!live && (e.state != page_state::unbacked || saved)) return broken("a dead page holds a frame or a saved copy");
+    if ((e.state == page_state::resident) != (e.frame != 0)) return broken("frame and state disagree");
+    if (e.state == page_state::host && !saved) return broken("saved page has no copy in the store");
+    if (e.host_copy_valid && !(e.state == page_state::resident && saved)) return broken("copy marked valid but not kept");
+    if (e.state == page_state::resident && saved && !e.host_copy_valid) return broken("resident page holds a stale copy");
+    if (resident_ && live && e.state != page_state::resident) return broken("pager is resident but a live page is not");
+  }
+  return ok;
+}
+
+}  // namespace vramswap

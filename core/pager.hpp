@@ -1,0 +1,121 @@
+// pager: one process's memory on one device, allocated from an arena and moved between
+// device frames and a page store without ever changing an address.
+//
+// Allocation (malloc/free/advise) goes through the arena. While the pager is resident,
+// pages that a new allocation touches get frames at once; while it is evicted they stay
+// unbacked until restore_all(). A page that no live allocation touches gives its frame
+// (or its saved copy) back immediately.
+//
+// evict_all(): synchronize the device, then for every resident page
+//   - discardable advice: unmap, give the frame back, copy nothing (restored zero-filled);
+//   - a still-valid saved copy (read_mostly pages restored earlier): unmap, copy nothing;
+//   - otherwise: copy out into a pinned slot of the page store, and unmap and give the frame
+//     back as soon as that page's copy completes.
+// Copies are queued on one stream, up to `copies_in_flight` ahead, each followed by an
+// event; unmapping page i overlaps the copies of pages i+1.. still on the wire.
+//
+// restore_all(): for every live page that is not resident, take a frame, map it at the
+// page's address, grant access and queue the copy in (or a zero fill); mapping page i+1
+// overlaps the copy of page i. One synchronize at the end, then saved copies are released,
+// except for read_mostly pages, whose copy is kept so that the next eviction is free.
+//
+// Failure never loses data: a page is unmapped only after its bytes are known to be in the
+// store, and a saved copy is released only after the page is resident again and its copy
+// in completed. A failed evict_all()/restore_all() leaves every page either resident or
+// saved, and can simply be called again.
+//
+// Thread-safe: one mutex serializes every call (they are rare and long, or cheap).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/arena.hpp"
+#include "core/backend.hpp"
+#include "core/frame_source.hpp"
+#include "core/page_store.hpp"
+#include "core/page_table.hpp"
+
+namespace vramswap {
+
+struct pager_config {
+  uint64_t frame_size = 0;         // 0: VRAMSWAP_FRAME_SIZE
+  uint64_t arena_size = 0;         // 0: VRAMSWAP_ARENA_SIZE (default twice the device's memory)
+  unsigned copies_in_flight = 16;  // eviction copies queued ahead of the unmaps
+};
+
+// Fill in the zeros of `cfg` from the options and check them against `device`:
+// the frame size must be a power-of-two multiple of the granularity.
+int resolve_pager_config(backend& be, int device, pager_config* cfg);
+
+struct pager_stats {
+  uint64_t allocated_bytes = 0;  // live allocations (rounded to 256 B)
+  uint64_t allocations = 0;
+  uint64_t resident_bytes = 0;   // pages mapped in frames
+  uint64_t host_bytes = 0;       // pages saved in the page store
+  uint64_t bytes_out = 0;        // copied device -> host, total
+  uint64_t bytes_in = 0;         // copied host -> device, total
+  uint64_t pages_evicted = 0;
+  uint64_t pages_restored = 0;
+  uint64_t pages_discarded = 0;  // evicted without a copy: discardable
+  uint64_t pages_clean = 0;      // evicted without a copy: saved copy still valid (read_mostly)
+  double evict_seconds = 0;      // total time in evict_all
+  double restore_seconds = 0;    // total time in restore_all
+};
+
+class pager {
+ public:
+  // `store` and `frames` must outlive the pager.
+  static int create(backend& be, int device, page_store& store, frame_source& frames, pager_config cfg,
+                    std::unique_ptr<pager>* out);
+  ~pager();
+  pager(const pager&) = delete;
+  pager& operator=(const pager&) = delete;
+
+  // cudaMalloc-like: 256-byte aligned; size 0 is an error. err_out_of_memory when the arena
+  // is full or (while resident) no frame can be had; nothing changes then.
+  int malloc(uint64_t size, device_ptr* out);
+  // The pointer malloc returned; interior pointers and double frees are errors naming it.
+  int free(device_ptr ptr);
+  int advise(device_ptr ptr, uint64_t size, advice a);
+
+  int evict_all();
+  int restore_all();
+  bool resident() const;
+
+  pager_stats stats() const;
+  uint64_t frame_size() const noexcept { return frame_size_; }
+  device_ptr arena_base() const noexcept { return arena_.base(); }
+  uint64_t arena_size() const noexcept { return arena_.size(); }
+  page_state state_of(device_ptr ptr) const;
+  // Verify page table, arena and store agree (tests call it after every step).
+  int check_invariants() const;
+
+ private:
+  pager(backend& be, int device, page_store& store, frame_source& frames, const pager_config& cfg);
+
+  int back_page(uint64_t page);                   // take a frame, map, grant access
+  int unback_page(uint64_t page, page_state now);  // unmap, give the frame back
+  void drop_saved_copy(uint64_t page);            // release the store's copy, if any
+  void invalidate_saved_copies(page_range pages);
+  int evict_locked();
+
+  backend& be_;
+  const int device_;
+  page_store& store_;
+  frame_source& frames_;
+  const uint64_t frame_size_;
+  const unsigned copies_in_flight_;
+  mutable std::mutex mutex_;
+  arena arena_;
+  page_table table_;
+  bool resident_ = true;
+  stream_id out_stream_ = 0;
+  stream_id in_stream_ = 0;
+  std::vector<event_id> events_;  // ring for eviction copies
+  pager_stats stats_;
+};
+
+}  // namespace vramswap

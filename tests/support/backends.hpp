@@ -1,0 +1,44 @@
+// Shared helpers for tests that run against every backend.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/backend.hpp"
+#include "core/status.hpp"
+
+namespace vramswap::test {
+
+// One backend per kind for the whole test process (a CUDA context is costly to make);
+// nullptr with the reason when the kind cannot run here.
+inline backend* shared_backend(backend_kind kind, std::string* why) {
+  static std::map<backend_kind, std::unique_ptr<backend>> made;
+  static std::map<backend_kind, std::string> reasons;
+  if (made.count(kind) == 0 && reasons.count(kind) == 0) {
+    std::unique_ptr<backend> be;
+    if (make_backend(kind, &be) == ok) {
+      made[kind] = std::move(be);
+    } else {
+      reasons[kind] = last_error();
+    }
+  }
+  if (made.count(kind) != 0) return made[kind].get();
+  *why = reasons[kind];
+  return nullptr;
+}
+
+inline std::string param_name(const ::testing::TestParamInfo<backend_kind>& info) { return backend_kind_name(info.param); }
+
+}  // namespace vramswap::test
+
+// `expr` fails with `code`, and last_error() mentions `needle`.
+#define EXPECT_FAILS(expr, code, needle)                                                  \
+  do {                                                                                    \
+    ::vramswap::clear_error();                                                            \
+    EXPECT_EQ((expr), (code)) << #expr;                                                   \
+    EXPECT_NE(std::string(::vramswap::last_error()).find(needle), std::string::npos)      \
+        << ::vramswap::last_error();                                                      \
+  } while (0)
