@@ -173,6 +173,11 @@ int shared_segment::name_for(const std::string& device_key, std::string* out) no
 int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_segment>* out) noexcept {
   std::string name;
   VS_TRY(name_for(device_key, &name));
+  {  // A bad VRAMSWAP_GROUP is reported before anything is created.
+    gid_t gid = 0;
+    bool shared_with_group = false;
+    VS_TRY(configured_group(&gid, &shared_with_group));
+  }
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
     const int e = errno;
