@@ -377,12 +377,14 @@ int device_lock::release() noexcept {
                 "and recreated, or reset); nothing was released",
                 segment_->name().c_str(), tid);
   }
+  // Forget first: once the slot is freed, another thread of this process may be granted
+  // the lock through this same object and write these fields itself.
+  forget_holding();
   slot.state.store(slot_free, std::memory_order_release);
   at_crash_point(crash_point::release_slot_freed);
   st->holder_slot = k_no_slot;
   if (st->waiter_count > 0) dispatch_locked();
   unlock_robust(&st->mutex);
-  forget_holding();
   return ok;
 }
 

@@ -114,6 +114,27 @@ TEST_F(DeviceLock, ReleaseByAnotherThreadIsAnError) {
   ASSERT_EQ(lock.release(), ok);
 }
 
+TEST_F(DeviceLock, ThreadsSharingOneObjectAreMutuallyExclusive) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  constexpr int k_threads = 4, k_increments = 3000;
+  volatile uint64_t counter = 0;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < k_threads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < k_increments; ++i) {
+        if (lock.acquire() != ok) failures.fetch_add(1);
+        counter = counter + 1;
+        if (lock.release() != ok) failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0) << last_error();
+  EXPECT_EQ(counter, uint64_t{k_threads} * k_increments);
+}
+
 TEST_F(DeviceLock, TryAndTimedAcquireWhileHeld) {
   device_lock lock;
   ASSERT_EQ(device_lock::open(key_, &lock), ok);
