@@ -23,7 +23,11 @@ namespace vramswap {
   X(frame_size, "VRAMSWAP_FRAME_SIZE", "32MiB",                                                  \
     "frame size: a multiple of the device's allocation granularity (2 MiB on CUDA)")             \
   X(arena_size, "VRAMSWAP_ARENA_SIZE", "200%",                                                   \
-    "virtual reservation per process and device: size, or percent of device memory")
+    "virtual reservation per process and device: size, or percent of device memory")           \
+  X(group, "VRAMSWAP_GROUP", "",                                                                 \
+    "group allowed to share the per-device segments (mode 0660); empty: owner only (0600)")     \
+  X(shm_prefix, "VRAMSWAP_SHM_PREFIX", "",                                                       \
+    "prefix of the per-device segment names, so separate deployments or test runs never collide")
 
 enum class option_id {
 #define VRAMSWAP_OPTION_ENUM(id, env, def, help) id,

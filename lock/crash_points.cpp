@@ -1,0 +1,25 @@
+#include "lock/crash_points.hpp"
+
+namespace vramswap {
+
+namespace detail {
+crash_hook g_crash_hook = nullptr;
+}
+
+const char* crash_point_name(crash_point point) noexcept {
+  switch (point) {
+    case crash_point::enqueue_slot_filled: return "enqueue_slot_filled";
+    case crash_point::enqueue_published: return "enqueue_published";
+    case crash_point::grant_state_stored: return "grant_state_stored";
+    case crash_point::grant_before_wake: return "grant_before_wake";
+    case crash_point::release_slot_freed: return "release_slot_freed";
+    case crash_point::timeout_slot_freed: return "timeout_slot_freed";
+    case crash_point::recovery_midway: return "recovery_midway";
+    case crash_point::count_: break;
+  }
+  return "unknown";
+}
+
+void set_crash_hook(crash_hook hook) noexcept { detail::g_crash_hook = hook; }
+
+}  // namespace vramswap

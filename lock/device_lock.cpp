@@ -1,0 +1,427 @@
+#include "lock/device_lock.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/log.hpp"
+#include "core/status.hpp"
+#include "lock/crash_points.hpp"
+#include "lock/futex.hpp"
+#include "lock/process_identity.hpp"
+#include "lock/robust_mutex.hpp"
+#include "lock/segment_layout.hpp"
+#include "lock/shared_segment.hpp"
+
+namespace vramswap {
+using namespace lock_layout;
+
+namespace {
+
+bool valid_priority(lock_priority p) { return p == lock_priority::normal || p == lock_priority::high; }
+
+// Is slot `a` served before slot `b`? Higher class first, then lower ticket.
+bool served_before(const waiter_slot& a, const waiter_slot& b) {
+  if (a.priority != b.priority) return a.priority > b.priority;
+  return a.ticket < b.ticket;
+}
+
+}  // namespace
+
+device_lock::device_lock() noexcept = default;
+
+device_lock::~device_lock() {
+  if (segment_ != nullptr && held()) {
+    depth_ = 1;
+    release();
+  }
+}
+
+device_lock::device_lock(device_lock&& other) noexcept { *this = std::move(other); }
+
+device_lock& device_lock::operator=(device_lock&& other) noexcept {
+  if (this == &other) return *this;
+  if (segment_ != nullptr && held()) {
+    depth_ = 1;
+    release();
+  }
+  segment_ = std::move(other.segment_);
+  holder_pid_.store(other.holder_pid_.load());
+  holder_tid_.store(other.holder_tid_.load());
+  holder_slot_ = other.holder_slot_;
+  depth_ = other.depth_;
+  other.holder_pid_.store(0);
+  other.holder_tid_.store(0);
+  other.depth_ = 0;
+  return *this;
+}
+
+int device_lock::open(const std::string& device_key, device_lock* out) noexcept {
+  if (out == nullptr) return fail(err_invalid_argument, "device_lock::open: out is null");
+  process_identity me{};
+  VS_TRY(current_process(&me));
+  std::unique_ptr<shared_segment> segment;
+  VS_TRY(shared_segment::open(device_key, &segment));
+  device_lock opened;
+  opened.segment_ = std::move(segment);
+  *out = std::move(opened);
+  return ok;
+}
+
+int device_lock::remove(const std::string& device_key) noexcept { return shared_segment::remove(device_key); }
+
+bool device_lock::held_by(pid_t pid, pid_t tid) const noexcept {
+  return holder_tid_.load(std::memory_order_relaxed) == tid && holder_pid_.load(std::memory_order_relaxed) == pid;
+}
+
+bool device_lock::held() const noexcept {
+  process_identity me{};
+  if (segment_ == nullptr || current_process(&me) != 0) return false;
+  return held_by(me.pid, current_tid());
+}
+
+void device_lock::forget_holding() noexcept {
+  holder_tid_.store(0, std::memory_order_relaxed);
+  holder_pid_.store(0, std::memory_order_relaxed);
+  depth_ = 0;
+}
+
+uint64_t device_lock::recoveries() const noexcept {
+  return segment_ == nullptr ? 0 : lock_state_of(segment_->base())->recoveries;
+}
+
+// --- the internal mutex and the one recovery function ------------------------------------
+
+int device_lock::lock_mutex() noexcept {
+  lock_state* st = lock_state_of(segment_->base());
+  VS_TRY(lock_robust(&st->mutex, &device_lock::recover_after_owner_death, this));
+  if (st->broken != 0) {
+    unlock_robust(&st->mutex);
+    return fail(err_internal,
+                "lock: /dev/shm%s is marked broken (two holders were found: memory corruption); stop every process "
+                "using this device and remove the segment",
+                segment_->name().c_str());
+  }
+  return ok;
+}
+
+int device_lock::recover_after_owner_death(void* self) noexcept {
+  auto* lock = static_cast<device_lock*>(self);
+  log(log_level::warn, "lock: a process died inside the internal critical section of /dev/shm%s; repairing",
+      lock->segment_->name().c_str());
+  return lock->repair_locked();
+}
+
+// The recovery function. Called with the mutex held, after EOWNERDEAD or by the periodic
+// liveness scan. It trusts only the authoritative fields (each slot's state and its
+// complete contents once published, next_ticket, dead_holder_pid): it removes the slots of
+// dead processes, recomputes every hint from the slots, and grants the lock if nobody holds
+// it. Each step is idempotent, so a death in the middle of it is repaired by the next run.
+int device_lock::repair_locked() noexcept {
+  lock_state* st = lock_state_of(segment_->base());
+  waiter_slot* slots = slots_of(segment_->base());
+  bool repaired = false;
+  for (uint32_t i = 0; i < k_slot_count; ++i) {
+    const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
+    if (state == slot_free) continue;
+    if (state != slot_waiting && state != slot_holding) {
+      log(log_level::warn, "lock: slot %u of /dev/shm%s has unknown state %u; freeing it", i, segment_->name().c_str(),
+          state);
+      slots[i].state.store(slot_free, std::memory_order_release);
+      repaired = true;
+      continue;
+    }
+    if (check_liveness({slots[i].pid, slots[i].pid_start_time}) == liveness::alive) continue;
+    if (state == slot_holding) {
+      // Record the death before freeing the slot: a death between the two stores then
+      // reports the death twice, never zero times.
+      st->dead_holder_pid = slots[i].pid;
+      log(log_level::warn, "lock: holder pid %d of /dev/shm%s died holding the lock; passing it on", slots[i].pid,
+          segment_->name().c_str());
+    }
+    slots[i].state.store(slot_free, std::memory_order_release);
+    repaired = true;
+  }
+  at_crash_point(crash_point::recovery_midway);
+  uint32_t holder = k_no_slot;
+  uint32_t waiters = 0;
+  uint32_t high_water = 0;
+  for (uint32_t i = 0; i < k_slot_count; ++i) {
+    const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
+    if (state == slot_free) continue;
+    high_water = i + 1;
+    if (state == slot_waiting) {
+      ++waiters;
+    } else if (holder == k_no_slot) {
+      holder = i;
+    } else {
+      st->broken = 1;
+      return fail(err_internal,
+                  "lock: slots %u and %u of /dev/shm%s both hold the lock, which no sequence of deaths can cause "
+                  "(memory corruption); the segment is now marked broken: stop every process using this device and "
+                  "remove it",
+                  holder, i, segment_->name().c_str());
+    }
+  }
+  if (st->holder_slot != holder || st->waiter_count != waiters || st->slot_high_water != high_water) repaired = true;
+  st->holder_slot = holder;
+  st->waiter_count = waiters;
+  st->slot_high_water = high_water;
+  if (holder == k_no_slot && waiters > 0) {
+    dispatch_locked();
+    repaired = true;
+  }
+  if (repaired) ++st->recoveries;
+  return ok;
+}
+
+// Grant the lock to the best waiter, if any; precondition: nobody holds it. Wakes that
+// waiter's futex and nobody else's. Returns its slot, or k_no_slot.
+uint32_t device_lock::dispatch_locked() noexcept {
+  lock_state* st = lock_state_of(segment_->base());
+  waiter_slot* slots = slots_of(segment_->base());
+  uint32_t best = k_no_slot;
+  const uint32_t end = std::min(st->slot_high_water, k_slot_count);
+  for (uint32_t i = 0; i < end; ++i) {
+    if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
+    if (best == k_no_slot || served_before(slots[i], slots[best])) best = i;
+  }
+  if (best == k_no_slot) return k_no_slot;
+  waiter_slot& next = slots[best];
+  // Order: tell the grantee about a dead predecessor, then grant (the state store is the
+  // grant), then fix the hints, then forget the death.
+  next.dead_holder_pid = st->dead_holder_pid;
+  next.state.store(slot_holding, std::memory_order_release);
+  at_crash_point(crash_point::grant_state_stored);
+  st->holder_slot = best;
+  if (st->waiter_count > 0) --st->waiter_count;
+  st->dead_holder_pid = 0;
+  at_crash_point(crash_point::grant_before_wake);
+  futex_wake_one(&next.state);
+  return best;
+}
+
+// --- acquire / release ----------------------------------------------------------------
+
+int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_info* info) noexcept {
+  const uint64_t start_ns = monotonic_ns();
+  if (info != nullptr) *info = acquire_info{};
+  if (segment_ == nullptr) {
+    return fail(err_invalid_argument, "device_lock::acquire: this lock is not open; call device_lock::open first");
+  }
+  if (!valid_priority(priority)) {
+    return fail(err_invalid_argument, "device_lock::acquire: priority %u is not a lock_priority (normal=1, high=2)",
+                static_cast<unsigned>(priority));
+  }
+  if (timeout_ns < -1) {
+    return fail(err_invalid_argument,
+                "device_lock::acquire: timeout %lld ns is negative; use -1 to wait forever, 0 to only try",
+                static_cast<long long>(timeout_ns));
+  }
+  process_identity me{};
+  VS_TRY(current_process(&me));
+  const pid_t tid = current_tid();
+  if (held_by(me.pid, tid)) {
+    if (depth_ == std::numeric_limits<uint32_t>::max()) {
+      return fail(err_invalid_argument, "device_lock::acquire: re-entered %u times without release", depth_);
+    }
+    ++depth_;
+    if (info != nullptr) info->reentered = true;
+    return ok;
+  }
+
+  lock_state* st = lock_state_of(segment_->base());
+  waiter_slot* slots = slots_of(segment_->base());
+  VS_TRY(lock_mutex());
+  uint32_t mine = k_no_slot;
+  for (uint32_t i = 0; i < k_slot_count; ++i) {
+    if (slots[i].state.load(std::memory_order_relaxed) == slot_free) {
+      mine = i;
+      break;
+    }
+  }
+  if (mine == k_no_slot) {
+    unlock_robust(&st->mutex);
+    return fail(err_busy,
+                "device_lock::acquire: all %u slots of /dev/shm%s are taken (that many threads already hold or wait "
+                "for this device); retry later",
+                k_slot_count, segment_->name().c_str());
+  }
+  // Publication order: fill the slot, then publish it with the state store.
+  waiter_slot& slot = slots[mine];
+  slot.priority = static_cast<uint32_t>(priority);
+  slot.ticket = st->next_ticket;
+  st->next_ticket = slot.ticket + 1;
+  slot.pid = me.pid;
+  slot.tid = tid;
+  slot.pid_start_time = me.start_time;
+  slot.enqueue_ns = start_ns;
+  slot.dead_holder_pid = 0;
+  at_crash_point(crash_point::enqueue_slot_filled);
+  slot.state.store(slot_waiting, std::memory_order_release);
+  ++st->waiter_count;
+  if (mine >= st->slot_high_water) st->slot_high_water = mine + 1;
+  at_crash_point(crash_point::enqueue_published);
+  if (st->holder_slot == k_no_slot) dispatch_locked();
+
+  if (slot.state.load(std::memory_order_relaxed) != slot_holding && timeout_ns == 0) {
+    slot.state.store(slot_free, std::memory_order_release);
+    at_crash_point(crash_point::timeout_slot_freed);
+    --st->waiter_count;
+    unlock_robust(&st->mutex);
+    return fail(err_busy, "device_lock::try_acquire: /dev/shm%s is held by another thread or process",
+                segment_->name().c_str());
+  }
+  unlock_robust(&st->mutex);
+
+  VS_TRY(wait_for_grant(mine, start_ns, timeout_ns));
+
+  holder_slot_ = mine;
+  depth_ = 1;
+  holder_pid_.store(me.pid, std::memory_order_relaxed);
+  holder_tid_.store(tid, std::memory_order_relaxed);
+  if (info != nullptr) {
+    info->waited_ns = monotonic_ns() - start_ns;
+    info->previous_holder_died = slot.dead_holder_pid != 0;
+    info->dead_holder_pid = slot.dead_holder_pid;
+  }
+  if (slot.dead_holder_pid != 0) {
+    log(log_level::warn, "lock: acquired /dev/shm%s from holder pid %d, which died holding it", segment_->name().c_str(),
+        slot.dead_holder_pid);
+  }
+  return ok;
+}
+
+// Sleep until our slot is granted or the time runs out. Wakes every k_liveness_poll_ns to
+// let the liveness scan run (rate-limited across all waiters of the segment).
+int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeout_ns) noexcept {
+  lock_state* st = lock_state_of(segment_->base());
+  waiter_slot& slot = slots_of(segment_->base())[mine];
+  const uint64_t deadline = timeout_ns < 0 ? std::numeric_limits<uint64_t>::max() : start_ns + static_cast<uint64_t>(timeout_ns);
+  uint64_t last_tick = monotonic_ns();
+  for (;;) {
+    if (slot.state.load(std::memory_order_acquire) == slot_holding) return ok;
+    const uint64_t now = monotonic_ns();
+    if (now >= deadline) break;
+    if (now - last_tick >= static_cast<uint64_t>(k_liveness_poll_ns)) {
+      liveness_tick();
+      last_tick = now;
+      continue;
+    }
+    const uint64_t until_tick = last_tick + static_cast<uint64_t>(k_liveness_poll_ns) - now;
+    futex_wait(&slot.state, slot_waiting, std::min(until_tick, deadline - now));
+  }
+  // Timed out: leave the queue, unless the grant arrived in the meantime.
+  VS_TRY(lock_mutex());
+  const uint32_t state = slot.state.load(std::memory_order_relaxed);
+  if (state == slot_holding) {
+    unlock_robust(&st->mutex);
+    return ok;
+  }
+  if (state != slot_waiting) {
+    unlock_robust(&st->mutex);
+    return fail(err_internal, "device_lock::acquire: our queue slot %u of /dev/shm%s was removed while we waited (state %u)",
+                mine, segment_->name().c_str(), state);
+  }
+  slot.state.store(slot_free, std::memory_order_release);
+  at_crash_point(crash_point::timeout_slot_freed);
+  if (st->waiter_count > 0) --st->waiter_count;
+  unlock_robust(&st->mutex);
+  return fail(err_timeout, "device_lock::acquire: /dev/shm%s not granted within %lld ns", segment_->name().c_str(),
+              static_cast<long long>(timeout_ns));
+}
+
+void device_lock::liveness_tick() noexcept {
+  lock_state* st = lock_state_of(segment_->base());
+  if (lock_mutex() != 0) return;  // the next wait will report it
+  const uint64_t now = monotonic_ns();
+  if (now - st->last_liveness_scan_ns >= static_cast<uint64_t>(k_liveness_poll_ns)) {
+    st->last_liveness_scan_ns = now;
+    repair_locked();
+  }
+  unlock_robust(&st->mutex);
+}
+
+int device_lock::release() noexcept {
+  if (segment_ == nullptr) {
+    return fail(err_not_owner, "device_lock::release: this lock is not open, so it cannot be held");
+  }
+  process_identity me{};
+  VS_TRY(current_process(&me));
+  const pid_t tid = current_tid();
+  if (!held_by(me.pid, tid)) {
+    const pid_t holder_pid = holder_pid_.load(std::memory_order_relaxed);
+    if (holder_pid != 0 && holder_pid != me.pid) {
+      return fail(err_not_owner,
+                  "device_lock::release: /dev/shm%s was acquired by process %d; a forked child (here pid %d) never "
+                  "inherits the lock",
+                  segment_->name().c_str(), holder_pid, me.pid);
+    }
+    return fail(err_not_owner,
+                "device_lock::release: thread %d does not hold /dev/shm%s (release without acquire, a double release, "
+                "or a release from another thread than the one that acquired)",
+                tid, segment_->name().c_str());
+  }
+  if (depth_ > 1) {
+    --depth_;
+    return ok;
+  }
+  lock_state* st = lock_state_of(segment_->base());
+  waiter_slot& slot = slots_of(segment_->base())[holder_slot_];
+  VS_TRY(lock_mutex());
+  if (slot.state.load(std::memory_order_relaxed) != slot_holding || slot.pid != me.pid || slot.tid != tid ||
+      slot.pid_start_time != me.start_time) {
+    unlock_robust(&st->mutex);
+    forget_holding();
+    return fail(err_internal,
+                "device_lock::release: /dev/shm%s no longer records thread %d as its holder (the segment was removed "
+                "and recreated, or reset); nothing was released",
+                segment_->name().c_str(), tid);
+  }
+  // Forget first: once the slot is freed, another thread of this process may be granted
+  // the lock through this same object and write these fields itself.
+  forget_holding();
+  slot.state.store(slot_free, std::memory_order_release);
+  at_crash_point(crash_point::release_slot_freed);
+  st->holder_slot = k_no_slot;
+  if (st->waiter_count > 0) dispatch_locked();
+  unlock_robust(&st->mutex);
+  return ok;
+}
+
+int device_lock::repair_now() noexcept {
+  if (segment_ == nullptr) return fail(err_invalid_argument, "device_lock::repair_now: this lock is not open");
+  lock_state* st = lock_state_of(segment_->base());
+  VS_TRY(lock_mutex());
+  st->last_liveness_scan_ns = monotonic_ns();
+  const int rc = repair_locked();
+  unlock_robust(&st->mutex);
+  return rc;
+}
+
+int device_lock::snapshot(std::vector<lock_queue_entry>* out) noexcept {
+  if (segment_ == nullptr) return fail(err_invalid_argument, "device_lock::snapshot: this lock is not open");
+  lock_state* st = lock_state_of(segment_->base());
+  waiter_slot* slots = slots_of(segment_->base());
+  try {
+    out->clear();
+    out->reserve(k_slot_count);  // no allocation while the mutex is held
+  } catch (...) {
+    return fail(err_out_of_memory, "device_lock::snapshot: out of memory");
+  }
+  VS_TRY(lock_mutex());
+  for (uint32_t i = 0; i < k_slot_count; ++i) {
+    const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
+    if (state != slot_waiting && state != slot_holding) continue;
+    out->push_back({slots[i].pid, slots[i].tid, static_cast<lock_priority>(slots[i].priority), slots[i].ticket,
+                    state == slot_holding});
+  }
+  unlock_robust(&st->mutex);
+  std::sort(out->begin(), out->end(), [](const lock_queue_entry& a, const lock_queue_entry& b) {
+    if (a.holding != b.holding) return a.holding;
+    if (a.priority != b.priority) return a.priority > b.priority;
+    return a.ticket < b.ticket;
+  });
+  return ok;
+}
+
+}  // namespace vramswap

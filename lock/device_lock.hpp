@@ -1,0 +1,152 @@
+// device_lock: the per-device, cross-process FIFO lock that survives SIGKILL anywhere.
+//
+// Internal API (namespace vramswap); the public gpu_lock guard in cpp_api/ wraps it.
+// The full design, with its reasoning and limits, is in docs/lock.md; in short:
+//
+// State. One shared segment per device (lock/shared_segment.hpp) holds a robust
+// process-shared pthread mutex, a ticket counter and 256 cache-line slots
+// (lock/segment_layout.hpp). A thread that acquires takes a free slot and publishes it as
+// `waiting` with the next ticket; the lock is held by the one slot in state `holding`.
+//
+// Order. The next holder is the waiting slot with the highest priority class, then the
+// lowest ticket: FIFO within a class, high before normal. A normal waiter can starve while
+// high waiters keep arriving; that is what "high" means.
+//
+// Waiting. A waiter sleeps in FUTEX_WAIT on its own slot's state word. A release marks the
+// chosen slot `holding` and wakes that futex only: one handoff wakes exactly one thread.
+// No spinning. The sleep has a 10 ms timeout (k_liveness_poll_ns) so that waiters notice
+// a dead holder without help from anyone.
+//
+// Death. The internal mutex is held only for a few dozen instructions; if its owner dies
+// there, the next locker gets EOWNERDEAD and runs the one recovery function, which reaps
+// slots of dead processes and recomputes every derived field from the slots, then marks the
+// mutex consistent. A holder or waiter that dies outside the mutex is found by the
+// liveness scan, which waiters run at most once per 10 ms across all processes (rate
+// limited through the segment) and which calls the same recovery function. A process is
+// alive when /proc/<pid>/stat exists, is not a zombie and shows the start time recorded in
+// its slot, so PID reuse cannot fool the check. The next waiter is granted the lock within
+// about 20 ms of the holder's death (measured: see docs/lock.md) and learns of the death
+// through acquire_info::previous_holder_died.
+//
+// Ownership, decided:
+//   - The lock is held by a thread (of a process). Re-entry by the holding thread is
+//     counted: acquire succeeds at once and each acquire needs its release; only the last
+//     release hands the lock on. Priority and timeout are ignored on re-entry.
+//   - release() by a thread that does not hold the lock (another thread, another process,
+//     no acquire, one release too many) fails with err_not_owner and changes nothing.
+//   - fork: the child never holds the lock. In a child, held() is false and release()
+//     fails with err_not_owner; the child may acquire for itself, queueing like anyone.
+//   - A holding thread that exits without releasing keeps the lock until its process exits
+//     (liveness is per process). Do not do that.
+//   - Destroying a device_lock that the calling thread holds releases it.
+//
+// Return codes: 0 on success, or a negative vramswap::status with the detail in
+// last_error(); never throws.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace vramswap {
+
+class shared_segment;
+
+// Priority classes, served high first. Values are stored in the segment; a low class for
+// oversubscribed jobs will take 0.
+enum class lock_priority : uint32_t { normal = 1, high = 2 };
+
+// What an acquire learned, for callers that care.
+struct acquire_info {
+  bool previous_holder_died = false;  // the lock was taken from a holder that died holding it
+  pid_t dead_holder_pid = 0;          // that holder, when previous_holder_died
+  uint64_t waited_ns = 0;             // from the call to the grant
+  bool reentered = false;             // this thread already held it: the count went up
+};
+
+// One entry of the queue, for tests, diagnostics and `vramswap status`.
+struct lock_queue_entry {
+  pid_t pid;
+  pid_t tid;
+  lock_priority priority;
+  uint64_t ticket;
+  bool holding;
+};
+
+class device_lock {
+ public:
+  // How often a waiter wakes to check that the holder still lives, and the lower bound of
+  // the time between two liveness scans of one segment.
+  static constexpr int64_t k_liveness_poll_ns = 10'000'000;
+
+  // Open (creating when absent) the lock of `device_key`: the GPU UUID, or "host-N".
+  // Returns 0, err_invalid_argument, err_version_mismatch, err_unavailable, err_system.
+  static int open(const std::string& device_key, device_lock* out) noexcept;
+
+  // Remove the segment's name; processes that have it open keep using it.
+  static int remove(const std::string& device_key) noexcept;
+
+  device_lock() noexcept;
+  ~device_lock();
+  device_lock(device_lock&& other) noexcept;
+  device_lock& operator=(device_lock&& other) noexcept;
+  device_lock(const device_lock&) = delete;
+  device_lock& operator=(const device_lock&) = delete;
+
+  // Wait for the lock. timeout_ns: -1 waits forever, 0 only tries, > 0 waits that long.
+  // Returns 0 when this thread now holds the lock (see info->previous_holder_died);
+  // err_busy (timeout 0: someone else holds it or is ahead in the queue);
+  // err_timeout (the time ran out; this thread is no longer in the queue);
+  // err_invalid_argument (not open, bad priority or timeout);
+  // err_busy also when all slots are in use; err_internal when the segment is broken.
+  int acquire(lock_priority priority = lock_priority::normal, int64_t timeout_ns = -1,
+              acquire_info* info = nullptr) noexcept;
+  int try_acquire(lock_priority priority = lock_priority::normal, acquire_info* info = nullptr) noexcept {
+    return acquire(priority, 0, info);
+  }
+
+  // Undo one acquire; the last one hands the lock to the next waiter.
+  // Returns 0; err_not_owner (this thread does not hold it); err_internal.
+  int release() noexcept;
+
+  // Does the calling thread hold the lock? (False in a forked child.)
+  bool held() const noexcept;
+
+  // Run the liveness scan and repair now, without waiting for the periodic one: slots of
+  // dead processes disappear, and a lock held by a dead process passes to the next waiter.
+  int repair_now() noexcept;
+
+  // The queue: the holder first, then waiters in grant order.
+  int snapshot(std::vector<lock_queue_entry>* out) noexcept;
+
+  // Times the recovery function repaired something in this segment, since it was created.
+  uint64_t recoveries() const noexcept;
+
+  // The segment, for later components that keep their state in its managed area.
+  shared_segment* segment() const noexcept { return segment_.get(); }
+
+ private:
+  int lock_mutex() noexcept;
+  static int recover_after_owner_death(void* self) noexcept;
+  int repair_locked() noexcept;
+  uint32_t dispatch_locked() noexcept;
+  int wait_for_grant(uint32_t slot, uint64_t start_ns, int64_t timeout_ns) noexcept;
+  void liveness_tick() noexcept;
+  bool held_by(pid_t pid, pid_t tid) const noexcept;
+  void forget_holding() noexcept;
+
+  std::unique_ptr<shared_segment> segment_;
+  // Which thread of which process holds the lock through this object. Written only by the
+  // holding thread; read by any thread to recognize re-entry (a thread only ever finds its
+  // own tid here if it wrote it, and the pid check rules out a forked copy).
+  std::atomic<pid_t> holder_pid_{0};
+  std::atomic<pid_t> holder_tid_{0};
+  uint32_t holder_slot_ = 0;
+  uint32_t depth_ = 0;
+};
+
+}  // namespace vramswap

@@ -1,0 +1,27 @@
+// Minimal shared (not process-private) futex helpers: the word lives in shared memory and
+// the waiter and waker are different processes, so FUTEX_PRIVATE_FLAG must not be used.
+#pragma once
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <ctime>
+
+namespace vramswap {
+
+// Sleep while *word == expected, at most timeout_ns (relative). Returns when woken, on
+// timeout, on a signal, or at once if *word != expected; the caller re-checks the word.
+inline void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, uint64_t timeout_ns) noexcept {
+  timespec ts{static_cast<time_t>(timeout_ns / 1000000000ull), static_cast<long>(timeout_ns % 1000000000ull)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+// Wake at most one thread sleeping on `word`.
+inline void futex_wake_one(std::atomic<uint32_t>* word) noexcept {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+}
+
+}  // namespace vramswap

@@ -1,0 +1,110 @@
+#include "lock/process_identity.hpp"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include "core/status.hpp"
+
+namespace vramswap {
+namespace {
+
+std::atomic<uint64_t> g_fork_generation{0};
+std::atomic<pid_t> g_cached_pid{0};           // 0: not read yet (or reset by a fork)
+std::atomic<uint64_t> g_cached_start_time{0};
+
+void on_fork_child() noexcept {
+  g_cached_pid.store(0, std::memory_order_relaxed);
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+}
+
+[[maybe_unused]] const int g_atfork_registered = pthread_atfork(nullptr, nullptr, on_fork_child);
+
+struct stat_fields {
+  char state;
+  uint64_t start_time;
+};
+
+// Parse /proc/<pid>/stat. The command name (field 2) may contain spaces and parentheses,
+// so fields are counted from the last ')'.
+bool read_stat(pid_t pid, stat_fields* out) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[1024];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');
+  if (p == nullptr || p[1] != ' ') return false;
+  p += 2;  // now at field 3, the state
+  out->state = *p;
+  // Skip to field 22 (starttime): 19 more spaces after the state.
+  for (int field = 3; field < 22; ++field) {
+    p = std::strchr(p, ' ');
+    if (p == nullptr) return false;
+    ++p;
+  }
+  char* end = nullptr;
+  out->start_time = std::strtoull(p, &end, 10);
+  return end != p;
+}
+
+}  // namespace
+
+uint64_t fork_generation() noexcept { return g_fork_generation.load(std::memory_order_relaxed); }
+
+int current_process(process_identity* out) noexcept {
+  pid_t pid = g_cached_pid.load(std::memory_order_acquire);
+  if (pid == 0) {
+    pid = ::getpid();
+    stat_fields self{};
+    if (!read_stat(pid, &self)) {
+      return fail(err_unavailable,
+                  "lock: cannot read /proc/%d/stat, which the lock needs to tell live processes from dead ones; "
+                  "mount /proc (and share one PID namespace with the other participants)",
+                  static_cast<int>(pid));
+    }
+    g_cached_start_time.store(self.start_time, std::memory_order_relaxed);
+    g_cached_pid.store(pid, std::memory_order_release);
+  }
+  out->pid = pid;
+  out->start_time = g_cached_start_time.load(std::memory_order_relaxed);
+  return ok;
+}
+
+pid_t current_tid() noexcept {
+  thread_local pid_t t_tid = 0;
+  thread_local uint64_t t_generation = 0;
+  const uint64_t generation = fork_generation();
+  if (t_tid == 0 || t_generation != generation) {
+    t_tid = ::gettid();
+    t_generation = generation;
+  }
+  return t_tid;
+}
+
+liveness check_liveness(const process_identity& who) noexcept {
+  if (who.pid <= 0) return liveness::dead;
+  stat_fields now{};
+  if (!read_stat(who.pid, &now)) return liveness::dead;
+  if (now.start_time != who.start_time) return liveness::dead;  // the PID was reused
+  if (now.state == 'Z' || now.state == 'X' || now.state == 'x') return liveness::dead;
+  return liveness::alive;
+}
+
+uint64_t monotonic_ns() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace vramswap

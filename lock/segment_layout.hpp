@@ -1,0 +1,133 @@
+// The byte layout of a per-device shared segment, as every participating process sees it.
+//
+// Glossary
+//   segment   one POSIX shared-memory object per device (/dev/shm/<prefix>vramswap-<key>)
+//   header    the first bytes: magic + format word, checked before anything else is read
+//   slot      one cache line describing one participant thread of the lock: waiting or holding
+//   ticket    a 64-bit counter value taken at enqueue; lower ticket = earlier = served first
+//             within a priority class
+//   managed   the rest of the segment, a Boost.Interprocess managed area where later
+//   area      components (frame table, membership, statistics) construct named objects
+//
+// Offsets (k_segment_size bytes in all):
+//   0                      segment_header      (one cache line)
+//   64                     lock_state          (robust mutex, counters, hints)
+//   k_slots_offset         waiter_slot[k_slot_count]
+//   k_managed_offset       Boost managed_external_buffer, to the end of the segment
+//
+// Versioning (the LMDB rule): `magic` identifies the object; `format` encodes the layout
+// version and every size the layout depends on. A process that finds a different magic or
+// format refuses to touch the segment (err_version_mismatch); it never guesses. Change
+// k_layout_version whenever the meaning of any field changes; size changes are caught by
+// the format word automatically.
+//
+// Consistency rule: a process may die (SIGKILL) between any two instructions. Every field
+// below is either (a) a single aligned word whose every value is meaningful, or (b) a
+// derived hint that the recovery function recomputes from (a). The comments on each field
+// say which, and in what order a writer publishes it.
+#pragma once
+
+#include <pthread.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace vramswap::lock_layout {
+
+constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-endian bytes
+constexpr uint64_t k_layout_version = 1;
+
+constexpr size_t k_cache_line = 64;
+constexpr uint32_t k_slot_count = 256;  // participant threads per device, waiting or holding
+constexpr uint32_t k_no_slot = 0xFFFFFFFFu;
+
+// Slot states. The state word is also the futex a waiter sleeps on: a grant is the single
+// store waiting -> holding followed by one FUTEX_WAKE of that slot only.
+enum slot_state : uint32_t {
+  slot_free = 0,     // unused; every other field is garbage and must not be read
+  slot_waiting = 1,  // enqueued: owner/ticket/priority fields are complete
+  slot_holding = 2,  // granted: this slot's thread holds the lock
+};
+
+// One participant. Written only under lock_state::mutex, except `state`, which the owning
+// waiter also reads without the mutex (to learn of its grant). Publication order for
+// enqueue: first fill every other field, then store `state` (release). A writer that dies
+// before the state store leaves the slot free; one that dies after leaves a complete entry
+// whose owner is dead, which the liveness check removes.
+struct alignas(k_cache_line) waiter_slot {
+  std::atomic<uint32_t> state;       // slot_state; the futex word
+  uint32_t priority;                 // lock_priority value; higher is served first
+  uint64_t ticket;                   // FIFO order within a priority class
+  int32_t pid;                       // owning process
+  int32_t tid;                       // owning thread (re-entry and release checks)
+  uint64_t pid_start_time;           // /proc/<pid>/stat starttime: defeats PID reuse
+  uint64_t enqueue_ns;               // CLOCK_MONOTONIC at enqueue
+  int32_t dead_holder_pid;           // set at grant: the previous holder died (0: it did not)
+  uint32_t reserved_;
+  uint64_t reserved2_[2];
+};
+static_assert(sizeof(waiter_slot) == k_cache_line);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// The lock's shared state besides the slots.
+struct alignas(k_cache_line) lock_state {
+  pthread_mutex_t mutex;  // robust + process-shared; guards everything below and the slots
+  // Authoritative: the next ticket to hand out. A single 64-bit store; a death after the
+  // increment but before the slot publish only skips a number, which keeps FIFO order.
+  uint64_t next_ticket;
+  // Hints, recomputed from the slots by the recovery function; kept current by every
+  // critical section so that the uncontended path never scans the slots.
+  uint32_t holder_slot;      // index of the slot in slot_holding, or k_no_slot
+  uint32_t waiter_count;     // number of slots in slot_waiting
+  uint32_t slot_high_water;  // every non-free slot has an index below this
+  // Authoritative, sticky: set when recovery found the slots in a state no sequence of
+  // deaths can produce (two holders: memory corruption). Every later operation fails with
+  // err_internal rather than risk two processes in the lock at once.
+  uint32_t broken;
+  // Authoritative: pid of a holder found dead and not yet reported to a grantee (0: none).
+  // Set by the recovery function, copied into the next grantee's slot, then cleared.
+  int32_t dead_holder_pid;
+  uint32_t reserved2_;
+  // CLOCK_MONOTONIC time of the last liveness scan; rate-limits scans across all waiters.
+  uint64_t last_liveness_scan_ns;
+  uint64_t recoveries;  // how many times the recovery function repaired something
+};
+
+struct alignas(k_cache_line) segment_header {
+  // Published last at creation (release store), after everything else is initialized;
+  // zero means "not initialized", and the next opener (under the init flock) starts over.
+  std::atomic<uint64_t> magic;
+  uint64_t format;          // format_word() of the creator
+  uint64_t segment_size;    // bytes; equals the object's size
+  uint64_t boost_version;   // BOOST_VERSION of the creator: the managed area's layout depends on it
+  uint64_t managed_offset;  // where the Boost managed area starts
+  uint64_t managed_size;
+  uint64_t reserved_[2];
+};
+static_assert(sizeof(segment_header) == k_cache_line);
+
+constexpr size_t k_lock_state_offset = sizeof(segment_header);
+constexpr size_t k_slots_offset = k_lock_state_offset + ((sizeof(lock_state) + k_cache_line - 1) / k_cache_line) * k_cache_line;
+constexpr size_t k_managed_offset = 64 * 1024;
+constexpr size_t k_segment_size = 1024 * 1024;  // untouched pages cost nothing on tmpfs
+static_assert(k_slots_offset + k_slot_count * sizeof(waiter_slot) <= k_managed_offset);
+
+// version:16 | sizeof(pthread_mutex_t):8 | sizeof(lock_state):12 | sizeof(waiter_slot):8 |
+// k_slot_count:12 | k_managed_offset/4096:8
+constexpr uint64_t format_word() {
+  return (k_layout_version << 48) | (uint64_t{sizeof(pthread_mutex_t)} << 40) | (uint64_t{sizeof(lock_state)} << 28) |
+         (uint64_t{sizeof(waiter_slot)} << 20) | (uint64_t{k_slot_count} << 8) | (k_managed_offset / 4096);
+}
+constexpr uint64_t format_version(uint64_t format) { return format >> 48; }
+
+inline segment_header* header_of(void* base) { return static_cast<segment_header*>(base); }
+inline lock_state* lock_state_of(void* base) {
+  return reinterpret_cast<lock_state*>(static_cast<char*>(base) + k_lock_state_offset);
+}
+inline waiter_slot* slots_of(void* base) {
+  return reinterpret_cast<waiter_slot*>(static_cast<char*>(base) + k_slots_offset);
+}
+
+}  // namespace vramswap::lock_layout

@@ -1,0 +1,269 @@
+#include "lock/shared_segment.hpp"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/version.hpp>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "core/log.hpp"
+#include "core/options.hpp"
+#include "core/status.hpp"
+#include "lock/robust_mutex.hpp"
+#include "lock/segment_layout.hpp"
+
+namespace vramswap {
+namespace bip = boost::interprocess;
+using namespace lock_layout;
+
+namespace {
+
+bool is_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+         c == '.';
+}
+
+int check_name_part(const std::string& text, const char* what, bool may_be_empty) {
+  if (text.empty() && !may_be_empty) return fail(err_invalid_argument, "lock: %s is empty", what);
+  if (text.size() > 128) return fail(err_invalid_argument, "lock: %s \"%.40s...\" is longer than 128 characters", what, text.c_str());
+  for (char c : text) {
+    if (!is_name_char(c)) {
+      return fail(err_invalid_argument, "lock: %s \"%s\" contains '%c'; use only letters, digits, '-', '_' and '.'", what,
+                  text.c_str(), c);
+    }
+  }
+  return ok;
+}
+
+// VRAMSWAP_GROUP -> gid, or -1 when unset. A name or a number.
+int configured_group(gid_t* gid, bool* is_set) {
+  const std::string group_text = option_text(option_id::group);
+  *is_set = !group_text.empty();
+  if (group_text.empty()) return ok;
+  char buf[4096];
+  struct group grp_entry {};
+  struct group* found = nullptr;
+  const int rc = getgrnam_r(group_text.c_str(), &grp_entry, buf, sizeof buf, &found);
+  if (rc == 0 && found != nullptr) {
+    *gid = found->gr_gid;
+    return ok;
+  }
+  char* end = nullptr;
+  const unsigned long number = std::strtoul(group_text.c_str(), &end, 10);
+  if (end != group_text.c_str() && *end == '\0') {
+    *gid = static_cast<gid_t>(number);
+    return ok;
+  }
+  return fail(err_invalid_argument, "VRAMSWAP_GROUP: \"%s\" is neither a known group name nor a group id", group_text.c_str());
+}
+
+// Initialize a segment whose magic is 0, while holding its init flock.
+int initialize(int fd, const std::string& name, void** base_out) {
+  gid_t gid = 0;
+  bool shared_with_group = false;
+  VS_TRY(configured_group(&gid, &shared_with_group));
+  if (shared_with_group && ::fchown(fd, static_cast<uid_t>(-1), gid) != 0) {
+    return fail_errno(errno, "lock: cannot give /dev/shm%s to group %u (VRAMSWAP_GROUP); are you a member of it?",
+                      name.c_str(), static_cast<unsigned>(gid));
+  }
+  // Set the mode explicitly: shm_open's mode was filtered by the umask.
+  if (::fchmod(fd, shared_with_group ? 0660 : 0600) != 0) return fail_errno(errno, "lock: fchmod /dev/shm%s", name.c_str());
+  if (::ftruncate(fd, static_cast<off_t>(k_segment_size)) != 0) {
+    return fail_errno(errno, "lock: cannot size /dev/shm%s to %zu bytes (is /dev/shm full?)", name.c_str(), k_segment_size);
+  }
+  void* base = ::mmap(nullptr, k_segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) return fail_errno(errno, "lock: mmap /dev/shm%s", name.c_str());
+  // A creator may have died half-way: start from zeros, whatever it left.
+  std::memset(base, 0, k_managed_offset);
+  lock_state* state = lock_state_of(base);
+  new (state) lock_state{};
+  int rc = robust_mutex_init(&state->mutex);
+  if (rc != 0) {
+    ::munmap(base, k_segment_size);
+    return rc;
+  }
+  state->holder_slot = k_no_slot;
+  waiter_slot* slots = slots_of(base);
+  for (uint32_t i = 0; i < k_slot_count; ++i) new (&slots[i]) waiter_slot{};
+  try {
+    bip::managed_external_buffer managed(bip::create_only, static_cast<char*>(base) + k_managed_offset,
+                                         k_segment_size - k_managed_offset);
+  } catch (const std::exception& e) {
+    ::munmap(base, k_segment_size);
+    return fail(err_internal, "lock: cannot create the managed area of /dev/shm%s: %s", name.c_str(), e.what());
+  }
+  segment_header* header = header_of(base);
+  header->format = format_word();
+  header->segment_size = k_segment_size;
+  header->boost_version = BOOST_VERSION;
+  header->managed_offset = k_managed_offset;
+  header->managed_size = k_segment_size - k_managed_offset;
+  // Publish last: before this store the segment is "not initialized" to everyone.
+  header->magic.store(k_magic, std::memory_order_release);
+  log(log_level::debug, "lock: initialized /dev/shm%s (%zu bytes, format %#llx)", name.c_str(), k_segment_size,
+      static_cast<unsigned long long>(format_word()));
+  *base_out = base;
+  return ok;
+}
+
+// Check an initialized segment's header; never reads past it unless it matches.
+int validate(const void* base, size_t size, const std::string& name) {
+  const segment_header* header = static_cast<const segment_header*>(base);
+  const uint64_t magic = header->magic.load(std::memory_order_acquire);
+  if (magic != k_magic) {
+    return fail(err_version_mismatch,
+                "lock: /dev/shm%s is not a vramswap segment (magic %#llx, expected %#llx): corrupt or made by another "
+                "program; stop the processes using it and remove it (rm /dev/shm%s)",
+                name.c_str(), static_cast<unsigned long long>(magic), static_cast<unsigned long long>(k_magic), name.c_str());
+  }
+  if (header->format != format_word()) {
+    return fail(err_version_mismatch,
+                "lock: /dev/shm%s has layout format %#llx (version %llu), this library needs %#llx (version %llu); "
+                "every process sharing a device must use the same vramswap build: stop the others or use another "
+                "VRAMSWAP_SHM_PREFIX",
+                name.c_str(), static_cast<unsigned long long>(header->format),
+                static_cast<unsigned long long>(format_version(header->format)),
+                static_cast<unsigned long long>(format_word()), static_cast<unsigned long long>(k_layout_version));
+  }
+  if (header->boost_version != BOOST_VERSION) {
+    return fail(err_version_mismatch,
+                "lock: /dev/shm%s was made by a build with Boost %llu, this one uses Boost %d; the managed area's layout "
+                "differs: every process sharing a device must use the same vramswap build",
+                name.c_str(), static_cast<unsigned long long>(header->boost_version), BOOST_VERSION);
+  }
+  if (header->segment_size != size || header->managed_offset != k_managed_offset ||
+      header->managed_offset + header->managed_size != size) {
+    return fail(err_version_mismatch,
+                "lock: /dev/shm%s is %zu bytes but its header says %llu (managed area %llu+%llu): corrupt; stop the "
+                "processes using it and remove it",
+                name.c_str(), size, static_cast<unsigned long long>(header->segment_size),
+                static_cast<unsigned long long>(header->managed_offset),
+                static_cast<unsigned long long>(header->managed_size));
+  }
+  return ok;
+}
+
+// Holds the init flock for the lifetime of the object.
+struct init_flock {
+  int fd;
+  explicit init_flock(int f) : fd(f) {}
+  ~init_flock() { ::flock(fd, LOCK_UN); }
+};
+
+}  // namespace
+
+int shared_segment::name_for(const std::string& device_key, std::string* out) noexcept {
+  try {
+    const std::string prefix = option_text(option_id::shm_prefix);
+    VS_TRY(check_name_part(prefix, "VRAMSWAP_SHM_PREFIX", true));
+    VS_TRY(check_name_part(device_key, "device key", false));
+    *out = "/" + prefix + "vramswap-" + device_key;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "lock: out of memory building a segment name");
+  }
+  return ok;
+}
+
+int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_segment>* out) noexcept {
+  std::string name;
+  VS_TRY(name_for(device_key, &name));
+  {  // A bad VRAMSWAP_GROUP is reported before anything is created.
+    gid_t gid = 0;
+    bool shared_with_group = false;
+    VS_TRY(configured_group(&gid, &shared_with_group));
+  }
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int e = errno;
+    if (e == EACCES) {
+      return fail_errno(e,
+                        "lock: cannot open /dev/shm%s: it belongs to another user or group; share it through "
+                        "VRAMSWAP_GROUP, or use another VRAMSWAP_SHM_PREFIX",
+                        name.c_str());
+    }
+    return fail_errno(e, "lock: shm_open %s", name.c_str());
+  }
+  int rc = ok;
+  void* base = nullptr;
+  size_t size = 0;
+  {
+    while (::flock(fd, LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        rc = fail_errno(errno, "lock: flock /dev/shm%s", name.c_str());
+        break;
+      }
+    }
+    if (rc != 0) {
+      ::close(fd);
+      return rc;
+    }
+    init_flock held(fd);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      rc = fail_errno(errno, "lock: fstat /dev/shm%s", name.c_str());
+    } else if (st.st_size == 0) {
+      rc = initialize(fd, name, &base);
+      size = k_segment_size;
+    } else if (static_cast<size_t>(st.st_size) < sizeof(segment_header)) {
+      rc = fail(err_version_mismatch,
+                "lock: /dev/shm%s is only %lld bytes, too small for a vramswap header: corrupt; stop the processes "
+                "using it and remove it",
+                name.c_str(), static_cast<long long>(st.st_size));
+    } else {
+      size = static_cast<size_t>(st.st_size);
+      base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED) {
+        base = nullptr;
+        rc = fail_errno(errno, "lock: mmap /dev/shm%s", name.c_str());
+      } else if (header_of(base)->magic.load(std::memory_order_acquire) == 0 && size == k_segment_size) {
+        // Its creator died before publishing it (we hold the init flock, so nobody else is
+        // initializing it, and nobody uses a segment without magic): build it again.
+        ::munmap(base, size);
+        base = nullptr;
+        log(log_level::warn, "lock: /dev/shm%s was left half-initialized by a dead process; initializing it again",
+            name.c_str());
+        rc = initialize(fd, name, &base);
+      } else {
+        rc = validate(base, size, name);
+      }
+    }
+  }
+  ::close(fd);
+  if (rc != 0) {
+    if (base != nullptr) ::munmap(base, size);
+    return rc;
+  }
+  std::unique_ptr<shared_segment> segment;
+  try {
+    segment.reset(new shared_segment());
+    segment->managed_ = bip::managed_external_buffer(bip::open_only, static_cast<char*>(base) + k_managed_offset,
+                                                     k_segment_size - k_managed_offset);
+    segment->name_ = std::move(name);
+  } catch (const std::exception& e) {
+    ::munmap(base, size);
+    return fail(err_version_mismatch, "lock: cannot open the managed area of /dev/shm%s: %s", name.c_str(), e.what());
+  }
+  segment->base_ = base;
+  segment->size_ = size;
+  *out = std::move(segment);
+  return ok;
+}
+
+int shared_segment::remove(const std::string& device_key) noexcept {
+  std::string name;
+  VS_TRY(name_for(device_key, &name));
+  if (::shm_unlink(name.c_str()) != 0 && errno != ENOENT) return fail_errno(errno, "lock: shm_unlink %s", name.c_str());
+  return ok;
+}
+
+shared_segment::~shared_segment() {
+  if (base_ != nullptr) ::munmap(base_, size_);
+}
+
+}  // namespace vramswap

@@ -1,0 +1,58 @@
+// One per-device shared segment: create or open, check its version, map it.
+//
+// Name: "/<VRAMSWAP_SHM_PREFIX>vramswap-<device key>" (the key is the GPU UUID, or
+// "host-N" for the host backend's emulated devices); it appears as /dev/shm/<name>.
+// Mode 0600; with VRAMSWAP_GROUP set, 0660 and owned by that group.
+//
+// Creation race and creator death: every opener takes flock(LOCK_EX) on the object while
+// it looks at the header. The first one finds it empty (size 0 or magic 0), initializes
+// it and publishes the magic last. The kernel drops the flock when its holder dies, so a
+// creator killed half-way leaves magic 0 and the next opener simply initializes again;
+// nobody uses a segment before seeing its magic, so nobody sees the half-built one.
+//
+// The first k_managed_offset bytes are ours (header, lock); the rest is a Boost
+// managed_external_buffer in which later components construct named objects. Our header
+// comes first so the version check runs before any Boost structure is read: a segment made
+// by another layout version, or by a build with another Boost version, is refused by name.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <boost/interprocess/managed_external_buffer.hpp>
+
+namespace vramswap {
+
+class shared_segment {
+ public:
+  // Open the segment of `device_key`, creating and initializing it when absent.
+  // Returns 0; err_invalid_argument (bad key, prefix or VRAMSWAP_GROUP);
+  // err_version_mismatch (corrupt, foreign, or incompatible segment: nothing was changed);
+  // err_system (an OS call failed, e.g. permission denied on the segment).
+  static int open(const std::string& device_key, std::unique_ptr<shared_segment>* out) noexcept;
+
+  // Remove the segment's name (processes that have it mapped keep using it). 0 when it was
+  // removed or did not exist.
+  static int remove(const std::string& device_key) noexcept;
+
+  // The shm_open name for `device_key` under the current VRAMSWAP_SHM_PREFIX.
+  static int name_for(const std::string& device_key, std::string* out) noexcept;
+
+  ~shared_segment();
+  shared_segment(const shared_segment&) = delete;
+  shared_segment& operator=(const shared_segment&) = delete;
+
+  void* base() const noexcept { return base_; }
+  const std::string& name() const noexcept { return name_; }
+  boost::interprocess::managed_external_buffer& managed() noexcept { return managed_; }
+
+ private:
+  shared_segment() = default;
+
+  void* base_ = nullptr;
+  size_t size_ = 0;
+  std::string name_;
+  boost::interprocess::managed_external_buffer managed_;
+};
+
+}  // namespace vramswap

@@ -1,0 +1,263 @@
+// Description: device_lock API in one process (plus forked children where ownership across
+// fork is the point): acquire/release, re-entry, try and timed acquire, bad input, and
+// segments that are corrupt, truncated, of another version or half-initialized.
+#include "lock/device_lock.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "lock/segment_layout.hpp"
+#include "lock/shared_segment.hpp"
+#include "lock_test_support.hpp"
+
+namespace vramswap::lock_test {
+namespace {
+
+using namespace std::chrono_literals;
+
+class DeviceLock : public lock_fixture {};
+
+TEST_F(DeviceLock, AcquireReleaseAndHeld) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok) << last_error();
+  EXPECT_FALSE(lock.held());
+  acquire_info info;
+  ASSERT_EQ(lock.acquire(lock_priority::normal, -1, &info), ok) << last_error();
+  EXPECT_TRUE(lock.held());
+  EXPECT_FALSE(info.previous_holder_died);
+  EXPECT_FALSE(info.reentered);
+  std::vector<lock_queue_entry> q;
+  ASSERT_EQ(lock.snapshot(&q), ok);
+  ASSERT_EQ(q.size(), 1u);
+  EXPECT_TRUE(q[0].holding);
+  EXPECT_EQ(q[0].pid, ::getpid());
+  ASSERT_EQ(lock.release(), ok) << last_error();
+  EXPECT_FALSE(lock.held());
+  ASSERT_EQ(lock.snapshot(&q), ok);
+  EXPECT_TRUE(q.empty());
+}
+
+TEST_F(DeviceLock, SegmentIsPrivateToTheUser) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok) << last_error();
+  struct stat st {};
+  ASSERT_EQ(::stat(segment_path().c_str(), &st), 0) << segment_path();
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(DeviceLock, GroupOptionGivesGroupAccess) {
+  option_set(option_id::group, std::to_string(::getegid()).c_str());
+  device_lock lock;
+  const int rc = device_lock::open(key_, &lock);
+  option_set(option_id::group, nullptr);
+  ASSERT_EQ(rc, ok) << last_error();
+  struct stat st {};
+  ASSERT_EQ(::stat(segment_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, ::getegid());
+}
+
+TEST_F(DeviceLock, UnknownGroupIsRejectedByName) {
+  option_set(option_id::group, "no-such-group-vramswap");
+  device_lock lock;
+  EXPECT_EQ(device_lock::open(key_, &lock), err_invalid_argument);
+  EXPECT_NE(std::string(last_error()).find("VRAMSWAP_GROUP"), std::string::npos) << last_error();
+  option_set(option_id::group, nullptr);
+}
+
+TEST_F(DeviceLock, ReentryIsCounted) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  acquire_info info;
+  ASSERT_EQ(lock.acquire(lock_priority::high, 0, &info), ok);
+  EXPECT_TRUE(info.reentered);
+  ASSERT_EQ(lock.release(), ok);
+  EXPECT_TRUE(lock.held()) << "the first release of two acquires must keep the lock";
+  // Another thread still cannot get it.
+  int other = 1;
+  std::thread([&] { other = lock.try_acquire(); }).join();
+  EXPECT_EQ(other, err_busy);
+  ASSERT_EQ(lock.release(), ok);
+  EXPECT_FALSE(lock.held());
+  std::thread([&] {
+    other = lock.try_acquire();
+    if (other == ok) lock.release();
+  }).join();
+  EXPECT_EQ(other, ok);
+}
+
+TEST_F(DeviceLock, ReleaseWithoutAcquireAndDoubleReleaseAreErrors) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  EXPECT_EQ(lock.release(), err_not_owner);
+  EXPECT_NE(std::string(last_error()).find("does not hold"), std::string::npos) << last_error();
+  ASSERT_EQ(lock.acquire(), ok);
+  ASSERT_EQ(lock.release(), ok);
+  EXPECT_EQ(lock.release(), err_not_owner);
+  // Nothing was broken: the lock still works.
+  ASSERT_EQ(lock.try_acquire(), ok);
+  ASSERT_EQ(lock.release(), ok);
+}
+
+TEST_F(DeviceLock, ReleaseByAnotherThreadIsAnError) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  int rc = 0;
+  std::thread([&] { rc = lock.release(); }).join();
+  EXPECT_EQ(rc, err_not_owner);
+  EXPECT_TRUE(lock.held());
+  ASSERT_EQ(lock.release(), ok);
+}
+
+TEST_F(DeviceLock, ThreadsSharingOneObjectAreMutuallyExclusive) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  constexpr int k_threads = 4, k_increments = 3000;
+  volatile uint64_t counter = 0;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < k_threads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < k_increments; ++i) {
+        if (lock.acquire() != ok) failures.fetch_add(1);
+        counter = counter + 1;
+        if (lock.release() != ok) failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0) << last_error();
+  EXPECT_EQ(counter, uint64_t{k_threads} * k_increments);
+}
+
+TEST_F(DeviceLock, TryAndTimedAcquireWhileHeld) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  int try_rc = 0, timed_rc = 0;
+  uint64_t waited = 0;
+  std::thread([&] {
+    try_rc = lock.try_acquire();
+    const uint64_t t0 = monotonic_ns();
+    timed_rc = lock.acquire(lock_priority::normal, 50'000'000);
+    waited = monotonic_ns() - t0;
+  }).join();
+  EXPECT_EQ(try_rc, err_busy);
+  EXPECT_EQ(timed_rc, err_timeout);
+  EXPECT_GE(waited, 50'000'000u);
+  EXPECT_LT(waited, 1'000'000'000u);
+  std::vector<lock_queue_entry> q;
+  ASSERT_EQ(lock.snapshot(&q), ok);
+  EXPECT_EQ(q.size(), 1u) << "a timed-out waiter must leave the queue";
+  ASSERT_EQ(lock.release(), ok);
+}
+
+TEST_F(DeviceLock, TimedAcquireSucceedsWhenReleasedInTime) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  int rc = 1;
+  std::thread waiter([&] {
+    rc = lock.acquire(lock_priority::normal, 5'000'000'000);
+    if (rc == ok) lock.release();
+  });
+  ASSERT_TRUE(wait_for_queue(lock, [](const auto& q) { return queue_has_waiters(q, 1); }));
+  ASSERT_EQ(lock.release(), ok);
+  waiter.join();
+  EXPECT_EQ(rc, ok) << last_error();
+}
+
+TEST_F(DeviceLock, BadArgumentsAreRejected) {
+  device_lock closed;
+  EXPECT_EQ(closed.acquire(), err_invalid_argument);
+  EXPECT_EQ(closed.release(), err_not_owner);
+  EXPECT_FALSE(closed.held());
+  device_lock lock;
+  EXPECT_EQ(device_lock::open("", &lock), err_invalid_argument);
+  EXPECT_EQ(device_lock::open("../etc/passwd", &lock), err_invalid_argument);
+  EXPECT_NE(std::string(last_error()).find("'/'"), std::string::npos) << last_error();
+  EXPECT_EQ(device_lock::open(key_, nullptr), err_invalid_argument);
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  EXPECT_EQ(lock.acquire(static_cast<lock_priority>(7)), err_invalid_argument);
+  EXPECT_EQ(lock.acquire(lock_priority::normal, -5), err_invalid_argument);
+  EXPECT_FALSE(lock.held());
+}
+
+TEST_F(DeviceLock, ForkedChildDoesNotInheritTheLock) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  const pid_t child = spawn([&] {
+    if (lock.held()) return 1;
+    if (lock.release() != err_not_owner) return 2;
+    if (std::string(last_error()).find("forked child") == std::string::npos) return 3;
+    if (lock.try_acquire() != err_busy) return 4;  // the parent still holds it
+    return 0;
+  });
+  EXPECT_EQ(reap(child), 0);
+  EXPECT_TRUE(lock.held());
+  ASSERT_EQ(lock.release(), ok);
+}
+
+// Write into the header of an existing segment, as a different build or a stray writer would.
+void poke_header(const std::string& path, size_t offset, uint64_t value) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(::pwrite(fd, &value, sizeof value, static_cast<off_t>(offset)), static_cast<ssize_t>(sizeof value));
+  ::close(fd);
+}
+
+TEST_F(DeviceLock, CorruptMagicIsRefused) {
+  { device_lock lock; ASSERT_EQ(device_lock::open(key_, &lock), ok); }
+  poke_header(segment_path(), offsetof(lock_layout::segment_header, magic), 0x1234567812345678ull);
+  device_lock lock;
+  EXPECT_EQ(device_lock::open(key_, &lock), err_version_mismatch);
+  EXPECT_NE(std::string(last_error()).find("not a vramswap segment"), std::string::npos) << last_error();
+  EXPECT_EQ(lock.acquire(), err_invalid_argument) << "a refused open leaves the lock closed";
+}
+
+TEST_F(DeviceLock, OldVersionIsRefusedWithBothVersions) {
+  { device_lock lock; ASSERT_EQ(device_lock::open(key_, &lock), ok); }
+  const uint64_t old_format = (lock_layout::format_word() & ((1ull << 48) - 1)) | (0ull << 48);
+  poke_header(segment_path(), offsetof(lock_layout::segment_header, format), old_format);
+  device_lock lock;
+  EXPECT_EQ(device_lock::open(key_, &lock), err_version_mismatch);
+  EXPECT_NE(std::string(last_error()).find("version 0"), std::string::npos) << last_error();
+  EXPECT_NE(std::string(last_error()).find("version 1"), std::string::npos) << last_error();
+}
+
+TEST_F(DeviceLock, TruncatedSegmentIsRefused) {
+  { device_lock lock; ASSERT_EQ(device_lock::open(key_, &lock), ok); }
+  ASSERT_EQ(::truncate(segment_path().c_str(), 16), 0);
+  device_lock lock;
+  EXPECT_EQ(device_lock::open(key_, &lock), err_version_mismatch);
+  EXPECT_NE(std::string(last_error()).find("too small"), std::string::npos) << last_error();
+}
+
+TEST_F(DeviceLock, HalfInitializedSegmentIsRebuilt) {
+  // A creator killed before publishing the magic leaves magic 0: the next opener rebuilds.
+  { device_lock lock; ASSERT_EQ(device_lock::open(key_, &lock), ok); }
+  poke_header(segment_path(), offsetof(lock_layout::segment_header, magic), 0);
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok) << last_error();
+  ASSERT_EQ(lock.acquire(), ok);
+  ASSERT_EQ(lock.release(), ok);
+}
+
+TEST_F(DeviceLock, ManagedAreaIsUsableByLaterComponents) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  int* counter = lock.segment()->managed().find_or_construct<int>("test.counter")(41);
+  ++*counter;
+  device_lock again;
+  ASSERT_EQ(device_lock::open(key_, &again), ok);
+  EXPECT_EQ(*again.segment()->managed().find<int>("test.counter").first, 42);
+}
+
+}  // namespace
+}  // namespace vramswap::lock_test

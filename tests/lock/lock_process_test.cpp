@@ -1,0 +1,291 @@
+// Description: the lock across real processes: exact FIFO grant order under 16 contenders,
+// priority classes, mutual exclusion (8 processes x 10,000 non-atomic increments), a
+// holder or waiter killed with SIGKILL, and a process killed at each named point inside
+// the lock's own critical sections.
+#include <signal.h>
+
+#include <cstring>
+
+#include "lock/crash_points.hpp"
+#include "lock_test_support.hpp"
+
+namespace vramswap::lock_test {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int k_max_contenders = 64;
+
+// Grant order as seen by the contenders: each appends its index when granted.
+struct grant_log {
+  std::atomic<int> count{0};
+  int order[k_max_contenders];
+  std::atomic<int> failures{0};
+  char failure[256];
+};
+
+class LockProcesses : public lock_fixture {
+ protected:
+  // Start `n` contenders one after another, each fully enqueued before the next starts,
+  // while the test holds the lock; then release and collect the grant order.
+  std::vector<int> grant_order(device_lock& lock, const std::vector<lock_priority>& classes) {
+    auto* log = shared_object<grant_log>();
+    EXPECT_EQ(lock.acquire(), ok) << last_error();
+    std::vector<pid_t> children;
+    for (size_t i = 0; i < classes.size(); ++i) {
+      children.push_back(spawn([&, i] {
+        device_lock mine;
+        if (device_lock::open(key_, &mine) != ok) return 10;
+        if (mine.acquire(classes[i], 10'000'000'000) != ok) return 11;
+        log->order[log->count.fetch_add(1)] = static_cast<int>(i);
+        return mine.release() == ok ? 0 : 12;
+      }));
+      EXPECT_TRUE(wait_for_queue(lock, [&](const auto& q) { return queue_has_waiters(q, i + 1); }))
+          << "contender " << i << " never showed up in the queue";
+    }
+    EXPECT_EQ(lock.release(), ok);
+    for (pid_t c : children) EXPECT_EQ(reap(c), 0);
+    std::vector<int> order(log->order, log->order + log->count.load());
+    free_shared_object(log);
+    return order;
+  }
+};
+
+TEST_F(LockProcesses, GrantOrderIsExactlyFifoUnder16Contenders) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  const std::vector<lock_priority> classes(16, lock_priority::normal);
+  const std::vector<int> order = grant_order(lock, classes);
+  std::vector<int> expected(16);
+  for (int i = 0; i < 16; ++i) expected[i] = i;
+  EXPECT_EQ(order, expected);
+}
+
+TEST_F(LockProcesses, HighClassGoesFirstAndEachClassIsFifo) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  std::vector<lock_priority> classes;
+  for (int i = 0; i < 16; ++i) classes.push_back(i % 3 == 1 ? lock_priority::high : lock_priority::normal);
+  const std::vector<int> order = grant_order(lock, classes);
+  std::vector<int> expected;
+  for (int i = 0; i < 16; ++i) {
+    if (classes[i] == lock_priority::high) expected.push_back(i);
+  }
+  for (int i = 0; i < 16; ++i) {
+    if (classes[i] == lock_priority::normal) expected.push_back(i);
+  }
+  EXPECT_EQ(order, expected);
+}
+
+struct counter_page {
+  volatile uint64_t counter;  // incremented non-atomically, only inside the lock
+  std::atomic<int> start{0};
+};
+
+TEST_F(LockProcesses, MutualExclusion8ProcessesX10000Increments) {
+  constexpr int k_processes = 8;
+  constexpr int k_increments = 10'000;
+  auto* page = shared_object<counter_page>();
+  std::vector<pid_t> children;
+  for (int p = 0; p < k_processes; ++p) {
+    children.push_back(spawn([&] {
+      device_lock lock;
+      if (device_lock::open(key_, &lock) != ok) return 10;
+      while (page->start.load() == 0) std::this_thread::yield();
+      for (int i = 0; i < k_increments; ++i) {
+        if (lock.acquire() != ok) return 11;
+        const uint64_t v = page->counter;  // read-modify-write in two steps on purpose
+        page->counter = v + 1;
+        if (lock.release() != ok) return 12;
+      }
+      return 0;
+    }));
+  }
+  page->start.store(1);
+  for (pid_t c : children) EXPECT_EQ(reap(c), 0);
+  EXPECT_EQ(page->counter, uint64_t{k_processes} * k_increments);
+  free_shared_object(page);
+}
+
+struct death_report {
+  std::atomic<int> holding{0};
+  std::atomic<int> granted{0};
+  std::atomic<uint64_t> grant_ns{0};
+  std::atomic<int> previous_holder_died{0};
+  std::atomic<int> dead_holder_pid{0};
+};
+
+TEST_F(LockProcesses, HolderKilledPassesTheLockOnWithin100ms) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  auto* report = shared_object<death_report>();
+  const pid_t holder = spawn([&] {
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok || mine.acquire() != ok) return 10;
+    report->holding.store(1);
+    for (;;) ::pause();
+  });
+  while (report->holding.load() == 0) std::this_thread::sleep_for(100us);
+  const pid_t waiter = spawn([&] {
+    device_lock mine;
+    acquire_info info;
+    if (device_lock::open(key_, &mine) != ok || mine.acquire(lock_priority::normal, 5'000'000'000, &info) != ok) return 10;
+    report->grant_ns.store(monotonic_ns());
+    report->previous_holder_died.store(info.previous_holder_died ? 1 : 0);
+    report->dead_holder_pid.store(info.dead_holder_pid);
+    return mine.release() == ok ? 0 : 11;
+  });
+  ASSERT_TRUE(wait_for_queue(lock, [](const auto& q) { return queue_has_waiters(q, 1); }));
+  std::this_thread::sleep_for(20ms);  // let the waiter settle into its futex sleep
+  const uint64_t killed_ns = monotonic_ns();
+  ASSERT_EQ(::kill(holder, SIGKILL), 0);
+  EXPECT_EQ(reap(holder), 128 + SIGKILL);
+  EXPECT_EQ(reap(waiter), 0);
+  const double recovery_ms = static_cast<double>(report->grant_ns.load() - killed_ns) / 1e6;
+  std::printf("recovery after holder SIGKILL: %.2f ms\n", recovery_ms);
+  EXPECT_LT(recovery_ms, 100.0);
+  EXPECT_EQ(report->previous_holder_died.load(), 1);
+  EXPECT_EQ(report->dead_holder_pid.load(), holder);
+  // The lock is free and the queue empty again.
+  ASSERT_EQ(lock.try_acquire(), ok) << last_error();
+  ASSERT_EQ(lock.release(), ok);
+  free_shared_object(report);
+}
+
+TEST_F(LockProcesses, KilledWaiterLeavesTheQueueAndOrderHolds) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  auto* log = shared_object<grant_log>();
+  ASSERT_EQ(lock.acquire(), ok);
+  std::vector<pid_t> waiters;
+  for (int i = 0; i < 3; ++i) {
+    waiters.push_back(spawn([&, i] {
+      device_lock mine;
+      if (device_lock::open(key_, &mine) != ok || mine.acquire() != ok) return 10;
+      log->order[log->count.fetch_add(1)] = i;
+      return mine.release() == ok ? 0 : 11;
+    }));
+    ASSERT_TRUE(wait_for_queue(lock, [&](const auto& q) { return queue_has_waiters(q, waiters.size()); }));
+  }
+  ASSERT_EQ(::kill(waiters[1], SIGKILL), 0);
+  EXPECT_EQ(reap(waiters[1]), 128 + SIGKILL);
+  // The liveness scan removes the dead entry (here run at once, as waiters do every 10 ms).
+  ASSERT_EQ(lock.repair_now(), ok);
+  std::vector<lock_queue_entry> q;
+  ASSERT_EQ(lock.snapshot(&q), ok);
+  ASSERT_EQ(q.size(), 3u);
+  for (const auto& e : q) EXPECT_NE(e.pid, waiters[1]) << "the dead waiter is still queued";
+  EXPECT_EQ(q[1].pid, waiters[0]);
+  EXPECT_EQ(q[2].pid, waiters[2]);
+  ASSERT_EQ(lock.release(), ok);
+  EXPECT_EQ(reap(waiters[0]), 0);
+  EXPECT_EQ(reap(waiters[2]), 0);
+  ASSERT_EQ(log->count.load(), 2);
+  EXPECT_EQ(log->order[0], 0);
+  EXPECT_EQ(log->order[1], 2);
+  free_shared_object(log);
+}
+
+TEST_F(LockProcesses, TimeoutAcrossProcesses) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  const pid_t child = spawn([&] {
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok) return 10;
+    if (mine.try_acquire() != err_busy) return 11;
+    const uint64_t t0 = monotonic_ns();
+    if (mine.acquire(lock_priority::high, 30'000'000) != err_timeout) return 12;
+    const uint64_t waited = monotonic_ns() - t0;
+    if (waited < 30'000'000 || waited > 2'000'000'000) return 13;
+    return 0;
+  });
+  EXPECT_EQ(reap(child), 0);
+  std::vector<lock_queue_entry> q;
+  ASSERT_EQ(lock.snapshot(&q), ok);
+  EXPECT_EQ(q.size(), 1u);
+  ASSERT_EQ(lock.release(), ok);
+}
+
+// --- a death at each named point of the lock's critical sections ----------------------
+
+crash_point g_armed_point = crash_point::count_;
+void kill_self_at_armed_point(crash_point point) {
+  if (point == g_armed_point) ::raise(SIGKILL);
+}
+
+class CrashPoint : public lock_fixture, public ::testing::WithParamInterface<crash_point> {};
+
+// The victim walks through every critical section: a repair, a try_acquire that fails
+// (enqueue, then leave), a blocking acquire, and a release that hands the lock to a
+// waiting helper. It kills itself at the armed point; the helper and the test must then
+// get the lock, and the queue must be clean and FIFO.
+TEST_P(CrashPoint, DeathThereLeavesTheLockWorking) {
+  const crash_point point = GetParam();
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  auto* report = shared_object<death_report>();
+  ASSERT_EQ(lock.acquire(), ok);
+  const pid_t victim = spawn([&] {
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok) return 10;
+    g_armed_point = point;
+    set_crash_hook(kill_self_at_armed_point);
+    if (mine.repair_now() != ok) return 11;
+    if (mine.try_acquire() != err_busy) return 12;
+    if (mine.acquire() != ok) return 13;
+    report->holding.store(1);
+    if (mine.release() != ok) return 14;
+    return 0;
+  });
+  // Wait until the victim is dead or queued behind us.
+  bool victim_dead = false;
+  int victim_status = -1;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  std::vector<lock_queue_entry> q;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (::waitpid(victim, &status, WNOHANG) == victim) {
+      victim_dead = true;
+      victim_status = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+      break;
+    }
+    ASSERT_EQ(lock.snapshot(&q), ok) << last_error();
+    if (queue_has_waiters(q, 1)) break;
+    std::this_thread::sleep_for(200us);
+  }
+  const pid_t helper = spawn([&] {
+    device_lock mine;
+    acquire_info info;
+    if (device_lock::open(key_, &mine) != ok) return 10;
+    if (mine.acquire(lock_priority::normal, 5'000'000'000, &info) != ok) return 11;
+    report->previous_holder_died.store(info.previous_holder_died ? 1 : 0);
+    return mine.release() == ok ? 0 : 12;
+  });
+  ASSERT_TRUE(wait_for_queue(lock, [&](const auto& queue) {
+    for (const auto& e : queue) {
+      if (e.pid == helper) return true;
+    }
+    return false;
+  })) << "helper never queued (lock stuck at " << crash_point_name(point) << "?)";
+  ASSERT_EQ(lock.release(), ok) << last_error();
+  if (!victim_dead) victim_status = reap(victim);
+  EXPECT_EQ(victim_status, 128 + SIGKILL) << "the victim never reached " << crash_point_name(point);
+  EXPECT_EQ(reap(helper), 0) << "the helper did not get the lock after a death at " << crash_point_name(point);
+  ASSERT_EQ(lock.acquire(lock_priority::normal, 2'000'000'000), ok) << last_error();
+  ASSERT_EQ(lock.repair_now(), ok);
+  ASSERT_EQ(lock.snapshot(&q), ok);
+  EXPECT_EQ(q.size(), 1u) << "entries of the dead victim remain after a death at " << crash_point_name(point);
+  ASSERT_EQ(lock.release(), ok);
+  free_shared_object(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryPoint, CrashPoint,
+                         ::testing::Values(crash_point::enqueue_slot_filled, crash_point::enqueue_published,
+                                           crash_point::grant_state_stored, crash_point::grant_before_wake,
+                                           crash_point::release_slot_freed, crash_point::timeout_slot_freed,
+                                           crash_point::recovery_midway),
+                         [](const ::testing::TestParamInfo<crash_point>& param) { return crash_point_name(param.param); });
+
+}  // namespace
+}  // namespace vramswap::lock_test
