@@ -1,7 +1,7 @@
-// lock_bench: the device lock against boost::interprocess::interprocess_mutex and flock(),
+// bench_lock: the device lock against boost::interprocess::interprocess_mutex and flock(),
 // measured in the same run, printed as a markdown table.
 //
-// Build and run:  ninja -C build lock_bench && ./build/bench/lock/lock_bench [--quick]
+// Build and run:  ninja -C build bench_lock && ./build/bench/lock/bench_lock [--quick]
 //
 // What is measured, per lock:
 //   uncontended   mean time of one acquire + release by one process, nobody else around
@@ -71,7 +71,7 @@ template <typename T>
 T* shared_page() {
   void* p = ::mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
-    std::perror("lock_bench: mmap");
+    std::perror("bench_lock: mmap");
     std::exit(1);
   }
   return new (p) T{};
@@ -128,7 +128,7 @@ void run_children(int n, const std::function<void(int)>& body) {
   for (int i = 0; i < n; ++i) {
     const pid_t pid = ::fork();
     if (pid < 0) {
-      std::perror("lock_bench: fork");
+      std::perror("bench_lock: fork");
       std::exit(1);
     }
     if (pid == 0) {
@@ -142,7 +142,7 @@ void run_children(int n, const std::function<void(int)>& body) {
     int status = 0;
     ::waitpid(pid, &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "lock_bench: a child process failed (status %d)\n", status);
+      std::fprintf(stderr, "bench_lock: a child process failed (status %d)\n", status);
       std::exit(1);
     }
   }
@@ -198,7 +198,7 @@ throughput_result throughput(lock_under_test& l, double seconds) {
     most = std::max(most, n);
   }
   if (total != s->counter) {
-    std::fprintf(stderr, "lock_bench: %s lost increments (%llu counted, %llu acquisitions): no mutual exclusion!\n",
+    std::fprintf(stderr, "bench_lock: %s lost increments (%llu counted, %llu acquisitions): no mutual exclusion!\n",
                  "lock", static_cast<unsigned long long>(s->counter), static_cast<unsigned long long>(total));
     std::exit(1);
   }
@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
   vramswap::option_set(vramswap::option_id::shm_prefix, prefix.c_str());
   auto device = std::make_shared<vramswap::device_lock>();
   if (vramswap::device_lock::open("host-0", device.get()) != 0) {
-    std::fprintf(stderr, "lock_bench: cannot open the device lock: %s\n", vramswap::last_error());
+    std::fprintf(stderr, "bench_lock: cannot open the device lock: %s\n", vramswap::last_error());
     return 1;
   }
   vramswap::device_lock::remove("host-0");  // the mapping stays; nothing is left behind
@@ -253,7 +253,7 @@ int main(int argc, char** argv) {
   char path[] = "/tmp/vramswap-lock-bench-XXXXXX";
   const int tmp = ::mkstemp(path);
   if (tmp < 0) {
-    std::perror("lock_bench: mkstemp");
+    std::perror("bench_lock: mkstemp");
     return 1;
   }
   ::close(tmp);
