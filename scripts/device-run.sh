@@ -5,7 +5,9 @@
 #   here:   bash scripts/fetch-device-deps.sh            (once; fills .devdeps/)
 #   device: run(command="bash scripts/device-run.sh [tests] [bench]", carry=[".devdeps"])
 #
-# With no argument it does both. Exit status: that of the test suites.
+# With no argument it does both. Exit status: that of the test suites. $OUT gets at most
+# 8 files (the device tool's limit): machine.txt, build.log, ctest.log, gpu-tests.log,
+# bench.err and one bench_<name>.md per benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/vramswap-device-out}
@@ -44,26 +46,35 @@ fi
 # --- build --------------------------------------------------------------------------------
 build=build/device
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVRAMSWAP_WERROR=ON \
-  -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/configure.log" 2>&1 ||
-  { tail -40 "$OUT/configure.log"; exit 2; }
-grep -E "^-- vramswap" "$OUT/configure.log"
-cmake --build "$build" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 2; }
+  -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/build.log" 2>&1 ||
+  { tail -40 "$OUT/build.log"; exit 2; }
+grep -E "^-- vramswap" "$OUT/build.log"
+cmake --build "$build" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 2; }
 
 status=0
 if [[ $what == *tests* ]]; then
   VRAMSWAP_LOG=warn ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600 >"$OUT/ctest.log" 2>&1 || status=$?
   grep -E "tests passed|tests failed|\*\*\*Failed|Failed  |\(Failed\)" "$OUT/ctest.log" | tail -30
-  # The cuda half of the conformance suite, verbosely, for the record.
-  "$build/tests/core/backend_conformance_test" --gtest_filter='*cuda*' >"$OUT/conformance-cuda.log" 2>&1 || status=$?
-  tail -5 "$OUT/conformance-cuda.log"
-  grep "\[ info" "$OUT/conformance-cuda.log"
+  # The suites that exercise the GPU, verbosely, for the record: the cuda halves of the
+  # parameterized suites and everything in tests/gpu/.
+  : >"$OUT/gpu-tests.log"
+  for t in "$build"/tests/core/backend_conformance_test "$build"/tests/core/pager_test; do
+    echo "=== $(basename "$t") (cuda)" >>"$OUT/gpu-tests.log"
+    "$t" --gtest_filter='*cuda*' >>"$OUT/gpu-tests.log" 2>&1 || status=1
+  done
+  for t in "$build"/tests/gpu/*_test; do
+    [[ -x $t ]] || continue
+    echo "=== $(basename "$t")" >>"$OUT/gpu-tests.log"
+    "$t" >>"$OUT/gpu-tests.log" 2>&1 || status=1
+  done
+  grep -E "^===|\[  (PASSED|FAILED|SKIPPED) |\[ info" "$OUT/gpu-tests.log"
 fi
 if [[ $what == *bench* ]]; then
   for b in "$build"/bench/*/bench_*; do
     [[ -x $b ]] || continue
     name=$(basename "$b")
     echo "== $name"
-    "$b" >"$OUT/$name.md" 2>"$OUT/$name.err" || { echo "$name failed"; tail -5 "$OUT/$name.err"; status=1; }
+    "$b" >"$OUT/$name.md" 2>>"$OUT/bench.err" || { echo "$name failed"; tail -5 "$OUT/bench.err"; status=1; }
     cat "$OUT/$name.md"
   done
 fi
