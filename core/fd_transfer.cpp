@@ -1,43 +1,48 @@
 #include "core/fd_transfer.hpp"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "core/status.hpp"
 
 namespace vramswap {
 
-int send_fd(int socket, int fd, const void* payload, size_t len) noexcept {
-  if (len == 0) return fail(err_invalid_argument, "send_fd: a message needs at least one byte of payload");
+int send_fds(int socket, const int* fds, size_t count, const void* payload, size_t len) noexcept {
+  if (len == 0) return fail(err_invalid_argument, "send_fds: a message needs at least one byte of payload");
+  if (count > k_max_fds_per_message) {
+    return fail(err_invalid_argument, "send_fds: %zu descriptors in one message; at most %zu", count, k_max_fds_per_message);
+  }
   iovec iov{const_cast<void*>(payload), len};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * k_max_fds_per_message)] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  if (fd >= 0) {
+  if (count > 0) {
     msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * count);
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(sizeof(int) * count);
+    std::memcpy(CMSG_DATA(c), fds, sizeof(int) * count);
   }
   ssize_t n;
   do {
     n = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
-  if (n < 0) return fail_errno(errno, "send_fd: sendmsg on socket %d (descriptor %d)", socket, fd);
-  if (static_cast<size_t>(n) != len) return fail(err_system, "send_fd: short send on socket %d (%zd of %zu bytes)", socket, n, len);
+  if (n < 0) return fail_errno(errno, "send_fds: sendmsg on socket %d (%zu descriptors)", socket, count);
+  if (static_cast<size_t>(n) != len) return fail(err_system, "send_fds: short send on socket %d (%zd of %zu bytes)", socket, n, len);
   return ok;
 }
 
-int recv_fd(int socket, int* fd, void* payload, size_t cap, size_t* len) noexcept {
-  *fd = -1;
-  iovec iov{payload, cap};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+int recv_fds(int socket, int* fds, size_t cap, size_t* count, void* payload, size_t payload_cap, size_t* len) noexcept {
+  *count = 0;
+  iovec iov{payload, payload_cap};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * k_max_fds_per_message)] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -47,14 +52,39 @@ int recv_fd(int socket, int* fd, void* payload, size_t cap, size_t* len) noexcep
   do {
     n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
-  if (n < 0) return fail_errno(errno, "recv_fd: recvmsg on socket %d", socket);
+  if (n < 0) return fail_errno(errno, "recv_fds: recvmsg on socket %d", socket);
+  size_t got = 0;
+  bool too_many = false;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (got < cap) {
+        fds[got++] = fd;
+      } else {
+        ::close(fd);
+        too_many = true;
+      }
+    }
   }
-  if (n == 0) return fail(err_system, "recv_fd: the peer on socket %d hung up", socket);
-  if (msg.msg_flags & MSG_CTRUNC) return fail(err_system, "recv_fd: control data truncated on socket %d", socket);
+  *count = got;
+  if (n == 0 && got == 0) return fail(err_system, "recv_fds: the peer on socket %d hung up", socket);
+  if (msg.msg_flags & MSG_CTRUNC) return fail(err_system, "recv_fds: descriptors truncated on socket %d (file descriptor limit?)", socket);
+  if (too_many) return fail(err_system, "recv_fds: more than %zu descriptors arrived on socket %d; the extra were closed", cap, socket);
   *len = static_cast<size_t>(n);
   return ok;
+}
+
+int send_fd(int socket, int fd, const void* payload, size_t len) noexcept {
+  return fd >= 0 ? send_fds(socket, &fd, 1, payload, len) : send_fds(socket, nullptr, 0, payload, len);
+}
+
+int recv_fd(int socket, int* fd, void* payload, size_t cap, size_t* len) noexcept {
+  *fd = -1;
+  size_t count = 0;
+  return recv_fds(socket, fd, 1, &count, payload, cap, len);
 }
 
 }  // namespace vramswap

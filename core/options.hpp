@@ -27,7 +27,20 @@ namespace vramswap {
   X(group, "VRAMSWAP_GROUP", "",                                                                 \
     "group allowed to share the per-device segments (mode 0660); empty: owner only (0600)")     \
   X(shm_prefix, "VRAMSWAP_SHM_PREFIX", "",                                                       \
-    "prefix of the per-device segment names, so separate deployments or test runs never collide")
+    "prefix of the per-device segment names, so separate deployments or test runs never collide") \
+  X(runtime_dir, "VRAMSWAP_RUNTIME_DIR", "",                                                     \
+    "directory of the pool servers' sockets; empty: /tmp/vramswap-<uid>")                        \
+  X(pool_size, "VRAMSWAP_POOL_SIZE", "",                                                         \
+    "pool size: bytes or percent of device memory; empty: free memory less a reserve")           \
+  X(pool_idle_exit, "VRAMSWAP_POOL_IDLE_EXIT", "60",                                             \
+    "seconds a pool server started on demand waits with no client before it exits")              \
+  X(server_path, "VRAMSWAP_SERVER", "",                                                          \
+    "path of vramswapd, for starting it on demand; empty: next to libvramswap")                  \
+  X(evict_timeout, "VRAMSWAP_EVICT_TIMEOUT", "30",                                               \
+    "seconds an acquirer waits for another process to evict frames it asked for")                \
+  X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", "1: evict this process's memory at every release") \
+  X(strict, "VRAMSWAP_STRICT", "0",                                                              \
+    "1: evict and unmap at every release, so device access outside the lock faults (debugging)")
 
 enum class option_id {
 #define VRAMSWAP_OPTION_ENUM(id, env, def, help) id,

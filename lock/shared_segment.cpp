@@ -41,27 +41,6 @@ int check_name_part(const std::string& text, const char* what, bool may_be_empty
   return ok;
 }
 
-// VRAMSWAP_GROUP -> gid, or -1 when unset. A name or a number.
-int configured_group(gid_t* gid, bool* is_set) {
-  const std::string group_text = option_text(option_id::group);
-  *is_set = !group_text.empty();
-  if (group_text.empty()) return ok;
-  char buf[4096];
-  struct group grp_entry {};
-  struct group* found = nullptr;
-  const int rc = getgrnam_r(group_text.c_str(), &grp_entry, buf, sizeof buf, &found);
-  if (rc == 0 && found != nullptr) {
-    *gid = found->gr_gid;
-    return ok;
-  }
-  char* end = nullptr;
-  const unsigned long number = std::strtoul(group_text.c_str(), &end, 10);
-  if (end != group_text.c_str() && *end == '\0') {
-    *gid = static_cast<gid_t>(number);
-    return ok;
-  }
-  return fail(err_invalid_argument, "VRAMSWAP_GROUP: \"%s\" is neither a known group name nor a group id", group_text.c_str());
-}
 
 // Initialize a segment whose magic is 0, while holding its init flock.
 int initialize(int fd, const std::string& name, void** base_out) {
@@ -157,6 +136,27 @@ struct init_flock {
 };
 
 }  // namespace
+
+int configured_group(gid_t* gid, bool* is_set) {
+  const std::string group_text = option_text(option_id::group);
+  *is_set = !group_text.empty();
+  if (group_text.empty()) return ok;
+  char buf[4096];
+  struct group grp_entry {};
+  struct group* found = nullptr;
+  const int rc = getgrnam_r(group_text.c_str(), &grp_entry, buf, sizeof buf, &found);
+  if (rc == 0 && found != nullptr) {
+    *gid = found->gr_gid;
+    return ok;
+  }
+  char* end = nullptr;
+  const unsigned long number = std::strtoul(group_text.c_str(), &end, 10);
+  if (end != group_text.c_str() && *end == '\0') {
+    *gid = static_cast<gid_t>(number);
+    return ok;
+  }
+  return fail(err_invalid_argument, "VRAMSWAP_GROUP: \"%s\" is neither a known group name nor a group id", group_text.c_str());
+}
 
 int shared_segment::name_for(const std::string& device_key, std::string* out) noexcept {
   try {

@@ -16,12 +16,18 @@
 // by another layout version, or by a build with another Boost version, is refused by name.
 #pragma once
 
+#include <sys/types.h>
+
 #include <memory>
 #include <string>
 
 #include <boost/interprocess/managed_external_buffer.hpp>
 
 namespace vramswap {
+
+// VRAMSWAP_GROUP as a group id (a name or a number); *is_set false when it is unset. Shared
+// objects (segments, sockets) are 0600, or 0660 owned by this group when it is set.
+int configured_group(gid_t* gid, bool* is_set);
 
 class shared_segment {
  public:

@@ -1,0 +1,119 @@
+// The byte layout of a device's pool segment: the frame table and the member table that
+// every process sharing the pool maps. Created by the pool server (vramswapd) when it
+// starts, named "/<VRAMSWAP_SHM_PREFIX>vramswap-pool-<device key>", mode 0600 (0660 with
+// VRAMSWAP_GROUP). A new server replaces the segment; clients of the old one notice the
+// server's death on their socket and stop using theirs.
+//
+// Glossary
+//   frame   one physical allocation of the pool; index 0..frame_count-1 here, the same
+//           index in every process (each imports frame i from the server's descriptor i)
+//   member  one client process attached to the pool; index 0..k_member_count-1, assigned
+//           by the server when the process connects
+//   owner   the member whose pages a frame backs (mapped in that member's address space)
+//
+// Frame states (frame_entry::word). Every transition is ONE compare-and-swap of the word,
+// so a process killed between any two instructions leaves each frame in a state listed
+// here, and what a dead member owned is found by its member index and repaired by the
+// server (scrubbed, then freed):
+//
+//   free      owner none. Contents zero (scrubbed). Only the lock holder takes free frames.
+//   active    owned; the owner holds the lock (or is bringing its memory in).
+//   idle      owned; the owner released the lock. last_use orders idle frames (LRU).
+//   requested owned and idle, and a lock holder (requester) asked the owner to evict it.
+//             The owner's pager thread copies the page out, scrubs and unmaps the frame,
+//             then frees it. The owner may also take it back (-> active) when it acquires.
+//
+//   take     free -> active(me)                     lock holder
+//   release  active(me) -> idle(me)                 owner, at lock release
+//   reclaim  idle(me) | requested(me) -> active(me)  owner, at acquire
+//   request  idle(Y) -> requested(Y, by me)         lock holder; then wakes Y
+//   give     any(me) -> free                        owner, after scrubbing; then wakes all
+//   repair   any(dead Y) -> free                    server, after scrubbing
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace vramswap::pool_layout {
+
+constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-endian bytes
+constexpr uint64_t k_layout_version = 1;
+constexpr size_t k_cache_line = 64;
+constexpr uint32_t k_member_count = 256;
+constexpr uint32_t k_no_member = 0xFFFF;
+
+enum frame_state : uint8_t { frame_free = 0, frame_active = 1, frame_idle = 2, frame_requested = 3 };
+
+// word = state | owner << 8 | requester << 24 | generation << 40. The generation counts
+// transitions, so a compare-and-swap never succeeds on a stale read (no ABA).
+struct frame_word {
+  frame_state state;
+  uint32_t owner;      // member index, or k_no_member
+  uint32_t requester;  // member index, or k_no_member
+  uint32_t generation;
+
+  static frame_word decode(uint64_t w) {
+    return frame_word{static_cast<frame_state>(w & 0xFF), static_cast<uint32_t>((w >> 8) & 0xFFFF),
+                      static_cast<uint32_t>((w >> 24) & 0xFFFF), static_cast<uint32_t>(w >> 40)};
+  }
+  uint64_t encode() const {
+    return uint64_t{state} | uint64_t{owner & 0xFFFF} << 8 | uint64_t{requester & 0xFFFF} << 24 |
+           uint64_t{generation & 0xFFFFFF} << 40;
+  }
+};
+
+struct frame_entry {
+  std::atomic<uint64_t> word;      // authoritative (see above)
+  std::atomic<uint64_t> last_use;  // hint: the pool clock when the frame last became idle
+};
+static_assert(sizeof(frame_entry) == 16);
+
+enum member_state : uint32_t { member_free = 0, member_live = 1 };
+
+// Written by the server only (state last, with release order), except the futex words and
+// counters, which clients update atomically.
+struct alignas(k_cache_line) member_slot {
+  std::atomic<uint32_t> state;     // member_state
+  int32_t pid;                     // the client process
+  uint64_t start_time;             // its /proc start time (PID reuse)
+  std::atomic<uint32_t> requests;  // futex: bumped by a lock holder after requesting frames of this member
+  std::atomic<uint32_t> holding;   // hint for status: 1 while this member holds the device lock
+  std::atomic<uint64_t> bytes_out;  // statistics, for `vramswap status`
+  std::atomic<uint64_t> bytes_in;
+  std::atomic<uint64_t> evictions_served;
+  uint64_t reserved_[2];
+};
+static_assert(sizeof(member_slot) == k_cache_line);
+
+struct alignas(k_cache_line) pool_header {
+  std::atomic<uint64_t> magic;  // published last by the creator
+  uint64_t format;              // format_word()
+  uint64_t segment_size;
+  uint64_t frame_size;
+  uint32_t frame_count;
+  int32_t server_pid;
+  uint64_t server_start_time;
+  std::atomic<uint64_t> clock;          // LRU clock: bumped at each lock release
+  std::atomic<uint32_t> frames_freed;   // futex: bumped whenever a frame becomes free
+  uint32_t reserved_;
+};
+static_assert(sizeof(pool_header) == k_cache_line);
+
+constexpr size_t k_members_offset = sizeof(pool_header);
+constexpr size_t k_frames_offset = k_members_offset + k_member_count * sizeof(member_slot);
+constexpr size_t segment_size_for(uint32_t frames) { return k_frames_offset + size_t{frames} * sizeof(frame_entry); }
+
+// version:16 | sizeof(frame_entry):8 | sizeof(member_slot):8 | k_member_count:16
+constexpr uint64_t format_word() {
+  return (k_layout_version << 48) | (uint64_t{sizeof(frame_entry)} << 40) | (uint64_t{sizeof(member_slot)} << 32) |
+         (uint64_t{k_member_count} << 16);
+}
+
+inline pool_header* header_of(void* base) { return static_cast<pool_header*>(base); }
+inline member_slot* members_of(void* base) {
+  return reinterpret_cast<member_slot*>(static_cast<char*>(base) + k_members_offset);
+}
+inline frame_entry* frames_of(void* base) { return reinterpret_cast<frame_entry*>(static_cast<char*>(base) + k_frames_offset); }
+
+}  // namespace vramswap::pool_layout

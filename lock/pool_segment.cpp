@@ -1,0 +1,174 @@
+#include "lock/pool_segment.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <climits>
+#include <new>
+
+#include "core/status.hpp"
+#include "lock/futex.hpp"
+#include "lock/shared_segment.hpp"
+
+namespace vramswap {
+using namespace pool_layout;
+
+int pool_segment::name_for(const std::string& device_key, std::string* out) noexcept {
+  // The lock's naming rules (prefix, allowed characters) with a "pool-" marker.
+  return shared_segment::name_for("pool-" + device_key, out);
+}
+
+int pool_segment::remove(const std::string& device_key) noexcept {
+  std::string name;
+  VS_TRY(name_for(device_key, &name));
+  if (::shm_unlink(name.c_str()) != 0 && errno != ENOENT) return fail_errno(errno, "pool: shm_unlink %s", name.c_str());
+  return ok;
+}
+
+int pool_segment::create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, pid_t server_pid,
+                         uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept {
+  std::string name;
+  VS_TRY(name_for(device_key, &name));
+  gid_t gid = 0;
+  bool group = false;
+  VS_TRY(configured_group(&gid, &group));
+  // A stale segment (a dead server's) is replaced, never reused: its frames are gone.
+  ::shm_unlink(name.c_str());
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return fail_errno(errno, "pool: creating /dev/shm%s (is another pool server starting?)", name.c_str());
+  const size_t size = segment_size_for(frame_count);
+  int rc = ok;
+  if (group && ::fchown(fd, static_cast<uid_t>(-1), gid) != 0) rc = fail_errno(errno, "pool: fchown /dev/shm%s to VRAMSWAP_GROUP", name.c_str());
+  if (rc == ok && ::fchmod(fd, group ? 0660 : 0600) != 0) rc = fail_errno(errno, "pool: fchmod /dev/shm%s", name.c_str());
+  if (rc == ok && ::ftruncate(fd, static_cast<off_t>(size)) != 0) rc = fail_errno(errno, "pool: ftruncate /dev/shm%s", name.c_str());
+  void* base = MAP_FAILED;
+  if (rc == ok) {
+    base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) rc = fail_errno(errno, "pool: mmap /dev/shm%s", name.c_str());
+  }
+  ::close(fd);
+  if (rc != ok) {
+    ::shm_unlink(name.c_str());
+    return rc;
+  }
+  // ftruncate gave zeros: every frame free with owner 0... set the owners explicitly.
+  pool_header* h = header_of(base);
+  h->format = format_word();
+  h->segment_size = size;
+  h->frame_size = frame_size;
+  h->frame_count = frame_count;
+  h->server_pid = server_pid;
+  h->server_start_time = server_start_time;
+  frame_entry* frames = frames_of(base);
+  for (uint32_t i = 0; i < frame_count; ++i) {
+    frames[i].word.store(frame_word{frame_free, k_no_member, k_no_member, 0}.encode(), std::memory_order_relaxed);
+  }
+  h->magic.store(k_magic, std::memory_order_release);  // published last
+  std::unique_ptr<pool_segment> seg(new (std::nothrow) pool_segment());
+  if (!seg) {
+    ::munmap(base, size);
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+  seg->base_ = base;
+  seg->size_ = size;
+  seg->name_ = name;
+  *out = std::move(seg);
+  return ok;
+}
+
+int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* out) noexcept {
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return fail_errno(errno, "pool: opening /dev/shm%s named by the pool server", name.c_str());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(pool_header)) {
+    ::close(fd);
+    return fail(err_version_mismatch, "pool: /dev/shm%s is too small to be a pool segment", name.c_str());
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) return fail_errno(errno, "pool: mmap /dev/shm%s", name.c_str());
+  const pool_header* h = header_of(base);
+  int rc = ok;
+  if (h->magic.load(std::memory_order_acquire) != k_magic) {
+    rc = fail(err_version_mismatch, "pool: /dev/shm%s is not an initialized pool segment (magic %#" PRIx64 ")", name.c_str(),
+              h->magic.load());
+  } else if (h->format != format_word()) {
+    rc = fail(err_version_mismatch,
+              "pool: /dev/shm%s has layout format %#" PRIx64 " (version %" PRIu64 "), this build expects %#" PRIx64
+              "; run client and pool server from the same vramswap version",
+              name.c_str(), h->format, h->format >> 48, format_word());
+  } else if (h->segment_size != size || segment_size_for(h->frame_count) != size) {
+    rc = fail(err_version_mismatch, "pool: /dev/shm%s is %zu bytes, its header says %" PRIu64, name.c_str(), size, h->segment_size);
+  }
+  if (rc != ok) {
+    ::munmap(base, size);
+    return rc;
+  }
+  std::unique_ptr<pool_segment> seg(new (std::nothrow) pool_segment());
+  if (!seg) {
+    ::munmap(base, size);
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+  seg->base_ = base;
+  seg->size_ = size;
+  seg->name_ = name;
+  *out = std::move(seg);
+  return ok;
+}
+
+pool_segment::~pool_segment() {
+  if (base_ != nullptr) ::munmap(base_, size_);
+}
+
+bool pool_segment::move(uint32_t f, uint64_t seen, frame_state state, uint32_t owner, uint32_t requester) noexcept {
+  const frame_word old = frame_word::decode(seen);
+  const uint64_t next = frame_word{state, owner, requester, old.generation + 1}.encode();
+  return frame(f).word.compare_exchange_strong(seen, next, std::memory_order_acq_rel);
+}
+
+void pool_segment::notify_freed() noexcept {
+  header()->frames_freed.fetch_add(1, std::memory_order_acq_rel);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header()->frames_freed), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void pool_segment::notify_member(uint32_t m) noexcept {
+  member(m).requests.fetch_add(1, std::memory_order_acq_rel);
+  futex_wake_one(&member(m).requests);
+}
+
+uint32_t pool_segment::count(frame_state state, uint32_t owner) const noexcept {
+  uint32_t n = 0;
+  for (uint32_t f = 0; f < frame_count(); ++f) {
+    const frame_word w = frame_word::decode(read(f));
+    n += w.state == state && (owner == k_no_member || w.owner == owner);
+  }
+  return n;
+}
+
+int pool_segment::add_member(pid_t pid, uint64_t start_time, uint32_t* index) noexcept {
+  for (uint32_t m = 0; m < k_member_count; ++m) {
+    member_slot& s = member(m);
+    if (s.state.load(std::memory_order_acquire) != member_free) continue;
+    s.pid = pid;
+    s.start_time = start_time;
+    s.requests.store(0);
+    s.holding.store(0);
+    s.bytes_out.store(0);
+    s.bytes_in.store(0);
+    s.evictions_served.store(0);
+    s.state.store(member_live, std::memory_order_release);
+    *index = m;
+    return ok;
+  }
+  return fail(err_busy, "pool: all %u member slots are in use; no more processes can attach to this device's pool",
+              k_member_count);
+}
+
+void pool_segment::remove_member(uint32_t index) noexcept { member(index).state.store(member_free, std::memory_order_release); }
+
+}  // namespace vramswap

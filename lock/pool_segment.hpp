@@ -1,0 +1,68 @@
+// pool_segment: a mapped pool segment (lock/pool_layout.hpp) and the operations on it.
+//
+// The server creates it (create), clients map the one the server names (open). Frame
+// transitions are single compare-and-swaps (see pool_layout.hpp for the state machine);
+// this class offers them as small operations and leaves the policy (which frame to take,
+// whom to ask) to its callers: pool_frame_source in clients, the repair loop in the server.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "lock/pool_layout.hpp"
+
+namespace vramswap {
+
+class pool_segment {
+ public:
+  // The shm name of `device_key`'s pool under the current VRAMSWAP_SHM_PREFIX.
+  static int name_for(const std::string& device_key, std::string* out) noexcept;
+
+  // Server: create a fresh segment for `frame_count` frames of `frame_size` bytes,
+  // replacing any stale one of that name (its users keep their mapping). All frames free,
+  // all member slots free. Mode 0600, or 0660 with VRAMSWAP_GROUP.
+  static int create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, pid_t server_pid,
+                    uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept;
+  // Client: map the segment named by the server. err_version_mismatch when its magic,
+  // format or size are not what this build expects.
+  static int open(const std::string& name, std::unique_ptr<pool_segment>* out) noexcept;
+  static int remove(const std::string& device_key) noexcept;
+
+  ~pool_segment();
+  pool_segment(const pool_segment&) = delete;
+  pool_segment& operator=(const pool_segment&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  uint32_t frame_count() const noexcept { return header()->frame_count; }
+  uint64_t frame_size() const noexcept { return header()->frame_size; }
+  pool_layout::pool_header* header() const noexcept { return pool_layout::header_of(base_); }
+  pool_layout::member_slot& member(uint32_t index) const noexcept { return pool_layout::members_of(base_)[index]; }
+  pool_layout::frame_entry& frame(uint32_t index) const noexcept { return pool_layout::frames_of(base_)[index]; }
+
+  // --- frames -----------------------------------------------------------------------------
+  uint64_t read(uint32_t f) const noexcept { return frame(f).word.load(std::memory_order_acquire); }
+  // CAS frame `f` from the raw word `seen` to (state, owner, requester); false if it moved.
+  bool move(uint32_t f, uint64_t seen, pool_layout::frame_state state, uint32_t owner, uint32_t requester) noexcept;
+  // Bump the "a frame became free" futex and wake every waiter.
+  void notify_freed() noexcept;
+  // Bump member `m`'s request futex and wake its pager thread.
+  void notify_member(uint32_t m) noexcept;
+  // Count frames in `state` (any owner when owner == k_no_member).
+  uint32_t count(pool_layout::frame_state state, uint32_t owner = pool_layout::k_no_member) const noexcept;
+
+  // --- members (server) ----------------------------------------------------------------
+  // A free member slot for (pid, start time), published live. err_busy when all are taken.
+  int add_member(pid_t pid, uint64_t start_time, uint32_t* index) noexcept;
+  void remove_member(uint32_t index) noexcept;
+
+ private:
+  pool_segment() = default;
+  void* base_ = nullptr;
+  size_t size_ = 0;
+  std::string name_;
+};
+
+}  // namespace vramswap
