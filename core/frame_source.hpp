@@ -14,9 +14,16 @@ namespace vramswap {
 class frame_source {
  public:
   virtual ~frame_source() = default;
-  // A frame of `size` bytes on `device`; err_out_of_memory when none can be had.
+  // A frame of `size` bytes on `device`; err_out_of_memory when none can be had. May block
+  // while other processes evict frames this process asked for (see prepare).
   virtual int take(int device, size_t size, frame_id* out) = 0;
   virtual int give_back(frame_id frame) = 0;
+  // The caller is about to take `count` frames: a shared pool starts asking other
+  // processes to evict idle frames now, so their evictions overlap our copies in.
+  virtual int prepare(int /*device*/, size_t /*count*/) { return 0; }
+  // Must a frame be zeroed before it is given back? (A shared pool hands it to another
+  // process next: no data may cross between processes through it.)
+  virtual bool scrub_before_give_back() const { return false; }
 };
 
 // Frames created with the backend on demand and released when given back.

@@ -46,7 +46,13 @@ int resolve_pager_config(backend& be, int device, pager_config* cfg) {
 }
 
 pager::pager(backend& be, int device, page_store& store, frame_source& frames, const pager_config& cfg)
-    : be_(be), device_(device), store_(store), frames_(frames), frame_size_(cfg.frame_size), copies_in_flight_(cfg.copies_in_flight) {}
+    : be_(be),
+      device_(device),
+      store_(store),
+      frames_(frames),
+      frame_size_(cfg.frame_size),
+      copies_in_flight_(cfg.copies_in_flight),
+      resident_(cfg.start_resident) {}
 
 int pager::create(backend& be, int device, page_store& store, frame_source& frames, pager_config cfg, std::unique_ptr<pager>* out) {
   VS_TRY(resolve_pager_config(be, device, &cfg));
@@ -99,9 +105,15 @@ int pager::back_page(uint64_t page) {
   return ok;
 }
 
-int pager::unback_page(uint64_t page, page_state now) {
+int pager::unback_page(uint64_t page, page_state now, bool scrubbed) {
   page_entry& e = table_[page];
-  VS_TRY(be_.unmap(arena_.page_address(page), frame_size_));
+  const device_ptr va = arena_.page_address(page);
+  if (!scrubbed && frames_.scrub_before_give_back()) {
+    // The frame goes to another process next: zero it while it is still ours to write.
+    VS_TRY(be_.memset_d8(va, 0, frame_size_, out_stream_));
+    VS_TRY(be_.stream_synchronize(out_stream_));
+  }
+  VS_TRY(be_.unmap(va, frame_size_));
   const int rc = frames_.give_back(e.frame);
   e.frame = 0;
   e.state = now;
@@ -173,12 +185,38 @@ int pager::advise(device_ptr ptr, uint64_t size, advice a) {
 int pager::evict_all() {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto t0 = std::chrono::steady_clock::now();
-  const int rc = evict_locked();
+  const int rc = evict_locked(nullptr);
+  if (rc == ok) resident_ = false;
   stats_.evict_seconds += since(t0);
   return rc;
 }
 
-int pager::evict_locked() {
+int pager::evict_frames(const std::vector<frame_id>& frames) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<bool> chosen(table_.size(), false);
+  bool any = false;
+  for (uint64_t p = 0; p < table_.size(); ++p) {
+    if (table_[p].state != page_state::resident) continue;
+    for (frame_id f : frames) {
+      if (table_[p].frame == f) {
+        chosen[p] = true;
+        any = true;
+        break;
+      }
+    }
+  }
+  const int rc = any ? evict_locked(&chosen) : ok;
+  stats_.evict_seconds += since(t0);
+  return rc;
+}
+
+void pager::set_not_resident() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  resident_ = false;
+}
+
+int pager::evict_locked(const std::vector<bool>* chosen) {
   // The caller's kernels may still be writing the memory we are about to copy.
   VS_TRY(add_context(be_.device_synchronize(device_), "evict_all: synchronizing device %d: ", device_));
 
@@ -196,7 +234,7 @@ int pager::evict_locked() {
     const in_flight f = pending.front();
     pending.pop_front();
     int rc = failure == ok ? be_.event_synchronize(f.event) : failure;
-    if (rc == ok) rc = unback_page(f.page, page_state::host);
+    if (rc == ok) rc = unback_page(f.page, page_state::host, /*scrubbed=*/true);
     if (rc == ok) {
       stats_.bytes_out += frame_size_;
       ++stats_.pages_evicted;
@@ -212,7 +250,7 @@ int pager::evict_locked() {
 
   for (uint64_t p = 0; p < table_.size() && failure == ok; ++p) {
     page_entry& e = table_[p];
-    if (e.state != page_state::resident) continue;
+    if (e.state != page_state::resident || (chosen != nullptr && !(*chosen)[p])) continue;
     const advice adv = arena_.page_advice(p);
     if (adv == advice::discardable) {
       drop_saved_copy(p);
@@ -235,6 +273,8 @@ int pager::evict_locked() {
     int rc = store_.slot_for_write(p, frame_size_, &host);
     if (rc == ok) {
       rc = be_.copy_d2h(host, arena_.page_address(p), frame_size_, out_stream_);
+      // Scrub behind the copy on the same stream: the event then covers both.
+      if (rc == ok && frames_.scrub_before_give_back()) rc = be_.memset_d8(arena_.page_address(p), 0, frame_size_, out_stream_);
       if (rc == ok) rc = be_.event_record(events_[next_event], out_stream_);
       if (rc != ok) {
         const std::string why = last_error();
@@ -254,10 +294,9 @@ int pager::evict_locked() {
   }
   while (!pending.empty()) finish_oldest();
   if (failure != ok) {
-    return fail(failure, "evict_all: stopped with %" PRIu64 " page(s) still resident, nothing lost: %s",
+    return fail(failure, "evict: stopped with %" PRIu64 " page(s) still resident, nothing lost: %s",
                 table_.count(page_state::resident), failure_detail.c_str());
   }
-  resident_ = false;
   return ok;
 }
 
@@ -269,7 +308,12 @@ int pager::restore_all() {
   std::vector<uint64_t> from_host;
   int failure = ok;
   std::string failure_detail;
+  size_t needed = 0;
   for (uint64_t p = 0; p < table_.size(); ++p) {
+    needed += table_[p].state != page_state::resident && arena_.page_live_count(p) > 0;
+  }
+  if (needed > 0) failure = frames_.prepare(device_, needed);
+  for (uint64_t p = 0; p < table_.size() && failure == ok; ++p) {
     page_entry& e = table_[p];
     if (e.state == page_state::resident || arena_.page_live_count(p) == 0) continue;
     const page_state was = e.state;

@@ -44,6 +44,7 @@ struct pager_config {
   uint64_t frame_size = 0;         // 0: VRAMSWAP_FRAME_SIZE
   uint64_t arena_size = 0;         // 0: VRAMSWAP_ARENA_SIZE (default twice the device's memory)
   unsigned copies_in_flight = 16;  // eviction copies queued ahead of the unmaps
+  bool start_resident = true;      // false: new allocations stay unbacked until restore_all()
 };
 
 // Fill in the zeros of `cfg` from the options and check them against `device`:
@@ -83,6 +84,12 @@ class pager {
 
   int evict_all();
   int restore_all();
+  // Evict only the pages backed by these frames (a shared pool's owner serving another
+  // process's request). Frames not backing a resident page are ignored.
+  int evict_frames(const std::vector<frame_id>& frames);
+  // Leave pages where they are, but back new allocations only at the next restore_all():
+  // what a process does when it releases the device lock without evicting.
+  void set_not_resident();
   bool resident() const;
 
   pager_stats stats() const;
@@ -97,10 +104,11 @@ class pager {
   pager(backend& be, int device, page_store& store, frame_source& frames, const pager_config& cfg);
 
   int back_page(uint64_t page);                   // take a frame, map, grant access
-  int unback_page(uint64_t page, page_state now);  // unmap, give the frame back
+  int unback_page(uint64_t page, page_state now, bool scrubbed = false);  // unmap, give the frame back
   void drop_saved_copy(uint64_t page);            // release the store's copy, if any
   void invalidate_saved_copies(page_range pages);
-  int evict_locked();
+  // Evict the resident pages for which `chosen(page)` is true (all when it is null).
+  int evict_locked(const std::vector<bool>* chosen);
 
   backend& be_;
   const int device_;
