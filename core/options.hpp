@@ -27,7 +27,18 @@ namespace vramswap {
   X(group, "VRAMSWAP_GROUP", "",                                                                 \
     "group allowed to share the per-device segments (mode 0660); empty: owner only (0600)")     \
   X(shm_prefix, "VRAMSWAP_SHM_PREFIX", "",                                                       \
-    "prefix of the per-device segment names, so separate deployments or test runs never collide")
+    "prefix of the per-device segment names, so separate deployments or test runs never collide") \
+  X(host_limit, "VRAMSWAP_HOST_LIMIT", "50%",                                                    \
+    "pinned host memory for saved pages, per process and device: size, or percent of RAM; "     \
+    "past it, least recently used pages go to the swap file")                                    \
+  X(swap_dir, "VRAMSWAP_SWAP_DIR", "/var/tmp",                                                   \
+    "directory of the swap files (one per process and device, unlinked, O_DIRECT); "             \
+    "its filesystem must support O_TMPFILE and O_DIRECT (ext4, xfs, btrfs, tmpfs >= 6.6)")      \
+  X(swap_queue_depth, "VRAMSWAP_SWAP_QUEUE_DEPTH", "32", "disk requests in flight per swap file (1..4096)") \
+  X(swap_block, "VRAMSWAP_SWAP_BLOCK", "1MiB",                                                   \
+    "bytes per disk request (a multiple of 4 KiB; a page is split into blocks)")                 \
+  X(swap_extent, "VRAMSWAP_SWAP_EXTENT", "1GiB",                                                 \
+    "the swap file grows by this much at a time (fallocate), rounded to whole pages")
 
 enum class option_id {
 #define VRAMSWAP_OPTION_ENUM(id, env, def, help) id,
