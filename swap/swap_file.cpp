@@ -113,7 +113,12 @@ swap_file::~swap_file() {
       if (reap(true, &sink) != ok) break;
       sink.clear();
     }
-    io_uring_queue_exit(&ring_);  // also drops the registered file and buffers
+    // Unregister first: these wait for the kernel to drop its references, whereas the
+    // ring's own teardown is asynchronous and would keep the file (and its filesystem)
+    // busy for a moment after we return.
+    if (fixed_buffers_) io_uring_unregister_buffers(&ring_);
+    if (fixed_file_) io_uring_unregister_files(&ring_);
+    io_uring_queue_exit(&ring_);
   }
   for (block* b : queued_) delete b;
   if (fd_ >= 0) ::close(fd_);
