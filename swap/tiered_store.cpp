@@ -59,7 +59,7 @@ int tiered_store::create(backend& be, tiered_config cfg, std::unique_ptr<tiered_
   const unsigned pages_per_queue =
       static_cast<unsigned>((static_cast<uint64_t>(cfg.queue_depth) * std::min(cfg.block_size, cfg.slot_size) + cfg.slot_size - 1) /
                             cfg.slot_size);
-  const unsigned ahead = std::max(2u, 2 * pages_per_queue);
+  const unsigned ahead = std::max(4u, 2 * pages_per_queue);  // >= 4 pages keeps the queue full between pages
   if (s->spill_ahead_ == 0) s->spill_ahead_ = ahead;
   if (s->read_ahead_ == 0) s->read_ahead_ = ahead;
   s->staging_slots_ = s->read_ahead_ + 1;
