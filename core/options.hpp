@@ -40,7 +40,18 @@ namespace vramswap {
     "seconds an acquirer waits for another process to evict frames it asked for")                \
   X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", "1: evict this process's memory at every release") \
   X(strict, "VRAMSWAP_STRICT", "0",                                                              \
-    "1: evict and unmap at every release, so device access outside the lock faults (debugging)")
+    "1: evict and unmap at every release, so device access outside the lock faults (debugging)") \
+  X(host_limit, "VRAMSWAP_HOST_LIMIT", "50%",                                                    \
+    "pinned host memory for saved pages, per process and device: size, or percent of RAM; "     \
+    "past it, least recently used pages go to the swap file")                                    \
+  X(swap_dir, "VRAMSWAP_SWAP_DIR", "/var/tmp",                                                   \
+    "directory of the swap files (one per process and device, unlinked, O_DIRECT); "             \
+    "its filesystem must support O_TMPFILE and O_DIRECT (ext4, xfs, btrfs, tmpfs >= 6.6)")      \
+  X(swap_queue_depth, "VRAMSWAP_SWAP_QUEUE_DEPTH", "32", "disk requests in flight per swap file (1..4096)") \
+  X(swap_block, "VRAMSWAP_SWAP_BLOCK", "1MiB",                                                   \
+    "bytes per disk request (a multiple of 4 KiB; a page is split into blocks)")                 \
+  X(swap_extent, "VRAMSWAP_SWAP_EXTENT", "1GiB",                                                 \
+    "the swap file grows by this much at a time (fallocate), rounded to whole pages")
 
 enum class option_id {
 #define VRAMSWAP_OPTION_ENUM(id, env, def, help) id,

@@ -28,8 +28,19 @@ class page_store {
   // The saved copy of `key` is no longer needed; its memory is reused. No-op if none.
   virtual int release(uint64_t key) = 0;
   virtual bool holds(uint64_t key) const = 0;
-  // Bytes of saved pages held (in pinned host memory).
+  // Bytes of saved pages held, in every tier (pinned host memory and, for a store with a
+  // disk tier, the swap file): each saved page counts once.
   virtual uint64_t bytes_held() const = 0;
+
+  // Optional, for stores with a disk tier (defaults do nothing):
+  //
+  // The caller's copy out of slot_for_read(key)'s memory has completed. The saved copy stays
+  // (until release), but a store that also has it on disk may reuse the host memory at once,
+  // so a restore larger than the host budget need not pin more than the budget. Without
+  // this call the memory stays the caller's until release(key).
+  virtual void read_done(uint64_t key) { (void)key; }
+  // Bytes of saved pages whose only copy is on disk.
+  virtual uint64_t bytes_on_disk() const { return 0; }
 };
 
 }  // namespace vramswap

@@ -1,0 +1,257 @@
+// bench_disk_tier: the disk tier's write and read rates as a ratio to the disk's ceiling,
+// both measured in the same run, plus an end-to-end eviction and restore through the pager.
+//
+//   bench_disk_tier [SIZE [E2E_SIZE E2E_BUDGET]]      (sizes take K/M/G suffixes)
+//
+// Defaults: with the cuda backend (a GPU) SIZE=16GiB, E2E 16GiB with a 4GiB host budget;
+// with the host backend SIZE=1GiB, E2E 512MiB with a 128MiB budget. Files go to
+// VRAMSWAP_SWAP_DIR (default /var/tmp). Prints a markdown table on stdout.
+//
+// (a) ceiling: a plain unlinked O_DIRECT file, preallocated (untimed), written then read
+//     sequentially through io_uring at queue depth 32 with 1 MiB blocks from fixed buffers.
+// (b) disk tier: a tiered_store with 32 MiB pages and a small host budget: SIZE bytes of
+//     pages saved (slot_for_write) and written out (spill_all), timed to the last
+//     completion, fallocate included; then read back in key order (slot_for_read +
+//     read_done), timed. Rates are bytes moved to/from disk over the time.
+// (c) end to end: pager evict_all / restore_all of E2E_SIZE with E2E_BUDGET of host memory on
+//     the default backend (VRAMSWAP_BACKEND), 32 MiB frames.
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/options.hpp"
+#include "core/pager.hpp"
+#include "core/status.hpp"
+#include "swap/tiered_store.hpp"
+
+using namespace vramswap;
+
+namespace {
+constexpr uint64_t MiB = 1ull << 20;
+constexpr uint64_t GiB = 1ull << 30;
+constexpr uint64_t k_page = 32 * MiB;
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double gbps(uint64_t bytes, double s) { return static_cast<double>(bytes) / s / 1e9; }
+
+[[noreturn]] void die(const char* what) {
+  std::fprintf(stderr, "bench_disk_tier: %s: %s\n", what, last_error());
+  std::exit(1);
+}
+
+// (a) Sequential O_DIRECT transfer of `size` bytes at depth `qd` with `block` blocks.
+bool ceiling(const std::string& dir, uint64_t size, unsigned qd, size_t block, double* write_s, double* read_s) {
+  const int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0 || ::fallocate(fd, 0, 0, static_cast<off_t>(size)) != 0) {
+    std::fprintf(stderr, "ceiling: %s: %s\n", dir.c_str(), std::strerror(errno));
+    return false;
+  }
+  // Huge pages, like the tier's slots: a 1 MiB request from 4 KiB pages has 256 segments
+  // and virtio splits it, which would make the ceiling look lower than the disk is.
+  void* buf = ::mmap(nullptr, qd * block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ::madvise(buf, qd * block, MADV_HUGEPAGE);
+  std::memset(buf, 0xA5, qd * block);
+  struct io_uring ring;
+  io_uring_queue_init(qd, &ring, 0);
+  struct iovec iov {buf, qd * block};
+  const bool fixed = io_uring_register_buffers(&ring, &iov, 1) == 0;
+  io_uring_register_files(&ring, &fd, 1);
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool write = pass == 0;
+    const double t0 = now();
+    uint64_t next = 0, done = 0;
+    unsigned inflight = 0;
+    while (done < size) {
+      while (inflight < qd && next < size) {
+        struct io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+        char* b = static_cast<char*>(buf) + (next / block % qd) * block;
+        if (write) {
+          fixed ? io_uring_prep_write_fixed(sqe, 0, b, block, next, 0) : io_uring_prep_write(sqe, 0, b, block, next);
+        } else {
+          fixed ? io_uring_prep_read_fixed(sqe, 0, b, block, next, 0) : io_uring_prep_read(sqe, 0, b, block, next);
+        }
+        sqe->flags |= IOSQE_FIXED_FILE;
+        next += block;
+        ++inflight;
+      }
+      io_uring_submit(&ring);
+      struct io_uring_cqe* cqe = nullptr;
+      io_uring_wait_cqe(&ring, &cqe);
+      while (cqe != nullptr) {
+        if (cqe->res != static_cast<int>(block)) {
+          std::fprintf(stderr, "ceiling: %s returned %d\n", write ? "write" : "read", cqe->res);
+          return false;
+        }
+        io_uring_cqe_seen(&ring, cqe);
+        --inflight;
+        done += block;
+        cqe = nullptr;
+        io_uring_peek_cqe(&ring, &cqe);
+      }
+    }
+    (write ? *write_s : *read_s) = now() - t0;
+  }
+  io_uring_queue_exit(&ring);
+  ::munmap(buf, qd * block);
+  ::close(fd);
+  return true;
+}
+bool fail_bench(const char* what) {
+  std::fprintf(stderr, "bench_disk_tier: %s: %s\n", what, last_error());
+  return false;
+}
+
+// (c) The pager evicts and restores `e2e` bytes with `e2e_budget` of host memory.
+bool end_to_end(backend& bref, uint64_t e2e, uint64_t e2e_budget, double ceil_w, double ceil_r, bool with_disk) {
+  backend* be = &bref;
+  local_frame_source frames(*be);
+  tiered_config tc;
+  tc.slot_size = k_page;
+  tc.host_limit = e2e_budget;
+  std::unique_ptr<tiered_store> store;
+  if (tiered_store::create(*be, tc, &store) != ok) return fail_bench("tiered_store::create (end to end)");
+  pager_config pc;
+  pc.frame_size = k_page;
+  std::unique_ptr<pager> pg;
+  if (pager::create(*be, 0, *store, frames, pc, &pg) != ok) return fail_bench("pager::create");
+  device_ptr mem = 0;
+  if (pg->malloc(e2e, &mem) != ok) return fail_bench("malloc");
+  stream_id s = 0;
+  if (be->stream_create(0, &s) != ok) return fail_bench("stream_create");
+  for (uint64_t off = 0; off < e2e; off += k_page) {
+    if (be->memset_d8(mem + off, static_cast<uint8_t>(off / k_page * 7 + 1), k_page, s) != ok) return fail_bench("memset");
+  }
+  if (be->stream_synchronize(s) != ok) return fail_bench("synchronize");
+  double t0 = now();
+  if (pg->evict_all() != ok) return fail_bench("evict_all");
+  if (store->flush() != ok) return fail_bench("flush");
+  const double te = now() - t0;
+  const tiered_stats es = store->stats();
+  t0 = now();
+  if (pg->restore_all() != ok) return fail_bench("restore_all");
+  const double tre = now() - t0;
+  const tiered_stats rs = store->stats();
+  // Spot check: the first byte of every page.
+  void* probe = nullptr;
+  if (be->host_alloc(4096, &probe) != ok) return fail_bench("host_alloc");
+  for (uint64_t off = 0; off < e2e; off += k_page) {
+    if (be->copy_d2h(probe, mem + off, 4096, s) != ok || be->stream_synchronize(s) != ok) return fail_bench("copy_d2h");
+    if (*static_cast<uint8_t*>(probe) != static_cast<uint8_t>(off / k_page * 7 + 1)) {
+      std::fprintf(stderr, "bench_disk_tier: page at offset %" PRIu64 " came back wrong\n", off);
+      return false;
+    }
+  }
+  be->host_free(probe);
+  const uint64_t disk_w = es.bytes_written, disk_r = rs.bytes_read - es.bytes_read;
+  const char* tag = with_disk ? "" : " (reference: no disk)";
+  std::printf("| host budget %.2f GiB%s: seconds | %.2f | %.2f |\n", e2e_budget / double(GiB), tag, te, tre);
+  std::printf("| rate, GB/s of the process's memory%s | %.2f | %.2f |\n", tag, gbps(e2e, te), gbps(e2e, tre));
+  if (with_disk) {
+    std::printf("| bytes through the disk, GiB | %.2f | %.2f |\n", disk_w / double(GiB), disk_r / double(GiB));
+    std::printf("| least possible: disk bytes / ceiling, seconds | %.2f | %.2f |\n", static_cast<double>(disk_w) / 1e9 / ceil_w,
+                static_cast<double>(disk_r) / 1e9 / ceil_r);
+  }
+  std::printf("| host memory pinned after evict / restore, GiB%s (slots past the budget: %" PRIu64 ") | %.2f | %.2f |\n", tag,
+              rs.budget_overruns, es.pinned_bytes / double(GiB), rs.pinned_bytes / double(GiB));
+  pg.reset();
+  be->stream_destroy(s);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  backend* be = nullptr;
+  if (default_backend(&be) != ok) die("default_backend");
+  const bool gpu = be->kind() == backend_kind::cuda;
+  uint64_t size = gpu ? 16 * GiB : 1 * GiB;
+  uint64_t e2e = gpu ? 16 * GiB : 1536 * MiB;
+  uint64_t e2e_budget = gpu ? 4 * GiB : 704 * MiB;  // the least for 32 MiB pages: 16 in flight + 5 staging + 1
+  if (argc > 1 && parse_size(argv[1], &size, "SIZE") != ok) die("SIZE");
+  if (argc > 3 && (parse_size(argv[2], &e2e, "E2E_SIZE") != ok || parse_size(argv[3], &e2e_budget, "E2E_BUDGET") != ok)) die("E2E");
+  size = size / k_page * k_page;
+  e2e = e2e / k_page * k_page;
+  const std::string dir = option_text(option_id::swap_dir);
+
+  std::printf("backend: %s; swap dir: %s; disk-tier size %.2f GiB; end to end %.2f GiB with %.2f GiB host budget\n\n", be->name(),
+              dir.c_str(), size / double(GiB), e2e / double(GiB), e2e_budget / double(GiB));
+
+  // (a) before and after (b); the faster of the two runs per direction is the ceiling, so a
+  // noisy shared disk can only make the ratios look worse, never better.
+  double cw = 0, cr = 0, cw2 = 0, cr2 = 0;
+  if (!ceiling(dir, size, 32, MiB, &cw, &cr)) return 1;
+
+  // (b)
+  tiered_config tc;
+  tc.slot_size = k_page;
+  tc.host_limit = 16 * k_page;
+  tc.write_window = 0;  // no device copies in flight here
+  std::unique_ptr<tiered_store> store;
+  if (tiered_store::create(*be, tc, &store) != ok) die("tiered_store::create");
+  const uint64_t pages = size / k_page;
+  // Warm up (untimed): pin the host budget's slots once, as a long-running process has.
+  for (uint64_t k = 0; k < 16; ++k) {
+    void* slot = nullptr;
+    if (store->slot_for_write(pages + k, k_page, &slot) != ok) die("slot_for_write (warm-up)");
+  }
+  for (uint64_t k = 0; k < 16; ++k) store->release(pages + k);
+  if (store->flush() != ok) die("flush (warm-up)");
+  const tiered_stats warm = store->stats();
+  double t0 = now();
+  for (uint64_t k = 0; k < pages; ++k) {
+    void* slot = nullptr;
+    if (store->slot_for_write(k, k_page, &slot) != ok) die("slot_for_write");
+    std::memcpy(slot, &k, sizeof k);  // a stamp to check on the way back
+  }
+  if (store->spill_all() != ok) die("spill_all");
+  const double tw = now() - t0;
+  const tiered_stats after_write = store->stats();
+  t0 = now();
+  for (uint64_t k = 0; k < pages; ++k) {
+    void* slot = nullptr;
+    if (store->slot_for_read(k, &slot) != ok) die("slot_for_read");
+    uint64_t stamp = 0;
+    std::memcpy(&stamp, slot, sizeof stamp);
+    if (stamp != k) {
+      std::fprintf(stderr, "bench_disk_tier: page %" PRIu64 " came back as %" PRIu64 "\n", k, stamp);
+      return 1;
+    }
+    store->read_done(k);
+  }
+  const double tr = now() - t0;
+  const tiered_stats after_read = store->stats();
+  store.reset();
+  if (!ceiling(dir, size, 32, MiB, &cw2, &cr2)) return 1;
+  std::printf("ceiling runs before / after the disk tier: write %.2f / %.2f GB/s, read %.2f / %.2f GB/s\n\n", gbps(size, cw),
+              gbps(size, cw2), gbps(size, cr), gbps(size, cr2));
+  cw = std::min(cw, cw2);
+  cr = std::min(cr, cr2);
+
+  const double tier_w = gbps(after_write.bytes_written - warm.bytes_written, tw);
+  const double tier_r = gbps(after_read.bytes_read - after_write.bytes_read, tr);
+  std::printf("| measurement | write GB/s | read GB/s |\n| --- | ---: | ---: |\n");
+  std::printf("| ceiling: io_uring O_DIRECT, QD 32, 1 MiB blocks, %.2f GiB | %.2f | %.2f |\n", size / double(GiB), gbps(size, cw),
+              gbps(size, cr));
+  std::printf("| disk tier: spill / read back, %.2f GiB in 32 MiB pages | %.2f | %.2f |\n", size / double(GiB), tier_w, tier_r);
+  std::printf("| **ratio to the ceiling** (goal >= 0.90) | **%.2f** | **%.2f** |\n\n", tier_w / gbps(size, cw), tier_r / gbps(size, cr));
+
+  // (c) with the budget, then (for reference) with a budget that holds everything.
+  std::printf("| end to end (%s backend, pager, 32 MiB frames), %.2f GiB | evict | restore |\n| --- | ---: | ---: |\n", be->name(),
+              e2e / double(GiB));
+  if (!end_to_end(*be, e2e, e2e_budget, gbps(size, cw), gbps(size, cr), true)) return 1;
+  if (!end_to_end(*be, e2e, e2e + 20 * k_page, gbps(size, cw), gbps(size, cr), false)) return 1;
+  return 0;
+}

@@ -1,0 +1,176 @@
+// tiered_store: the page store with a host budget and a disk tier behind it.
+//
+// Host tier. Pinned slots (one page each) in chunks, mapped, faulted in and registered with
+// the backend once, exactly as host_tier does, and also registered with the swap file's
+// io_uring as fixed buffers, so disk transfers go straight to and from the same pinned
+// memory that the device copies use: a page moves device -> slot -> disk and back with no
+// extra copy. At most `host_limit` bytes of slots are used (VRAMSWAP_HOST_LIMIT).
+//
+// Disk tier. A swap_file (swap/swap_file.hpp): one unlinked O_DIRECT file per process and
+// device, extents of one page, io_uring at `queue_depth` requests.
+//
+// Spilling (eviction). slot_for_write() needs a free slot. Under the budget it takes one;
+// at the budget it writes least recently used pages to disk and frees their slots. The
+// writes are asynchronous and run ahead: once the free slots fall below `spill_ahead`
+// pages, the oldest pages are queued for writing, so the disk is busy while the caller's
+// device-to-host copies fill the next slots: both links work at once, and eviction runs at
+// the slower one's rate. A clean page (its disk copy is still valid) is dropped without
+// a write.
+//   What may not be spilled: a slot the caller may still be copying into. The pager keeps
+// at most `copies_in_flight` copies queued and asks for each slot just before queueing its
+// copy, so the last `write_window` slots handed out by slot_for_write are never spilled;
+// write_window must be at least the pager's copies_in_flight (both default to 16). Nor a
+// slot handed out by slot_for_read and not yet given back (read_done or release): the
+// caller may still be copying out of it.
+//
+// Reading back (restore). slot_for_read() of a page on disk takes a slot (a staging
+// buffer: `read_ahead` + 1 slots of the budget are kept for this, so a budget full of
+// saved pages can still read back), reads the page into it and returns it; the caller copies it on to the device.
+// Pages are restored in ascending key order, so it also starts reading the next
+// `read_ahead` disk pages into free slots: the disk reads of pages i+1.. overlap the
+// host-to-device copy of page i. read_done(key) gives the slot back as soon as the caller's
+// copy is complete (the page stays saved on disk until release), so a restore larger than
+// the budget stays within it. Without read_done the slots stay the caller's until release
+// and the store goes past the budget for them (it has no choice: the caller may still be
+// reading them); it says so once in the log. Reads never cause writes: a read that finds
+// no free staging slot drops a clean page, waits for one, or goes past the budget.
+//
+// LRU. Every slot_for_write and slot_for_read makes the page the most recently used.
+//
+// Errors never lose a page. A failed write (EIO, ENOSPC, a short write) leaves the page in
+// its slot and frees the extent; the error reaches the caller of the slot_for_write that
+// needed the room (err_io, err_no_space with the detail), which then keeps its page where
+// it was (the pager leaves it resident). A failed read leaves the page on disk and frees
+// the slot; slot_for_read returns the error, and can be asked again.
+//
+// Thread-safe: one mutex. Completions are collected inside calls (no thread of its own):
+// writes that run ahead finish in the kernel and are accounted at the next call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/page_store.hpp"
+#include "swap/swap_file.hpp"
+
+namespace vramswap {
+
+struct tiered_config {
+  size_t slot_size = 0;        // bytes per page (required)
+  uint64_t host_limit = 0;     // 0: VRAMSWAP_HOST_LIMIT (size or percent of RAM)
+  std::string swap_dir;        // "": VRAMSWAP_SWAP_DIR
+  unsigned queue_depth = 0;    // 0: VRAMSWAP_SWAP_QUEUE_DEPTH
+  size_t block_size = 0;       // 0: VRAMSWAP_SWAP_BLOCK
+  uint64_t grow_step = 0;      // 0: VRAMSWAP_SWAP_EXTENT
+  size_t chunk_slots = 16;     // slots per pinned chunk
+  unsigned write_window = 16;  // newest slot_for_write slots never spilled (>= pager copies_in_flight)
+  unsigned spill_ahead = 0;    // 0: enough pages to keep queue_depth blocks busy, at least 2
+  unsigned read_ahead = 0;     // 0: same
+  io_faults* faults = nullptr;  // tests only
+  std::string label = "device 0";
+};
+
+struct tiered_stats {
+  uint64_t host_bytes = 0;      // saved pages with a host copy
+  uint64_t disk_bytes = 0;      // saved pages only on disk
+  uint64_t pinned_bytes = 0;    // slots pinned, used or free
+  uint64_t bytes_written = 0;   // to disk, total
+  uint64_t bytes_read = 0;      // from disk, total
+  uint64_t pages_dropped_clean = 0;  // freed without a write: disk copy still valid
+  uint64_t file_bytes = 0;      // swap file size (preallocated)
+  uint64_t budget_overruns = 0; // slots taken past the budget (see the class comment)
+};
+
+class tiered_store final : public page_store {
+ public:
+  // Opens the swap file at once: a directory that cannot hold it is an error here
+  // (err_unavailable with the reason), not at the first eviction.
+  static int create(backend& be, tiered_config cfg, std::unique_ptr<tiered_store>* out);
+  ~tiered_store() override;  // waits for disk requests in flight
+  tiered_store(const tiered_store&) = delete;
+  tiered_store& operator=(const tiered_store&) = delete;
+
+  int slot_for_write(uint64_t key, size_t size, void** host) override;
+  int slot_for_read(uint64_t key, void** host) override;
+  int release(uint64_t key) override;
+  bool holds(uint64_t key) const override;
+  uint64_t bytes_held() const override;
+  void read_done(uint64_t key) override;
+  uint64_t bytes_on_disk() const override;
+
+  // Wait for every disk request in flight; returns the first error among them, if any
+  // (the pages concerned stay in their slots).
+  int flush();
+  // Write every page that has no valid disk copy to disk and free its slot, except slots
+  // lent out or in the write window. For tests and benchmarks.
+  int spill_all();
+  bool on_disk(uint64_t key) const;  // the page's only copy is on disk
+  tiered_stats stats() const;
+  uint64_t host_limit() const noexcept { return budget_slots_ * slot_size_; }
+  size_t slot_size() const noexcept { return slot_size_; }
+
+ private:
+  enum class io : uint8_t { none, writing, reading };
+  struct entry {
+    char* slot = nullptr;      // host memory, or nullptr
+    int64_t extent = -1;       // disk extent, or -1
+    bool host_valid = false;   // slot holds the page (false while a read fills it)
+    bool disk_valid = false;   // extent holds the page (false while a write fills it)
+    io state = io::none;
+    bool lent = false;         // slot handed out by slot_for_read, not yet given back
+    uint64_t seq = 0;          // slot_for_write sequence number (0: never)
+    std::list<uint64_t>::iterator lru;
+    int read_status = 0;       // outcome of the last read, for slot_for_read
+    std::string read_detail;
+  };
+
+  tiered_store(backend& be, const tiered_config& cfg);
+  int grow_locked(size_t slots);
+  int take_slot_locked(bool for_write, char** out);
+  int start_spill_locked(uint64_t key, entry& e);
+  void spill_ahead_locked();
+  void read_ahead_locked(uint64_t after);
+  int reap_locked(bool wait);
+  void on_complete(const swap_file::completion& c);
+  void drop_slot_locked(entry& e);
+  void drop_extent_locked(entry& e);
+  int wait_idle_locked(uint64_t key);
+  bool protected_locked(const entry& e) const;
+  void touch_locked(uint64_t key, entry& e);
+
+  backend& be_;
+  const size_t slot_size_;
+  const size_t chunk_slots_;
+  size_t budget_slots_ = 0;   // VRAMSWAP_HOST_LIMIT in slots
+  size_t staging_slots_ = 0;  // of those, kept for reads back from disk (read_ahead + 1)
+  unsigned write_window_;
+  unsigned spill_ahead_;
+  unsigned read_ahead_;
+  std::unique_ptr<swap_file> file_;
+  mutable std::mutex mutex_;
+  struct chunk {
+    char* base;
+    size_t bytes;
+  };
+  std::vector<chunk> chunks_;
+  std::vector<char*> free_;             // pinned slots not in use
+  size_t slots_used_ = 0;               // slots assigned to entries
+  std::map<uint64_t, entry> pages_;     // key -> where its bytes are
+  std::list<uint64_t> lru_;             // keys with a slot, oldest first
+  uint64_t write_seq_ = 0;
+  size_t writes_in_flight_ = 0;
+  size_t reads_in_flight_ = 0;
+  int pending_error_ = 0;               // first failure of a write that ran ahead
+  std::string pending_detail_;
+  bool overrun_logged_ = false;
+  tiered_stats stats_;
+};
+
+}  // namespace vramswap
