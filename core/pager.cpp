@@ -186,7 +186,9 @@ int pager::evict_all() {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto t0 = std::chrono::steady_clock::now();
   const int rc = evict_locked(nullptr);
-  if (rc == ok) resident_ = false;
+  // Even a failed eviction may have saved some pages: restore_all() brings them back, and
+  // until then new allocations wait for it too.
+  resident_ = false;
   stats_.evict_seconds += since(t0);
   return rc;
 }
@@ -313,6 +315,17 @@ int pager::restore_all() {
     needed += table_[p].state != page_state::resident && arena_.page_live_count(p) > 0;
   }
   if (needed > 0) failure = frames_.prepare(device_, needed);
+  struct in_flight {
+    uint64_t page;
+    event_id event;
+  };
+  std::deque<in_flight> copying;
+  size_t next_event = 0;
+  auto finish_oldest_copy = [&]() {
+    const in_flight c = copying.front();
+    copying.pop_front();
+    if (failure == ok && (failure = be_.event_synchronize(c.event)) == ok) store_.read_done(c.page);
+  };
   for (uint64_t p = 0; p < table_.size() && failure == ok; ++p) {
     page_entry& e = table_[p];
     if (e.state == page_state::resident || arena_.page_live_count(p) == 0) continue;
@@ -327,6 +340,14 @@ int pager::restore_all() {
     if (was == page_state::host) {
       failure = be_.copy_h2d(va, host, frame_size_, in_stream_);
       from_host.push_back(p);
+      if (failure == ok) {
+        // Tell the store as each copy in completes, so that a restore larger than its host
+        // budget reuses slots instead of pinning more. At most copies_in_flight behind.
+        if (copying.size() == events_.size()) finish_oldest_copy();
+        failure = be_.event_record(events_[next_event], in_stream_);
+        copying.push_back({p, events_[next_event]});
+        next_event = (next_event + 1) % events_.size();
+      }
     } else if (was == page_state::discarded) {
       failure = be_.memset_d8(va, 0, frame_size_, in_stream_);
     }
@@ -338,6 +359,8 @@ int pager::restore_all() {
     failure = sync;
     failure_detail = last_error();
   }
+  while (!copying.empty()) finish_oldest_copy();
+  if (failure != ok && failure_detail.empty()) failure_detail = last_error();
   if (failure != ok) {
     // Copies in may not have completed: the saved copies stay the pages' home.
     for (uint64_t p : from_host) {
