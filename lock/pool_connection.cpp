@@ -322,11 +322,12 @@ int pool_connection::connect(backend& be, int device, bool autostart, std::uniqu
       rc = try_connect(paths.socket, &c->fd_);
       if (rc == err_unavailable) {
         const int spawned = spawn_server(paths, device);
+        const std::string spawn_error = spawned == ok ? "" : last_error();
         rc = try_connect(paths.socket, &c->fd_);
         // A server that lost a race with one started by hand reports an error, yet one
         // listens now; anything else is the spawn's error.
-        if (rc != ok && spawned != ok) rc = spawned;
-        if (rc != ok && spawned == ok) rc = add_context(rc, "pool: the server reported ready: ");
+        if (rc != ok && spawned != ok) rc = fail(spawned, "%s", spawn_error.c_str());
+        if (rc != ok && spawned == ok) rc = add_context(rc, "pool: the server reported ready, yet: ");
       }
       // The flock goes with the descriptor.
     }
