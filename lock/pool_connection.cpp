@@ -14,6 +14,7 @@
 
 #include <cerrno>
 #include <cinttypes>
+#include <cstddef>
 #include <cstring>
 #include <new>
 
@@ -357,13 +358,20 @@ int pool_connection::handshake() noexcept {
   h.version = k_version;
   h.pid = me.pid;
   h.start_time = me.start_time;
-  VS_TRY(add_context(send_fds(fd_, nullptr, 0, &h, sizeof h), "pool: sending hello to the pool server: "));
+  const int sent = send_fds(fd_, nullptr, 0, &h, sizeof h);
+  const std::string send_error = sent == ok ? "" : last_error();
 
+  // Read the welcome even when the hello could not be sent: a server refuses a peer it does
+  // not allow (SO_PEERCRED) before reading anything, and closes.
   welcome w{};
   size_t len = 0;
   size_t nfds = 0;
   int fds[k_max_fds_per_message];
-  VS_TRY(add_context(recv_fds(fd_, fds, 0, &nfds, &w, sizeof w, &len), "pool: waiting for the pool server's welcome: "));
+  const int got = recv_fds(fd_, fds, 0, &nfds, &w, sizeof w, &len);
+  if (sent != ok && (got != ok || len != sizeof w || w.status == 0)) {
+    return fail(sent, "pool: sending hello to the pool server: %s", send_error.c_str());
+  }
+  VS_TRY(add_context(got, "pool: waiting for the pool server's welcome: "));
   if (len < offsetof(welcome, member) || w.magic != k_magic) {
     return fail(err_version_mismatch, "pool: the peer on the pool socket is not a vramswap pool server (%zu-byte reply)", len);
   }

@@ -371,6 +371,11 @@ void pool_server::refuse(int fd, int status, const char* fmt, ...) noexcept {
   va_end(ap);
   log(log_level::warn, "vramswapd: refused a client (%s): %s", status_name(status), w.message);
   send_fds(fd, nullptr, 0, &w, sizeof w);
+  // Drop whatever else the peer sent, so that the close does not reset the connection
+  // (which would discard the welcome before the peer reads it).
+  char sink[256];
+  while (::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+  }
   ::close(fd);
 }
 
@@ -401,16 +406,18 @@ void pool_server::serve_new(int fd) noexcept {
     refuse(fd, err_system, "SO_PEERCRED failed: %s", std::strerror(errno));
     return;
   }
-  std::string why;
-  if (!peer_allowed(cred.pid, cred.uid, cred.gid, &why)) {
-    refuse(fd, err_not_owner, "%s", why.c_str());
-    return;
-  }
+  // The hello first, even from a peer about to be refused: closing a Unix socket with
+  // unread data resets the connection, and the peer would lose the welcome that says why.
   hello h{};
   size_t len = 0;
   size_t nfds = 0;
   if (recv_fds(fd, nullptr, 0, &nfds, &h, sizeof h, &len) != ok) {
     refuse(fd, err_invalid_argument, "no valid hello from pid %d: %s", static_cast<int>(cred.pid), last_error());
+    return;
+  }
+  std::string why;
+  if (!peer_allowed(cred.pid, cred.uid, cred.gid, &why)) {
+    refuse(fd, err_not_owner, "%s", why.c_str());
     return;
   }
   if (len != sizeof h || h.magic != k_magic || h.version != k_version) {

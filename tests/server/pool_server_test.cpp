@@ -431,6 +431,49 @@ TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
   for (uint32_t m = 0; m < pool_layout::k_member_count; ++m) EXPECT_EQ(seg->member(m).state.load(), pool_layout::member_free);
 }
 
+TEST_F(PoolServer, PeerOfAnotherUserIsRefused) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "skipped: needs root to run a client as another user (uid 65534) against this server";
+  }
+  ASSERT_GT(start_server(), 0);
+  // Let uid 65534 reach the socket at all, so that the server's own check is what refuses.
+  ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((dir_ + "/host-0.sock").c_str(), 0666), 0);
+  int result[2];
+  ASSERT_EQ(::pipe(result), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Only system calls here: the test process may have threads.
+    pool_protocol::welcome w{};
+    w.status = 1;
+    if (::setresgid(65534, 65534, 65534) == 0 && ::setresuid(65534, 65534, 65534) == 0) {
+      const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/host-0.sock", dir_.c_str());
+      pool_protocol::hello h{pool_protocol::k_magic, pool_protocol::k_version, ::getpid(), 0, 0};
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+        // The server may refuse before it reads the hello: the send may fail; read anyway.
+        [[maybe_unused]] const ssize_t sent = ::send(fd, &h, sizeof h, MSG_NOSIGNAL);
+        if (::recv(fd, &w, sizeof w, 0) != sizeof w) w.status = 2;
+      } else {
+        w.status = 3;
+      }
+    }
+    [[maybe_unused]] const ssize_t n = ::write(result[1], &w, sizeof w);
+    ::_exit(0);
+  }
+  ::close(result[1]);
+  pool_protocol::welcome w{};
+  EXPECT_EQ(::read(result[0], &w, sizeof w), static_cast<ssize_t>(sizeof w));
+  ::close(result[0]);
+  EXPECT_EQ(reap(child), 0);
+  EXPECT_EQ(w.status, err_not_owner);
+  w.message[sizeof w.message - 1] = '\0';
+  EXPECT_NE(std::string(w.message).find("uid 65534 may not use this pool"), std::string::npos) << w.message;
+}
+
 TEST_F(PoolServer, NoServerAndNoAutostartIsAClearError) {
   std::unique_ptr<backend> be;
   ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
