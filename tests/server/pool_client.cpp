@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<pool_connection> conn;
   device_lock lock;
   void* buf = nullptr;
+  std::vector<unsigned char> zeros;
   const std::vector<std::string> args(argv + 1, argv + argc);
   auto need = [&](const char* step) { return conn ? 0 : die(step, "not connected"); };
   for (size_t i = 0; i < args.size(); ++i) {
@@ -74,9 +76,12 @@ int main(int argc, char** argv) {
       if (need("zero")) return 1;
       for (uint64_t f = arg(1); f < arg(2); ++f) {
         if (transfer(*be, *conn, static_cast<uint32_t>(f), buf, false) != ok) return die(step, last_error());
-        const auto* p = static_cast<const unsigned char*>(buf);
-        for (uint64_t b = 0; b < conn->frame_size(); ++b) {
-          if (p[b] != 0) return die(step, "frame " + std::to_string(f) + " byte " + std::to_string(b) + " is not zero");
+        if (zeros.size() != conn->frame_size()) zeros.assign(conn->frame_size(), 0);
+        if (std::memcmp(buf, zeros.data(), zeros.size()) != 0) {
+          const auto* p = static_cast<const unsigned char*>(buf);
+          uint64_t b = 0;
+          while (p[b] == 0) ++b;
+          return die(step, "frame " + std::to_string(f) + " byte " + std::to_string(b) + " is not zero");
         }
       }
       i += 2;

@@ -142,6 +142,8 @@ class PoolServer : public ::testing::Test {
  protected:
   void SetUp() override {
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    const char* log = std::getenv("VRAMSWAP_LOG");
+    saved_log_ = log != nullptr ? log : "";
     static int counter = 0;
     const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(counter++);
     dir_ = "/tmp/vramswap-srvtest-" + tag;
@@ -158,6 +160,11 @@ class PoolServer : public ::testing::Test {
   }
 
   void TearDown() override {
+    if (saved_log_.empty()) {
+      ::unsetenv("VRAMSWAP_LOG");
+    } else {
+      ::setenv("VRAMSWAP_LOG", saved_log_.c_str(), 1);
+    }
     for (proc& p : procs_) {
       if (p.pid > 0) ::kill(p.pid, SIGKILL);
       if (p.in >= 0) ::close(p.in);
@@ -235,6 +242,7 @@ class PoolServer : public ::testing::Test {
 
   std::string dir_;
   std::string prefix_;
+  std::string saved_log_;
   std::deque<proc> procs_;  // a deque: references stay valid as it grows
   std::vector<pid_t> servers_;
 };
@@ -267,6 +275,7 @@ TEST_F(PoolServer, EightClientsStartingAtOnceGetExactlyOneServer) {
   // No VRAMSWAP_SERVER: clients find vramswapd next to libvramswap (dladdr).
   ::unsetenv("VRAMSWAP_SERVER");
   ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
+  ::setenv("VRAMSWAP_LOG", "info", 1);  // the server's log is checked below
   std::vector<proc*> clients;
   for (int i = 0; i < 8; ++i) clients.push_back(&client({"connect", "zero", "0", "2", "ready", "hold"}));
   std::set<long> servers;
@@ -328,6 +337,7 @@ TEST_F(PoolServer, KilledLockHolderPassesTheLockOn) {
 
 TEST_F(PoolServer, ExitsAfterTheIdleTimeout) {
   ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
+  ::setenv("VRAMSWAP_LOG", "info", 1);  // the server's log is checked below
   // Started on demand; stays while a client is attached (2 s > 1 s), then exits idle.
   proc& a = client({"connect", "ready", "hold"});
   const std::vector<long> f = fields(read_line(a, 60s));
