@@ -29,7 +29,7 @@ namespace vramswap {
   X(shm_prefix, "VRAMSWAP_SHM_PREFIX", "",                                                       \
     "prefix of the per-device segment names, so separate deployments or test runs never collide") \
   X(runtime_dir, "VRAMSWAP_RUNTIME_DIR", "",                                                     \
-    "directory of the pool servers' sockets; empty: /tmp/vramswap-<uid>")                        \
+    "directory of the pool servers' sockets; empty: /tmp/vramswap-<uid> (-g<gid> with VRAMSWAP_GROUP)")                        \
   X(pool_size, "VRAMSWAP_POOL_SIZE", "",                                                         \
     "pool size: bytes or percent of device memory; empty: free memory less a reserve")           \
   X(pool_idle_exit, "VRAMSWAP_POOL_IDLE_EXIT", "60",                                             \

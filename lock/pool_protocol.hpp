@@ -1,19 +1,37 @@
 // The pool server's socket protocol (version 1), shared by vramswapd and its clients.
 //
 // Socket: <runtime dir>/<device key>.sock, a SOCK_SEQPACKET Unix socket (message
-// boundaries kept, so each struct below is one message). Runtime dir: VRAMSWAP_RUNTIME_DIR,
-// default /tmp/vramswap-<uid>, mode 0700 (0770 with VRAMSWAP_GROUP). The server checks the
-// peer's uid with SO_PEERCRED: the server's own uid, root, or (with VRAMSWAP_GROUP) a member
-// of that group.
+// boundaries kept, so each struct below is one message of exactly its size). Runtime dir:
+// VRAMSWAP_RUNTIME_DIR, default /tmp/vramswap-<uid> (/tmp/vramswap-g<gid> with
+// VRAMSWAP_GROUP), mode 0700 (0770 with VRAMSWAP_GROUP); see lock/pool_connection.hpp
+// (pool_paths) and docs/pool_server.md. The server checks the peer with SO_PEERCRED: the
+// server's own uid, root, or (with VRAMSWAP_GROUP) a member of that group.
 //
 // Exchange:
-//   client -> hello
-//   server -> welcome (status 0, or a negative vramswap::status with a message)
-//   server -> frame_batch messages carrying the frames' descriptors (SCM_RIGHTS), in order,
-//             until frame_count have been sent. The client imports each and closes it.
-//   then the connection stays open, silent, for the client's lifetime: its hang-up is how
-//   the server learns that the client died (and repairs: frees and scrubs its frames,
-//   releases the lock it held); the server's hang-up tells the client the pool is gone.
+//   client -> hello (exactly sizeof(hello) bytes, no descriptors). `pid` must be the
+//             socket's peer pid as SO_PEERCRED reports it (one PID namespace) and
+//             `start_time` its /proc start time; the server keeps both in the member slot.
+//   server -> welcome (exactly sizeof(welcome) bytes). status 0: `member`, `frame_count`,
+//             `frame_size` and `segment_name` are valid. status < 0 (a vramswap::status):
+//             only `magic`, `version`, `server_pid` and the NUL-terminated `message` are;
+//             the server closes the connection next. Refusals: err_not_owner (peer's uid
+//             not allowed), err_version_mismatch (bad magic, version or size of the hello;
+//             the welcome then carries the server's own version), err_invalid_argument
+//             (pid not the peer's, or its start time wrong), err_busy (no member slot).
+//             A client reads magic and status first: a welcome of another version still
+//             has them at the same offsets.
+//   server -> frame_batch messages carrying the frames' descriptors (SCM_RIGHTS), in pool
+//             order: `first` is the number of frames sent before, `count` (1..250, see
+//             k_max_fds_per_message) the descriptors attached, until frame_count have been
+//             sent. The client imports each and closes it at once.
+//   then the connection stays open, silent both ways, for the client's lifetime: its
+//   hang-up is how the server learns that the client died (and repairs: scrubs and frees
+//   its frames, frees its member slot, passes on the lock it held); the server's hang-up
+//   (the socket becomes readable with nothing to read) tells the client the pool is gone.
+//   Data a client sends after its hello is ignored (and logged).
+//
+// Versioning: a change of any struct's size or meaning bumps k_version; both sides refuse
+// a mismatch by name, never misread.
 #pragma once
 
 #include <cstdint>

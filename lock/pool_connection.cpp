@@ -1,0 +1,452 @@
+#include "lock/pool_connection.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstddef>
+#include <cstring>
+#include <new>
+
+#include "core/fd_transfer.hpp"
+#include "core/log.hpp"
+#include "core/options.hpp"
+#include "core/status.hpp"
+#include "lock/pool_protocol.hpp"
+#include "lock/pool_segment.hpp"
+#include "lock/process_identity.hpp"
+#include "lock/shared_segment.hpp"
+
+extern char** environ;
+
+namespace vramswap {
+namespace {
+
+// Closes a descriptor at scope exit unless released.
+struct fd_guard {
+  int fd = -1;
+  explicit fd_guard(int f = -1) : fd(f) {}
+  ~fd_guard() {
+    if (fd >= 0) ::close(fd);
+  }
+  fd_guard(const fd_guard&) = delete;
+  fd_guard& operator=(const fd_guard&) = delete;
+  int release() {
+    const int f = fd;
+    fd = -1;
+    return f;
+  }
+};
+
+// Connect to the SOCK_SEQPACKET socket at `path`. err_unavailable when nobody listens
+// there (no such file, or a stale file of a dead server).
+int try_connect(const std::string& path, int* fd_out) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) {
+    return fail(err_invalid_argument, "pool: socket path %s is longer than %zu bytes; use a shorter VRAMSWAP_RUNTIME_DIR",
+                path.c_str(), sizeof addr.sun_path - 1);
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  fd_guard fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (fd.fd < 0) return fail_errno(errno, "pool: socket(AF_UNIX, SOCK_SEQPACKET)");
+  int rc;
+  do {
+    rc = ::connect(fd.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int e = errno;
+    if (e == ENOENT || e == ECONNREFUSED) return fail(err_unavailable, "pool: no pool server listens on %s", path.c_str());
+    return fail_errno(e, "pool: connect to %s", path.c_str());
+  }
+  *fd_out = fd.release();
+  return ok;
+}
+
+int set_timeouts(int fd, int seconds) {
+  timeval tv{seconds, 0};
+  if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) {
+    return fail_errno(errno, "pool: setsockopt(SO_RCVTIMEO/SO_SNDTIMEO)");
+  }
+  return ok;
+}
+
+std::string directory_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// The last `max` bytes of a file, for error messages that point at a log.
+std::string tail_of(const std::string& path, size_t max) {
+  fd_guard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.fd < 0) return "";
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) return "";
+  const off_t from = st.st_size > static_cast<off_t>(max) ? st.st_size - static_cast<off_t>(max) : 0;
+  std::string text(static_cast<size_t>(st.st_size - from), '\0');
+  const ssize_t n = ::pread(fd.fd, text.data(), text.size(), from);
+  text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+// Spawn vramswapd for `device` and wait until it reports ready (or an error) on a pipe.
+int spawn_server(const pool_paths& paths, int device) {
+  std::string server;
+  std::string tried;
+  VS_TRY(pool_connection::find_server(&server, &tried));
+
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return fail_errno(errno, "pool: pipe2 for vramswapd's ready report");
+  fd_guard read_end(pipe_fds[0]);
+  // The write end goes to the server as descriptor 3; keep the source away from 0..3 so
+  // that posix_spawn's dup2 really happens (and clears close-on-exec).
+  fd_guard write_end(::fcntl(pipe_fds[1], F_DUPFD_CLOEXEC, 10));
+  ::close(pipe_fds[1]);
+  if (write_end.fd < 0) return fail_errno(errno, "pool: fcntl(F_DUPFD_CLOEXEC)");
+
+  // The server's environment: ours, plus every option set programmatically in this process
+  // (option_set), so that it serves the pool this process expects.
+  std::vector<std::string> env_text;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (std::strncmp(*e, "VRAMSWAP_", 9) != 0) env_text.emplace_back(*e);
+  }
+  for (int id = 0; id < static_cast<int>(option_id::count_); ++id) {
+    const auto oid = static_cast<option_id>(id);
+    if (!option_is_default(oid)) env_text.push_back(std::string(describe(oid).env_name) + "=" + option_text(oid));
+  }
+  std::vector<char*> envp;
+  for (std::string& s : env_text) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  const std::string device_text = std::to_string(device);
+  const char* argv[] = {server.c_str(), "--device", device_text.c_str(), "--ready-fd", "3", nullptr};
+
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, write_end.fd, 3);
+  // Its own session: no terminal signals from ours. Default signal dispositions and mask.
+  sigset_t none;
+  sigset_t all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t pid = 0;
+  const int spawn_rc = ::posix_spawn(&pid, server.c_str(), &actions, &attr, const_cast<char**>(argv), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  ::close(write_end.release());
+  if (spawn_rc != 0) return fail_errno(spawn_rc, "pool: cannot start the pool server %s", server.c_str());
+  log(log_level::info, "pool: started the pool server %s for device %d (log: %s)", server.c_str(), device, paths.log.c_str());
+  // vramswapd forks once and its first process exits at once: reap it, so that the server
+  // is nobody's child (no zombie of ours when it exits, none of it dying with us).
+  int wstatus = 0;
+  while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+
+  // Read its one-line report: "ready <pid>" or "error <message>"; EOF means it died.
+  std::string report;
+  const uint64_t deadline = monotonic_ns() + uint64_t{pool_connection::k_start_timeout_s} * 1'000'000'000;
+  for (;;) {
+    const uint64_t now = monotonic_ns();
+    if (now >= deadline) {
+      return fail(err_unavailable,
+                  "pool: the pool server %s did not become ready within %d s; see its log %s", server.c_str(),
+                  pool_connection::k_start_timeout_s, paths.log.c_str());
+    }
+    pollfd p{read_end.fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>((deadline - now) / 1'000'000) + 1);
+    if (n < 0 && errno != EINTR) return fail_errno(errno, "pool: poll on vramswapd's ready pipe");
+    if (n <= 0) continue;
+    char buf[512];
+    const ssize_t got = ::read(read_end.fd, buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    report.append(buf, static_cast<size_t>(got));
+    if (report.find('\n') != std::string::npos) break;
+  }
+  if (report.rfind("ready", 0) == 0) return ok;
+  while (!report.empty() && report.back() == '\n') report.pop_back();
+  if (report.rfind("error ", 0) == 0) {
+    return fail(err_unavailable, "pool: the pool server %s could not start: %s", server.c_str(), report.c_str() + 6);
+  }
+  const std::string tail = tail_of(paths.log, 600);
+  return fail(err_unavailable, "pool: the pool server %s exited before it was ready; its log %s ends with: %s", server.c_str(),
+              paths.log.c_str(), tail.empty() ? "(nothing)" : tail.c_str());
+}
+
+// A descriptor limit high enough for `frames` imported frames (the host backend keeps one
+// descriptor per imported frame) plus a margin; best effort.
+void raise_fd_limit(uint64_t frames) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  const rlim_t want = static_cast<rlim_t>(frames + 1024);
+  if (lim.rlim_cur >= want) return;
+  lim.rlim_cur = lim.rlim_max == RLIM_INFINITY || lim.rlim_max > want ? want : lim.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &lim);
+}
+
+}  // namespace
+
+int pool_paths::make(const std::string& device_key, bool create_dir, pool_paths* out) noexcept {
+  try {
+    std::string unused;
+    VS_TRY(shared_segment::name_for(device_key, &unused));  // the key's character rules
+    gid_t gid = 0;
+    bool group = false;
+    VS_TRY(configured_group(&gid, &group));
+    pool_paths p;
+    p.dir = option_text(option_id::runtime_dir);
+    if (p.dir.empty()) {
+      p.dir = group ? "/tmp/vramswap-g" + std::to_string(gid) : "/tmp/vramswap-" + std::to_string(::getuid());
+    }
+    while (p.dir.size() > 1 && p.dir.back() == '/') p.dir.pop_back();
+    p.socket = p.dir + "/" + device_key + ".sock";
+    p.server_lock = p.dir + "/" + device_key + ".server.lock";
+    p.start_lock = p.dir + "/" + device_key + ".start.lock";
+    p.log = p.dir + "/" + device_key + ".log";
+    if (create_dir) {
+      const mode_t mode = group ? 0770 : 0700;
+      if (::mkdir(p.dir.c_str(), mode) == 0) {
+        // Set group and mode explicitly: mkdir's mode went through the umask.
+        if (group && ::chown(p.dir.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+          return fail_errno(errno, "pool: cannot give the runtime dir %s to group %u (VRAMSWAP_GROUP)", p.dir.c_str(),
+                            static_cast<unsigned>(gid));
+        }
+        if (::chmod(p.dir.c_str(), mode) != 0) return fail_errno(errno, "pool: chmod %s", p.dir.c_str());
+      } else if (errno != EEXIST) {
+        return fail_errno(errno, "pool: cannot create the runtime dir %s (VRAMSWAP_RUNTIME_DIR)", p.dir.c_str());
+      }
+      struct stat st {};
+      if (::lstat(p.dir.c_str(), &st) != 0) return fail_errno(errno, "pool: lstat %s", p.dir.c_str());
+      if (!S_ISDIR(st.st_mode)) {
+        return fail(err_not_owner, "pool: the runtime dir %s is not a directory (a symlink or file is refused)", p.dir.c_str());
+      }
+      const bool mine = st.st_uid == ::geteuid();
+      const bool groups = group && st.st_gid == gid && (st.st_mode & 0777) == 0770;
+      if (!mine && !groups) {
+        return fail(err_not_owner,
+                    "pool: the runtime dir %s belongs to uid %u (mode %03o), not to you (uid %u)%s; remove it or set "
+                    "VRAMSWAP_RUNTIME_DIR to a directory of your own",
+                    p.dir.c_str(), static_cast<unsigned>(st.st_uid), static_cast<unsigned>(st.st_mode & 0777),
+                    static_cast<unsigned>(::geteuid()), group ? " and is not shared with VRAMSWAP_GROUP (mode 0770)" : "");
+      }
+      if ((st.st_mode & 0007) != 0) {
+        return fail(err_not_owner, "pool: the runtime dir %s is open to every user (mode %03o); make it 0700 (or 0770)",
+                    p.dir.c_str(), static_cast<unsigned>(st.st_mode & 0777));
+      }
+    }
+    *out = std::move(p);
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+}
+
+int pool_connection::find_server(std::string* path, std::string* tried) noexcept {
+  try {
+    std::vector<std::string> candidates;
+    const std::string configured = option_text(option_id::server_path);
+    if (!configured.empty()) {
+      candidates.push_back(configured);
+    } else {
+      Dl_info info{};
+      if (::dladdr(reinterpret_cast<void*>(&pool_connection::find_server), &info) != 0 && info.dli_fname != nullptr) {
+        char resolved[PATH_MAX];
+        const std::string lib = ::realpath(info.dli_fname, resolved) != nullptr ? resolved : info.dli_fname;
+        const std::string dir = directory_of(lib);
+        candidates.push_back(dir + "/vramswapd");
+        candidates.push_back(dir + "/../bin/vramswapd");
+        candidates.push_back(dir + "/../libexec/vramswapd");
+      }
+    }
+    tried->clear();
+    for (const std::string& c : candidates) {
+      if (!tried->empty()) *tried += ", ";
+      *tried += c;
+      if (::access(c.c_str(), X_OK) == 0) {
+        *path = c;
+        return ok;
+      }
+    }
+    if (!configured.empty()) {
+      return fail(err_unavailable, "pool: VRAMSWAP_SERVER=%s is not an executable file", configured.c_str());
+    }
+    return fail(err_unavailable,
+                "pool: cannot find vramswapd to start the pool server; tried %s; set VRAMSWAP_SERVER to its path or "
+                "start it yourself (vramswapd --foreground)",
+                tried->empty() ? "(no location of libvramswap known)" : tried->c_str());
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+}
+
+int pool_connection::connect(backend& be, int device, bool autostart, std::unique_ptr<pool_connection>* out) noexcept {
+  try {
+    device_info info;
+    VS_TRY(be.get_device_info(device, &info));
+    pool_paths paths;
+    VS_TRY(pool_paths::make(info.uuid, autostart, &paths));
+
+    std::unique_ptr<pool_connection> c(new pool_connection(be));
+    c->device_ = device;
+    c->key_ = info.uuid;
+    int rc = try_connect(paths.socket, &c->fd_);
+    if (rc == err_unavailable && autostart) {
+      // One starter at a time: the others wait here and then find the server it started.
+      fd_guard lock(::open(paths.start_lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+      if (lock.fd < 0) return fail_errno(errno, "pool: open %s", paths.start_lock.c_str());
+      int lrc;
+      while ((lrc = ::flock(lock.fd, LOCK_EX)) != 0 && errno == EINTR) {
+      }
+      if (lrc != 0) return fail_errno(errno, "pool: flock %s", paths.start_lock.c_str());
+      rc = try_connect(paths.socket, &c->fd_);
+      if (rc == err_unavailable) {
+        const int spawned = spawn_server(paths, device);
+        const std::string spawn_error = spawned == ok ? "" : last_error();
+        rc = try_connect(paths.socket, &c->fd_);
+        // A server that lost a race with one started by hand reports an error, yet one
+        // listens now; anything else is the spawn's error.
+        if (rc != ok && spawned != ok) rc = fail(spawned, "%s", spawn_error.c_str());
+        if (rc != ok && spawned == ok) rc = add_context(rc, "pool: the server reported ready, yet: ");
+      }
+      // The flock goes with the descriptor.
+    }
+    if (rc != ok) {
+      if (rc == err_unavailable && !autostart) {
+        return fail(err_unavailable, "pool: no pool server listens on %s; start vramswapd --device %d, or connect with autostart",
+                    paths.socket.c_str(), device);
+      }
+      return rc;
+    }
+    VS_TRY(c->handshake());
+    *out = std::move(c);
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+}
+
+int pool_connection::handshake() noexcept {
+  using namespace pool_protocol;
+  // Bounded: a server that stops answering is an error, not a hang.
+  VS_TRY(set_timeouts(fd_, k_start_timeout_s));
+  process_identity me{};
+  VS_TRY(current_process(&me));
+  hello h{};
+  h.magic = k_magic;
+  h.version = k_version;
+  h.pid = me.pid;
+  h.start_time = me.start_time;
+  const int sent = send_fds(fd_, nullptr, 0, &h, sizeof h);
+  const std::string send_error = sent == ok ? "" : last_error();
+
+  // Read the welcome even when the hello could not be sent: a server refuses a peer it does
+  // not allow (SO_PEERCRED) before reading anything, and closes.
+  welcome w{};
+  size_t len = 0;
+  size_t nfds = 0;
+  int fds[k_max_fds_per_message];
+  const int got = recv_fds(fd_, fds, 0, &nfds, &w, sizeof w, &len);
+  if (sent != ok && (got != ok || len != sizeof w || w.status == 0)) {
+    return fail(sent, "pool: sending hello to the pool server: %s", send_error.c_str());
+  }
+  VS_TRY(add_context(got, "pool: waiting for the pool server's welcome: "));
+  if (len < offsetof(welcome, member) || w.magic != k_magic) {
+    return fail(err_version_mismatch, "pool: the peer on the pool socket is not a vramswap pool server (%zu-byte reply)", len);
+  }
+  if (w.status != 0) {
+    w.message[sizeof w.message - 1] = '\0';
+    return fail(w.status, "pool: the pool server refused: %s", w.message);
+  }
+  if (w.version != k_version || len != sizeof w) {
+    return fail(err_version_mismatch, "pool: the pool server speaks protocol version %u, this library version %u", w.version,
+                k_version);
+  }
+  w.segment_name[sizeof w.segment_name - 1] = '\0';
+  if (w.frame_size == 0 || w.frame_count == 0) {
+    return fail(err_version_mismatch, "pool: the pool server's welcome announces %u frames of %" PRIu64 " bytes", w.frame_count,
+                w.frame_size);
+  }
+  member_ = w.member;
+  server_pid_ = w.server_pid;
+  frame_size_ = w.frame_size;
+  raise_fd_limit(w.frame_count);
+  frames_.reserve(w.frame_count);
+
+  while (frames_.size() < w.frame_count) {
+    frame_batch b{};
+    int rc = recv_fds(fd_, fds, k_max_fds_per_message, &nfds, &b, sizeof b, &len);
+    if (rc != ok) return add_context(rc, "pool: receiving frames %zu.. of %u: ", frames_.size(), w.frame_count);
+    if (len != sizeof b || b.first != frames_.size() || b.count != nfds || b.count == 0 ||
+        frames_.size() + b.count > w.frame_count) {
+      rc = fail(err_version_mismatch, "pool: malformed frame batch (first %u, count %u, %zu descriptors; expected first %zu of %u)",
+                b.first, b.count, nfds, frames_.size(), w.frame_count);
+    }
+    for (size_t i = 0; i < nfds; ++i) {
+      frame_id id = 0;
+      if (rc == ok) {
+        rc = be_.import_frame(device_, fds[i], frame_size_, &id);
+        if (rc == ok) {
+          frames_.push_back(id);
+        } else {
+          rc = add_context(rc, "pool: importing pool frame %zu: ", frames_.size());
+        }
+      }
+      ::close(fds[i]);  // imported or not, never kept
+    }
+    VS_TRY(rc);
+  }
+  VS_TRY(pool_segment::open(w.segment_name, &segment_));
+  if (segment_->frame_count() != frames_.size() || segment_->frame_size() != frame_size_ || member_ >= pool_layout::k_member_count) {
+    return fail(err_version_mismatch, "pool: segment %s describes %u frames of %" PRIu64 " bytes, the server sent %zu of %" PRIu64,
+                w.segment_name, segment_->frame_count(), segment_->frame_size(), frames_.size(), frame_size_);
+  }
+  VS_TRY(set_timeouts(fd_, 0));
+  log(log_level::debug, "pool: member %u of %s: %zu frames of %" PRIu64 " bytes from server pid %d", member_, key_.c_str(),
+      frames_.size(), frame_size_, static_cast<int>(server_pid_));
+  return ok;
+}
+
+pool_connection::~pool_connection() {
+  for (frame_id f : frames_) {
+    if (be_.release_frame(f) != ok) {
+      log(log_level::warn, "pool: releasing an imported frame at disconnect: %s (was it still mapped?)", last_error());
+    }
+  }
+  segment_.reset();
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool pool_connection::server_alive() const noexcept {
+  if (fd_ < 0) return false;
+  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+  int n;
+  do {
+    n = ::poll(&p, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  // The server never writes after the frame batches: readable means its end closed.
+  return n == 0;
+}
+
+}  // namespace vramswap

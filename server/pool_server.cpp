@@ -1,0 +1,531 @@
+#include "server/pool_server.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <sstream>
+
+#include "core/fd_transfer.hpp"
+#include "core/log.hpp"
+#include "core/options.hpp"
+#include "core/status.hpp"
+#include "lock/device_lock.hpp"
+#include "lock/pool_connection.hpp"
+#include "lock/pool_protocol.hpp"
+#include "lock/pool_segment.hpp"
+#include "lock/process_identity.hpp"
+#include "lock/shared_segment.hpp"
+
+namespace vramswap {
+namespace {
+
+using namespace pool_layout;
+
+constexpr size_t k_scrub_batch = 16;      // frames mapped at once while scrubbing
+constexpr int k_client_io_timeout_s = 5;  // a client that stops reading during its handshake is dropped
+constexpr uint64_t k_gib = uint64_t{1} << 30;
+
+bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+std::string human(uint64_t bytes) {
+  char buf[64];
+  if (bytes >= k_gib) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / static_cast<double>(k_gib));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  }
+  return buf;
+}
+
+// Is `gid` among the groups of process `pid` (its /proc/<pid>/status Groups line)?
+bool process_in_group(pid_t pid, gid_t gid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Groups:", 0) != 0) continue;
+    std::istringstream groups(line.substr(7));
+    unsigned long g;
+    while (groups >> g) {
+      if (g == gid) return true;
+    }
+  }
+  return false;
+}
+
+void close_fd(int* fd) {
+  if (*fd >= 0) ::close(*fd);
+  *fd = -1;
+}
+
+}  // namespace
+
+int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_server>* out) noexcept {
+  try {
+    std::unique_ptr<pool_server> s(new pool_server());
+    s->device_ = options.device;
+    s->idle_exit_s_ = options.idle_exit_s;
+    s->be_ = options.be;
+    if (s->be_ == nullptr) VS_TRY(default_backend(&s->be_));
+    backend& be = *s->be_;
+    device_info info;
+    VS_TRY(be.get_device_info(options.device, &info));
+    s->key_ = info.uuid;
+    pool_paths paths;
+    VS_TRY(pool_paths::make(info.uuid, true, &paths));
+    s->log_path_ = paths.log;
+
+    // --- one server per device -------------------------------------------------------------
+    gid_t gid = 0;
+    bool group = false;
+    VS_TRY(configured_group(&gid, &group));
+    s->server_lock_fd_ = ::open(paths.server_lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, group ? 0660 : 0600);
+    if (s->server_lock_fd_ < 0) return fail_errno(errno, "vramswapd: open %s", paths.server_lock.c_str());
+    if (::flock(s->server_lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      if (e != EWOULDBLOCK) return fail_errno(e, "vramswapd: flock %s", paths.server_lock.c_str());
+      char pid_text[32] = {};
+      const ssize_t n = ::pread(s->server_lock_fd_, pid_text, sizeof pid_text - 1, 0);
+      if (n > 0) pid_text[n] = '\0';
+      while (n > 0 && std::strlen(pid_text) > 0 && pid_text[std::strlen(pid_text) - 1] == '\n') pid_text[std::strlen(pid_text) - 1] = '\0';
+      return fail(err_busy,
+                  "vramswapd: another pool server (pid %s) already serves device %d (%s); its socket is %s. Only one "
+                  "server per device: stop that one first (kill -TERM %s)",
+                  n > 0 ? pid_text : "unknown", options.device, info.uuid.c_str(), paths.socket.c_str(),
+                  n > 0 ? pid_text : "<pid>");
+    }
+    char pid_text[32];
+    const int pid_len = std::snprintf(pid_text, sizeof pid_text, "%d\n", static_cast<int>(::getpid()));
+    if (::ftruncate(s->server_lock_fd_, 0) != 0 || ::pwrite(s->server_lock_fd_, pid_text, static_cast<size_t>(pid_len), 0) != pid_len) {
+      log(log_level::warn, "vramswapd: cannot write the pid into %s: %s", paths.server_lock.c_str(), std::strerror(errno));
+    }
+
+    if (options.log_to_file) {
+      const int log_fd = ::open(paths.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, group ? 0660 : 0600);
+      if (log_fd < 0) return fail_errno(errno, "vramswapd: open the log %s", paths.log.c_str());
+      ::dup2(log_fd, STDOUT_FILENO);
+      ::dup2(log_fd, STDERR_FILENO);
+      ::close(log_fd);
+    }
+
+    // --- frame size and pool size ------------------------------------------------------------
+    // The pager's rule (core/pager.cpp, resolve_pager_config): a power-of-two multiple of the
+    // granularity, so that pager and server agree on every valid value.
+    uint64_t frame_size = 0;
+    VS_TRY(option_size(option_id::frame_size, &frame_size));
+    if (frame_size == 0 || frame_size % info.granularity != 0 || !is_pow2(frame_size / info.granularity)) {
+      return fail(err_invalid_argument,
+                  "VRAMSWAP_FRAME_SIZE: %" PRIu64 " bytes is not a power-of-two multiple of device %d's allocation granularity (%" PRIu64
+                  " bytes); use e.g. 2MiB, 32MiB (the default), 64MiB or 256MiB",
+                  frame_size, options.device, info.granularity);
+    }
+    s->frame_size_ = frame_size;
+    uint64_t pool_bytes = 0;
+    const std::string size_text = options.pool_size.empty() ? option_text(option_id::pool_size) : options.pool_size;
+    const uint64_t reserve = be.kind() == backend_kind::cuda ? std::max(k_gib, info.total_bytes / 100 * 3) : frame_size;
+    if (!size_text.empty()) {
+      VS_TRY(parse_size(size_text.c_str(), &pool_bytes, options.pool_size.empty() ? "VRAMSWAP_POOL_SIZE" : "--pool-size",
+                        info.total_bytes));
+    } else {
+      pool_bytes = info.free_bytes > reserve ? info.free_bytes - reserve : 0;
+    }
+    pool_bytes = pool_bytes / frame_size * frame_size;
+    if (pool_bytes == 0) {
+      return fail(err_out_of_memory,
+                  "vramswapd: device %d (%s) leaves no room for a pool of %" PRIu64 "-byte frames: %s free of %s%s",
+                  options.device, info.uuid.c_str(), frame_size, human(info.free_bytes).c_str(), human(info.total_bytes).c_str(),
+                  size_text.empty() ? (", less a reserve of " + human(reserve)).c_str() : "");
+    }
+    if (pool_bytes > info.free_bytes) {
+      return fail(err_out_of_memory, "vramswapd: a pool of %s does not fit in device %d's free memory (%s of %s)",
+                  human(pool_bytes).c_str(), options.device, human(info.free_bytes).c_str(), human(info.total_bytes).c_str());
+    }
+    if (pool_bytes / frame_size >= k_no_member) {
+      return fail(err_invalid_argument, "vramswapd: %" PRIu64 " frames of %" PRIu64 " bytes; at most %u: use larger frames",
+                  pool_bytes / frame_size, frame_size, k_no_member - 1);
+    }
+
+    // --- the pool --------------------------------------------------------------------------
+    const uint64_t t0 = monotonic_ns();
+    VS_TRY(s->build_pool(pool_bytes));
+    process_identity me{};
+    VS_TRY(current_process(&me));
+    VS_TRY(pool_segment::create(info.uuid, s->frame_count(), frame_size, me.pid, me.start_time, &s->segment_));
+    s->segment_created_ = true;
+    s->lock_.reset(new device_lock());
+    VS_TRY(device_lock::open(info.uuid, s->lock_.get()));
+    if (::pipe2(s->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return fail_errno(errno, "vramswapd: pipe2");
+    s->socket_path_ = paths.socket;
+    VS_TRY(s->open_socket());
+    log(log_level::info,
+        "vramswapd: serving device %d (%s, %s): %u frames of %s = %s (%s free of %s before), built in %.2f s; socket %s%s",
+        options.device, info.name.c_str(), info.uuid.c_str(), s->frame_count(), human(frame_size).c_str(),
+        human(pool_bytes).c_str(), human(info.free_bytes).c_str(), human(info.total_bytes).c_str(),
+        static_cast<double>(monotonic_ns() - t0) / 1e9, paths.socket.c_str(),
+        s->idle_exit_s_ > 0 ? (", idle exit after " + std::to_string(s->idle_exit_s_) + " s").c_str() : "");
+    *out = std::move(s);
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "vramswapd: out of host memory");
+  }
+}
+
+int pool_server::build_pool(uint64_t pool_bytes) noexcept {
+  const size_t count = static_cast<size_t>(pool_bytes / frame_size_);
+  // Every frame's descriptor stays open (the host backend keeps one more per frame).
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < 2 * count + 256) {
+    return fail(err_system,
+                "vramswapd: %zu frames need about %zu descriptors, the limit is %llu (ulimit -n; raise the hard limit or use "
+                "larger frames, VRAMSWAP_FRAME_SIZE)",
+                count, 2 * count + 256, static_cast<unsigned long long>(lim.rlim_cur));
+  }
+  frames_.reserve(count);
+  exported_.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    frame_id f = 0;
+    const int rc = be_->create_frame(device_, frame_size_, &f);
+    if (rc != ok) return add_context(rc, "vramswapd: creating frame %zu of %zu: ", i, count);
+    frames_.push_back(f);
+  }
+  scratch_frames_ = std::min(count, k_scrub_batch);
+  VS_TRY(be_->reserve(device_, scratch_frames_ * frame_size_, 0, &scratch_));
+  VS_TRY(be_->stream_create(device_, &stream_));
+  std::vector<uint32_t> all(count);
+  for (size_t i = 0; i < count; ++i) all[i] = static_cast<uint32_t>(i);
+  VS_TRY(scrub(all.data(), all.size()));
+  for (size_t i = 0; i < count; ++i) {
+    int fd = -1;
+    const int rc = be_->export_frame(frames_[i], &fd);
+    if (rc != ok) return add_context(rc, "vramswapd: exporting frame %zu of %zu: ", i, count);
+    exported_.push_back(fd);
+  }
+  return ok;
+}
+
+// Zero the given pool frames: map up to k_scrub_batch at the scratch reservation, memset,
+// wait, unmap. A frame is only ever handed to another owner after this.
+int pool_server::scrub(const uint32_t* indices, size_t count) noexcept {
+  for (size_t done = 0; done < count;) {
+    const size_t k = std::min(scratch_frames_, count - done);
+    size_t mapped = 0;
+    int rc = ok;
+    for (; mapped < k && rc == ok; ++mapped) {
+      rc = be_->map(scratch_ + mapped * frame_size_, frame_size_, frames_[indices[done + mapped]], 0);
+      if (rc != ok) break;
+    }
+    if (rc == ok) rc = be_->set_access(scratch_, k * frame_size_, access_flags::read_write);
+    for (size_t j = 0; j < k && rc == ok; ++j) rc = be_->memset_d8(scratch_ + j * frame_size_, 0, frame_size_, stream_);
+    if (rc == ok) rc = be_->stream_synchronize(stream_);
+    if (mapped > 0) {
+      const int urc = be_->unmap(scratch_, mapped * frame_size_);
+      if (rc == ok) rc = urc;
+    }
+    if (rc != ok) return add_context(rc, "vramswapd: scrubbing frames: ");
+    done += k;
+  }
+  return ok;
+}
+
+int pool_server::open_socket() noexcept {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path_.size() >= sizeof addr.sun_path) {
+    return fail(err_invalid_argument, "vramswapd: socket path %s is longer than %zu bytes; use a shorter VRAMSWAP_RUNTIME_DIR",
+                socket_path_.c_str(), sizeof addr.sun_path - 1);
+  }
+  std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size() + 1);
+  listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (listen_fd_ < 0) return fail_errno(errno, "vramswapd: socket(AF_UNIX, SOCK_SEQPACKET)");
+  // We hold the server flock: a socket file left there belongs to a dead server.
+  if (::unlink(socket_path_.c_str()) == 0) log(log_level::info, "vramswapd: removed the stale socket %s", socket_path_.c_str());
+  gid_t gid = 0;
+  bool group = false;
+  VS_TRY(configured_group(&gid, &group));
+  // Bind under a tight umask so that the socket is never, even briefly, open to others.
+  const mode_t old_mask = ::umask(group ? 0007 : 0077);
+  const int brc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  const int bind_errno = errno;
+  ::umask(old_mask);
+  if (brc != 0) return fail_errno(bind_errno, "vramswapd: bind %s", socket_path_.c_str());
+  socket_bound_ = true;
+  if (group && ::chown(socket_path_.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return fail_errno(errno, "vramswapd: cannot give %s to group %u (VRAMSWAP_GROUP)", socket_path_.c_str(), static_cast<unsigned>(gid));
+  }
+  if (::chmod(socket_path_.c_str(), group ? 0660 : 0600) != 0) return fail_errno(errno, "vramswapd: chmod %s", socket_path_.c_str());
+  if (::listen(listen_fd_, 128) != 0) return fail_errno(errno, "vramswapd: listen on %s", socket_path_.c_str());
+  return ok;
+}
+
+void pool_server::request_stop() noexcept {
+  if (stop_pipe_[1] >= 0) {
+    const char byte = 1;
+    [[maybe_unused]] const ssize_t n = ::write(stop_pipe_[1], &byte, 1);
+  }
+}
+
+int pool_server::run() noexcept {
+  uint64_t idle_since = monotonic_ns();
+  std::vector<pollfd> fds;
+  for (;;) {
+    bool pending = false;
+    fds.clear();
+    fds.push_back({stop_pipe_[0], POLLIN, 0});
+    fds.push_back({listen_fd_, POLLIN, 0});
+    for (const client& c : clients_) {
+      if (c.hung_up_ns == 0) {
+        fds.push_back({c.fd, POLLIN | POLLRDHUP, 0});
+      } else {
+        pending = true;
+      }
+    }
+    int timeout_ms = -1;
+    if (pending) {
+      timeout_ms = 10;
+    } else if (idle_exit_s_ > 0 && clients_.empty()) {
+      const uint64_t limit = idle_since + static_cast<uint64_t>(idle_exit_s_) * 1'000'000'000;
+      const uint64_t now = monotonic_ns();
+      timeout_ms = now >= limit ? 0 : static_cast<int>((limit - now) / 1'000'000) + 1;
+    }
+    const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (n < 0 && errno != EINTR) return fail_errno(errno, "vramswapd: poll");
+    const uint64_t now = monotonic_ns();
+    if (n > 0) {
+      if (fds[0].revents != 0) {
+        log(log_level::info, "vramswapd: stopping on request (%zu clients attached)", clients_.size());
+        return ok;
+      }
+      // Hang-ups first: their fds are positions 2.. in the order of the connected clients.
+      size_t at = 2;
+      for (client& c : clients_) {
+        if (c.hung_up_ns != 0) continue;
+        const short revents = fds[at++].revents;
+        if (revents == 0) continue;
+        char byte;
+        const ssize_t got = ::recv(c.fd, &byte, 1, MSG_DONTWAIT);
+        if (got > 0) {
+          log(log_level::warn, "vramswapd: member %u (pid %d) sent unexpected data after its handshake; ignored", c.member,
+              static_cast<int>(c.pid));
+          continue;
+        }
+        if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        c.hung_up_ns = now;
+        close_fd(&c.fd);
+      }
+      if (fds[1].revents != 0) accept_one();
+    }
+    // Repair members whose process is gone (or that left long enough ago).
+    for (size_t i = 0; i < clients_.size();) {
+      const client& c = clients_[i];
+      if (c.hung_up_ns != 0 &&
+          (check_liveness({c.pid, c.start_time}) == liveness::dead || now - c.hung_up_ns >= uint64_t{k_repair_grace_ms} * 1'000'000)) {
+        repair(c);
+        clients_.erase(clients_.begin() + static_cast<ptrdiff_t>(i));
+        if (clients_.empty()) idle_since = monotonic_ns();
+      } else {
+        ++i;
+      }
+    }
+    if (idle_exit_s_ > 0 && clients_.empty() && monotonic_ns() - idle_since >= static_cast<uint64_t>(idle_exit_s_) * 1'000'000'000) {
+      log(log_level::info, "vramswapd: no client for %" PRId64 " s: exiting", idle_exit_s_);
+      return ok;
+    }
+  }
+}
+
+void pool_server::accept_one() noexcept {
+  const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) {
+    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) log(log_level::warn, "vramswapd: accept: %s", std::strerror(errno));
+    return;
+  }
+  serve_new(fd);
+}
+
+void pool_server::refuse(int fd, int status, const char* fmt, ...) noexcept {
+  pool_protocol::welcome w{};
+  w.magic = pool_protocol::k_magic;
+  w.version = pool_protocol::k_version;
+  w.status = status;
+  w.server_pid = ::getpid();
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(w.message, sizeof w.message, fmt, ap);
+  va_end(ap);
+  log(log_level::warn, "vramswapd: refused a client (%s): %s", status_name(status), w.message);
+  send_fds(fd, nullptr, 0, &w, sizeof w);
+  // Drop whatever else the peer sent, so that the close does not reset the connection
+  // (which would discard the welcome before the peer reads it).
+  char sink[256];
+  while (::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+  }
+  ::close(fd);
+}
+
+bool pool_server::peer_allowed(pid_t pid, uid_t uid, gid_t peer_gid, std::string* why) noexcept {
+  if (uid == ::geteuid() || uid == 0) return true;
+  gid_t gid = 0;
+  bool group = false;
+  if (configured_group(&gid, &group) == ok && group && (peer_gid == gid || process_in_group(pid, gid))) return true;
+  char text[200];
+  std::snprintf(text, sizeof text, "uid %u may not use this pool: it belongs to uid %u%s", static_cast<unsigned>(uid),
+                static_cast<unsigned>(::geteuid()), group ? " and the peer is not in VRAMSWAP_GROUP" : " (VRAMSWAP_GROUP is not set)");
+  *why = text;
+  return false;
+}
+
+void pool_server::serve_new(int fd) noexcept {
+  using pool_protocol::hello;
+  using pool_protocol::welcome;
+  using pool_protocol::frame_batch;
+  using pool_protocol::k_version;
+  constexpr uint32_t k_magic = pool_protocol::k_magic;
+  timeval tv{k_client_io_timeout_s, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  ucred cred{};
+  socklen_t cred_len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
+    refuse(fd, err_system, "SO_PEERCRED failed: %s", std::strerror(errno));
+    return;
+  }
+  // The hello first, even from a peer about to be refused: closing a Unix socket with
+  // unread data resets the connection, and the peer would lose the welcome that says why.
+  hello h{};
+  size_t len = 0;
+  size_t nfds = 0;
+  if (recv_fds(fd, nullptr, 0, &nfds, &h, sizeof h, &len) != ok) {
+    refuse(fd, err_invalid_argument, "no valid hello from pid %d: %s", static_cast<int>(cred.pid), last_error());
+    return;
+  }
+  std::string why;
+  if (!peer_allowed(cred.pid, cred.uid, cred.gid, &why)) {
+    refuse(fd, err_not_owner, "%s", why.c_str());
+    return;
+  }
+  if (len != sizeof h || h.magic != k_magic || h.version != k_version) {
+    refuse(fd, err_version_mismatch,
+           "pid %d sent a %zu-byte hello with magic %#x, protocol version %u; this server (pid %d) speaks protocol version %u "
+           "(%zu-byte hello, magic %#x): run client and server from the same vramswap version",
+           static_cast<int>(cred.pid), len, len >= 4 ? h.magic : 0u, len >= 8 ? h.version : 0u, static_cast<int>(::getpid()),
+           k_version, sizeof h, k_magic);
+    return;
+  }
+  if (h.pid != cred.pid) {
+    refuse(fd, err_invalid_argument,
+           "the hello names pid %d but the socket's peer is pid %d: client and server must share a PID namespace", h.pid,
+           static_cast<int>(cred.pid));
+    return;
+  }
+  if (check_liveness({h.pid, h.start_time}) != liveness::alive) {
+    refuse(fd, err_invalid_argument, "pid %d's start time %" PRIu64 " does not match /proc/%d/stat", h.pid, h.start_time, h.pid);
+    return;
+  }
+  uint32_t member = 0;
+  if (segment_->add_member(h.pid, h.start_time, &member) != ok) {
+    refuse(fd, err_busy, "%s", last_error());
+    return;
+  }
+  welcome w{};
+  w.magic = k_magic;
+  w.version = k_version;
+  w.status = ok;
+  w.member = member;
+  w.frame_count = frame_count();
+  w.server_pid = ::getpid();
+  w.frame_size = frame_size_;
+  std::snprintf(w.segment_name, sizeof w.segment_name, "%s", segment_->name().c_str());
+  int rc = send_fds(fd, nullptr, 0, &w, sizeof w);
+  for (uint32_t first = 0; rc == ok && first < frame_count(); first += static_cast<uint32_t>(k_max_fds_per_message)) {
+    frame_batch b{first, static_cast<uint32_t>(std::min<size_t>(k_max_fds_per_message, frame_count() - first))};
+    rc = send_fds(fd, &exported_[first], b.count, &b, sizeof b);
+  }
+  if (rc != ok) {
+    log(log_level::warn, "vramswapd: pid %d left during its handshake: %s", h.pid, last_error());
+    segment_->remove_member(member);
+    ::close(fd);
+    return;
+  }
+  clients_.push_back(client{fd, member, h.pid, h.start_time, 0});
+  log(log_level::info, "vramswapd: member %u: pid %d attached (%zu clients)", member, h.pid, clients_.size());
+}
+
+void pool_server::repair(const client& c) noexcept {
+  std::vector<uint32_t> owned;
+  for (uint32_t f = 0; f < frame_count(); ++f) {
+    const frame_word w = frame_word::decode(segment_->read(f));
+    if (w.state != frame_free && w.owner == c.member) owned.push_back(f);
+  }
+  uint32_t freed = 0;
+  if (!owned.empty()) {
+    if (scrub(owned.data(), owned.size()) != ok) {
+      // Never hand out a frame that still holds the dead member's data: keep them owned.
+      log(log_level::error, "vramswapd: cannot scrub the %zu frames of dead member %u (pid %d); they stay out of the pool: %s",
+          owned.size(), c.member, static_cast<int>(c.pid), last_error());
+      owned.clear();
+    }
+    for (uint32_t f : owned) {
+      // Only the state can change under us (a lock holder may request an idle frame of the
+      // dead member); the owner cannot, so retry until it is ours to free.
+      for (uint64_t seen = segment_->read(f);; seen = segment_->read(f)) {
+        const frame_word w = frame_word::decode(seen);
+        if (w.state == frame_free || w.owner != c.member) break;
+        if (segment_->move(f, seen, frame_free, k_no_member, k_no_member)) {
+          ++freed;
+          break;
+        }
+      }
+    }
+  }
+  frames_repaired_ += freed;
+  segment_->member(c.member).holding.store(0, std::memory_order_relaxed);
+  segment_->remove_member(c.member);
+  segment_->notify_freed();
+  const int lrc = lock_->repair_now();
+  const bool dead = check_liveness({c.pid, c.start_time}) == liveness::dead;
+  log(log_level::info, "vramswapd: member %u: pid %d %s; %u frames scrubbed and freed (%zu clients left)%s%s", c.member,
+      static_cast<int>(c.pid), dead ? "is gone" : "closed its connection", freed, clients_.size() - 1,
+      lrc == ok ? "" : "; device lock repair failed: ", lrc == ok ? "" : last_error());
+}
+
+pool_server::~pool_server() { teardown(); }
+
+void pool_server::teardown() noexcept {
+  for (client& c : clients_) close_fd(&c.fd);
+  clients_.clear();
+  close_fd(&listen_fd_);
+  if (socket_bound_) ::unlink(socket_path_.c_str());
+  segment_.reset();
+  if (segment_created_) pool_segment::remove(key_);
+  lock_.reset();
+  for (int& fd : exported_) close_fd(&fd);
+  exported_.clear();
+  for (frame_id f : frames_) {
+    if (be_->release_frame(f) != ok) log(log_level::warn, "vramswapd: releasing a frame: %s", last_error());
+  }
+  frames_.clear();
+  if (scratch_ != 0) be_->unreserve(scratch_, scratch_frames_ * frame_size_);
+  if (stream_ != 0) be_->stream_destroy(stream_);
+  close_fd(&stop_pipe_[0]);
+  close_fd(&stop_pipe_[1]);
+  close_fd(&server_lock_fd_);  // last: the next server may start now
+}
+
+}  // namespace vramswap

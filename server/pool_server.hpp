@@ -1,0 +1,135 @@
+// pool_server: the per-device pool server behind vramswapd.
+//
+// One per device (an exclusive flock on <runtime dir>/<key>.server.lock, held for the
+// server's lifetime, makes sure of it). It owns the device's pool:
+//
+//   start  creates every frame of the pool (size below), scrubs each (maps it at a scratch
+//          reservation and sets it to zero), exports each ONCE and keeps the descriptors
+//          (the soft RLIMIT_NOFILE is raised to the hard limit first: a 140 GiB pool of
+//          32 MiB frames is ~4,500 descriptors), creates the pool segment (frame table and
+//          member table, lock/pool_layout.hpp), opens the device lock, and listens on
+//          <runtime dir>/<key>.sock (mode 0600, 0660 with VRAMSWAP_GROUP).
+//   run    a poll() loop. A new connection: SO_PEERCRED must show the server's uid, root,
+//          or (with VRAMSWAP_GROUP) a member of that group; the hello must carry the
+//          protocol's magic and version and the peer's own pid; else an error welcome with
+//          a message, and the connection is closed. Then a member slot, the welcome and
+//          the frames' descriptors in batches of 250 (lock/pool_protocol.hpp). The
+//          connection then stays open and silent.
+//   repair a connection's hang-up means its process is gone (or has left the pool). Once
+//          the process is really dead (zombie or gone: its last GPU work and mappings are
+//          then torn down; at most k_repair_grace_ms after the hang-up for a process that
+//          closed the connection and lives on), every frame the member owns, in any state,
+//          is scrubbed and then moved to free by compare-and-swap; the member slot is
+//          freed; waiters for free frames are woken (notify_freed); and the device lock is
+//          repaired (device_lock::repair_now), so a lock the dead process held passes on.
+//   stop   request_stop() (async-signal-safe; vramswapd calls it on SIGTERM/SIGINT), or
+//          idle exit: with idle_exit_s > 0, the server stops after that many seconds with
+//          no client. The destructor closes every connection, unlinks the socket and the
+//          pool segment, closes the descriptors and releases every frame, then drops the
+//          server flock: the device's free memory is back where it was (clients still
+//          attached keep their imports alive until they let go).
+//
+// Pool size: VRAMSWAP_POOL_SIZE (or options.pool_size), bytes or a percentage of the
+// device's total memory; by default the device's free memory less a reserve for the
+// contexts and libraries of the processes that use it: max(1 GiB, 3% of total) on cuda,
+// one frame on the host backend. Rounded down to whole frames. Frame size:
+// VRAMSWAP_FRAME_SIZE, a power-of-two multiple of the device's granularity.
+//
+// Threads: start() and run() on one thread; request_stop() from anywhere, signal handlers
+// included. Errors: 0 or a negative vramswap::status with last_error(); never throws.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+
+namespace vramswap {
+
+class device_lock;
+class pool_segment;
+
+struct pool_server_options {
+  int device = 0;
+  backend* be = nullptr;      // nullptr: default_backend() (VRAMSWAP_BACKEND)
+  std::string pool_size;      // empty: VRAMSWAP_POOL_SIZE (empty there too: the default above)
+  int64_t idle_exit_s = 0;    // > 0: stop after this many seconds with no client; 0: never
+  bool log_to_file = false;   // send stdout/stderr to <runtime dir>/<key>.log (on-demand mode)
+};
+
+class pool_server {
+ public:
+  // A client that hung up but still lives is repaired at most this long after the hang-up.
+  static constexpr int k_repair_grace_ms = 2000;
+
+  // Build the pool and start listening. err_busy when another server serves the device (the
+  // detail names its pid); err_invalid_argument for a bad size option; err_out_of_memory
+  // when the pool does not fit; err_not_owner for a foreign runtime dir; err_system.
+  static int start(const pool_server_options& options, std::unique_ptr<pool_server>* out) noexcept;
+
+  ~pool_server();
+  pool_server(const pool_server&) = delete;
+  pool_server& operator=(const pool_server&) = delete;
+
+  // Serve until request_stop() or the idle timeout. Returns 0, or err_system when poll fails.
+  int run() noexcept;
+  // Make run() return soon. Async-signal-safe.
+  void request_stop() noexcept;
+
+  const std::string& device_key() const noexcept { return key_; }
+  const std::string& socket_path() const noexcept { return socket_path_; }
+  const std::string& log_path() const noexcept { return log_path_; }
+  uint32_t frame_count() const noexcept { return static_cast<uint32_t>(frames_.size()); }
+  uint64_t frame_size() const noexcept { return frame_size_; }
+  size_t clients() const noexcept { return clients_.size(); }
+  // Frames scrubbed and freed by repairs since start.
+  uint64_t frames_repaired() const noexcept { return frames_repaired_; }
+
+ private:
+  struct client {
+    int fd = -1;
+    uint32_t member = 0;
+    pid_t pid = 0;
+    uint64_t start_time = 0;
+    uint64_t hung_up_ns = 0;  // when its connection closed (0: still connected)
+  };
+
+  pool_server() = default;
+  int build_pool(uint64_t pool_bytes) noexcept;
+  int scrub(const uint32_t* indices, size_t count) noexcept;
+  int open_socket() noexcept;
+  void accept_one() noexcept;
+  void serve_new(int fd) noexcept;
+  void refuse(int fd, int status, const char* fmt, ...) noexcept __attribute__((format(printf, 4, 5)));
+  bool peer_allowed(pid_t pid, uid_t uid, gid_t gid, std::string* why) noexcept;
+  void repair(const client& c) noexcept;
+  void teardown() noexcept;
+
+  backend* be_ = nullptr;
+  int device_ = 0;
+  std::string key_;
+  std::string socket_path_;
+  std::string log_path_;
+  int64_t idle_exit_s_ = 0;
+  int server_lock_fd_ = -1;
+  int listen_fd_ = -1;
+  int stop_pipe_[2] = {-1, -1};
+  uint64_t frame_size_ = 0;
+  std::vector<frame_id> frames_;
+  std::vector<int> exported_;  // frames_[i]'s descriptor, sent to every client
+  device_ptr scratch_ = 0;     // a reservation for scrubbing: k_scrub_batch frames
+  size_t scratch_frames_ = 0;
+  stream_id stream_ = 0;
+  std::unique_ptr<pool_segment> segment_;
+  std::unique_ptr<device_lock> lock_;
+  std::vector<client> clients_;
+  uint64_t frames_repaired_ = 0;
+  bool socket_bound_ = false;
+  bool segment_created_ = false;
+};
+
+}  // namespace vramswap

@@ -1,0 +1,160 @@
+// vramswapd: the per-device pool server (server/pool_server.hpp; docs/pool_server.md).
+//
+//   vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE]
+//
+// Two ways to run it:
+//   on demand   (the default) a client starts it when none listens (lock/pool_connection.cpp).
+//               It detaches: forks once (its first process exits at once, so the server is
+//               nobody's child), logs to <runtime dir>/<key>.log, and exits after
+//               VRAMSWAP_POOL_IDLE_EXIT seconds (default 60; 0 never) without a client.
+//   --foreground for a service manager or a terminal: stays in the foreground, logs to
+//               stderr, never exits for idleness unless --idle-exit is given.
+// SIGTERM or SIGINT: stop accepting, close every connection, remove the socket and the pool
+// segment, release every frame, exit 0. Exit 1 when the server cannot start (the reason is
+// printed), 2 on a usage error.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "core/log.hpp"
+#include "core/options.hpp"
+#include "core/status.hpp"
+#include "server/pool_server.hpp"
+
+namespace {
+
+vramswap::pool_server* g_server = nullptr;
+
+void on_stop_signal(int) { if (g_server != nullptr) g_server->request_stop(); }
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE]\n"
+               "\n"
+               "The pool server of one device: creates the device's pool of frames and hands them to the\n"
+               "vramswap processes of this user (or of VRAMSWAP_GROUP) over a Unix socket; repairs after a\n"
+               "client dies (scrubs and frees its frames, passes on a lock it held).\n"
+               "\n"
+               "  --device N           the device to serve (default 0)\n"
+               "  --foreground         stay in the foreground and log to stderr (service managers); no idle\n"
+               "                       exit unless --idle-exit is given. Without it, the server detaches,\n"
+               "                       logs to <runtime dir>/<device key>.log and exits after\n"
+               "                       VRAMSWAP_POOL_IDLE_EXIT seconds without a client (how clients start it)\n"
+               "  --idle-exit SECONDS  exit after SECONDS without a client (0: never)\n"
+               "  --pool-size SIZE     pool size: bytes (K/M/G suffixes) or a percentage of the device's\n"
+               "                       memory; default VRAMSWAP_POOL_SIZE, else free memory less a reserve\n"
+               "  --help               this text\n"
+               "\n"
+               "Environment: VRAMSWAP_RUNTIME_DIR (socket directory; default /tmp/vramswap-<uid>),\n"
+               "VRAMSWAP_FRAME_SIZE, VRAMSWAP_POOL_SIZE, VRAMSWAP_POOL_IDLE_EXIT, VRAMSWAP_GROUP,\n"
+               "VRAMSWAP_SHM_PREFIX, VRAMSWAP_BACKEND, VRAMSWAP_LOG. See docs/pool_server.md.\n");
+}
+
+bool parse_int(const char* text, long long min_value, long long* out) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || errno == ERANGE || v < min_value) return false;
+  *out = v;
+  return true;
+}
+
+// The report a client that started us waits for on --ready-fd: one line, then close.
+void report(int fd, const std::string& line) {
+  if (fd < 0) return;
+  const std::string text = line + "\n";
+  [[maybe_unused]] const ssize_t n = ::write(fd, text.data(), text.size());
+  ::close(fd);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace vramswap;
+  pool_server_options options;
+  bool foreground = false;
+  bool idle_given = false;
+  long long ready_fd = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
+    long long v = 0;
+    if (arg == "--help" || arg == "-h") {
+      usage(stdout);
+      return 0;
+    } else if (arg == "--foreground") {
+      foreground = true;
+    } else if (arg == "--device" && value != nullptr && parse_int(value, 0, &v) && v < 1 << 20) {
+      options.device = static_cast<int>(v);
+      ++i;
+    } else if (arg == "--idle-exit" && value != nullptr && parse_int(value, 0, &v)) {
+      options.idle_exit_s = v;
+      idle_given = true;
+      ++i;
+    } else if (arg == "--pool-size" && value != nullptr && *value != '\0') {
+      options.pool_size = value;
+      ++i;
+    } else if (arg == "--ready-fd" && value != nullptr && parse_int(value, 0, &v) && v < 1 << 20) {
+      ready_fd = v;  // internal: how a client that starts us learns that we are ready
+      ++i;
+    } else {
+      std::fprintf(stderr, "vramswapd: bad argument \"%s\"%s\n\n", arg.c_str(),
+                   value == nullptr && arg.rfind("--", 0) == 0 ? " (missing value?)" : "");
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (!foreground && !idle_given) {
+    uint64_t seconds = 0;
+    if (option_uint(option_id::pool_idle_exit, &seconds, 0, 365ull * 24 * 3600) != ok) {
+      std::fprintf(stderr, "vramswapd: %s\n", last_error());
+      report(static_cast<int>(ready_fd), std::string("error ") + last_error());
+      return 1;
+    }
+    options.idle_exit_s = static_cast<int64_t>(seconds);
+  }
+
+  if (!foreground) {
+    // Detach: the first process exits at once (a client that spawned us reaps it), the
+    // second serves, in a session of its own. Before any backend exists: CUDA forbids fork.
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "vramswapd: fork: %s\n", std::strerror(errno));
+      return 1;
+    }
+    if (pid > 0) _exit(0);
+    ::setsid();
+    options.log_to_file = true;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGHUP, foreground ? SIG_DFL : SIG_IGN);
+
+  std::unique_ptr<pool_server> server;
+  if (pool_server::start(options, &server) != ok) {
+    std::string why = last_error();
+    if (why.rfind("vramswapd: ", 0) == 0) why.erase(0, 11);
+    std::fprintf(stderr, "vramswapd: cannot start: %s\n", why.c_str());
+    report(static_cast<int>(ready_fd), "error " + why);
+    return 1;
+  }
+  g_server = server.get();
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  report(static_cast<int>(ready_fd), "ready " + std::to_string(::getpid()));
+
+  const int rc = server->run();
+  if (rc != ok) log(log_level::error, "vramswapd: %s", last_error());
+  g_server = nullptr;
+  server.reset();
+  log(log_level::info, "vramswapd: stopped; pool released");
+  return rc == ok ? 0 : 1;
+}

@@ -1,0 +1,553 @@
+// Description: the pool server (vramswapd) and its clients as real processes on the host
+// backend: zeroed, shared frames; 8 clients autostarting at once get exactly one server; a
+// client killed with SIGKILL has its frames scrubbed and freed and its member slot freed; a
+// killed lock holder's lock passes on; idle exit; a killed server is noticed and replaced;
+// a second server refuses; a bad hello gets an error welcome; an in-process server gives
+// all device memory back when it stops.
+//
+// Each test has its own VRAMSWAP_RUNTIME_DIR and VRAMSWAP_SHM_PREFIX, a 256 MiB emulated
+// device and 2 MiB frames (127 frames in the pool). The test process is a child subreaper,
+// so servers that clients start (and that detach) are reaped here.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/fd_transfer.hpp"
+#include "core/options.hpp"
+#include "core/status.hpp"
+#include "lock/device_lock.hpp"
+#include "lock/pool_connection.hpp"
+#include "lock/pool_protocol.hpp"
+#include "lock/pool_segment.hpp"
+#include "lock/process_identity.hpp"
+#include "server/pool_server.hpp"
+
+extern char** environ;
+
+namespace vramswap {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr uint32_t k_frames = 127;  // 256 MiB / 2 MiB, less one frame of reserve
+
+struct proc {
+  pid_t pid = -1;
+  int in = -1;   // its stdin (write end)
+  int out = -1;  // its stdout (read end)
+};
+
+// Start `argv` with pipes on stdin and stdout; stderr stays ours (shown when a test fails).
+proc spawn(const std::vector<std::string>& args) {
+  int in_pipe[2];
+  int out_pipe[2];
+  if (::pipe2(in_pipe, O_CLOEXEC) != 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0) std::abort();
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in_pipe[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  proc p;
+  const int rc = ::posix_spawn(&p.pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(in_pipe[0]);
+  ::close(out_pipe[1]);
+  if (rc != 0) {
+    ADD_FAILURE() << "posix_spawn " << args[0] << ": " << std::strerror(rc);
+    ::close(in_pipe[1]);
+    ::close(out_pipe[0]);
+    return proc{};
+  }
+  p.in = in_pipe[1];
+  p.out = out_pipe[0];
+  return p;
+}
+
+// One line of `p`'s stdout ("" on EOF or after `timeout`).
+std::string read_line(const proc& p, std::chrono::milliseconds timeout = 20s) {
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return "";
+    pollfd pfd{p.out, POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(left.count())) <= 0) continue;
+    char c;
+    if (::read(p.out, &c, 1) != 1) return "";
+    if (c == '\n') return line;
+    line += c;
+  }
+}
+
+// Exit status of a child (128 + signal when killed); -1 when it did not end in `timeout`.
+int reap(pid_t pid, std::chrono::milliseconds timeout = 20s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    if (r < 0) return -1;
+    if (std::chrono::steady_clock::now() > deadline) return -1;
+    std::this_thread::sleep_for(2ms);
+  }
+}
+
+bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(2ms);
+  }
+  return predicate();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+size_t count_of(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+class PoolServer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    const char* log = std::getenv("VRAMSWAP_LOG");
+    saved_log_ = log != nullptr ? log : "";
+    static int counter = 0;
+    const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    dir_ = "/tmp/vramswap-srvtest-" + tag;
+    prefix_ = "vssrv-" + tag + "-";
+    ::setenv("VRAMSWAP_RUNTIME_DIR", dir_.c_str(), 1);
+    ::setenv("VRAMSWAP_SHM_PREFIX", prefix_.c_str(), 1);
+    ::setenv("VRAMSWAP_BACKEND", "host", 1);
+    ::setenv("VRAMSWAP_HOST_DEVICE_MEMORY", "256MiB", 1);
+    ::setenv("VRAMSWAP_FRAME_SIZE", "2MiB", 1);
+    ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "0", 1);
+    ::setenv("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY, 1);
+    ::unsetenv("VRAMSWAP_POOL_SIZE");
+    ::unsetenv("VRAMSWAP_GROUP");
+  }
+
+  void TearDown() override {
+    if (saved_log_.empty()) {
+      ::unsetenv("VRAMSWAP_LOG");
+    } else {
+      ::setenv("VRAMSWAP_LOG", saved_log_.c_str(), 1);
+    }
+    for (proc& p : procs_) {
+      if (p.pid > 0) ::kill(p.pid, SIGKILL);
+      if (p.in >= 0) ::close(p.in);
+      if (p.out >= 0) ::close(p.out);
+    }
+    for (pid_t s : servers_) ::kill(s, SIGTERM);
+    for (pid_t s : servers_) {
+      if (reap(s, 10s) < 0) ::kill(s, SIGKILL);
+    }
+    // Everything else we started or adopted (detached servers).
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    for (proc& p : procs_) {
+      if (p.pid > 0) reap(p.pid, 5s);
+    }
+    pool_segment::remove("host-0");
+    device_lock::remove("host-0");
+    std::system(("rm -rf " + dir_).c_str());
+    for (const char* v : {"VRAMSWAP_RUNTIME_DIR", "VRAMSWAP_SHM_PREFIX", "VRAMSWAP_SERVER", "VRAMSWAP_POOL_IDLE_EXIT"}) ::unsetenv(v);
+  }
+
+  // A client running `steps`, remembered for TearDown.
+  proc& client(std::vector<std::string> steps) {
+    steps.insert(steps.begin(), VRAMSWAP_POOL_CLIENT);
+    procs_.push_back(spawn(steps));
+    return procs_.back();
+  }
+  // Run a client to its end; its exit status.
+  int run_client(std::vector<std::string> steps) {
+    proc& p = client(std::move(steps));
+    const int rc = reap(p.pid);
+    p.pid = -1;
+    return rc;
+  }
+  // A foreground server; returns its pid once it reported ready (-1 if it never did).
+  pid_t start_server(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {VRAMSWAP_SERVER_BINARY, "--foreground", "--ready-fd", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    proc p = spawn(args);
+    const std::string line = read_line(p);
+    ::close(p.in);
+    ::close(p.out);
+    if (line.rfind("ready ", 0) != 0) {
+      ADD_FAILURE() << "vramswapd did not report ready: \"" << line << "\"";
+      ::kill(p.pid, SIGKILL);
+      reap(p.pid);
+      return -1;
+    }
+    servers_.push_back(p.pid);
+    return p.pid;
+  }
+  int stop_server(pid_t pid) {
+    ::kill(pid, SIGTERM);
+    const int rc = reap(pid);
+    servers_.erase(std::remove(servers_.begin(), servers_.end(), pid), servers_.end());
+    return rc;
+  }
+  std::unique_ptr<pool_segment> open_segment() {
+    std::string name;
+    std::unique_ptr<pool_segment> seg;
+    EXPECT_EQ(pool_segment::name_for("host-0", &name), ok);
+    EXPECT_EQ(pool_segment::open(name, &seg), ok) << last_error();
+    return seg;
+  }
+  // "ready <member> <frames> <server pid>" -> its fields.
+  static std::vector<long> fields(const std::string& ready_line) {
+    std::istringstream in(ready_line);
+    std::string word;
+    std::vector<long> v;
+    in >> word;
+    long x;
+    while (in >> x) v.push_back(x);
+    return v;
+  }
+
+  std::string dir_;
+  std::string prefix_;
+  std::string saved_log_;
+  std::deque<proc> procs_;  // a deque: references stay valid as it grows
+  std::vector<pid_t> servers_;
+};
+
+TEST_F(PoolServer, ServesZeroedFramesSharedBetweenClients) {
+  const pid_t server = start_server();
+  ASSERT_GT(server, 0);
+  struct stat st {};
+  ASSERT_EQ(::stat((dir_ + "/host-0.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat(dir_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+
+  proc& a = client({"connect-noauto", "zero", "0", std::to_string(k_frames), "write", "5", "42", "write", "126", "7", "ready", "hold"});
+  const std::vector<long> f = fields(read_line(a));
+  ASSERT_EQ(f.size(), 3u);
+  EXPECT_EQ(f[1], static_cast<long>(k_frames));
+  EXPECT_EQ(f[2], server);
+  // A second process sees A's bytes through its own import of the same pool frames.
+  EXPECT_EQ(run_client({"connect-noauto", "check", "5", "42", "check", "126", "7", "zero", "0", "5"}), 0);
+
+  EXPECT_EQ(stop_server(server), 0);
+  EXPECT_NE(::access((dir_ + "/host-0.sock").c_str(), F_OK), 0) << "socket left behind";
+  std::string name;
+  ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
+  EXPECT_NE(::access(("/dev/shm" + name).c_str(), F_OK), 0) << "pool segment left behind";
+}
+
+TEST_F(PoolServer, EightClientsStartingAtOnceGetExactlyOneServer) {
+  // No VRAMSWAP_SERVER: clients find vramswapd next to libvramswap (dladdr).
+  ::unsetenv("VRAMSWAP_SERVER");
+  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
+  ::setenv("VRAMSWAP_LOG", "info", 1);  // the server's log is checked below
+  std::vector<proc*> clients;
+  for (int i = 0; i < 8; ++i) clients.push_back(&client({"connect", "zero", "0", "2", "ready", "hold"}));
+  std::set<long> servers;
+  std::set<long> members;
+  for (proc* c : clients) {
+    const std::vector<long> f = fields(read_line(*c, 60s));
+    ASSERT_EQ(f.size(), 3u) << "a client did not connect";
+    members.insert(f[0]);
+    servers.insert(f[2]);
+  }
+  EXPECT_EQ(servers.size(), 1u);
+  EXPECT_EQ(members.size(), 8u);
+  const std::string log = read_file(dir_ + "/host-0.log");
+  EXPECT_EQ(count_of(log, "vramswapd: serving device"), 1u) << log;
+  EXPECT_EQ(count_of(log, "cannot start"), 0u) << log;
+  // All leave; the server (adopted by this subreaper) exits idle, with status 0.
+  for (proc* c : clients) ::close(c->in), c->in = -1;
+  for (proc* c : clients) EXPECT_EQ(reap(c->pid), 0), c->pid = -1;
+  EXPECT_EQ(reap(static_cast<pid_t>(*servers.begin()), 20s), 0);
+}
+
+TEST_F(PoolServer, KilledClientsFramesAreScrubbedAndFreed) {
+  ASSERT_GT(start_server(), 0);
+  proc& a = client({"connect-noauto", "own", "3", "write", "3", "11", "own", "4", "write", "4", "12", "own", "9", "write",
+                    "9", "13", "ready", "hold"});
+  const std::vector<long> f = fields(read_line(a));
+  ASSERT_EQ(f.size(), 3u);
+  const auto member = static_cast<uint32_t>(f[0]);
+  auto seg = open_segment();
+  ASSERT_TRUE(seg);
+  EXPECT_EQ(seg->count(pool_layout::frame_active, member), 3u);
+  EXPECT_EQ(seg->member(member).state.load(), pool_layout::member_live);
+  // A bystander sees A's data while A lives (the frames are shared, not copied).
+  EXPECT_EQ(run_client({"connect-noauto", "check", "4", "12"}), 0);
+
+  ::kill(a.pid, SIGKILL);
+  EXPECT_EQ(reap(a.pid), 128 + SIGKILL);
+  a.pid = -1;
+  EXPECT_TRUE(eventually([&] { return seg->count(pool_layout::frame_free) == k_frames; })) << "frames were not freed";
+  EXPECT_TRUE(eventually([&] { return seg->member(member).state.load() == pool_layout::member_free; }));
+  EXPECT_EQ(run_client({"connect-noauto", "zero", "0", std::to_string(k_frames)}), 0) << "a freed frame kept data";
+}
+
+TEST_F(PoolServer, KilledLockHolderPassesTheLockOn) {
+  ASSERT_GT(start_server(), 0);
+  proc& a = client({"connect-noauto", "lock", "ready", "hold"});
+  ASSERT_EQ(fields(read_line(a)).size(), 3u);
+  device_lock lock;
+  ASSERT_EQ(device_lock::open("host-0", &lock), ok) << last_error();
+  EXPECT_EQ(lock.try_acquire(), err_busy);
+  ::kill(a.pid, SIGKILL);
+  reap(a.pid);
+  a.pid = -1;
+  acquire_info info;
+  ASSERT_EQ(lock.acquire(lock_priority::normal, 5'000'000'000, &info), ok) << last_error();
+  EXPECT_TRUE(info.previous_holder_died);
+  EXPECT_EQ(lock.release(), ok);
+}
+
+TEST_F(PoolServer, ExitsAfterTheIdleTimeout) {
+  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
+  ::setenv("VRAMSWAP_LOG", "info", 1);  // the server's log is checked below
+  // Started on demand; stays while a client is attached (2 s > 1 s), then exits idle.
+  proc& a = client({"connect", "ready", "hold"});
+  const std::vector<long> f = fields(read_line(a, 60s));
+  ASSERT_EQ(f.size(), 3u);
+  const auto server = static_cast<pid_t>(f[2]);
+  std::this_thread::sleep_for(2s);
+  EXPECT_EQ(::waitpid(server, nullptr, WNOHANG), 0) << "the server exited while a client was attached";
+  const auto t0 = std::chrono::steady_clock::now();
+  ::close(a.in);
+  a.in = -1;
+  EXPECT_EQ(reap(a.pid), 0);
+  a.pid = -1;
+  EXPECT_EQ(reap(server, 20s), 0);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 0.9);
+  EXPECT_LT(waited, 10.0);
+  EXPECT_NE(count_of(read_file(dir_ + "/host-0.log"), "no client for 1 s"), 0u);
+}
+
+TEST_F(PoolServer, KilledServerIsNoticedAndReplaced) {
+  proc& a = client({"connect", "ready", "wait-server-gone", "20"});
+  const std::vector<long> f = fields(read_line(a, 60s));
+  ASSERT_EQ(f.size(), 3u);
+  const auto server = static_cast<pid_t>(f[2]);
+  ::kill(server, SIGKILL);
+  EXPECT_EQ(reap(server), 128 + SIGKILL);
+  EXPECT_EQ(read_line(a), "server-gone");
+  EXPECT_EQ(reap(a.pid), 0);
+  a.pid = -1;
+  // Its socket file and segment are left behind; a new client starts a new server anyway.
+  proc& b = client({"connect", "zero", "0", "4", "ready"});
+  const std::vector<long> g = fields(read_line(b, 60s));
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_NE(g[2], server);
+  EXPECT_EQ(reap(b.pid), 0);
+  b.pid = -1;
+  servers_.push_back(static_cast<pid_t>(g[2]));
+}
+
+TEST_F(PoolServer, SecondServerForTheDeviceRefuses) {
+  const pid_t first = start_server();
+  ASSERT_GT(first, 0);
+  const std::string err = dir_ + "/second.err";
+  const std::string cmd = std::string(VRAMSWAP_SERVER_BINARY) + " --foreground 2>" + err;
+  const int status = std::system(cmd.c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  const std::string text = read_file(err);
+  EXPECT_NE(text.find("another pool server (pid " + std::to_string(first) + ") already serves device 0"), std::string::npos) << text;
+  // The first one is unharmed.
+  EXPECT_EQ(run_client({"connect-noauto", "zero", "0", "1"}), 0);
+}
+
+TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
+  ASSERT_GT(start_server(), 0);
+  auto exchange = [&](const void* msg, size_t len, pool_protocol::welcome* w) {
+    const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/host-0.sock", dir_.c_str());
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(send_fds(fd, nullptr, 0, msg, len), ok);
+    size_t got = 0;
+    size_t nfds = 0;
+    *w = {};
+    EXPECT_EQ(recv_fds(fd, nullptr, 0, &nfds, w, sizeof *w, &got), ok) << last_error();
+    EXPECT_EQ(got, sizeof *w);
+    char byte;
+    EXPECT_EQ(::recv(fd, &byte, 1, 0), 0) << "the server should close after an error welcome";
+    ::close(fd);
+  };
+  process_identity me{};
+  ASSERT_EQ(current_process(&me), ok);
+  pool_protocol::hello h{pool_protocol::k_magic, pool_protocol::k_version, me.pid, 0, me.start_time};
+  pool_protocol::welcome w{};
+
+  h.magic = 0x12345678;
+  exchange(&h, sizeof h, &w);
+  EXPECT_EQ(w.status, err_version_mismatch);
+  EXPECT_NE(std::string(w.message).find("protocol version 1"), std::string::npos) << w.message;
+
+  h.magic = pool_protocol::k_magic;
+  h.version = 99;
+  exchange(&h, sizeof h, &w);
+  EXPECT_EQ(w.status, err_version_mismatch);
+  EXPECT_NE(std::string(w.message).find("protocol version 99"), std::string::npos) << w.message;
+
+  const char junk[3] = {1, 2, 3};
+  exchange(junk, sizeof junk, &w);
+  EXPECT_EQ(w.status, err_version_mismatch);
+
+  h.version = pool_protocol::k_version;
+  h.pid = me.pid + 1;
+  exchange(&h, sizeof h, &w);
+  EXPECT_EQ(w.status, err_invalid_argument);
+  EXPECT_NE(std::string(w.message).find("PID namespace"), std::string::npos) << w.message;
+
+  // Nothing was taken by the refused peers.
+  auto seg = open_segment();
+  ASSERT_TRUE(seg);
+  EXPECT_EQ(seg->count(pool_layout::frame_free), k_frames);
+  for (uint32_t m = 0; m < pool_layout::k_member_count; ++m) EXPECT_EQ(seg->member(m).state.load(), pool_layout::member_free);
+}
+
+TEST_F(PoolServer, PeerOfAnotherUserIsRefused) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "skipped: needs root to run a client as another user (uid 65534) against this server";
+  }
+  ASSERT_GT(start_server(), 0);
+  // Let uid 65534 reach the socket at all, so that the server's own check is what refuses.
+  ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((dir_ + "/host-0.sock").c_str(), 0666), 0);
+  int result[2];
+  ASSERT_EQ(::pipe(result), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Only system calls here: the test process may have threads.
+    pool_protocol::welcome w{};
+    w.status = 1;
+    if (::setresgid(65534, 65534, 65534) == 0 && ::setresuid(65534, 65534, 65534) == 0) {
+      const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/host-0.sock", dir_.c_str());
+      pool_protocol::hello h{pool_protocol::k_magic, pool_protocol::k_version, ::getpid(), 0, 0};
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+        // The server may refuse before it reads the hello: the send may fail; read anyway.
+        [[maybe_unused]] const ssize_t sent = ::send(fd, &h, sizeof h, MSG_NOSIGNAL);
+        if (::recv(fd, &w, sizeof w, 0) != sizeof w) w.status = 2;
+      } else {
+        w.status = 3;
+      }
+    }
+    [[maybe_unused]] const ssize_t n = ::write(result[1], &w, sizeof w);
+    ::_exit(0);
+  }
+  ::close(result[1]);
+  pool_protocol::welcome w{};
+  EXPECT_EQ(::read(result[0], &w, sizeof w), static_cast<ssize_t>(sizeof w));
+  ::close(result[0]);
+  EXPECT_EQ(reap(child), 0);
+  EXPECT_EQ(w.status, err_not_owner);
+  w.message[sizeof w.message - 1] = '\0';
+  EXPECT_NE(std::string(w.message).find("uid 65534 may not use this pool"), std::string::npos) << w.message;
+}
+
+TEST_F(PoolServer, NoServerAndNoAutostartIsAClearError) {
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  std::unique_ptr<pool_connection> c;
+  clear_error();
+  EXPECT_EQ(pool_connection::connect(*be, 0, false, &c), err_unavailable);
+  EXPECT_NE(std::string(last_error()).find("no pool server listens on " + dir_ + "/host-0.sock"), std::string::npos) << last_error();
+
+  ::setenv("VRAMSWAP_SERVER", "/nonexistent/vramswapd", 1);
+  EXPECT_EQ(pool_connection::connect(*be, 0, true, &c), err_unavailable);
+  EXPECT_NE(std::string(last_error()).find("VRAMSWAP_SERVER=/nonexistent/vramswapd"), std::string::npos) << last_error();
+
+  // A server that cannot start says why, through the client.
+  ::setenv("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY, 1);
+  ::setenv("VRAMSWAP_POOL_SIZE", "lots", 1);
+  EXPECT_EQ(pool_connection::connect(*be, 0, true, &c), err_unavailable);
+  EXPECT_NE(std::string(last_error()).find("VRAMSWAP_POOL_SIZE"), std::string::npos) << last_error();
+}
+
+// In-process: a pool_server on the test's own backend, a pool_connection to it, and all
+// device memory back when the server is gone.
+TEST_F(PoolServer, InProcessServerGivesAllMemoryBack) {
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  device_info before;
+  ASSERT_EQ(be->get_device_info(0, &before), ok);
+  ::setenv("VRAMSWAP_POOL_SIZE", "25%", 1);
+  pool_server_options o;
+  o.be = be.get();
+  std::unique_ptr<pool_server> server;
+  ASSERT_EQ(pool_server::start(o, &server), ok) << last_error();
+  EXPECT_EQ(server->frame_count(), 32u);
+  std::thread loop([&] { EXPECT_EQ(server->run(), ok); });
+  {
+    std::unique_ptr<pool_connection> c;
+    ASSERT_EQ(pool_connection::connect(*be, 0, false, &c), ok) << last_error();
+    EXPECT_EQ(c->frame_count(), 32u);
+    EXPECT_EQ(c->frame_size(), 2u << 20);
+    EXPECT_TRUE(c->server_alive());
+    EXPECT_EQ(c->segment().frame_count(), 32u);
+  }
+  server->request_stop();
+  loop.join();
+  server.reset();
+  device_info after;
+  ASSERT_EQ(be->get_device_info(0, &after), ok);
+  EXPECT_EQ(after.free_bytes, before.free_bytes);
+}
+
+TEST_F(PoolServer, BadSizesAreRefusedByName) {
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  pool_server_options o;
+  o.be = be.get();
+  std::unique_ptr<pool_server> server;
+  ::setenv("VRAMSWAP_FRAME_SIZE", "3MiB", 1);
+  clear_error();
+  EXPECT_EQ(pool_server::start(o, &server), err_invalid_argument);
+  EXPECT_NE(std::string(last_error()).find("VRAMSWAP_FRAME_SIZE"), std::string::npos) << last_error();
+  ::setenv("VRAMSWAP_FRAME_SIZE", "2MiB", 1);
+  o.pool_size = "1TiB";
+  EXPECT_EQ(pool_server::start(o, &server), err_out_of_memory);
+  EXPECT_NE(std::string(last_error()).find("does not fit"), std::string::npos) << last_error();
+}
+
+}  // namespace
+}  // namespace vramswap
