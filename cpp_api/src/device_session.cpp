@@ -1,0 +1,169 @@
+#include "cpp_api/src/device_session.hpp"
+
+#include <chrono>
+#include <cinttypes>
+
+#include "core/log.hpp"
+#include "core/options.hpp"
+#include "core/status.hpp"
+#include "lock/futex.hpp"
+#include "swap/host_tier.hpp"
+#include "swap/tiered_store.hpp"
+
+namespace vramswap {
+
+namespace {
+constexpr uint64_t k_service_poll_ns = 50'000'000;  // the eviction thread also wakes this often
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int flag_option(option_id id, bool* out) {
+  uint64_t v = 0;
+  VS_TRY(option_uint(id, &v, 0, 1));
+  *out = v == 1;
+  return ok;
+}
+}  // namespace
+
+int device_session::open(int device, std::unique_ptr<device_session>* out) {
+  std::unique_ptr<device_session> s(new device_session());
+  VS_TRY(default_backend(&s->be_));
+  s->device_ = device;
+  VS_TRY(flag_option(option_id::eager_release, &s->eager_release_));
+  VS_TRY(flag_option(option_id::strict, &s->strict_));
+  uint64_t evict_timeout_s = 0;
+  VS_TRY(option_uint(option_id::evict_timeout, &evict_timeout_s, 1, 86400));
+
+  VS_TRY(pool_connection::connect(*s->be_, device, /*autostart=*/true, &s->conn_));
+  device_info info;
+  VS_TRY(s->be_->get_device_info(device, &info));
+  VS_TRY(add_context(device_lock::open(info.uuid, &s->lock_), "device %d: opening its lock: ", device));
+
+  pool_connection& conn = *s->conn_;
+  s->frames_ = std::make_unique<pool_frame_source>(conn.segment(), conn.member(), conn.frames(), evict_timeout_s * 1'000'000'000ull,
+                                                   [c = s->conn_.get()] { return c->server_alive(); });
+  // Saved pages: pinned host memory up to VRAMSWAP_HOST_LIMIT, then the swap file. Where no
+  // swap file can be made (a directory without O_DIRECT, say), keep them in host memory.
+  tiered_config tc;
+  tc.slot_size = conn.frame_size();
+  tc.label = "device " + std::to_string(device);
+  std::unique_ptr<tiered_store> tiered;
+  if (tiered_store::create(*s->be_, tc, &tiered) == ok) {
+    s->store_ = std::move(tiered);
+  } else {
+    log(log_level::warn, "device %d: no disk tier (%s); saved pages stay in host memory without a limit", device, last_error());
+    s->store_ = std::make_unique<host_tier>(*s->be_, conn.frame_size());
+  }
+  pager_config cfg;
+  cfg.frame_size = conn.frame_size();
+  cfg.start_resident = false;  // backed at acquire, from the pool
+  VS_TRY(pager::create(*s->be_, device, *s->store_, *s->frames_, cfg, &s->pager_));
+  s->server_ = std::thread([p = s.get()] { p->serve_evictions(); });
+  *out = std::move(s);
+  return ok;
+}
+
+device_session::~device_session() {
+  if (lock_.held()) {
+    depth_ = 1;
+    release();
+  }
+  stop_.store(true);
+  if (conn_) futex_wake_one(&conn_->segment().member(conn_->member()).requests);
+  if (server_.joinable()) server_.join();
+  pager_.reset();  // unmaps every page, zeroes and frees its frames in the pool
+  store_.reset();
+  frames_.reset();
+  conn_.reset();  // releases the imported frames; the server sees us leave
+}
+
+int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_info* info) {
+  const auto t0 = std::chrono::steady_clock::now();
+  acquire_info local;
+  if (info == nullptr) info = &local;
+  VS_TRY(lock_.acquire(priority, timeout_ns, info));
+  if (info->reentered) {
+    ++depth_;
+    return ok;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> guard(mutex_);
+  pool_layout::member_slot& me = conn_->segment().member(conn_->member());
+  me.holding.store(1);
+  frames_->reclaim_own();
+  const int rc = pager_->restore_all();
+  if (rc != ok) {
+    const std::string why = last_error();
+    pager_->set_not_resident();
+    frames_->release_own();
+    me.holding.store(0);
+    lock_.release();
+    return fail(rc, "acquire(device %d): bringing this process's memory in failed, the lock was released again: %s", device_,
+                why.c_str());
+  }
+  depth_ = 1;
+  ++stats_.acquires;
+  const auto t2 = std::chrono::steady_clock::now();
+  stats_.lock_wait_seconds += seconds_between(t0, t1);
+  stats_.acquire_seconds += seconds_between(t0, t2);
+  return ok;
+}
+
+int device_session::release() {
+  if (!lock_.held()) {
+    return fail(err_not_owner, "release(device %d): this thread does not hold the device lock (release without acquire, or one "
+                "release too many)", device_);
+  }
+  if (depth_ > 1) {
+    --depth_;
+    return lock_.release();
+  }
+  std::lock_guard<std::mutex> guard(mutex_);
+  // Our kernels must be done with the memory before anyone may take it.
+  int rc = add_context(be_->device_synchronize(device_), "release(device %d): synchronizing the device: ", device_);
+  if (rc == ok && (eager_release_ || strict_)) {
+    rc = pager_->evict_all();
+  } else {
+    pager_->set_not_resident();
+  }
+  std::string why = rc != ok ? last_error() : "";
+  frames_->release_own();
+  conn_->segment().member(conn_->member()).holding.store(0);
+  depth_ = 0;
+  const int unlock = lock_.release();
+  if (rc != ok) return fail(rc, "%s (the lock was released; memory not evicted stays where it was)", why.c_str());
+  return unlock;
+}
+
+void device_session::serve_evictions() {
+  pool_layout::member_slot& me = conn_->segment().member(conn_->member());
+  while (!stop_.load()) {
+    const uint32_t seen = me.requests.load(std::memory_order_acquire);
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      const std::vector<frame_id> wanted = frames_->requested_of_me();
+      if (!wanted.empty()) {
+        const pager_stats before = pager_->stats();
+        const int rc = pager_->evict_frames(wanted);
+        const pager_stats after = pager_->stats();
+        stats_.evictions_served += wanted.size();
+        me.evictions_served.fetch_add(wanted.size());
+        me.bytes_out.fetch_add(after.bytes_out - before.bytes_out);
+        if (rc != ok) log(log_level::error, "device %d: evicting %zu frame(s) another process asked for: %s", device_, wanted.size(), last_error());
+      }
+    }
+    if (stop_.load()) break;
+    futex_wait(&me.requests, seen, k_service_poll_ns);
+  }
+}
+
+session_stats device_session::stats() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  session_stats s = stats_;
+  s.pager = pager_->stats();
+  return s;
+}
+
+}  // namespace vramswap

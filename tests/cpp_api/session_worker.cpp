@@ -1,0 +1,97 @@
+// A time-sharing client for the multi-process tests: a real process with its own session.
+//
+// usage: session_worker <bytes> <rounds> <seed> [hold-ms]
+// Allocates <bytes> of device memory in four allocations (sizes that share pages and span
+// them), then for each round: acquire; check that every byte still holds what the previous
+// round wrote (random data from the seed); write new random data; hold the lock hold-ms
+// (compute time); release. Prints one summary line. Exit: 0 ok, 2 an API call failed,
+// 3 data differed (the message says where).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "core/status.hpp"
+#include "cpp_api/src/device_session.hpp"
+#include "support/random_bytes.hpp"
+
+using namespace vramswap;
+
+namespace {
+
+[[noreturn]] void die(int code, const char* what) {
+  std::fprintf(stderr, "session_worker[%d]: %s: %s\n", static_cast<int>(getpid()), what, last_error());
+  std::exit(code);
+}
+void check(int rc, const char* what) {
+  if (rc != ok) die(2, what);
+}
+
+struct block {
+  device_ptr ptr;
+  uint64_t size;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s <bytes> <rounds> <seed> [hold-ms]\n", argv[0]);
+    return 64;
+  }
+  const uint64_t bytes = std::strtoull(argv[1], nullptr, 10);
+  const int rounds = std::atoi(argv[2]);
+  const uint64_t seed = std::strtoull(argv[3], nullptr, 10);
+  const int hold_ms = argc > 4 ? std::atoi(argv[4]) : 0;
+
+  std::unique_ptr<device_session> session;
+  check(device_session::open(0, &session), "opening the session");
+  backend& be = session->get_backend();
+  // Allocated before the first acquire: backed only when the lock is taken.
+  std::vector<block> blocks;
+  for (uint64_t size : {bytes / 2, bytes / 3, bytes - bytes / 2 - bytes / 3 - 1000, uint64_t{1000}}) {
+    device_ptr p = 0;
+    check(session->memory().malloc(size, &p), "malloc");
+    blocks.push_back({p, size});
+  }
+  uint64_t largest = 0;
+  for (const block& b : blocks) largest = std::max(largest, b.size);
+  void* staging = nullptr;
+  check(be.host_alloc(largest, &staging), "host_alloc");
+  stream_id s = 0;
+  check(be.stream_create(0, &s), "stream_create");
+
+  for (int round = 1; round <= rounds; ++round) {
+    check(session->acquire(), "acquire");
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const block& b = blocks[i];
+      if (round > 1) {
+        check(be.copy_d2h(staging, b.ptr, b.size, s), "copy_d2h");
+        check(be.stream_synchronize(s), "sync");
+        const size_t bad = test::first_mismatch(staging, b.size, seed * 1000003 + (round - 1) * 101 + i);
+        if (bad != b.size) {
+          std::fprintf(stderr, "session_worker[%d]: round %d: byte %zu of block %zu (%llu bytes) differs from what round %d wrote\n",
+                       static_cast<int>(getpid()), round, bad, i, static_cast<unsigned long long>(b.size), round - 1);
+          return 3;
+        }
+      }
+      test::fill_random(staging, b.size, seed * 1000003 + round * 101 + i);
+      check(be.copy_h2d(b.ptr, staging, b.size, s), "copy_h2d");
+      check(be.stream_synchronize(s), "sync");
+    }
+    if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+    check(session->release(), "release");
+  }
+  const session_stats st = session->stats();
+  std::printf("session_worker[%d]: %d rounds ok; %llu bytes in, %llu out, %llu frames evicted for others\n", static_cast<int>(getpid()),
+              rounds, static_cast<unsigned long long>(st.pager.bytes_in), static_cast<unsigned long long>(st.pager.bytes_out),
+              static_cast<unsigned long long>(st.evictions_served));
+  check(be.stream_destroy(s), "stream_destroy");
+  check(be.host_free(staging), "host_free");
+  return 0;
+}

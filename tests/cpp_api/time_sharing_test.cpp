@@ -1,0 +1,232 @@
+// Time-sharing end to end, with real processes: session_worker clients take turns on one
+// device whose pool holds only one of them at a time, checking every byte after every
+// acquire; holders and evicting owners are killed with SIGKILL at the moments that matter,
+// watched through the pool segment; the survivors must finish with intact data, and no
+// frame may leak. Host backend (CI); scripts/device-run.sh runs the same with cuda.
+#include <dirent.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/options.hpp"
+#include "core/status.hpp"
+#include "lock/pool_segment.hpp"
+#include "lock/process_identity.hpp"
+#include "lock/shared_segment.hpp"
+
+extern char** environ;
+
+namespace vramswap {
+namespace {
+using namespace pool_layout;
+using clock_type = std::chrono::steady_clock;
+
+constexpr uint64_t MiB = 1ull << 20;
+
+class TimeSharing : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static int counter = 0;
+    prefix_ = "vst" + std::to_string(getpid()) + "x" + std::to_string(counter++) + "-";
+    char dir[] = "/tmp/vramswap-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    runtime_dir_ = dir;
+    option_set(option_id::shm_prefix, prefix_.c_str());
+    const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");  // device-run.sh sets cuda
+    backend_ = backend != nullptr ? backend : "host";
+    set("VRAMSWAP_BACKEND", backend_);
+    set("VRAMSWAP_SHM_PREFIX", prefix_);
+    set("VRAMSWAP_RUNTIME_DIR", runtime_dir_);
+    set("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY);
+    set("VRAMSWAP_HOST_DEVICE_MEMORY", "256MiB");
+    set("VRAMSWAP_FRAME_SIZE", "2MiB");
+    set("VRAMSWAP_POOL_SIZE", std::to_string(pool_bytes_));
+    set("VRAMSWAP_POOL_IDLE_EXIT", "5");
+    set("VRAMSWAP_LOG", "warn");
+    set("VRAMSWAP_SWAP_DIR", "/var/tmp");
+  }
+
+  void TearDown() override {
+    // The server was started on demand, detached: stop it through the pid it published.
+    std::unique_ptr<pool_segment> pool;
+    if (open_pool(&pool, 0)) {
+      const pid_t server = pool->header()->server_pid;
+      if (server > 0) ::kill(server, SIGTERM);
+      for (int i = 0; i < 200 && server > 0 && ::kill(server, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    pool.reset();
+    pool_segment::remove("host-0");
+    shared_segment::remove("host-0");
+    if (DIR* d = ::opendir(runtime_dir_.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        if (e->d_name[0] != '.') ::unlink((runtime_dir_ + "/" + e->d_name).c_str());
+      }
+      ::closedir(d);
+    }
+    ::rmdir(runtime_dir_.c_str());
+    option_set(option_id::shm_prefix, nullptr);
+  }
+
+  void set(const std::string& name, const std::string& value) { env_.push_back(name + "=" + value); }
+
+  pid_t spawn_worker(uint64_t bytes, int rounds, uint64_t seed, int hold_ms) {
+    std::vector<std::string> args = {VRAMSWAP_SESSION_WORKER, std::to_string(bytes), std::to_string(rounds), std::to_string(seed),
+                                     std::to_string(hold_ms)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> all;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, "VRAMSWAP_", 9) != 0) all.emplace_back(*e);
+    }
+    for (auto& e : env_) all.push_back(e);
+    std::vector<char*> envp;
+    for (auto& e : all) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_t pid = -1;
+    EXPECT_EQ(::posix_spawn(&pid, VRAMSWAP_SESSION_WORKER, nullptr, nullptr, argv.data(), envp.data()), 0);
+    return pid;
+  }
+
+  static int wait_status(pid_t pid) {
+    int status = 0;
+    EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+    return status;
+  }
+
+  // Map the pool segment once the server made it (waiting up to wait_ms).
+  bool open_pool(std::unique_ptr<pool_segment>* out, int wait_ms) {
+    std::string name;
+    if (pool_segment::name_for("host-0", &name) != ok) return false;
+    for (int waited = 0;; waited += 5) {
+      if (pool_segment::open(name, out) == ok) return true;
+      if (waited >= wait_ms) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  // Every frame free again (the server repairs dead members asynchronously).
+  void expect_no_frame_leaked(pool_segment& pool) {
+    uint32_t free_frames = 0;
+    for (int i = 0; i < 400; ++i) {
+      free_frames = pool.count(frame_free);
+      if (free_frames == pool.frame_count()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(free_frames, pool.frame_count()) << "frames still owned after every client exited";
+  }
+
+  uint32_t member_of(pool_segment& pool, pid_t pid) {
+    for (uint32_t m = 0; m < k_member_count; ++m) {
+      if (pool.member(m).state.load() == member_live && pool.member(m).pid == pid) return m;
+    }
+    return k_no_member;
+  }
+
+  std::string prefix_, runtime_dir_, backend_;
+  std::vector<std::string> env_;
+  uint64_t pool_bytes_ = 64 * MiB;
+};
+
+// Three processes, each holding more than half the pool, take turns many times.
+TEST_F(TimeSharing, ThreeProcessesOverHalfThePoolEachTakeTurnsWithEveryByteIntact) {
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 3; ++i) workers.push_back(spawn_worker(40 * MiB, 12, 100 + i, 1));
+  for (pid_t w : workers) {
+    const int status = wait_status(w);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "worker " << w << " status " << status;
+  }
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(open_pool(&pool, 1000));
+  EXPECT_EQ(pool->frame_count(), pool_bytes_ / (2 * MiB));
+  expect_no_frame_leaked(*pool);
+}
+
+// SIGKILL a worker while it holds the lock, at a random moment (often while its memory is
+// being brought in, or while it writes): the others finish, every byte checked.
+TEST_F(TimeSharing, KilledHolderLeavesTheOthersIntact) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 3; ++trial) {
+    std::vector<pid_t> workers;
+    for (int i = 0; i < 3; ++i) workers.push_back(spawn_worker(40 * MiB, 10, 200 + 10 * trial + i, 1));
+    std::unique_ptr<pool_segment> pool;
+    ASSERT_TRUE(open_pool(&pool, 10000)) << "no pool segment: did the server start?";
+    const pid_t victim = workers[trial % 3];
+    bool killed = false;
+    const auto deadline = clock_type::now() + std::chrono::seconds(20);
+    while (!killed && clock_type::now() < deadline) {
+      const uint32_t m = member_of(*pool, victim);
+      if (m != k_no_member && pool->member(m).holding.load() == 1) {
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+        killed = ::kill(victim, SIGKILL) == 0;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));  // leave the cores to the workers
+    }
+    ASSERT_TRUE(killed) << "the victim never held the lock";
+    for (pid_t w : workers) {
+      const int status = wait_status(w);
+      if (w == victim) {
+        EXPECT_TRUE(WIFSIGNALED(status) || WIFEXITED(status)) << status;
+      } else {
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "survivor " << w << " status " << status << " (trial " << trial << ")";
+      }
+    }
+    expect_no_frame_leaked(*pool);
+  }
+}
+
+// SIGKILL a worker the moment another asks it to evict frames: it dies in the middle of
+// its eviction; the server frees (and zeroes) its frames and the acquirer goes on.
+TEST_F(TimeSharing, OwnerKilledMidEvictionLeavesTheOthersIntact) {
+  for (int trial = 0; trial < 2; ++trial) {
+    std::vector<pid_t> workers;
+    for (int i = 0; i < 3; ++i) workers.push_back(spawn_worker(40 * MiB, 10, 300 + 10 * trial + i, 1));
+    std::unique_ptr<pool_segment> pool;
+    ASSERT_TRUE(open_pool(&pool, 10000));
+    const pid_t victim = workers[trial];
+    bool killed = false;
+    const auto deadline = clock_type::now() + std::chrono::seconds(20);
+    while (!killed && clock_type::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      const uint32_t m = member_of(*pool, victim);
+      if (m == k_no_member) continue;
+      for (uint32_t f = 0; f < pool->frame_count() && !killed; ++f) {
+        const frame_word w = frame_word::decode(pool->read(f));
+        if (w.state == frame_requested && w.owner == m) killed = ::kill(victim, SIGKILL) == 0;
+      }
+    }
+    ASSERT_TRUE(killed) << "no frame of the victim was ever requested";
+    for (pid_t w : workers) {
+      const int status = wait_status(w);
+      if (w != victim) {
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "survivor " << w << " status " << status << " (trial " << trial << ")";
+      }
+    }
+    expect_no_frame_leaked(*pool);
+  }
+}
+
+// Memory that does not fit the pool is refused clearly, and the lock is not kept.
+TEST_F(TimeSharing, MemoryLargerThanThePoolIsAClearError) {
+  const pid_t w = spawn_worker(80 * MiB, 1, 400, 0);
+  const int status = wait_status(w);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+  const pid_t ok_worker = spawn_worker(20 * MiB, 2, 401, 0);
+  const int status2 = wait_status(ok_worker);
+  EXPECT_TRUE(WIFEXITED(status2) && WEXITSTATUS(status2) == 0) << "the lock must not stay with the failed process";
+}
+
+}  // namespace
+}  // namespace vramswap
