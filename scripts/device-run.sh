@@ -3,9 +3,9 @@
 # (the cuda backend's included) and the benchmarks, with logs under $OUT.
 #
 #   here:   bash scripts/fetch-device-deps.sh            (once; fills .devdeps/)
-#   device: run(command="bash scripts/device-run.sh [tests] [bench]", carry=[".devdeps"])
+#   device: run(command="bash scripts/device-run.sh [tests] [bench[:name,name]]", carry=[".devdeps"])
 #
-# With no argument it does both. Exit status: that of the test suites. $OUT gets at most
+# With no argument it does both; bench:handoff,pager runs only bench_handoff and bench_pager. Exit status: that of the test suites. $OUT gets at most
 # 8 files (the device tool's limit): machine.txt, build.log, ctest.log, gpu-tests.log,
 # bench.err and one bench_<name>.md per benchmark.
 set -uo pipefail
@@ -62,6 +62,9 @@ if [[ $what == *tests* ]]; then
     echo "=== $(basename "$t") (cuda)" >>"$OUT/gpu-tests.log"
     "$t" --gtest_filter='*cuda*' >>"$OUT/gpu-tests.log" 2>&1 || status=1
   done
+  # The multi-process time-sharing suite again, on the cuda backend.
+  echo "=== time_sharing_test (cuda)" >>"$OUT/gpu-tests.log"
+  VRAMSWAP_TEST_BACKEND=cuda "$build/tests/cpp_api/time_sharing_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
   for t in "$build"/tests/gpu/*_test; do
     [[ -x $t ]] || continue
     echo "=== $(basename "$t")" >>"$OUT/gpu-tests.log"
@@ -70,9 +73,12 @@ if [[ $what == *tests* ]]; then
   grep -E "^===|\[  (PASSED|FAILED|SKIPPED) |\[ info" "$OUT/gpu-tests.log"
 fi
 if [[ $what == *bench* ]]; then
+  only=""
+  [[ $what =~ bench:([a-z_,]+) ]] && only=",${BASH_REMATCH[1]},"
   for b in "$build"/bench/*/bench_*; do
     [[ -x $b ]] || continue
     name=$(basename "$b")
+    [[ -z $only || $only == *",${name#bench_},"* ]] || continue
     echo "== $name"
     "$b" >"$OUT/$name.md" 2>>"$OUT/bench.err" || { echo "$name failed"; tail -5 "$OUT/bench.err"; status=1; }
     cat "$OUT/$name.md"
