@@ -182,7 +182,7 @@ class PoolServer : public ::testing::Test {
     }
     pool_segment::remove("host-0");
     device_lock::remove("host-0");
-    std::system(("rm -rf " + dir_).c_str());
+    if (std::system(("rm -rf " + dir_).c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
     for (const char* v : {"VRAMSWAP_RUNTIME_DIR", "VRAMSWAP_SHM_PREFIX", "VRAMSWAP_SERVER", "VRAMSWAP_POOL_IDLE_EXIT"}) ::unsetenv(v);
   }
 
