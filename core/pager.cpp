@@ -102,6 +102,7 @@ int pager::back_page(uint64_t page) {
   }
   table_[page].frame = f;
   table_[page].state = page_state::resident;
+  ++resident_pages_;
   return ok;
 }
 
@@ -117,6 +118,7 @@ int pager::unback_page(uint64_t page, page_state now, bool scrubbed) {
   const int rc = frames_.give_back(e.frame);
   e.frame = 0;
   e.state = now;
+  --resident_pages_;
   if (rc != ok) log(log_level::warn, "pager: giving back the frame of page %" PRIu64 " failed: %s", page, last_error());
   return ok;
 }
@@ -141,6 +143,7 @@ int pager::malloc(uint64_t size, device_ptr* out) {
   VS_TRY(arena_.allocate(size, &ptr, &fresh));
   // New bytes on a page make a kept copy of it stale.
   invalidate_saved_copies(arena_.pages_of(ptr, size));
+  for (const page_range& r : fresh) live_pages_ += r.count;
   if (resident_) {
     for (const page_range& r : fresh) {
       for (uint64_t p = r.first; p < r.first + r.count; ++p) {
@@ -150,6 +153,7 @@ int pager::malloc(uint64_t size, device_ptr* out) {
         const std::string why = last_error();
         for (uint64_t q = r.first; q < p; ++q) unback_page(q, page_state::unbacked);
         arena_.deallocate(ptr, nullptr);
+        for (const page_range& f : fresh) live_pages_ -= f.count;
         return fail(rc, "malloc(%" PRIu64 "): backing page %" PRIu64 " of the new allocation: %s", size, p - r.first, why.c_str());
       }
     }
@@ -163,6 +167,7 @@ int pager::free(device_ptr ptr) {
   std::vector<page_range> dead;
   VS_TRY(arena_.deallocate(ptr, &dead));
   for (const page_range& r : dead) {
+    live_pages_ -= r.count;
     for (uint64_t p = r.first; p < r.first + r.count; ++p) {
       if (table_[p].state == page_state::resident) unback_page(p, page_state::unbacked);
       drop_saved_copy(p);
@@ -310,9 +315,13 @@ int pager::restore_all() {
   std::vector<uint64_t> from_host;
   int failure = ok;
   std::string failure_detail;
-  size_t needed = 0;
-  for (uint64_t p = 0; p < table_.size(); ++p) {
-    needed += table_[p].state != page_state::resident && arena_.page_live_count(p) > 0;
+  // Every live page is resident exactly when the two counts agree (a resident page is
+  // always live: freeing the last allocation on a page unbacks it).
+  const size_t needed = live_pages_ - resident_pages_;
+  if (needed == 0) {
+    resident_ = true;
+    stats_.restore_seconds += since(t0);
+    return ok;
   }
   if (needed > 0) failure = frames_.prepare(device_, needed);
   struct in_flight {
@@ -395,7 +404,7 @@ pager_stats pager::stats() const {
   pager_stats s = stats_;
   s.allocated_bytes = arena_.allocator().bytes_allocated();
   s.allocations = arena_.allocator().allocation_count();
-  s.resident_bytes = table_.count(page_state::resident) * frame_size_;
+  s.resident_bytes = resident_pages_ * frame_size_;
   s.host_bytes = store_.bytes_held();
   return s;
 }
@@ -409,6 +418,12 @@ page_state pager::state_of(device_ptr ptr) const {
 int pager::check_invariants() const {
   std::lock_guard<std::mutex> lock(mutex_);
   VS_TRY(arena_.allocator().check_invariants());
+  uint64_t live_count = 0;
+  for (uint64_t p = 0; p < table_.size(); ++p) live_count += arena_.page_live_count(p) > 0;
+  if (live_count != live_pages_ || table_.count(page_state::resident) != resident_pages_) {
+    return fail(err_internal, "pager: counted %" PRIu64 " live / %" PRIu64 " resident pages, the table has %" PRIu64 " / %" PRIu64,
+                live_pages_, resident_pages_, live_count, table_.count(page_state::resident));
+  }
   for (uint64_t p = 0; p < table_.size(); ++p) {
     const page_entry& e = table_[p];
     const bool live = arena_.page_live_count(p) > 0;

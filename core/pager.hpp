@@ -120,6 +120,10 @@ class pager {
   arena arena_;
   page_table table_;
   bool resident_ = true;
+  // Counts kept with every change, so that an acquire with nothing to bring in, and stats(),
+  // cost O(1) instead of a walk over the page table (thousands of pages).
+  uint64_t live_pages_ = 0;      // pages some live allocation touches
+  uint64_t resident_pages_ = 0;  // pages mapped in a frame
   stream_id out_stream_ = 0;
   stream_id in_stream_ = 0;
   std::vector<event_id> events_;  // ring for eviction copies

@@ -88,9 +88,10 @@ int run_worker(uint64_t bytes, int rounds, int hold_ms) {
       check(s->get_backend().stream_synchronize(st), "fill sync");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
-    std::printf("release %" PRIu64 "\n", monotonic_ns());
-    std::fflush(stdout);
+    const uint64_t released = monotonic_ns();  // "release called": printed after, so printing is not timed
     check(s->release(), "release");
+    std::printf("release %" PRIu64 "\n", released);
+    std::fflush(stdout);
   }
   check(s->get_backend().stream_destroy(st), "stream");
   return 0;

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "lock/pool_segment.hpp"
@@ -46,6 +47,12 @@ class TimeSharing : public ::testing::Test {
     option_set(option_id::shm_prefix, prefix_.c_str());
     const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");  // device-run.sh sets cuda
     backend_ = backend != nullptr ? backend : "host";
+    // The pool and lock are named by the device's key: "host-0", or the GPU's UUID.
+    std::unique_ptr<vramswap::backend> made;
+    ASSERT_EQ(make_backend(backend_ == "cuda" ? backend_kind::cuda : backend_kind::host, &made), ok) << last_error();
+    device_info info;
+    ASSERT_EQ(made->get_device_info(0, &info), ok);
+    key_ = info.uuid;
     set("VRAMSWAP_BACKEND", backend_);
     set("VRAMSWAP_SHM_PREFIX", prefix_);
     set("VRAMSWAP_RUNTIME_DIR", runtime_dir_);
@@ -67,8 +74,8 @@ class TimeSharing : public ::testing::Test {
       for (int i = 0; i < 200 && server > 0 && ::kill(server, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     pool.reset();
-    pool_segment::remove("host-0");
-    shared_segment::remove("host-0");
+    pool_segment::remove(key_);
+    shared_segment::remove(key_);
     if (DIR* d = ::opendir(runtime_dir_.c_str())) {
       while (dirent* e = ::readdir(d)) {
         if (e->d_name[0] != '.') ::unlink((runtime_dir_ + "/" + e->d_name).c_str());
@@ -109,7 +116,7 @@ class TimeSharing : public ::testing::Test {
   // Map the pool segment once the server made it (waiting up to wait_ms).
   bool open_pool(std::unique_ptr<pool_segment>* out, int wait_ms) {
     std::string name;
-    if (pool_segment::name_for("host-0", &name) != ok) return false;
+    if (pool_segment::name_for(key_, &name) != ok) return false;
     for (int waited = 0;; waited += 5) {
       if (pool_segment::open(name, out) == ok) return true;
       if (waited >= wait_ms) return false;
@@ -135,7 +142,7 @@ class TimeSharing : public ::testing::Test {
     return k_no_member;
   }
 
-  std::string prefix_, runtime_dir_, backend_;
+  std::string prefix_, runtime_dir_, backend_, key_;
   std::vector<std::string> env_;
   uint64_t pool_bytes_ = 64 * MiB;
 };
