@@ -81,8 +81,9 @@ int run_worker(uint64_t bytes, int rounds, int hold_ms) {
   for (int r = 0; r < rounds; ++r) {
     check(s->acquire(), "acquire");
     const uint64_t acquired = monotonic_ns();
-    const pager_stats ps = s->memory().stats();
-    std::printf("acquired %" PRIu64 " in %" PRIu64 " out %" PRIu64 "\n", acquired, ps.bytes_in, ps.bytes_out);
+    const session_stats ss = s->stats();
+    std::printf("acquired %" PRIu64 " in %" PRIu64 " out %" PRIu64 " granted %" PRIu64 "\n", acquired, ss.pager.bytes_in,
+                ss.pager.bytes_out, ss.last_lock_granted_ns);
     if (r == 0) {  // first touch: real data, never zeros
       check(s->get_backend().memset_d8(p, 0x5A, bytes, st), "fill");
       check(s->get_backend().stream_synchronize(st), "fill sync");
@@ -90,7 +91,7 @@ int run_worker(uint64_t bytes, int rounds, int hold_ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
     const uint64_t released = monotonic_ns();  // "release called": printed after, so printing is not timed
     check(s->release(), "release");
-    std::printf("release %" PRIu64 "\n", released);
+    std::printf("release %" PRIu64 " unlock %" PRIu64 "\n", released, s->stats().last_unlock_ns);
     std::fflush(stdout);
   }
   check(s->get_backend().stream_destroy(st), "stream");
@@ -131,6 +132,7 @@ struct event {
   int who;
   bool acquire;
   uint64_t bytes_in, bytes_out;
+  uint64_t stage_ns;  // acquire: when the lock was granted; release: when it was handed on
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -141,7 +143,14 @@ double percentile(std::vector<double> v, double q) {
 
 // One run: two workers of `bytes` each on a pool of `pool_bytes`; returns the counted
 // handoff times (seconds) and the bytes moved in by each counted acquire.
-void run_pair(uint64_t bytes, uint64_t pool_bytes, int rounds, int hold_ms, std::vector<double>* handoffs, std::vector<double>* moved) {
+// The stages of the counted handoffs (seconds): the releaser's work up to handing the lock
+// on, the lock's handoff, and the acquirer's work once granted.
+struct stages {
+  std::vector<double> release_work, lock_handoff, acquire_work;
+};
+
+void run_pair(uint64_t bytes, uint64_t pool_bytes, int rounds, int hold_ms, std::vector<double>* handoffs, std::vector<double>* moved,
+              stages* st) {
   static int run = 0;
   char dir[] = "/tmp/vramswap-bench-XXXXXX";
   if (::mkdtemp(dir) == nullptr) check(fail_errno(errno, "mkdtemp"), "runtime dir");
@@ -156,7 +165,8 @@ void run_pair(uint64_t bytes, uint64_t pool_bytes, int rounds, int hold_ms, std:
   std::vector<event> events;
   if (std::fgets(line, sizeof line, a.out) == nullptr) check(fail(err_system, "worker A produced nothing"), "worker");
   event e0{};
-  std::sscanf(line, "acquired %" SCNu64 " in %" SCNu64 " out %" SCNu64, &e0.ns, &e0.bytes_in, &e0.bytes_out);
+  std::sscanf(line, "acquired %" SCNu64 " in %" SCNu64 " out %" SCNu64 " granted %" SCNu64, &e0.ns, &e0.bytes_in, &e0.bytes_out,
+              &e0.stage_ns);
   e0.who = 0;
   e0.acquire = true;
   events.push_back(e0);
@@ -166,9 +176,10 @@ void run_pair(uint64_t bytes, uint64_t pool_bytes, int rounds, int hold_ms, std:
     while (std::fgets(l, sizeof l, f) != nullptr) {
       event e{};
       e.who = who;
-      if (std::sscanf(l, "acquired %" SCNu64 " in %" SCNu64 " out %" SCNu64, &e.ns, &e.bytes_in, &e.bytes_out) == 3) {
+      if (std::sscanf(l, "acquired %" SCNu64 " in %" SCNu64 " out %" SCNu64 " granted %" SCNu64, &e.ns, &e.bytes_in, &e.bytes_out,
+                      &e.stage_ns) == 4) {
         e.acquire = true;
-      } else if (std::sscanf(l, "release %" SCNu64, &e.ns) == 1) {
+      } else if (std::sscanf(l, "release %" SCNu64 " unlock %" SCNu64, &e.ns, &e.stage_ns) == 2) {
         e.acquire = false;
       } else {
         continue;
@@ -202,6 +213,9 @@ void run_pair(uint64_t bytes, uint64_t pool_bytes, int rounds, int hold_ms, std:
     if (++counted <= 2) continue;  // tiers growing, first touch
     handoffs->push_back((e.ns - prev.ns) / 1e9);
     moved->push_back(static_cast<double>(in_delta));
+    st->release_work.push_back((prev.stage_ns - prev.ns) / 1e9);
+    st->lock_handoff.push_back((static_cast<double>(e.stage_ns) - static_cast<double>(prev.stage_ns)) / 1e9);
+    st->acquire_work.push_back((e.ns - e.stage_ns) / 1e9);
   }
   const std::string rm = std::string("rm -rf ") + dir;
   // The server exits by itself after VRAMSWAP_POOL_IDLE_EXIT; wait for it so that the next
@@ -350,24 +364,30 @@ int main(int argc, char** argv) {
   std::printf("# bench_handoff: %s backend, %s\n\n", be->name(), info.name.c_str());
   const double rate = pinned_one_way_rate(*be, static_cast<uint64_t>(sizes.front() * GiB));
   std::printf("pinned one-way copy (device to host, same run): %.1f GB/s\n\n", rate / 1e9);
-  std::printf("| memory per process | pool | handoffs | ideal X/rate | handoff p50 | p90 | ratio p50/ideal | bytes in per handoff |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("| memory per process | pool | handoffs | ideal X/rate | handoff p50 | p90 | ratio p50/ideal | bytes in per handoff | p50 stages: release / lock / acquire |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (double x : sizes) {
     const uint64_t bytes = static_cast<uint64_t>(x * GiB);
     std::vector<double> h, moved;
+    stages st;
     const uint64_t pool = bytes + std::min<uint64_t>(GiB, bytes / 4);  // holds one, not two
-    run_pair(bytes, pool, rounds, 300, &h, &moved);
+    run_pair(bytes, pool, rounds, 300, &h, &moved, &st);
     const double ideal = bytes / rate;
-    std::printf("| %g GiB | %.3g GiB | %zu | %.3f s | %.3f s | %.3f s | %.2f | %.1f GiB |\n", x, pool / double(GiB), h.size(), ideal, percentile(h, 0.5),
-                percentile(h, 0.9), percentile(h, 0.5) / ideal, percentile(moved, 0.5) / GiB);
+    std::printf("| %g GiB | %.3g GiB | %zu | %.3f s | %.3f s | %.3f s | %.2f | %.1f GiB | %.3f / %.6f / %.3f s |\n", x, pool / double(GiB), h.size(), ideal, percentile(h, 0.5),
+                percentile(h, 0.9), percentile(h, 0.5) / ideal, percentile(moved, 0.5) / GiB, percentile(st.release_work, 0.5),
+                percentile(st.lock_handoff, 0.5), percentile(st.acquire_work, 0.5));
     std::fflush(stdout);
   }
   if (fit > 0) {
     const uint64_t bytes = static_cast<uint64_t>(fit * GiB);
     std::vector<double> h, moved;
-    run_pair(bytes, 3 * bytes, std::max(rounds, 40), 20, &h, &moved);
-    std::printf("\nBoth fit (%g GiB each, pool %g GiB): %zu handoffs, p50 %.1f us, p90 %.1f us, max bytes moved %.0f\n", fit, 3 * fit,
-                h.size(), percentile(h, 0.5) * 1e6, percentile(h, 0.9) * 1e6, moved.empty() ? 0.0 : *std::max_element(moved.begin(), moved.end()));
+    stages st;
+    run_pair(bytes, 3 * bytes, std::max(rounds, 40), 20, &h, &moved, &st);
+    std::printf("\nBoth fit (%g GiB each, pool %g GiB): %zu handoffs, p50 %.1f us, p90 %.1f us, max bytes moved %.0f; "
+                "p50 stages: release %.1f us, lock %.1f us, acquire %.1f us\n",
+                fit, 3 * fit, h.size(), percentile(h, 0.5) * 1e6, percentile(h, 0.9) * 1e6,
+                moved.empty() ? 0.0 : *std::max_element(moved.begin(), moved.end()), percentile(st.release_work, 0.5) * 1e6,
+                percentile(st.lock_handoff, 0.5) * 1e6, percentile(st.acquire_work, 0.5) * 1e6);
   }
 #ifdef VRAMSWAP_HAVE_CUDA_H
   if (gpu) {

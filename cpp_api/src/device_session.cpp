@@ -7,6 +7,7 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "lock/futex.hpp"
+#include "lock/process_identity.hpp"
 #include "swap/host_tier.hpp"
 #include "swap/tiered_store.hpp"
 
@@ -89,6 +90,7 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
     return ok;
   }
   const auto t1 = std::chrono::steady_clock::now();
+  const uint64_t granted_ns = monotonic_ns();
   std::lock_guard<std::mutex> guard(mutex_);
   pool_layout::member_slot& me = conn_->segment().member(conn_->member());
   me.holding.store(1);
@@ -105,6 +107,8 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
   }
   depth_ = 1;
   ++stats_.acquires;
+  stats_.last_lock_granted_ns = granted_ns;
+  stats_.last_resident_ns = monotonic_ns();
   const auto t2 = std::chrono::steady_clock::now();
   stats_.lock_wait_seconds += seconds_between(t0, t1);
   stats_.acquire_seconds += seconds_between(t0, t2);
@@ -120,6 +124,7 @@ int device_session::release() {
     --depth_;
     return lock_.release();
   }
+  const uint64_t called_ns = monotonic_ns();
   std::lock_guard<std::mutex> guard(mutex_);
   // Our kernels must be done with the memory before anyone may take it.
   int rc = add_context(be_->device_synchronize(device_), "release(device %d): synchronizing the device: ", device_);
@@ -132,6 +137,8 @@ int device_session::release() {
   frames_->release_own();
   conn_->segment().member(conn_->member()).holding.store(0);
   depth_ = 0;
+  stats_.last_release_call_ns = called_ns;
+  stats_.last_unlock_ns = monotonic_ns();
   const int unlock = lock_.release();
   if (rc != ok) return fail(rc, "%s (the lock was released; memory not evicted stays where it was)", why.c_str());
   return unlock;

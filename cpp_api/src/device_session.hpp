@@ -42,6 +42,11 @@ struct session_stats {
   uint64_t evictions_served = 0;  // frames evicted for other processes
   double acquire_seconds = 0;     // total time from acquire() call to return, lock wait included
   double lock_wait_seconds = 0;   // of which waiting for the lock
+  // CLOCK_MONOTONIC instants of the last switch, to split a handoff into its stages:
+  uint64_t last_release_call_ns = 0;   // release() entered
+  uint64_t last_unlock_ns = 0;         // release() about to hand the lock on
+  uint64_t last_lock_granted_ns = 0;   // acquire(): the lock was ours
+  uint64_t last_resident_ns = 0;       // acquire(): memory resident, about to return
 };
 
 class device_session {
