@@ -29,6 +29,19 @@ int pool_segment::remove(const std::string& device_key) noexcept {
   return ok;
 }
 
+int pool_segment::adopt(void* base, size_t size, const std::string& name, std::unique_ptr<pool_segment>* out) noexcept {
+  std::unique_ptr<pool_segment> seg(new (std::nothrow) pool_segment());
+  if (!seg) {
+    ::munmap(base, size);
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+  seg->base_ = base;
+  seg->size_ = size;
+  seg->name_ = name;
+  *out = std::move(seg);
+  return ok;
+}
+
 int pool_segment::create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, pid_t server_pid,
                          uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept {
   std::string name;
@@ -68,16 +81,7 @@ int pool_segment::create(const std::string& device_key, uint32_t frame_count, ui
     frames[i].word.store(frame_word{frame_free, k_no_member, k_no_member, 0}.encode(), std::memory_order_relaxed);
   }
   h->magic.store(k_magic, std::memory_order_release);  // published last
-  std::unique_ptr<pool_segment> seg(new (std::nothrow) pool_segment());
-  if (!seg) {
-    ::munmap(base, size);
-    return fail(err_out_of_memory, "pool: out of host memory");
-  }
-  seg->base_ = base;
-  seg->size_ = size;
-  seg->name_ = name;
-  *out = std::move(seg);
-  return ok;
+  return adopt(base, size, name, out);
 }
 
 int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* out) noexcept {
@@ -109,16 +113,7 @@ int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* o
     ::munmap(base, size);
     return rc;
   }
-  std::unique_ptr<pool_segment> seg(new (std::nothrow) pool_segment());
-  if (!seg) {
-    ::munmap(base, size);
-    return fail(err_out_of_memory, "pool: out of host memory");
-  }
-  seg->base_ = base;
-  seg->size_ = size;
-  seg->name_ = name;
-  *out = std::move(seg);
-  return ok;
+  return adopt(base, size, name, out);
 }
 
 pool_segment::~pool_segment() {

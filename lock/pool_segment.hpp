@@ -60,6 +60,8 @@ class pool_segment {
 
  private:
   pool_segment() = default;
+  // Wrap a mapping of `size` bytes as a pool_segment (unmapping it if that fails).
+  static int adopt(void* base, size_t size, const std::string& name, std::unique_ptr<pool_segment>* out) noexcept;
   void* base_ = nullptr;
   size_t size_ = 0;
   std::string name_;

@@ -25,41 +25,31 @@
 #include <vector>
 
 #include "core/pager.hpp"
+#include "bench/support/bench_util.hpp"
 #include "core/status.hpp"
 #include "swap/host_tier.hpp"
 
 using namespace vramswap;
+using bench::check;
+using bench::parse_list;
 
 namespace {
 
 constexpr uint64_t MiB = 1ull << 20;
 constexpr uint64_t GiB = 1ull << 30;
 
-void check(int rc, const char* what) {
-  if (rc == ok) return;
-  std::fprintf(stderr, "bench_pager: %s: %s: %s\n", what, status_name(rc), last_error());
-  std::exit(1);
-}
 
-std::vector<double> parse_list(const char* text) {
-  std::vector<double> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::atof(item.c_str()));
-  return out;
-}
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Plain copies of `size` bytes between `dev` and the pinned `host` buffer (reused cyclically).
 double timed_copies(backend& be, stream_id s, device_ptr dev, void* host, uint64_t host_size, uint64_t size, bool to_host) {
-  const double t0 = now();
+  const double t0 = bench::seconds_now();
   for (uint64_t off = 0; off < size; off += host_size) {
     const uint64_t n = std::min(host_size, size - off);
     check(to_host ? be.copy_d2h(host, dev + off, n, s) : be.copy_h2d(dev + off, host, n, s), "baseline copy");
   }
   check(be.stream_synchronize(s), "baseline sync");
-  return now() - t0;
+  return bench::seconds_now() - t0;
 }
 
 }  // namespace
@@ -94,9 +84,9 @@ int main(int argc, char** argv) {
   for (double fm : frames_mib) {
     const uint64_t frame = static_cast<uint64_t>(fm * MiB);
     auto tier = std::make_unique<host_tier>(*be, frame, std::max<uint64_t>(1, GiB / frame));
-    const double tp = now();
+    const double tp = bench::seconds_now();
     check(tier->reserve(largest), "growing the host tier");
-    const double pin_s = now() - tp;
+    const double pin_s = bench::seconds_now() - tp;
     char line[160];
     std::snprintf(line, sizeof line, "frame %g MiB: host tier of %.1f GiB faulted in and pinned in %.2f s (%.1f GB/s)", fm,
                   tier->bytes_pinned() / double(GiB), pin_s, tier->bytes_pinned() / pin_s / 1e9);

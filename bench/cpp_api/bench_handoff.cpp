@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "bench/support/bench_util.hpp"
 #include "core/status.hpp"
 #include "cpp_api/src/device_session.hpp"
 #include "lock/process_identity.hpp"
@@ -51,24 +52,14 @@
 
 extern char** environ;
 using namespace vramswap;
+using bench::check;
+using bench::parse_list;
 
 namespace {
 
 constexpr uint64_t GiB = 1ull << 30;
 
-void check(int rc, const char* what) {
-  if (rc == ok) return;
-  std::fprintf(stderr, "bench_handoff[%d]: %s: %s: %s\n", static_cast<int>(getpid()), what, status_name(rc), last_error());
-  std::exit(1);
-}
 
-std::vector<double> parse_list(const char* text) {
-  std::vector<double> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::atof(item.c_str()));
-  return out;
-}
 
 // --- worker: acquire, hold, release; one line per event on stdout ------------------------
 int run_worker(uint64_t bytes, int rounds, int hold_ms) {

@@ -1,0 +1,34 @@
+// Small helpers shared by the benchmarks.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/status.hpp"
+
+namespace vramswap::bench {
+
+// Exit with the status and detail when `rc` is an error: a benchmark that cannot measure
+// what it set out to must not print a number.
+inline void check(int rc, const char* what) {
+  if (rc == ok) return;
+  std::fprintf(stderr, "benchmark: %s: %s: %s\n", what, status_name(rc), last_error());
+  std::exit(1);
+}
+
+// "1,8,32" -> {1, 8, 32}
+inline std::vector<double> parse_list(const char* text) {
+  std::vector<double> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::atof(item.c_str()));
+  return out;
+}
+
+inline double seconds_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+}  // namespace vramswap::bench
