@@ -31,12 +31,13 @@ std::atomic<pid_t> g_owner_pid{0};  // the process that opened the first session
 thread_local std::vector<uint32_t> t_held;
 
 void close_all() {
-  std::lock_guard<std::mutex> guard(g_mutex);
   if (forked_child()) {
-    // The copies of the sessions in a forked child have no threads to join: leave them.
+    // The copies of the sessions in a forked child have no threads to join (and g_mutex may
+    // have been held by a thread that does not exist here): leave them.
     for (auto& d : g_devices) (void)d.release();
     return;
   }
+  std::lock_guard<std::mutex> guard(g_mutex);
   g_devices.clear();  // releases a lock the exiting thread holds, leaves the pool
 }
 
@@ -74,10 +75,10 @@ int state_for(const char* fn, int device, device_state** out) {
   if (g_devices.size() <= static_cast<size_t>(device)) g_devices.resize(device + 1);
   if (!g_devices[device]) g_devices[device] = std::make_unique<device_state>();
   g_devices[device]->session = std::move(s);
-  if (g_owner_pid.exchange(::getpid()) == 0) {
-    // After default_backend() made the backend, so this runs before the backend's destructor.
-    std::atexit(close_all);
-  }
+  g_owner_pid.store(::getpid());
+  // After default_backend() made the backend, so this runs before the backend's destructor.
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] { std::atexit(close_all); });
   *out = g_devices[device].get();
   return ok;
 }
@@ -88,6 +89,14 @@ uint32_t& held_slot(int device) {
 }
 
 }  // namespace
+
+void reset() noexcept {
+  if (forked_child()) return;
+  std::lock_guard<std::mutex> guard(g_mutex);
+  g_devices.clear();
+  t_held.clear();
+  g_owner_pid.store(0);
+}
 
 bool forked_child() noexcept {
   const pid_t owner = g_owner_pid.load();

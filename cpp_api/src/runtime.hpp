@@ -40,6 +40,10 @@ int stats(int device, vramswap_stats_t* out) noexcept;
 int copy_to_device(int device, uintptr_t dst, const void* src, size_t size) noexcept;
 int copy_from_device(int device, void* dst, uintptr_t src, size_t size) noexcept;
 
+// Close every session of this process (tests: each test gets its own pool server and
+// segments; the runtime is process-wide). Locks this process holds are released.
+void reset() noexcept;
+
 // True in a process forked after this one's first session was opened.
 bool forked_child() noexcept;
 
