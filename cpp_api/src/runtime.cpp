@@ -1,18 +1,23 @@
 #include "cpp_api/src/runtime.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/log.hpp"
 #include "core/status.hpp"
 #include "cpp_api/src/device_session.hpp"
+#include "lock/pool_segment.hpp"
+#include "lock/shared_segment.hpp"
 
 namespace vramswap::rt {
 namespace {
@@ -96,6 +101,29 @@ void reset() noexcept {
   g_devices.clear();
   t_held.clear();
   g_owner_pid.store(0);
+}
+
+int stop_pool_server(int device) noexcept {
+  try {
+    backend* be = nullptr;
+    VS_TRY(default_backend(&be));
+    device_info info;
+    VS_TRY(be->get_device_info(device, &info));
+    std::string name;
+    std::unique_ptr<pool_segment> pool;
+    if (pool_segment::name_for(info.uuid, &name) == ok && pool_segment::open(name, &pool) == ok) {
+      const pid_t server = pool->header()->server_pid;
+      if (server > 0 && ::kill(server, SIGTERM) == 0) {
+        for (int i = 0; i < 200 && ::kill(server, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    pool.reset();
+    pool_segment::remove(info.uuid);
+    shared_segment::remove(info.uuid);
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "stop_pool_server: out of host memory");
+  }
 }
 
 bool forked_child() noexcept {

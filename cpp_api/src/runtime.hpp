@@ -44,6 +44,10 @@ int copy_from_device(int device, void* dst, uintptr_t src, size_t size) noexcept
 // segments; the runtime is process-wide). Locks this process holds are released.
 void reset() noexcept;
 
+// Tests: stop `device`'s pool server (SIGTERM to the pid in its pool segment, waiting up to
+// 2 s for it to exit) and remove the device's segment names. Call after reset().
+int stop_pool_server(int device) noexcept;
+
 // True in a process forked after this one's first session was opened.
 bool forked_child() noexcept;
 

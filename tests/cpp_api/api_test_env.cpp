@@ -1,18 +1,12 @@
 #include "cpp_api/api_test_env.hpp"
 
 #include <dirent.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <memory>
 #include <stdexcept>
-#include <thread>
 
 #include "cpp_api/src/runtime.hpp"
-#include "lock/pool_segment.hpp"
-#include "lock/shared_segment.hpp"
 
 namespace vramswap::test {
 
@@ -41,19 +35,7 @@ void api_test_env::end() {
   if (ended_) return;
   ended_ = true;
   rt::reset();
-  for (int d = 0; d < devices_; ++d) {
-    const std::string key = "host-" + std::to_string(d);
-    std::string name;
-    std::unique_ptr<pool_segment> pool;
-    if (pool_segment::name_for(key, &name) == 0 && pool_segment::open(name, &pool) == 0) {
-      const pid_t server = pool->header()->server_pid;
-      if (server > 0) ::kill(server, SIGTERM);
-      for (int i = 0; i < 200 && server > 0 && ::kill(server, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    pool.reset();
-    pool_segment::remove(key);
-    shared_segment::remove(key);
-  }
+  for (int d = 0; d < devices_; ++d) rt::stop_pool_server(d);
   if (DIR* dir = ::opendir(runtime_dir_.c_str())) {
     while (dirent* e = ::readdir(dir)) {
       if (e->d_name[0] != '.') ::unlink((runtime_dir_ + "/" + e->d_name).c_str());
