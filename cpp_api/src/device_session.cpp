@@ -170,6 +170,7 @@ session_stats device_session::stats() const {
   std::lock_guard<std::mutex> guard(mutex_);
   session_stats s = stats_;
   s.pager = pager_->stats();
+  s.disk_bytes = store_->bytes_on_disk();
   return s;
 }
 

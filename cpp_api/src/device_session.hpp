@@ -38,6 +38,7 @@ namespace vramswap {
 
 struct session_stats {
   pager_stats pager;
+  uint64_t disk_bytes = 0;        // of pager.host_bytes, those whose only copy is in the swap file
   uint64_t acquires = 0;
   uint64_t evictions_served = 0;  // frames evicted for other processes
   double acquire_seconds = 0;     // total time from acquire() call to return, lock wait included

@@ -1,0 +1,139 @@
+// The public C++ API (vramswap/vramswap.hpp) over the runtime: gpu_lock and memory.
+#include <unistd.h>
+
+#include <utility>
+
+#include "core/log.hpp"
+#include "core/status.hpp"
+#include "cpp_api/src/runtime.hpp"
+#include "vramswap/vramswap.hpp"
+
+namespace vramswap {
+
+namespace {
+[[noreturn]] void throw_last(int code) { throw_error(code, last_error()); }
+}  // namespace
+
+// --- gpu_lock ------------------------------------------------------------------------------
+
+gpu_lock::gpu_lock(int device, priority p) : device_(device), priority_(p) { acquire(-1); }
+
+gpu_lock::gpu_lock(int device, std::chrono::nanoseconds timeout_, priority p) : device_(device), priority_(p) {
+  const int64_t ns = timeout_.count() > 0 ? timeout_.count() : 0;
+  if (!acquire(ns)) {
+    const std::string why = last_error();
+    throw timeout(err_timeout, "gpu_lock(device " + std::to_string(device) + "): not acquired within " +
+                                   std::to_string(ns / 1000000.0) + " ms: " + why);
+  }
+}
+
+gpu_lock::gpu_lock(int device, std::try_to_lock_t, priority p) : device_(device), priority_(p) { acquire(0); }
+
+gpu_lock::gpu_lock(int device, std::defer_lock_t, priority p) noexcept : device_(device), priority_(p) {}
+
+gpu_lock::~gpu_lock() {
+  if (!owned_) return;
+  if (owner_pid_ != ::getpid()) {
+    log(log_level::warn, "~gpu_lock(device %d): destroyed in a forked child; the lock is the parent's, nothing released",
+        device_);
+    return;
+  }
+  const int rc = rt::unlock(device_);
+  if (rc != ok) log(log_level::error, "~gpu_lock(device %d): %s", device_, last_error());
+}
+
+gpu_lock::gpu_lock(gpu_lock&& other) noexcept
+    : device_(other.device_),
+      priority_(other.priority_),
+      owned_(std::exchange(other.owned_, false)),
+      previous_holder_died_(other.previous_holder_died_),
+      owner_pid_(other.owner_pid_) {}
+
+gpu_lock& gpu_lock::operator=(gpu_lock&& other) noexcept {
+  if (this != &other) {
+    gpu_lock old(std::move(*this));  // releases what *this owned
+    device_ = other.device_;
+    priority_ = other.priority_;
+    owned_ = std::exchange(other.owned_, false);
+    previous_holder_died_ = other.previous_holder_died_;
+    owner_pid_ = other.owner_pid_;
+  }
+  return *this;
+}
+
+bool gpu_lock::acquire(int64_t timeout_ns) {
+  if (owned_) {
+    throw invalid_argument(err_invalid_argument, "gpu_lock::lock(device " + std::to_string(device_) +
+                                                     "): this guard already owns the lock (to re-enter, use a second guard)");
+  }
+  bool died = false;
+  const int rc = rt::lock(device_, static_cast<uint32_t>(priority_), timeout_ns, &died);
+  if (rc == ok) {
+    owned_ = true;
+    owner_pid_ = ::getpid();
+    previous_holder_died_ = died;
+    return true;
+  }
+  if (timeout_ns >= 0 && (rc == err_busy || rc == err_timeout)) return false;
+  throw_last(rc);
+}
+
+void gpu_lock::lock() { acquire(-1); }
+bool gpu_lock::try_lock() { return acquire(0); }
+bool gpu_lock::try_lock_for(std::chrono::nanoseconds t) { return acquire(t.count() > 0 ? t.count() : 0); }
+
+void gpu_lock::unlock() {
+  if (!owned_) {
+    throw error(err_not_owner, "gpu_lock::unlock(device " + std::to_string(device_) + "): this guard does not own the lock");
+  }
+  const int rc = rt::unlock(device_);
+  if (rc == ok) {
+    owned_ = false;
+    return;
+  }
+  // Nothing changed when the caller was the wrong thread or process; otherwise the lock was
+  // handed on despite the error (the device could not be synchronized).
+  if (rc != err_not_owner && rc != err_unavailable) owned_ = false;
+  throw_last(rc);
+}
+
+bool gpu_lock::release() noexcept { return std::exchange(owned_, false); }
+
+// --- memory --------------------------------------------------------------------------------
+
+void* malloc(size_t size, int device) {
+  uintptr_t p = 0;
+  if (const int rc = rt::malloc(device, size, &p); rc != ok) throw_last(rc);
+  return reinterpret_cast<void*>(p);
+}
+
+void free(void* ptr, int device) {
+  if (const int rc = rt::free(device, reinterpret_cast<uintptr_t>(ptr)); rc != ok) throw_last(rc);
+}
+
+void advise(void* ptr, size_t size, advice a, int device) {
+  if (const int rc = rt::advise(device, reinterpret_cast<uintptr_t>(ptr), size, static_cast<uint8_t>(a)); rc != ok) throw_last(rc);
+}
+
+stats get_stats(int device) {
+  vramswap_stats_t s;
+  if (const int rc = rt::stats(device, &s); rc != ok) throw_last(rc);
+  stats r;
+  r.allocated_bytes = s.allocated_bytes;
+  r.allocations = s.allocations;
+  r.resident_bytes = s.resident_bytes;
+  r.host_bytes = s.host_bytes;
+  r.disk_bytes = s.disk_bytes;
+  r.bytes_in = s.bytes_in;
+  r.bytes_out = s.bytes_out;
+  r.acquires = s.acquires;
+  r.evictions_served = s.evictions_served;
+  r.lock_holder_deaths = s.lock_holder_deaths;
+  r.acquire_seconds = s.acquire_seconds;
+  r.lock_wait_seconds = s.lock_wait_seconds;
+  r.evict_seconds = s.evict_seconds;
+  r.restore_seconds = s.restore_seconds;
+  return r;
+}
+
+}  // namespace vramswap

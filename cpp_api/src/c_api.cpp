@@ -1,0 +1,68 @@
+// The C API (vramswap/vramswap.h): the runtime's codes and messages, unchanged.
+#include "vramswap/vramswap.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/status.hpp"
+#include "cpp_api/src/runtime.hpp"
+
+using namespace vramswap;
+
+// The header's numbers are the library's codes.
+static_assert(VRAMSWAP_ERR_INVALID_ARGUMENT == err_invalid_argument && VRAMSWAP_ERR_OUT_OF_MEMORY == err_out_of_memory &&
+              VRAMSWAP_ERR_CUDA == err_cuda && VRAMSWAP_ERR_UNAVAILABLE == err_unavailable &&
+              VRAMSWAP_ERR_NOT_MAPPED == err_not_mapped && VRAMSWAP_ERR_ALREADY_MAPPED == err_already_mapped &&
+              VRAMSWAP_ERR_SYSTEM == err_system && VRAMSWAP_ERR_OWNER_DIED == err_owner_died &&
+              VRAMSWAP_ERR_VERSION_MISMATCH == err_version_mismatch && VRAMSWAP_ERR_TIMEOUT == err_timeout &&
+              VRAMSWAP_ERR_NOT_OWNER == err_not_owner && VRAMSWAP_ERR_BUSY == err_busy && VRAMSWAP_ERR_IO == err_io &&
+              VRAMSWAP_ERR_NO_SPACE == err_no_space && VRAMSWAP_ERR_INTERNAL == err_internal);
+static_assert(offsetof(vramswap_stats_t, size) == 0 && offsetof(vramswap_stats_t, allocated_bytes) == 8);
+
+extern "C" {
+
+int vramswap_lock(int device, int priority, int64_t timeout_ns) {
+  if (priority < 0) return fail(err_invalid_argument, "vramswap_lock(device %d): priority %d is negative", device, priority);
+  return rt::lock(device, static_cast<uint32_t>(priority), timeout_ns, nullptr);
+}
+
+int vramswap_unlock(int device) { return rt::unlock(device); }
+
+int vramswap_malloc(void** out, size_t size, int device) {
+  if (out == nullptr) return fail(err_invalid_argument, "vramswap_malloc(device %d): out is NULL", device);
+  uintptr_t p = 0;
+  VS_TRY(rt::malloc(device, size, &p));
+  *out = reinterpret_cast<void*>(p);
+  return ok;
+}
+
+int vramswap_free(void* ptr, int device) { return rt::free(device, reinterpret_cast<uintptr_t>(ptr)); }
+
+int vramswap_advise(void* ptr, size_t size, int advice, int device) {
+  if (advice < 0 || advice > VRAMSWAP_ADVICE_READ_MOSTLY) {
+    return fail(err_invalid_argument, "vramswap_advise(device %d): advice %d is not a VRAMSWAP_ADVICE_* value", device, advice);
+  }
+  return rt::advise(device, reinterpret_cast<uintptr_t>(ptr), size, static_cast<uint8_t>(advice));
+}
+
+int vramswap_stats(int device, vramswap_stats_t* out) {
+  constexpr uint64_t k_min = offsetof(vramswap_stats_t, allocated_bytes) + sizeof(uint64_t);
+  if (out == nullptr || out->size < k_min) {
+    return fail(err_invalid_argument, "vramswap_stats(device %d): out is NULL or out->size (%llu) < %llu; set out->size = "
+                "sizeof(vramswap_stats_t) first", device, out == nullptr ? 0ull : static_cast<unsigned long long>(out->size),
+                static_cast<unsigned long long>(k_min));
+  }
+  vramswap_stats_t full;
+  VS_TRY(rt::stats(device, &full));
+  const uint64_t n = std::min<uint64_t>(out->size, sizeof full) & ~uint64_t{7};  // whole fields
+  std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint64_t), reinterpret_cast<const char*>(&full) + sizeof(uint64_t),
+              n - sizeof(uint64_t));
+  out->size = n;
+  return ok;
+}
+
+const char* vramswap_last_error(void) { return last_error(); }
+
+const char* vramswap_status_name(int code) { return status_name(code); }
+
+}  // extern "C"

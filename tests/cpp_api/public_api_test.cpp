@@ -1,0 +1,369 @@
+// The public API (vramswap/vramswap.hpp and vramswap/vramswap.h) on the host backend: the
+// guard's std::unique_lock-like semantics, try and timeout against a real second process
+// (api_worker), exceptions and their messages, the C API's codes and last_error, the device
+// order rule with two devices, and misuse in a forked child.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpp_api/api_test_env.hpp"
+#include "cpp_api/src/runtime.hpp"
+#include "vramswap/vramswap.h"
+#include "vramswap/vramswap.hpp"
+
+extern char** environ;
+
+namespace {
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+constexpr size_t MiB = size_t{1} << 20;
+
+class PublicApi : public ::testing::Test {
+ protected:
+  void TearDown() override { env_.end(); }
+
+  // A second process holding `device`'s lock for hold_ms; returns once it holds it.
+  pid_t spawn_holder(int device, int hold_ms) {
+    const std::string ready = env_.runtime_dir() + "/ready-" + std::to_string(device);
+    ::unlink(ready.c_str());
+    std::vector<std::string> args = {VRAMSWAP_API_WORKER, "hold", std::to_string(device), std::to_string(hold_ms), ready};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    EXPECT_EQ(::posix_spawn(&pid, VRAMSWAP_API_WORKER, nullptr, nullptr, argv.data(), environ), 0);
+    struct stat st {};
+    for (int i = 0; i < 2000 && ::stat(ready.c_str(), &st) != 0; ++i) std::this_thread::sleep_for(5ms);
+    EXPECT_EQ(::stat(ready.c_str(), &st), 0) << "the holder never took the lock";
+    return pid;
+  }
+  static int wait_exit(pid_t pid) {
+    int status = 0;
+    EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  vramswap::test::api_test_env env_;
+};
+
+TEST_F(PublicApi, GuardOwnsUntilUnlockOrDestruction) {
+  {
+    vramswap::gpu_lock g(0);
+    EXPECT_TRUE(g.owns_lock());
+    EXPECT_TRUE(static_cast<bool>(g));
+    EXPECT_EQ(g.device(), 0);
+    EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 1u);
+    g.unlock();
+    EXPECT_FALSE(g.owns_lock());
+    EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+    try {
+      g.unlock();
+      FAIL() << "unlock of a guard that does not own must throw";
+    } catch (const vramswap::error& e) {
+      EXPECT_EQ(e.code(), VRAMSWAP_ERR_NOT_OWNER);
+      EXPECT_NE(std::string(e.what()).find("gpu_lock::unlock(device 0)"), std::string::npos) << e.what();
+    }
+    g.lock();
+    EXPECT_TRUE(g.owns_lock());
+    EXPECT_THROW(g.lock(), vramswap::invalid_argument);  // a guard owns at most once
+  }
+  // The destructor released it: nothing left to unlock.
+  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+  EXPECT_EQ(vramswap_unlock(0), VRAMSWAP_ERR_NOT_OWNER);
+  EXPECT_NE(std::string(vramswap_last_error()).find("does not hold"), std::string::npos) << vramswap_last_error();
+}
+
+TEST_F(PublicApi, ReentryByTheHoldingThreadIsCounted) {
+  const uint64_t before = vramswap::get_stats(0).acquires;
+  {
+    vramswap::gpu_lock outer(0);
+    {
+      vramswap::gpu_lock inner(0, vramswap::priority::high);  // priority ignored on re-entry
+      EXPECT_TRUE(inner.owns_lock());
+      EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 2u);
+    }
+    EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 1u);
+  }
+  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+  EXPECT_EQ(vramswap::get_stats(0).acquires, before + 1) << "a re-entry is not an acquisition";
+}
+
+TEST_F(PublicApi, MoveTransfersOwnershipAndReleaseForgetsIt) {
+  vramswap::gpu_lock a(0);
+  vramswap::gpu_lock b(std::move(a));
+  EXPECT_FALSE(a.owns_lock());
+  EXPECT_TRUE(b.owns_lock());
+  vramswap::gpu_lock c(0, std::defer_lock);
+  c = std::move(b);
+  EXPECT_TRUE(c.owns_lock());
+  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 1u);
+  EXPECT_TRUE(c.release());  // the caller now owns it, through the C API
+  EXPECT_FALSE(c.owns_lock());
+  EXPECT_EQ(vramswap_unlock(0), VRAMSWAP_OK) << vramswap_last_error();
+}
+
+TEST_F(PublicApi, GenericLockingCodeDrivesAGpuLock) {
+  vramswap::gpu_lock g(0, std::defer_lock);
+  {
+    std::unique_lock<vramswap::gpu_lock> ul(g);
+    EXPECT_TRUE(g.owns_lock());
+  }
+  EXPECT_FALSE(g.owns_lock());
+  {
+    std::lock_guard<vramswap::gpu_lock> lg(g);
+    EXPECT_TRUE(g.owns_lock());
+  }
+  EXPECT_FALSE(g.owns_lock());
+  EXPECT_TRUE(g.try_lock_until(std::chrono::steady_clock::now() + 1s));
+  g.unlock();
+}
+
+TEST_F(PublicApi, TryAndTimeoutAgainstAnotherProcess) {
+  const pid_t holder = spawn_holder(0, 2500);
+  vramswap::gpu_lock t(0, std::try_to_lock);
+  EXPECT_FALSE(t.owns_lock());
+  const auto t0 = clock_type::now();
+  EXPECT_FALSE(t.try_lock_for(150ms));
+  EXPECT_GE(clock_type::now() - t0, 150ms);
+  try {
+    vramswap::gpu_lock timed(0, 100ms);
+    FAIL() << "the timed constructor must throw vramswap::timeout";
+  } catch (const vramswap::timeout& e) {
+    EXPECT_EQ(e.code(), VRAMSWAP_ERR_TIMEOUT);
+    EXPECT_NE(std::string(e.what()).find("gpu_lock(device 0): not acquired within 100"), std::string::npos) << e.what();
+  }
+  // The C API: a try is busy, a timed wait times out; both say why.
+  EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 0), VRAMSWAP_ERR_BUSY);
+  EXPECT_STRNE(vramswap_last_error(), "");
+  EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_HIGH, 50'000'000), VRAMSWAP_ERR_TIMEOUT);
+  EXPECT_STREQ(vramswap_status_name(VRAMSWAP_ERR_TIMEOUT), "timeout");
+  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+  // A blocking lock waits for the holder to let go.
+  vramswap::gpu_lock g(0);
+  EXPECT_TRUE(g.owns_lock());
+  EXPECT_GE(clock_type::now() - t0, 1s);
+  g.unlock();
+  EXPECT_EQ(wait_exit(holder), 0);
+}
+
+TEST_F(PublicApi, ErrorsAreTypedAndNameTheCall) {
+  try {
+    vramswap::gpu_lock g(7);
+    FAIL();
+  } catch (const vramswap::invalid_argument& e) {
+    EXPECT_EQ(e.code(), VRAMSWAP_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("lock(device 7): no such device"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(vramswap::gpu_lock(-1), vramswap::invalid_argument);
+  EXPECT_THROW(vramswap::gpu_lock(0, static_cast<vramswap::priority>(9)), vramswap::invalid_argument);
+  EXPECT_THROW(vramswap::malloc(0), vramswap::invalid_argument);
+  try {
+    vramswap::malloc(size_t{1} << 40);  // far beyond the arena
+    FAIL();
+  } catch (const vramswap::out_of_memory& e) {
+    EXPECT_EQ(e.code(), VRAMSWAP_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(std::string(e.what()).find("malloc("), std::string::npos) << e.what();
+  }
+  void* p = vramswap::malloc(4096);
+  EXPECT_THROW(vramswap::free(static_cast<char*>(p) + 256), vramswap::invalid_argument);  // interior pointer
+  EXPECT_NO_THROW(vramswap::free(p));
+  EXPECT_THROW(vramswap::free(p), vramswap::invalid_argument);  // double free
+  EXPECT_NO_THROW(vramswap::free(nullptr));
+  // Every exception is a std::runtime_error (and so a std::exception).
+  try {
+    vramswap::malloc(0);
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("size 0"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(PublicApi, EveryCodeMapsToItsException) {
+  auto thrown = [](int code) -> std::string {
+    try {
+      vramswap::throw_error(code, "detail");
+    } catch (const vramswap::invalid_argument&) {
+      return "invalid_argument";
+    } catch (const vramswap::out_of_memory&) {
+      return "out_of_memory";
+    } catch (const vramswap::cuda_error&) {
+      return "cuda_error";
+    } catch (const vramswap::version_mismatch&) {
+      return "version_mismatch";
+    } catch (const vramswap::timeout&) {
+      return "timeout";
+    } catch (const vramswap::unavailable&) {
+      return "unavailable";
+    } catch (const vramswap::error& e) {
+      return e.code() == code && std::string(e.what()) == "detail" ? "error" : "wrong";
+    }
+    return "none";
+  };
+  EXPECT_EQ(thrown(VRAMSWAP_ERR_INVALID_ARGUMENT), "invalid_argument");
+  EXPECT_EQ(thrown(VRAMSWAP_ERR_OUT_OF_MEMORY), "out_of_memory");
+  EXPECT_EQ(thrown(VRAMSWAP_ERR_CUDA), "cuda_error");
+  EXPECT_EQ(thrown(VRAMSWAP_ERR_VERSION_MISMATCH), "version_mismatch");
+  EXPECT_EQ(thrown(VRAMSWAP_ERR_TIMEOUT), "timeout");
+  EXPECT_EQ(thrown(VRAMSWAP_ERR_UNAVAILABLE), "unavailable");
+  for (int code : {VRAMSWAP_ERR_NOT_OWNER, VRAMSWAP_ERR_BUSY, VRAMSWAP_ERR_SYSTEM, VRAMSWAP_ERR_IO, VRAMSWAP_ERR_NO_SPACE,
+                   VRAMSWAP_ERR_INTERNAL, VRAMSWAP_ERR_OWNER_DIED}) {
+    EXPECT_EQ(thrown(code), "error") << vramswap_status_name(code);
+  }
+  try {
+    vramswap::throw_error(VRAMSWAP_ERR_BUSY, "");
+  } catch (const vramswap::error& e) {
+    EXPECT_STREQ(e.what(), "vramswap: busy");
+  }
+}
+
+TEST_F(PublicApi, CApiReturnsCodesAndMessages) {
+  EXPECT_EQ(vramswap_lock(0, 5, -1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(vramswap_last_error()).find("priority 5"), std::string::npos) << vramswap_last_error();
+  EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, -7), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(vramswap_lock(3, VRAMSWAP_PRIORITY_NORMAL, -1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(vramswap_malloc(nullptr, 100, 0), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  void* p = nullptr;
+  EXPECT_EQ(vramswap_malloc(&p, 3 * MiB, 0), VRAMSWAP_OK) << vramswap_last_error();
+  EXPECT_NE(p, nullptr);
+  EXPECT_EQ(vramswap_advise(p, 3 * MiB, 9, 0), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(vramswap_advise(p, 3 * MiB, VRAMSWAP_ADVICE_DISCARDABLE, 0), VRAMSWAP_OK) << vramswap_last_error();
+  // Versioned stats: a full struct, and an old caller's shorter one.
+  vramswap_stats_t s;
+  std::memset(&s, 0xff, sizeof s);
+  s.size = sizeof s;
+  ASSERT_EQ(vramswap_stats(0, &s), VRAMSWAP_OK) << vramswap_last_error();
+  EXPECT_EQ(s.size, sizeof s);
+  EXPECT_EQ(s.allocations, 1u);
+  EXPECT_GE(s.allocated_bytes, 3 * MiB);
+  EXPECT_EQ(s.resident_bytes, 0u) << "allocated without the lock: backed at the next acquire";
+  vramswap_stats_t small;
+  std::memset(&small, 0xee, sizeof small);
+  small.size = 24;  // size, allocated_bytes, allocations
+  ASSERT_EQ(vramswap_stats(0, &small), VRAMSWAP_OK);
+  EXPECT_EQ(small.size, 24u);
+  EXPECT_EQ(small.allocations, 1u);
+  uint64_t untouched;
+  std::memset(&untouched, 0xee, sizeof untouched);
+  EXPECT_EQ(small.resident_bytes, untouched) << "fields past the caller's size are not written";
+  small.size = 8;
+  EXPECT_EQ(vramswap_stats(0, &small), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(vramswap_stats(0, nullptr), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, -1), VRAMSWAP_OK) << vramswap_last_error();
+  s.size = sizeof s;
+  ASSERT_EQ(vramswap_stats(0, &s), VRAMSWAP_OK);
+  EXPECT_GE(s.resident_bytes, 3 * MiB);
+  EXPECT_EQ(vramswap_unlock(0), VRAMSWAP_OK);
+  EXPECT_EQ(vramswap_unlock(0), VRAMSWAP_ERR_NOT_OWNER);
+  EXPECT_EQ(vramswap_free(p, 0), VRAMSWAP_OK);
+  EXPECT_EQ(vramswap_free(nullptr, 0), VRAMSWAP_OK);
+  EXPECT_STREQ(vramswap_status_name(VRAMSWAP_OK), "ok");
+  EXPECT_STREQ(vramswap_status_name(12345), "unknown");
+}
+
+TEST_F(PublicApi, MemoryKeepsItsBytesAcrossLockTurns) {
+  const size_t n = 5 * MiB + 123;
+  void* p = vramswap::malloc(n);
+  std::vector<unsigned char> data(n), back(n);
+  std::mt19937_64 rng(42);
+  for (auto& b : data) b = static_cast<unsigned char>(rng());
+  const auto ptr = reinterpret_cast<uintptr_t>(p);
+  EXPECT_EQ(vramswap::rt::copy_to_device(0, ptr, data.data(), n), VRAMSWAP_ERR_NOT_OWNER) << "not without the lock";
+  {
+    vramswap::gpu_lock g(0);
+    ASSERT_EQ(vramswap::rt::copy_to_device(0, ptr, data.data(), n), VRAMSWAP_OK) << vramswap_last_error();
+  }
+  // Another process takes the device in between.
+  EXPECT_EQ(wait_exit(spawn_holder(0, 50)), 0);
+  {
+    vramswap::gpu_lock g(0);
+    ASSERT_EQ(vramswap::rt::copy_from_device(0, back.data(), ptr, n), VRAMSWAP_OK) << vramswap_last_error();
+    const vramswap::stats st = vramswap::get_stats(0);
+    EXPECT_EQ(st.allocations, 1u);
+    EXPECT_GE(st.resident_bytes, n);
+    EXPECT_EQ(st.acquires, 2u);
+    EXPECT_GT(st.acquire_seconds, 0.0);
+  }
+  EXPECT_EQ(std::memcmp(data.data(), back.data(), n), 0);
+  vramswap::advise(p, n, vramswap::advice::read_mostly);
+  EXPECT_THROW(vramswap::advise(p, 2 * n, vramswap::advice::normal), vramswap::invalid_argument);
+  vramswap::free(p);
+  EXPECT_EQ(vramswap::get_stats(0).allocations, 0u);
+}
+
+TEST_F(PublicApi, DevicesAreLockedInIncreasingOrder) {
+  {
+    vramswap::gpu_lock g0(0);
+    vramswap::gpu_lock g1(1);  // increasing: fine
+    EXPECT_TRUE(g0.owns_lock() && g1.owns_lock());
+  }
+  {
+    vramswap::gpu_lock g1(1);
+    try {
+      vramswap::gpu_lock g0(0);
+      FAIL() << "locking device 0 while holding device 1 must throw";
+    } catch (const vramswap::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("increasing device order"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(vramswap::gpu_lock(0, 10ms), vramswap::invalid_argument);  // timed waits count too
+    EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, -1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+    vramswap::gpu_lock t0(0, std::try_to_lock);  // a try never waits: any order
+    EXPECT_TRUE(t0.owns_lock());
+    vramswap::gpu_lock again(1);  // re-entry is not out of order
+    EXPECT_TRUE(again.owns_lock());
+  }
+  // std::lock takes both whatever order it is given (it waits only while holding nothing).
+  vramswap::gpu_lock a(1, std::defer_lock), b(0, std::defer_lock);
+  std::lock(a, b);
+  EXPECT_TRUE(a.owns_lock() && b.owns_lock());
+}
+
+TEST_F(PublicApi, AForkedChildGetsAClearError) {
+  vramswap::gpu_lock g(0);
+  void* p = vramswap::malloc(4096);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int failures = 0;
+    try {
+      g.unlock();
+      ++failures;
+    } catch (const vramswap::unavailable& e) {
+      if (std::string(e.what()).find("forked") == std::string::npos) ++failures;
+    } catch (...) {
+      ++failures;
+    }
+    try {
+      vramswap::gpu_lock mine(0);
+      ++failures;
+    } catch (const vramswap::unavailable&) {
+    } catch (...) {
+      ++failures;
+    }
+    if (vramswap_malloc(&p, 4096, 0) != VRAMSWAP_ERR_UNAVAILABLE) ++failures;
+    if (std::string(vramswap_last_error()).find("posix_spawn") == std::string::npos) ++failures;
+    vramswap_stats_t s{};
+    s.size = sizeof s;
+    if (vramswap_stats(0, &s) != VRAMSWAP_ERR_UNAVAILABLE) ++failures;
+    if (vramswap_unlock(0) != VRAMSWAP_ERR_UNAVAILABLE) ++failures;
+    ::_exit(failures);
+  }
+  EXPECT_EQ(wait_exit(child), 0);
+  // The parent is unaffected.
+  EXPECT_TRUE(g.owns_lock());
+  g.unlock();
+  vramswap::free(p);
+}
+
+}  // namespace

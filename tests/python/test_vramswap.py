@@ -1,0 +1,208 @@
+"""The Python package on the host backend: the lock as context manager and decorator, a
+timeout against another process (a Python subprocess holding the lock), errors mapped to
+the Python exceptions a user expects, stats, and device memory round trips."""
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import vramswap
+
+HOLDER = r"""
+import sys, time, vramswap
+with vramswap.gpu_lock(int(sys.argv[1])):
+    print("holding", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def spawn_holder(device=0, seconds=2.0):
+    """A second process that holds the lock; returns once it does."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(device), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    line = proc.stdout.readline()
+    assert line.strip() == "holding", f"the holder did not take the lock (exit {proc.poll()})"
+    return proc
+
+
+def test_context_manager_holds_and_releases():
+    assert vramswap.held(0) == 0
+    with vramswap.gpu_lock() as lock:
+        assert isinstance(lock, vramswap.gpu_lock)
+        assert vramswap.held(0) == 1
+        with vramswap.gpu_lock(0, priority="high"):  # re-entry: counted
+            assert vramswap.held(0) == 2
+        assert vramswap.held(0) == 1
+    assert vramswap.held(0) == 0
+    assert vramswap.stats()["acquires"] == 1
+
+
+def test_released_when_the_block_raises():
+    with pytest.raises(KeyError):
+        with vramswap.gpu_lock():
+            raise KeyError("boom")
+    assert vramswap.held(0) == 0
+
+
+def test_decorator_with_and_without_arguments():
+    @vramswap.gpu_lock(device=0, timeout=5)
+    def step(x):
+        assert vramswap.held(0) == 1
+        return x * 2
+
+    @vramswap.gpu_lock
+    def plain():
+        return vramswap.held(0)
+
+    assert step(21) == 42
+    assert plain() == 1
+    assert step.__name__ == "step"
+    assert vramswap.held(0) == 0
+    assert vramswap.stats()["acquires"] == 2
+
+
+def test_timeout_while_another_process_holds_the_lock():
+    holder = spawn_holder(0, 2.0)
+    try:
+        assert vramswap.acquire(0, timeout=0) is False  # a try
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"gpu_lock\(device 0\): not acquired within 0.2 s"):
+            with vramswap.gpu_lock(timeout=0.2):
+                pass
+        assert time.monotonic() - t0 >= 0.2
+        assert vramswap.held(0) == 0
+        # Waiting releases the GIL: another thread runs meanwhile.
+        ticks = []
+        stop = threading.Event()
+
+        def ticker():
+            while not stop.is_set():
+                ticks.append(1)
+                time.sleep(0.01)
+
+        t = threading.Thread(target=ticker)
+        t.start()
+        with vramswap.gpu_lock():  # waits for the holder to finish
+            stop.set()
+        t.join()
+        assert len(ticks) >= 10
+    finally:
+        assert holder.wait(timeout=30) == 0
+
+
+def test_bad_arguments_raise_value_error():
+    with pytest.raises(ValueError, match="priority must be 'normal' or 'high'"):
+        vramswap.gpu_lock(priority="urgent")
+    with pytest.raises(ValueError, match="priority"):
+        vramswap.acquire(0, "urgent")
+    with pytest.raises(ValueError, match="no such device"):
+        with vramswap.gpu_lock(device=5):
+            pass
+    with pytest.raises(ValueError, match="device must be an int"):
+        vramswap.gpu_lock(device="0")
+    with pytest.raises(ValueError, match="timeout"):
+        vramswap.acquire(0, timeout=-1)
+    with pytest.raises(ValueError, match="size 0"):
+        vramswap.malloc(0)
+    with pytest.raises(ValueError, match="advice must be"):
+        vramswap.advise(0, 1, "sometimes")
+
+
+def test_device_order_is_enforced():
+    with vramswap.gpu_lock(1):
+        with pytest.raises(ValueError, match="increasing device order") as info:
+            with vramswap.gpu_lock(0):
+                pass
+        assert info.value.code == -1000
+        assert vramswap.acquire(0, timeout=0) is True  # a try may go in any order
+        vramswap.release(0)
+    with vramswap.gpu_lock(0), vramswap.gpu_lock(1):
+        assert vramswap.held(0) == 1 and vramswap.held(1) == 1
+
+
+def test_release_without_acquire_is_an_error():
+    with pytest.raises(vramswap.Error, match="does not hold") as info:
+        vramswap.release(0)
+    assert isinstance(info.value, RuntimeError)
+    assert info.value.code == -1010
+
+
+def test_out_of_memory_raises_memory_error():
+    with pytest.raises(MemoryError, match="malloc"):
+        vramswap.malloc(1 << 40)
+
+
+def test_stats_keys():
+    s = vramswap.stats()
+    assert set(s) == {
+        "allocated_bytes", "allocations", "resident_bytes", "host_bytes", "disk_bytes", "bytes_in", "bytes_out",
+        "acquires", "evictions_served", "lock_holder_deaths", "acquire_seconds", "lock_wait_seconds",
+        "evict_seconds", "restore_seconds",
+    }
+    assert s["allocations"] == 0 and s["acquires"] == 0
+
+
+def test_malloc_free_round_trip_across_turns():
+    n = 5 * (1 << 20) + 77
+    ptr = vramswap.malloc(n)
+    assert ptr % 256 == 0
+    data = random.Random(1).randbytes(n)
+    with pytest.raises(vramswap.Error, match="take the device's lock first"):
+        vramswap._testing.write(ptr, data)
+    with vramswap.gpu_lock():
+        vramswap._testing.write(ptr, data)
+        assert vramswap.stats()["resident_bytes"] >= n
+    spawn_holder(0, 0.05).wait(timeout=30)  # another process takes a turn in between
+    with vramswap.gpu_lock():
+        assert vramswap._testing.read(ptr, n) == data
+    vramswap.advise(ptr, n, "read_mostly")
+    s = vramswap.stats()
+    assert s["allocations"] == 1 and s["allocated_bytes"] >= n and s["acquires"] == 2
+    vramswap.free(ptr)
+    with pytest.raises(ValueError):
+        vramswap.free(ptr)  # double free
+    vramswap.free(0)
+    assert vramswap.stats()["allocations"] == 0
+
+
+def test_memory_larger_than_the_pool_is_a_clear_error_and_the_lock_is_not_kept():
+    ptr = vramswap.malloc(80 << 20)  # the pool has 64 MiB
+    with pytest.raises(MemoryError):
+        with vramswap.gpu_lock():
+            pass
+    assert vramswap.held(0) == 0
+    vramswap.free(ptr)
+    with vramswap.gpu_lock():
+        pass
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_forked_child_gets_a_clear_error():
+    with vramswap.gpu_lock():
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what it saw, and leave without cleanup
+            try:
+                vramswap.acquire(0)
+                msg = b"no error"
+            except vramswap.UnavailableError as e:
+                msg = b"ok" if "forked" in str(e) else str(e).encode()
+            except BaseException as e:  # noqa: BLE001
+                msg = repr(e).encode()
+            os.write(w, msg)
+            os._exit(0)
+        os.close(w)
+        got = os.read(r, 4096)
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert got == b"ok"
+        assert vramswap.held(0) == 1
