@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstring>
 
@@ -19,6 +20,10 @@ namespace {
 constexpr unsigned k_sparse_buffers = 4096;     // fixed-buffer table entries (one per host chunk)
 constexpr size_t k_max_fixed_buffer = 1u << 30;  // the kernel's limit per registered buffer
 constexpr unsigned k_max_stalls = 8;            // completions in a row without progress
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 int open_tmpfile(const swap_file_config& cfg, int flags) {
   if (cfg.faults != nullptr) {
@@ -150,12 +155,17 @@ int swap_file::alloc_extent(uint64_t* extent) {
     // The whole step, else (a nearly full filesystem) one extent at a time.
     for (uint64_t n : {step, uint64_t{1}}) {
       const off_t offset = static_cast<off_t>(extents_total_ * cfg_.extent_size);
-      if (::fallocate(fd_, 0, offset, static_cast<off_t>(n * cfg_.extent_size)) == 0) {
+      const double t0 = now_s();
+      const int frc = ::fallocate(fd_, 0, offset, static_cast<off_t>(n * cfg_.extent_size));
+      const int ferr = errno;
+      ++stats_.grows;
+      stats_.grow_s += now_s() - t0;
+      if (frc == 0) {
         for (uint64_t i = 0; i < n; ++i) free_.insert(extents_total_ + i);
         extents_total_ += n;
         break;
       }
-      const int e = errno;
+      const int e = ferr;
       if ((e == ENOSPC || e == EDQUOT) && n > 1) continue;
       if (e == ENOSPC || e == EDQUOT) {
         return fail(err_no_space, "swap file in %s for %s: the filesystem is full (%s) with %" PRIu64 " bytes in this swap file",
@@ -171,6 +181,15 @@ int swap_file::alloc_extent(uint64_t* extent) {
 }
 
 void swap_file::free_extent(uint64_t extent) { free_.insert(extent); }
+
+void swap_file::account_depth() {
+  const double t = now_s();
+  const double dt = depth_since_ == 0 ? 0 : t - depth_since_;
+  depth_since_ = t;
+  if (in_ring_ > 0) stats_.busy_s += dt;
+  if (in_ring_ >= cfg_.queue_depth) stats_.full_s += dt;
+  stats_.depth_s += dt * in_ring_;
+}
 
 void swap_file::submit(bool write, uint64_t extent, void* buf, uint64_t tag) {
   const unsigned nblocks = static_cast<unsigned>((cfg_.extent_size + cfg_.block_size - 1) / cfg_.block_size);
@@ -208,11 +227,14 @@ void swap_file::pump() {
     }
     if (fixed_file_) sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, b);
+    account_depth();
     ++in_ring_;
     ++added;
   }
   if (added == 0) return;
+  stats_.sqes += added;
   for (;;) {
+    ++stats_.submits;
     const int rc = io_uring_submit(&ring_);
     if (rc >= 0 || (rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)) {
       if (rc < 0) log(log_level::error, "swap file: io_uring_submit failed: %s", std::strerror(-rc));
@@ -227,6 +249,7 @@ void swap_file::handle(struct io_uring_cqe* cqe, std::vector<completion>* out) {
   block* b = static_cast<block*>(io_uring_cqe_get_data(cqe));
   int res = cqe->res;
   io_uring_cqe_seen(&ring_, cqe);
+  account_depth();
   --in_ring_;
   request* r = b->req;
   if (cfg_.faults != nullptr) res = cfg_.faults->on_complete(r->write, nth_[r->write ? 1 : 0]++, b->offset, b->len, res);
@@ -292,6 +315,7 @@ int swap_file::reap(bool wait, std::vector<completion>* out) {
     }
     pump();
     if (!wait || out->size() > before || requests_ == 0) return ok;
+    ++stats_.waits;
     const int rc = io_uring_wait_cqe(&ring_, &cqe);
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN) {
       return fail(err_system, "swap file: waiting for io_uring completions failed: %s", std::strerror(-rc));

@@ -466,3 +466,10 @@ tiered_stats tiered_store::stats() const {
 }
 
 }  // namespace vramswap
+
+namespace vramswap {
+swap_file::io_stats tiered_store::io_stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return file_->stats();
+}
+}  // namespace vramswap

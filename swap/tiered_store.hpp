@@ -113,6 +113,7 @@ class tiered_store final : public page_store {
   int spill_all();
   bool on_disk(uint64_t key) const;  // the page's only copy is on disk
   tiered_stats stats() const;
+  swap_file::io_stats io_stats() const;
   uint64_t host_limit() const noexcept { return budget_slots_ * slot_size_; }
   size_t slot_size() const noexcept { return slot_size_; }
 

@@ -12,7 +12,9 @@
 // (b) disk tier: a tiered_store with 32 MiB pages and a small host budget: SIZE bytes of
 //     pages saved (slot_for_write) and written out (spill_all), timed to the last
 //     completion, fallocate included; then read back in key order (slot_for_read +
-//     read_done), timed. Rates are bytes moved to/from disk over the time.
+//     read_done), timed. Rates are bytes moved to/from disk over the time. A line after the
+//     table says where the spill's time went: how long the ring held queue_depth blocks, the
+//     mean number in flight, the fallocate calls (the file's growth) and the syscalls.
 // (c) end to end: pager evict_all / restore_all of E2E_SIZE with E2E_BUDGET of host memory on
 //     the default backend (VRAMSWAP_BACKEND), 32 MiB frames.
 #include <fcntl.h>
@@ -210,6 +212,7 @@ int main(int argc, char** argv) {
   for (uint64_t k = 0; k < 16; ++k) store->release(pages + k);
   if (store->flush() != ok) die("flush (warm-up)");
   const tiered_stats warm = store->stats();
+  const swap_file::io_stats warm_io = store->io_stats();
   double t0 = now();
   for (uint64_t k = 0; k < pages; ++k) {
     void* slot = nullptr;
@@ -219,6 +222,9 @@ int main(int argc, char** argv) {
   if (store->spill_all() != ok) die("spill_all");
   const double tw = now() - t0;
   const tiered_stats after_write = store->stats();
+  swap_file::io_stats ios = store->io_stats();
+  ios.grows -= warm_io.grows, ios.grow_s -= warm_io.grow_s, ios.submits -= warm_io.submits, ios.sqes -= warm_io.sqes;
+  ios.waits -= warm_io.waits, ios.busy_s -= warm_io.busy_s, ios.full_s -= warm_io.full_s, ios.depth_s -= warm_io.depth_s;
   t0 = now();
   for (uint64_t k = 0; k < pages; ++k) {
     void* slot = nullptr;
@@ -247,6 +253,9 @@ int main(int argc, char** argv) {
               gbps(size, cr));
   std::printf("| disk tier: spill / read back, %.2f GiB in 32 MiB pages | %.2f | %.2f |\n", size / double(GiB), tier_w, tier_r);
   std::printf("| **ratio to the ceiling** (goal >= 0.90) | **%.2f** | **%.2f** |\n\n", tier_w / gbps(size, cw), tier_r / gbps(size, cr));
+  std::printf("spill, %.2f s: ring full %.0f%% of the time, busy %.0f%%, mean depth %.1f; %" PRIu64 " fallocate (%.3f s); %" PRIu64
+              " submits for %" PRIu64 " blocks, %" PRIu64 " waits\n\n",
+              tw, 100 * ios.full_s / tw, 100 * ios.busy_s / tw, ios.depth_s / tw, ios.grows, ios.grow_s, ios.submits, ios.sqes, ios.waits);
 
   // (c) with the budget, then (for reference) with a budget that holds everything.
   std::printf("| end to end (%s backend, pager, 32 MiB frames), %.2f GiB | evict | restore |\n| --- | ---: | ---: |\n", be->name(),
