@@ -259,6 +259,7 @@ std::string render_text(const std::vector<device_report>& devices) {
 }
 
 std::string render_json(const std::vector<device_report>& devices) {
+  if (devices.empty()) return "{\"version\": 1, \"devices\": []}\n";
   std::string j = "{\"version\": 1, \"devices\": [";
   for (size_t i = 0; i < devices.size(); ++i) {
     const device_report& d = devices[i];
