@@ -417,5 +417,53 @@ TEST_F(Cli, LogLinesCarryTimePidAndDevice) {
   EXPECT_EQ(granted, 2);
 }
 
+// The trace ring in-process: records read back in order; a writer that died between claiming
+// a record and publishing it leaves a hole that is skipped (and counted) once later records
+// exist, never a torn record; a wrapped ring reports what was lost.
+TEST(TraceRing, ReadsInOrderSkipsADeadWritersRecordAndCountsLoss) {
+  option_set(option_id::shm_prefix, ("vsr" + std::to_string(getpid()) + "-").c_str());
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_EQ(pool_segment::create("host-9", 4, 2 * MiB, getpid(), 0, &pool), ok) << last_error();
+  uint32_t m = 0;
+  ASSERT_EQ(pool->add_member(getpid(), 1, &m), ok);
+  uint64_t cursor = pool->member(m).trace_start.load();
+  std::vector<pool_segment::trace_event> got;
+  pool->trace(m, pool_layout::trace_asked, 100, 0, 0, 1);
+  pool->trace(m, pool_layout::trace_granted, 100, 5, 0, 1);
+  EXPECT_EQ(pool->read_trace(m, &cursor, &got), 0u);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].kind, pool_layout::trace_asked);
+  EXPECT_EQ(got[1].duration_ns, 5u);
+  EXPECT_EQ(got[1].pid, getpid());
+  // A writer dies after claiming a record: the reader waits at the hole while it is recent...
+  pool->trace_ring_of(m).head.fetch_add(1);
+  pool->trace(m, pool_layout::trace_resident, 105, 7, 4096, 0);
+  got.clear();
+  EXPECT_EQ(pool->read_trace(m, &cursor, &got), 0u);
+  EXPECT_TRUE(got.empty());
+  // ... and skips it, counted as lost, once the ring has moved on.
+  for (int i = 0; i < 20; ++i) pool->trace(m, pool_layout::trace_evicted, 200 + i, 1, 2 * MiB, 1);
+  EXPECT_EQ(pool->read_trace(m, &cursor, &got), 1u);
+  ASSERT_EQ(got.size(), 21u);
+  EXPECT_EQ(got[0].kind, pool_layout::trace_resident);
+  EXPECT_EQ(got[0].bytes, 4096u);
+  // More than a ring's worth between two reads: the oldest are lost, the rest read in order.
+  for (uint32_t i = 0; i < pool_layout::k_trace_records + 10; ++i) pool->trace(m, pool_layout::trace_asked, 1000 + i, 0, 0, 1);
+  got.clear();
+  EXPECT_EQ(pool->read_trace(m, &cursor, &got), 10u);
+  ASSERT_EQ(got.size(), pool_layout::k_trace_records);
+  EXPECT_EQ(got.front().ns, 1010u);
+  EXPECT_EQ(got.back().ns, 1000u + pool_layout::k_trace_records + 9);
+  // A new member in a reused slot starts after the previous member's records.
+  pool->remove_member(m);
+  uint32_t again = 0;
+  ASSERT_EQ(pool->add_member(getpid(), 2, &again), ok);
+  EXPECT_EQ(again, m);
+  EXPECT_EQ(pool->member(again).trace_start.load(), pool->trace_ring_of(m).head.load());
+  pool.reset();
+  pool_segment::remove("host-9");
+  option_set(option_id::shm_prefix, nullptr);
+}
+
 }  // namespace
 }  // namespace vramswap
