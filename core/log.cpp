@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdarg>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 
@@ -11,6 +13,23 @@
 namespace vramswap {
 namespace {
 
+thread_local int t_device = -1;
+std::atomic<int> g_device{-1};
+
+// "2026-05-01T12:34:56.123456Z vramswap[pid] dev N " (or "dev -") into line; returns its length.
+int prefix(char* line, size_t size) noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  tm utc{};
+  ::gmtime_r(&ts.tv_sec, &utc);
+  char when[40];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &utc);
+  const int device = t_device >= 0 ? t_device : g_device.load(std::memory_order_relaxed);
+  char dev[16] = "-";
+  if (device >= 0) std::snprintf(dev, sizeof dev, "%d", device);
+  return std::snprintf(line, size, "%s.%06ldZ vramswap[%d] dev %s ", when, ts.tv_nsec / 1000, static_cast<int>(getpid()), dev);
+}
+
 log_level read_level() noexcept {
   try {
     const std::string text = option_text(option_id::log_level);
@@ -18,8 +37,9 @@ log_level read_level() noexcept {
     if (text == "warn") return log_level::warn;
     if (text == "info") return log_level::info;
     if (text == "debug") return log_level::debug;
-    std::fprintf(stderr, "vramswap[%d]: warn: VRAMSWAP_LOG=\"%s\" is not one of error|warn|info|debug; using info\n",
-                 static_cast<int>(getpid()), text.c_str());
+    char line[160];
+    prefix(line, sizeof line);
+    std::fprintf(stderr, "%swarn: VRAMSWAP_LOG=\"%s\" is not one of error|warn|info|debug; using info\n", line, text.c_str());
   } catch (...) {
   }
   return log_level::info;
@@ -42,12 +62,19 @@ const char* level_name(log_level level) noexcept {
 
 }  // namespace
 
+void log_set_device(int device) noexcept {
+  t_device = device;
+  int none = -1;
+  g_device.compare_exchange_strong(none, device, std::memory_order_relaxed);
+}
+
 bool log_enabled(log_level level) noexcept { return level <= current_level(); }
 
 void log(log_level level, const char* fmt, ...) noexcept {
   if (!log_enabled(level)) return;
   char line[1200];
-  int n = std::snprintf(line, sizeof line, "vramswap[%d]: %s: ", static_cast<int>(getpid()), level_name(level));
+  int n = prefix(line, sizeof line);
+  n += std::snprintf(line + n, sizeof line - static_cast<size_t>(n), "%s: ", level_name(level));
   va_list ap;
   va_start(ap, fmt);
   std::vsnprintf(line + n, sizeof line - static_cast<size_t>(n) - 1, fmt, ap);

@@ -1,5 +1,11 @@
-// Logging to stderr, one line per message, prefixed "vramswap[pid]: <level>: ".
-// The level comes from VRAMSWAP_LOG (error | warn | info | debug), read once.
+// Logging to stderr, one line per message (one write(2), so lines of several processes never
+// interleave), prefixed with the wall-clock time (UTC, microseconds), the pid and the device:
+//
+//   2026-05-01T12:34:56.123456Z vramswap[4242] dev 0 info: <message>
+//
+// "dev -" when the line belongs to no device. The level comes from VRAMSWAP_LOG
+// (error | warn | info | debug), read once; a disabled level costs one comparison, and
+// nothing on a hot path logs below debug.
 #pragma once
 
 namespace vramswap {
@@ -7,6 +13,9 @@ namespace vramswap {
 enum class log_level { error = 0, warn = 1, info = 2, debug = 3 };
 
 bool log_enabled(log_level level) noexcept;
+// The device this thread's lines are about (-1: none). The first call in a process also
+// sets the default for threads that never call it (a server, a one-device session).
+void log_set_device(int device) noexcept;
 void log(log_level level, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
 
 }  // namespace vramswap

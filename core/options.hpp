@@ -36,6 +36,9 @@ namespace vramswap {
     "seconds a pool server started on demand waits with no client before it exits")              \
   X(server_path, "VRAMSWAP_SERVER", "",                                                          \
     "path of vramswapd, for starting it on demand; empty: next to libvramswap")                  \
+  X(metrics_port, "VRAMSWAP_METRICS_PORT", "",                                                  \
+    "the pool server serves Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port, " \
+    "shown by `vramswap status`); empty: no metrics endpoint")                                   \
   X(evict_timeout, "VRAMSWAP_EVICT_TIMEOUT", "30",                                               \
     "seconds an acquirer waits for another process to evict frames it asked for")                \
   X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", "1: evict this process's memory at every release") \

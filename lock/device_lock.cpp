@@ -413,7 +413,7 @@ int device_lock::snapshot(std::vector<lock_queue_entry>* out) noexcept {
     const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
     if (state != slot_waiting && state != slot_holding) continue;
     out->push_back({slots[i].pid, slots[i].tid, static_cast<lock_priority>(slots[i].priority), slots[i].ticket,
-                    state == slot_holding});
+                    state == slot_holding, slots[i].enqueue_ns});
   }
   unlock_robust(&st->mutex);
   std::sort(out->begin(), out->end(), [](const lock_queue_entry& a, const lock_queue_entry& b) {

@@ -75,6 +75,7 @@ struct lock_queue_entry {
   lock_priority priority;
   uint64_t ticket;
   bool holding;
+  uint64_t enqueue_ns = 0;  // CLOCK_MONOTONIC when the thread asked for the lock
 };
 
 class device_lock {

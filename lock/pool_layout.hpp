@@ -38,7 +38,9 @@
 namespace vramswap::pool_layout {
 
 constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-endian bytes
-constexpr uint64_t k_layout_version = 1;
+// 2: member slots of two cache lines (statistics for `vramswap status`), a per-member trace
+//    ring between the member table and the frame table, the metrics port in the header.
+constexpr uint64_t k_layout_version = 2;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;
 constexpr uint32_t k_no_member = 0xFFFF;
@@ -71,8 +73,20 @@ static_assert(sizeof(frame_entry) == 16);
 
 enum member_state : uint32_t { member_free = 0, member_live = 1 };
 
-// Written by the server only (state last, with release order), except the futex words and
-// counters, which clients update atomically.
+// What a member is doing, for `vramswap status` (member_slot::phase).
+enum member_phase : uint32_t {
+  phase_idle = 0,       // not holding the lock, not asking for it
+  phase_waiting = 1,    // in acquire(): queued for the lock
+  phase_restoring = 2,  // holds the lock, bringing its memory in (may wait for evictions)
+  phase_running = 3,    // holds the lock, memory resident
+};
+
+// The first line is written by the server only (state last, with release order), except
+// the futex words and counters, which clients update atomically. The second line is the
+// member's statistics, published by its own session with single atomic stores after
+// acquire, release and each served eviction (never on a hot path); the server zeroes the
+// slot before publishing it. Readers (`vramswap status`, the metrics endpoint) take each
+// word as it is: the words are independent hints, not a consistent snapshot.
 struct alignas(k_cache_line) member_slot {
   std::atomic<uint32_t> state;     // member_state
   int32_t pid;                     // the client process
@@ -81,10 +95,54 @@ struct alignas(k_cache_line) member_slot {
   std::atomic<uint32_t> holding;   // hint for status: 1 while this member holds the device lock
   std::atomic<uint64_t> bytes_out;  // statistics, for `vramswap status`
   std::atomic<uint64_t> bytes_in;
-  std::atomic<uint64_t> evictions_served;
-  uint64_t reserved_[2];
+  std::atomic<uint64_t> evictions_served;  // frames evicted at other members' requests
+  std::atomic<uint64_t> trace_start;       // server: this member's trace ring head when it was added
+  std::atomic<uint64_t> swaps_in;          // acquires that brought memory in (moved bytes)
+  // --- second line: published by the member's session ---
+  std::atomic<uint32_t> phase;             // member_phase
+  uint32_t reserved_;
+  std::atomic<uint64_t> holding_since_ns;  // CLOCK_MONOTONIC of the grant; 0 when not holding
+  std::atomic<uint64_t> host_bytes;        // saved pages with a copy in host memory
+  std::atomic<uint64_t> disk_bytes;        // saved pages only in the swap file
+  std::atomic<uint64_t> acquires;          // lock acquisitions (re-entries not counted)
+  std::atomic<uint64_t> lock_wait_ns;      // total time queued for the lock
+  std::atomic<uint64_t> restore_ns;        // total time bringing memory in after the grant
+  std::atomic<uint64_t> evict_ns;          // total time evicting (served requests and eager releases)
 };
-static_assert(sizeof(member_slot) == k_cache_line);
+static_assert(sizeof(member_slot) == 2 * k_cache_line);
+
+// Trace events (`vramswap trace`). Each member has a ring of k_trace_records records in the
+// segment; its session appends, any reader polls. Writers of one member (its acquiring
+// thread and its eviction thread) claim a record with fetch_add on `head`, zero its `seq`,
+// fill the fields, then store seq = claimed index + 1 (release), last. A reader accepts a
+// record only when seq equals the index it expects both before and after copying the
+// fields (a seqlock): a writer that dies mid-record leaves a seq that never matches, and a
+// record overwritten during the copy is dropped. Readers never write.
+enum trace_kind : uint32_t {
+  trace_asked = 1,     // acquire() called.              ns: the call; extra: priority
+  trace_granted = 2,   // the lock was granted.          ns: the call; duration: the wait; extra: priority
+  trace_resident = 3,  // memory brought in.             ns: the grant; duration; bytes: copied in
+  trace_released = 4,  // the lock was handed on.        ns: the grant; duration: held; bytes: evicted at release
+  trace_evicted = 5,   // frames evicted for others.     ns: start; duration; bytes: copied out; extra: frames
+};
+constexpr uint32_t k_trace_records = 256;  // per member, a power of two
+
+struct trace_record {
+  std::atomic<uint64_t> seq;  // claimed index + 1, written last; 0 while being written
+  std::atomic<uint64_t> ns;   // CLOCK_MONOTONIC
+  std::atomic<uint64_t> duration_ns;
+  std::atomic<uint64_t> bytes;
+  std::atomic<uint64_t> extra;
+  std::atomic<uint32_t> kind;  // trace_kind
+  std::atomic<int32_t> pid;
+};
+static_assert(sizeof(trace_record) == 48);
+
+struct alignas(k_cache_line) trace_ring {
+  std::atomic<uint64_t> head;  // records ever claimed in this ring (never reset)
+  uint64_t reserved_[7];
+  trace_record records[k_trace_records];
+};
 
 struct alignas(k_cache_line) pool_header {
   std::atomic<uint64_t> magic;  // published last by the creator
@@ -96,24 +154,26 @@ struct alignas(k_cache_line) pool_header {
   uint64_t server_start_time;
   std::atomic<uint64_t> clock;          // LRU clock: bumped at each lock release
   std::atomic<uint32_t> frames_freed;   // futex: bumped whenever a frame becomes free
-  uint32_t reserved_;
+  std::atomic<uint32_t> metrics_port;   // the server's Prometheus endpoint on 127.0.0.1; 0: none
 };
 static_assert(sizeof(pool_header) == k_cache_line);
 
 constexpr size_t k_members_offset = sizeof(pool_header);
-constexpr size_t k_frames_offset = k_members_offset + k_member_count * sizeof(member_slot);
+constexpr size_t k_traces_offset = k_members_offset + k_member_count * sizeof(member_slot);
+constexpr size_t k_frames_offset = k_traces_offset + k_member_count * sizeof(trace_ring);
 constexpr size_t segment_size_for(uint32_t frames) { return k_frames_offset + size_t{frames} * sizeof(frame_entry); }
 
-// version:16 | sizeof(frame_entry):8 | sizeof(member_slot):8 | k_member_count:16
+// version:16 | sizeof(frame_entry):8 | sizeof(member_slot):8 | k_member_count:16 | k_trace_records:16
 constexpr uint64_t format_word() {
   return (k_layout_version << 48) | (uint64_t{sizeof(frame_entry)} << 40) | (uint64_t{sizeof(member_slot)} << 32) |
-         (uint64_t{k_member_count} << 16);
+         (uint64_t{k_member_count} << 16) | uint64_t{k_trace_records};
 }
 
 inline pool_header* header_of(void* base) { return static_cast<pool_header*>(base); }
 inline member_slot* members_of(void* base) {
   return reinterpret_cast<member_slot*>(static_cast<char*>(base) + k_members_offset);
 }
+inline trace_ring* traces_of(void* base) { return reinterpret_cast<trace_ring*>(static_cast<char*>(base) + k_traces_offset); }
 inline frame_entry* frames_of(void* base) { return reinterpret_cast<frame_entry*>(static_cast<char*>(base) + k_frames_offset); }
 
 }  // namespace vramswap::pool_layout

@@ -84,8 +84,8 @@ int pool_segment::create(const std::string& device_key, uint32_t frame_count, ui
   return adopt(base, size, name, out);
 }
 
-int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* out) noexcept {
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* out, bool read_only) noexcept {
+  const int fd = ::shm_open(name.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC, 0);
   if (fd < 0) return fail_errno(errno, "pool: opening /dev/shm%s named by the pool server", name.c_str());
   struct stat st {};
   if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(pool_header)) {
@@ -93,7 +93,7 @@ int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* o
     return fail(err_version_mismatch, "pool: /dev/shm%s is too small to be a pool segment", name.c_str());
   }
   const size_t size = static_cast<size_t>(st.st_size);
-  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base = ::mmap(nullptr, size, read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (base == MAP_FAILED) return fail_errno(errno, "pool: mmap /dev/shm%s", name.c_str());
   const pool_header* h = header_of(base);
@@ -145,6 +145,54 @@ uint32_t pool_segment::count(frame_state state, uint32_t owner) const noexcept {
   return n;
 }
 
+void pool_segment::trace(uint32_t m, trace_kind kind, uint64_t ns, uint64_t duration_ns, uint64_t bytes,
+                         uint64_t extra) noexcept {
+  trace_ring& ring = trace_ring_of(m);
+  const uint64_t index = ring.head.fetch_add(1, std::memory_order_acq_rel);
+  trace_record& r = ring.records[index % k_trace_records];
+  r.seq.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // readers see seq 0 before any new field
+  r.ns.store(ns, std::memory_order_relaxed);
+  r.duration_ns.store(duration_ns, std::memory_order_relaxed);
+  r.bytes.store(bytes, std::memory_order_relaxed);
+  r.extra.store(extra, std::memory_order_relaxed);
+  r.kind.store(kind, std::memory_order_relaxed);
+  r.pid.store(member(m).pid, std::memory_order_relaxed);
+  r.seq.store(index + 1, std::memory_order_release);  // published last
+}
+
+uint64_t pool_segment::read_trace(uint32_t m, uint64_t* cursor, std::vector<trace_event>* out) const {
+  const trace_ring& ring = trace_ring_of(m);
+  const uint64_t head = ring.head.load(std::memory_order_acquire);
+  uint64_t lost = 0;
+  if (head > *cursor + k_trace_records) {
+    lost += head - k_trace_records - *cursor;
+    *cursor = head - k_trace_records;
+  }
+  for (; *cursor < head; ++*cursor) {
+    const trace_record& r = ring.records[*cursor % k_trace_records];
+    const uint64_t want = *cursor + 1;
+    if (r.seq.load(std::memory_order_acquire) != want) {
+      // Not yet published (a writer between claim and publish) or torn by its death. A
+      // record claimed but still being written is worth waiting for: stop here and come
+      // back at the next poll, unless the ring has moved on (then it is lost).
+      if (head - *cursor < 16) break;
+      ++lost;
+      continue;
+    }
+    trace_event e{*cursor, static_cast<trace_kind>(r.kind.load(std::memory_order_relaxed)), r.pid.load(std::memory_order_relaxed),
+                  r.ns.load(std::memory_order_relaxed), r.duration_ns.load(std::memory_order_relaxed),
+                  r.bytes.load(std::memory_order_relaxed), r.extra.load(std::memory_order_relaxed)};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (r.seq.load(std::memory_order_relaxed) != want) {
+      ++lost;
+      continue;
+    }
+    out->push_back(e);
+  }
+  return lost;
+}
+
 int pool_segment::add_member(pid_t pid, uint64_t start_time, uint32_t* index) noexcept {
   for (uint32_t m = 0; m < k_member_count; ++m) {
     member_slot& s = member(m);
@@ -156,6 +204,18 @@ int pool_segment::add_member(pid_t pid, uint64_t start_time, uint32_t* index) no
     s.bytes_out.store(0);
     s.bytes_in.store(0);
     s.evictions_served.store(0);
+    s.swaps_in.store(0);
+    s.phase.store(phase_idle);
+    s.holding_since_ns.store(0);
+    s.host_bytes.store(0);
+    s.disk_bytes.store(0);
+    s.acquires.store(0);
+    s.lock_wait_ns.store(0);
+    s.restore_ns.store(0);
+    s.evict_ns.store(0);
+    // The ring is never reset (a reader may still be reading the previous member's
+    // records); the new member's events start at its current head.
+    s.trace_start.store(trace_ring_of(m).head.load(std::memory_order_acquire));
     s.state.store(member_live, std::memory_order_release);
     *index = m;
     return ok;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lock/pool_layout.hpp"
 
@@ -27,8 +28,9 @@ class pool_segment {
   static int create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, pid_t server_pid,
                     uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept;
   // Client: map the segment named by the server. err_version_mismatch when its magic,
-  // format or size are not what this build expects.
-  static int open(const std::string& name, std::unique_ptr<pool_segment>* out) noexcept;
+  // format or size are not what this build expects. read_only: map it PROT_READ (observers
+  // such as `vramswap status`); then only the const readers below may be used.
+  static int open(const std::string& name, std::unique_ptr<pool_segment>* out, bool read_only = false) noexcept;
   static int remove(const std::string& device_key) noexcept;
 
   ~pool_segment();
@@ -52,6 +54,22 @@ class pool_segment {
   void notify_member(uint32_t m) noexcept;
   // Count frames in `state` (any owner when owner == k_no_member).
   uint32_t count(pool_layout::frame_state state, uint32_t owner = pool_layout::k_no_member) const noexcept;
+
+  // --- trace (lock/pool_layout.hpp: trace_record) ----------------------------------------
+  struct trace_event {
+    uint64_t index;  // position in the member's ring (monotonic)
+    pool_layout::trace_kind kind;
+    int32_t pid;
+    uint64_t ns, duration_ns, bytes, extra;
+  };
+  pool_layout::trace_ring& trace_ring_of(uint32_t m) const noexcept { return pool_layout::traces_of(base_)[m]; }
+  // Append one event to member `m`'s ring (its session; any thread). Lock-free, never blocks.
+  void trace(uint32_t m, pool_layout::trace_kind kind, uint64_t ns, uint64_t duration_ns, uint64_t bytes,
+             uint64_t extra) noexcept;
+  // Read member `m`'s events from *cursor on (clamped to what the ring still holds), append
+  // the complete ones to *out and advance *cursor. Returns how many records were lost
+  // (overwritten before they were read, or torn by a writer's death).
+  uint64_t read_trace(uint32_t m, uint64_t* cursor, std::vector<trace_event>* out) const;
 
   // --- members (server) ----------------------------------------------------------------
   // A free member slot for (pid, start time), published live. err_busy when all are taken.

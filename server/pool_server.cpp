@@ -1,6 +1,8 @@
 #include "server/pool_server.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -26,6 +28,7 @@
 #include "lock/device_lock.hpp"
 #include "lock/pool_connection.hpp"
 #include "lock/pool_protocol.hpp"
+#include "lock/pool_report.hpp"
 #include "lock/pool_segment.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/shared_segment.hpp"
@@ -77,6 +80,7 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
   try {
     std::unique_ptr<pool_server> s(new pool_server());
     s->device_ = options.device;
+    log_set_device(options.device);
     s->idle_exit_s_ = options.idle_exit_s;
     s->be_ = options.be;
     if (s->be_ == nullptr) VS_TRY(default_backend(&s->be_));
@@ -170,6 +174,10 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
     if (::pipe2(s->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return fail_errno(errno, "vramswapd: pipe2");
     s->socket_path_ = paths.socket;
     VS_TRY(s->open_socket());
+    {
+      std::string port = options.metrics_port.empty() ? option_text(option_id::metrics_port) : options.metrics_port;
+      if (!port.empty()) VS_TRY(s->open_metrics(port));
+    }
     log(log_level::info,
         "vramswapd: serving device %d (%s, %s): %u frames of %s = %s (%s free of %s before), built in %.2f s; socket %s%s",
         options.device, info.name.c_str(), info.uuid.c_str(), s->frame_count(), human(frame_size).c_str(),
@@ -289,6 +297,8 @@ int pool_server::run() noexcept {
     fds.clear();
     fds.push_back({stop_pipe_[0], POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
+    const size_t first_client = metrics_fd_ >= 0 ? 3 : 2;
+    if (metrics_fd_ >= 0) fds.push_back({metrics_fd_, POLLIN, 0});
     for (const client& c : clients_) {
       if (c.hung_up_ns == 0) {
         fds.push_back({c.fd, POLLIN | POLLRDHUP, 0});
@@ -312,8 +322,8 @@ int pool_server::run() noexcept {
         log(log_level::info, "vramswapd: stopping on request (%zu clients attached)", clients_.size());
         return ok;
       }
-      // Hang-ups first: their fds are positions 2.. in the order of the connected clients.
-      size_t at = 2;
+      // Hang-ups first: their fds are positions first_client.. in the order of the clients.
+      size_t at = first_client;
       for (client& c : clients_) {
         if (c.hung_up_ns != 0) continue;
         const short revents = fds[at++].revents;
@@ -330,6 +340,7 @@ int pool_server::run() noexcept {
         close_fd(&c.fd);
       }
       if (fds[1].revents != 0) accept_one();
+      if (metrics_fd_ >= 0 && fds[2].revents != 0) serve_metrics();
     }
     // Repair members whose process is gone (or that left long enough ago).
     for (size_t i = 0; i < clients_.size();) {
@@ -348,6 +359,74 @@ int pool_server::run() noexcept {
       return ok;
     }
   }
+}
+
+int pool_server::open_metrics(const std::string& port_text) noexcept {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long port = std::strtoul(port_text.c_str(), &end, 10);
+  if (end == port_text.c_str() || *end != '\0' || errno != 0 || port > 65535) {
+    return fail(err_invalid_argument, "vramswapd: metrics port \"%s\" (--metrics-port or VRAMSWAP_METRICS_PORT) is not a port number 0..65535",
+                port_text.c_str());
+  }
+  metrics_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (metrics_fd_ < 0) return fail_errno(errno, "vramswapd: metrics socket");
+  const int one = 1;
+  ::setsockopt(metrics_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);  // loopback only: the metrics are not for the network
+  if (::bind(metrics_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return fail_errno(errno, "vramswapd: metrics endpoint: bind 127.0.0.1:%lu", port);
+  }
+  if (::listen(metrics_fd_, 16) != 0) return fail_errno(errno, "vramswapd: metrics endpoint: listen");
+  socklen_t len = sizeof addr;
+  ::getsockname(metrics_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  metrics_port_ = ntohs(addr.sin_port);
+  segment_->header()->metrics_port.store(metrics_port_, std::memory_order_release);
+  log(log_level::info, "vramswapd: metrics at http://127.0.0.1:%u/metrics", metrics_port_);
+  return ok;
+}
+
+void pool_server::serve_metrics() noexcept {
+  const int fd = ::accept4(metrics_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return;
+  // The request: up to the blank line, at most 4 KiB, within 1 s.
+  std::string request;
+  char buf[1024];
+  const uint64_t deadline = monotonic_ns() + 1'000'000'000;
+  while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos && request.size() < 4096) {
+    const uint64_t now = monotonic_ns();
+    if (now >= deadline) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>((deadline - now) / 1'000'000) + 1) <= 0) break;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n <= 0) break;
+    request.append(buf, static_cast<size_t>(n));
+  }
+  std::string status = "404 Not Found", body = "only GET /metrics is served here\n";
+  if (request.rfind("GET /metrics ", 0) == 0 || request.rfind("GET /metrics?", 0) == 0 || request.rfind("GET / ", 0) == 0) {
+    device_report r;
+    if (collect_report(key_, *segment_, lock_.get(), &r) == ok) {
+      status = "200 OK";
+      body = render_prometheus({r});
+    } else {
+      status = "500 Internal Server Error";
+      body = std::string(last_error()) + "\n";
+    }
+  }
+  const std::string answer = "HTTP/1.0 " + status + "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: " +
+                             std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  size_t sent = 0;
+  while (sent < answer.size()) {
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, 1000) <= 0) break;
+    const ssize_t n = ::send(fd, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n <= 0 && errno != EAGAIN) break;
+    if (n > 0) sent += static_cast<size_t>(n);
+  }
+  ::close(fd);
 }
 
 void pool_server::accept_one() noexcept {
@@ -511,6 +590,7 @@ void pool_server::teardown() noexcept {
   for (client& c : clients_) close_fd(&c.fd);
   clients_.clear();
   close_fd(&listen_fd_);
+  close_fd(&metrics_fd_);
   if (socket_bound_) ::unlink(socket_path_.c_str());
   segment_.reset();
   if (segment_created_) pool_segment::remove(key_);

@@ -22,6 +22,11 @@
 //          is scrubbed and then moved to free by compare-and-swap; the member slot is
 //          freed; waiters for free frames are woken (notify_freed); and the device lock is
 //          repaired (device_lock::repair_now), so a lock the dead process held passes on.
+//   metrics with a metrics port, also a TCP listener on 127.0.0.1 only, served in the same
+//          poll() loop: GET /metrics answers the device's gauges and counters in the
+//          Prometheus text format (lock/pool_report.hpp), one short request per connection
+//          (HTTP/1.0, closed after the answer; a client gets 1 s to send its request). The
+//          port is published in the pool header, where `vramswap status` shows it.
 //   stop   request_stop() (async-signal-safe; vramswapd calls it on SIGTERM/SIGINT), or
 //          idle exit: with idle_exit_s > 0, the server stops after that many seconds with
 //          no client. The destructor closes every connection, unlinks the socket and the
@@ -59,6 +64,9 @@ struct pool_server_options {
   std::string pool_size;      // empty: VRAMSWAP_POOL_SIZE (empty there too: the default above)
   int64_t idle_exit_s = 0;    // > 0: stop after this many seconds with no client; 0: never
   bool log_to_file = false;   // send stdout/stderr to <runtime dir>/<key>.log (on-demand mode)
+  // Prometheus metrics at http://127.0.0.1:PORT/metrics: a port number (0: any free port);
+  // empty: VRAMSWAP_METRICS_PORT (empty there too: no endpoint). docs/observability.md.
+  std::string metrics_port;
 };
 
 class pool_server {
@@ -88,6 +96,8 @@ class pool_server {
   size_t clients() const noexcept { return clients_.size(); }
   // Frames scrubbed and freed by repairs since start.
   uint64_t frames_repaired() const noexcept { return frames_repaired_; }
+  // The metrics endpoint's port on 127.0.0.1 (0: none).
+  uint16_t metrics_port() const noexcept { return metrics_port_; }
 
  private:
   struct client {
@@ -102,6 +112,8 @@ class pool_server {
   int build_pool(uint64_t pool_bytes) noexcept;
   int scrub(const uint32_t* indices, size_t count) noexcept;
   int open_socket() noexcept;
+  int open_metrics(const std::string& port_text) noexcept;
+  void serve_metrics() noexcept;
   void accept_one() noexcept;
   void serve_new(int fd) noexcept;
   void refuse(int fd, int status, const char* fmt, ...) noexcept __attribute__((format(printf, 4, 5)));
@@ -117,6 +129,8 @@ class pool_server {
   int64_t idle_exit_s_ = 0;
   int server_lock_fd_ = -1;
   int listen_fd_ = -1;
+  int metrics_fd_ = -1;
+  uint16_t metrics_port_ = 0;
   int stop_pipe_[2] = {-1, -1};
   uint64_t frame_size_ = 0;
   std::vector<frame_id> frames_;

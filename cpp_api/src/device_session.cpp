@@ -1,5 +1,6 @@
 #include "cpp_api/src/device_session.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 
@@ -61,7 +62,12 @@ int device_session::open(int device, std::unique_ptr<device_session>* out) {
   cfg.frame_size = conn.frame_size();
   cfg.start_resident = false;  // backed at acquire, from the pool
   VS_TRY(pager::create(*s->be_, device, *s->store_, *s->frames_, cfg, &s->pager_));
-  s->server_ = std::thread([p = s.get()] { p->serve_evictions(); });
+  s->observe_ = std::make_unique<member_observer>(conn.segment(), conn.member());  // observability
+  log_set_device(device);
+  s->server_ = std::thread([p = s.get()] {
+    log_set_device(p->device_);
+    p->serve_evictions();
+  });
   *out = std::move(s);
   return ok;
 }
@@ -84,7 +90,14 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
   const auto t0 = std::chrono::steady_clock::now();
   acquire_info local;
   if (info == nullptr) info = &local;
-  VS_TRY(lock_.acquire(priority, timeout_ns, info));
+  // Observability: an "asked" event unless this thread already holds the lock (re-entry).
+  const bool first = !lock_.held();
+  const uint64_t asked_ns = monotonic_ns();
+  if (first) observe_->asked(priority, asked_ns);
+  if (const int lrc = lock_.acquire(priority, timeout_ns, info); lrc != ok) {
+    if (first) observe_->gave_up();
+    return lrc;
+  }
   if (info->reentered) {
     ++depth_;
     return ok;
@@ -94,12 +107,15 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
   std::lock_guard<std::mutex> guard(mutex_);
   pool_layout::member_slot& me = conn_->segment().member(conn_->member());
   me.holding.store(1);
+  observe_->granted(priority, asked_ns, granted_ns);
+  const uint64_t bytes_in_before = pager_->stats().bytes_in;
   frames_->reclaim_own();
   const int rc = pager_->restore_all();
   if (rc != ok) {
     const std::string why = last_error();
     pager_->set_not_resident();
     frames_->release_own();
+    observe_->restore_failed();
     me.holding.store(0);
     lock_.release();
     return fail(rc, "acquire(device %d): bringing this process's memory in failed, the lock was released again: %s", device_,
@@ -109,6 +125,8 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
   ++stats_.acquires;
   stats_.last_lock_granted_ns = granted_ns;
   stats_.last_resident_ns = monotonic_ns();
+  observe_->resident(granted_ns, stats_.last_resident_ns, pager_->stats().bytes_in - bytes_in_before);
+  publish_store();
   const auto t2 = std::chrono::steady_clock::now();
   stats_.lock_wait_seconds += seconds_between(t0, t1);
   stats_.acquire_seconds += seconds_between(t0, t2);
@@ -128,6 +146,8 @@ int device_session::release() {
   std::lock_guard<std::mutex> guard(mutex_);
   // Our kernels must be done with the memory before anyone may take it.
   int rc = add_context(be_->device_synchronize(device_), "release(device %d): synchronizing the device: ", device_);
+  const uint64_t evict_start_ns = monotonic_ns();
+  const uint64_t bytes_out_before = pager_->stats().bytes_out;
   if (rc == ok && (eager_release_ || strict_)) {
     rc = pager_->evict_all();
   } else {
@@ -139,6 +159,8 @@ int device_session::release() {
   depth_ = 0;
   stats_.last_release_call_ns = called_ns;
   stats_.last_unlock_ns = monotonic_ns();
+  observe_->released(evict_start_ns, stats_.last_unlock_ns, pager_->stats().bytes_out - bytes_out_before);
+  publish_store();
   const int unlock = lock_.release();
   if (rc != ok) return fail(rc, "%s (the lock was released; memory not evicted stays where it was)", why.c_str());
   return unlock;
@@ -153,17 +175,24 @@ void device_session::serve_evictions() {
       const std::vector<frame_id> wanted = frames_->requested_of_me();
       if (!wanted.empty()) {
         const pager_stats before = pager_->stats();
+        const uint64_t start_ns = monotonic_ns();
         const int rc = pager_->evict_frames(wanted);
         const pager_stats after = pager_->stats();
         stats_.evictions_served += wanted.size();
-        me.evictions_served.fetch_add(wanted.size());
-        me.bytes_out.fetch_add(after.bytes_out - before.bytes_out);
+        observe_->evicted(start_ns, monotonic_ns(), after.bytes_out - before.bytes_out, wanted.size());  // observability
+        publish_store();
         if (rc != ok) log(log_level::error, "device %d: evicting %zu frame(s) another process asked for: %s", device_, wanted.size(), last_error());
       }
     }
     if (stop_.load()) break;
     futex_wait(&me.requests, seen, k_service_poll_ns);
   }
+}
+
+void device_session::publish_store() noexcept {
+  const uint64_t held = store_->bytes_held();
+  const uint64_t disk = store_->bytes_on_disk();
+  observe_->stored(held - std::min(held, disk), disk);
 }
 
 session_stats device_session::stats() const {

@@ -31,6 +31,7 @@
 #include "core/page_store.hpp"
 #include "core/pager.hpp"
 #include "lock/device_lock.hpp"
+#include "lock/member_observer.hpp"
 #include "lock/pool_connection.hpp"
 #include "lock/pool_frame_source.hpp"
 
@@ -73,6 +74,8 @@ class device_session {
  private:
   device_session() = default;
   void serve_evictions();
+  // Observability (issue 9): publish where the saved pages are (host / disk bytes).
+  void publish_store() noexcept;
 
   backend* be_ = nullptr;
   int device_ = -1;
@@ -89,6 +92,9 @@ class device_session {
   std::atomic<bool> stop_{false};
   std::thread server_;
   session_stats stats_;
+  // Observability (issue 9): phase, statistics and trace events in the pool segment, for
+  // `vramswap status|trace` and the metrics endpoint. Called at acquire/release/evictions only.
+  std::unique_ptr<member_observer> observe_;
 };
 
 }  // namespace vramswap
