@@ -32,6 +32,7 @@
 #include "core/status.hpp"
 #include "lock/pool_segment.hpp"
 #include "lock/shared_segment.hpp"
+#include "support/deployment.hpp"
 
 extern char** environ;
 
@@ -49,15 +50,10 @@ struct ran {
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
-    static int counter = 0;
-    prefix_ = "vsc" + std::to_string(getpid()) + "x" + std::to_string(counter++) + "-";
-    char dir[] = "/tmp/vramswap-cli-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    dir_ = dir;
-    option_set(option_id::shm_prefix, prefix_.c_str());
-    env_ = {"VRAMSWAP_BACKEND=host", "VRAMSWAP_SHM_PREFIX=" + prefix_, "VRAMSWAP_RUNTIME_DIR=" + dir_,
-            std::string("VRAMSWAP_SERVER=") + VRAMSWAP_SERVER_BINARY, "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB",
-            "VRAMSWAP_POOL_SIZE=64MiB", "VRAMSWAP_POOL_IDLE_EXIT=5", "VRAMSWAP_LOG=warn", "VRAMSWAP_SWAP_DIR=/var/tmp"};
+    deploy_.create("cli", k_key,
+                   {"VRAMSWAP_BACKEND=host", "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB",
+                    "VRAMSWAP_POOL_SIZE=64MiB", "VRAMSWAP_POOL_IDLE_EXIT=5", "VRAMSWAP_LOG=warn", "VRAMSWAP_SWAP_DIR=/var/tmp"});
+    dir_ = deploy_.dir();
   }
 
   void TearDown() override {
@@ -65,55 +61,12 @@ class Cli : public ::testing::Test {
       ::kill(w, SIGKILL);
       ::waitpid(w, nullptr, 0);
     }
-    std::string name;
-    std::unique_ptr<pool_segment> pool;
-    if (pool_segment::name_for(k_key, &name) == ok && pool_segment::open(name, &pool, true) == ok) {
-      const pid_t server = pool->header()->server_pid;
-      if (server > 0) ::kill(server, SIGTERM);
-      for (int i = 0; i < 200 && server > 0 && ::kill(server, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    pool.reset();
-    pool_segment::remove(k_key);
-    shared_segment::remove(k_key);
-    if (DIR* d = ::opendir(dir_.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        if (e->d_name[0] != '.') ::unlink((dir_ + "/" + e->d_name).c_str());
-      }
-      ::closedir(d);
-    }
-    ::rmdir(dir_.c_str());
-    option_set(option_id::shm_prefix, nullptr);
+    deploy_.destroy();
   }
 
-  // Spawn `args` with our environment less VRAMSWAP_*, plus env_ and `extra`; stdout to
-  // `out_file` and stderr to `err_file` when given.
   pid_t spawn(std::vector<std::string> args, const std::vector<std::string>& extra = {}, const std::string& out_file = "",
               const std::string& err_file = "") {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> all;
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::strncmp(*e, "VRAMSWAP_", 9) != 0) all.emplace_back(*e);
-    }
-    for (auto& e : env_) {  // unless `extra` sets the same variable
-      const std::string name = e.substr(0, e.find('=') + 1);
-      bool overridden = false;
-      for (auto& x : extra) overridden |= x.rfind(name, 0) == 0;
-      if (!overridden) all.push_back(e);
-    }
-    for (auto& e : extra) all.push_back(e);
-    std::vector<char*> envp;
-    for (auto& e : all) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    if (!out_file.empty()) posix_spawn_file_actions_addopen(&fa, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (!err_file.empty()) posix_spawn_file_actions_addopen(&fa, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    pid_t pid = -1;
-    EXPECT_EQ(::posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()), 0) << args[0];
-    posix_spawn_file_actions_destroy(&fa);
-    return pid;
+    return deploy_.spawn(std::move(args), extra, out_file, err_file);
   }
 
   pid_t worker(uint64_t bytes, int rounds, uint64_t seed, int hold_ms, const std::vector<std::string>& extra = {},
@@ -188,8 +141,8 @@ class Cli : public ::testing::Test {
     return it == m.end() ? -1 : std::strtod(it->second.c_str(), nullptr);
   }
 
-  std::string prefix_, dir_;
-  std::vector<std::string> env_;
+  test::deployment deploy_;
+  std::string dir_;
   std::vector<pid_t> workers_;
   int runs_ = 0;
 };

@@ -26,6 +26,7 @@
 #include "lock/pool_segment.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/shared_segment.hpp"
+#include "support/deployment.hpp"
 
 extern char** environ;
 
@@ -39,12 +40,6 @@ constexpr uint64_t MiB = 1ull << 20;
 class TimeSharing : public ::testing::Test {
  protected:
   void SetUp() override {
-    static int counter = 0;
-    prefix_ = "vst" + std::to_string(getpid()) + "x" + std::to_string(counter++) + "-";
-    char dir[] = "/tmp/vramswap-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    runtime_dir_ = dir;
-    option_set(option_id::shm_prefix, prefix_.c_str());
     const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");  // device-run.sh sets cuda
     backend_ = backend != nullptr ? backend : "host";
     // The pool and lock are named by the device's key: "host-0", or the GPU's UUID.
@@ -52,60 +47,20 @@ class TimeSharing : public ::testing::Test {
     ASSERT_EQ(make_backend(backend_ == "cuda" ? backend_kind::cuda : backend_kind::host, &made), ok) << last_error();
     device_info info;
     ASSERT_EQ(made->get_device_info(0, &info), ok);
-    key_ = info.uuid;
-    set("VRAMSWAP_BACKEND", backend_);
-    set("VRAMSWAP_SHM_PREFIX", prefix_);
-    set("VRAMSWAP_RUNTIME_DIR", runtime_dir_);
-    set("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY);
-    set("VRAMSWAP_HOST_DEVICE_MEMORY", "256MiB");
-    set("VRAMSWAP_FRAME_SIZE", "2MiB");
-    set("VRAMSWAP_POOL_SIZE", std::to_string(pool_bytes_));
-    set("VRAMSWAP_POOL_IDLE_EXIT", "5");
-    set("VRAMSWAP_LOG", "warn");
-    set("VRAMSWAP_SWAP_DIR", "/var/tmp");
+    deploy_.create("ts", info.uuid,
+                   {"VRAMSWAP_BACKEND=" + backend_, "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB",
+                    "VRAMSWAP_POOL_SIZE=" + std::to_string(pool_bytes_), "VRAMSWAP_POOL_IDLE_EXIT=5", "VRAMSWAP_LOG=warn",
+                    "VRAMSWAP_SWAP_DIR=/var/tmp"});
   }
 
-  void TearDown() override {
-    // The server was started on demand, detached: stop it through the pid it published.
-    std::unique_ptr<pool_segment> pool;
-    if (open_pool(&pool, 0)) {
-      const pid_t server = pool->header()->server_pid;
-      if (server > 0) ::kill(server, SIGTERM);
-      for (int i = 0; i < 200 && server > 0 && ::kill(server, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    pool.reset();
-    pool_segment::remove(key_);
-    shared_segment::remove(key_);
-    if (DIR* d = ::opendir(runtime_dir_.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        if (e->d_name[0] != '.') ::unlink((runtime_dir_ + "/" + e->d_name).c_str());
-      }
-      ::closedir(d);
-    }
-    ::rmdir(runtime_dir_.c_str());
-    option_set(option_id::shm_prefix, nullptr);
-  }
-
-  void set(const std::string& name, const std::string& value) { env_.push_back(name + "=" + value); }
+  void TearDown() override { deploy_.destroy(); }
 
   pid_t spawn_worker(uint64_t bytes, int rounds, uint64_t seed, int hold_ms) {
-    std::vector<std::string> args = {VRAMSWAP_SESSION_WORKER, std::to_string(bytes), std::to_string(rounds), std::to_string(seed),
-                                     std::to_string(hold_ms)};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> all;
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::strncmp(*e, "VRAMSWAP_", 9) != 0) all.emplace_back(*e);
-    }
-    for (auto& e : env_) all.push_back(e);
-    std::vector<char*> envp;
-    for (auto& e : all) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    pid_t pid = -1;
-    EXPECT_EQ(::posix_spawn(&pid, VRAMSWAP_SESSION_WORKER, nullptr, nullptr, argv.data(), envp.data()), 0);
-    return pid;
+    return deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(bytes), std::to_string(rounds), std::to_string(seed),
+                          std::to_string(hold_ms)});
   }
+
+  bool open_pool(std::unique_ptr<pool_segment>* out, int wait_ms) { return deploy_.open_pool(out, wait_ms); }
 
   static int wait_status(pid_t pid) {
     int status = 0;
@@ -113,16 +68,7 @@ class TimeSharing : public ::testing::Test {
     return status;
   }
 
-  // Map the pool segment once the server made it (waiting up to wait_ms).
-  bool open_pool(std::unique_ptr<pool_segment>* out, int wait_ms) {
-    std::string name;
-    if (pool_segment::name_for(key_, &name) != ok) return false;
-    for (int waited = 0;; waited += 5) {
-      if (pool_segment::open(name, out) == ok) return true;
-      if (waited >= wait_ms) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  }
+
 
   // Every frame free again (the server repairs dead members asynchronously).
   void expect_no_frame_leaked(pool_segment& pool) {
@@ -142,9 +88,9 @@ class TimeSharing : public ::testing::Test {
     return k_no_member;
   }
 
-  std::string prefix_, runtime_dir_, backend_, key_;
-  std::vector<std::string> env_;
+  std::string backend_;
   uint64_t pool_bytes_ = 64 * MiB;
+  test::deployment deploy_;
 };
 
 // Three processes, each holding more than half the pool, take turns many times.
