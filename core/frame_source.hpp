@@ -1,8 +1,8 @@
 // frame_source: where the pager gets frames to back resident pages, and gives them back.
 //
 // In a single process (and in tests) frames are made and released on demand
-// (local_frame_source). With the pool server (planned) frames come from the per-device pool
-// shared by all processes instead, through the same interface.
+// (local_frame_source). In time-sharing, frames come from the per-device pool shared by all
+// processes instead (lock/pool_frame_source.hpp), through the same interface.
 #pragma once
 
 #include <cstddef>

@@ -41,6 +41,11 @@ class page_store {
   virtual void read_done(uint64_t key) { (void)key; }
   // Bytes of saved pages whose only copy is on disk.
   virtual uint64_t bytes_on_disk() const { return 0; }
+  // Is `key`'s saved copy only on disk (not in host memory)?
+  virtual bool on_disk(uint64_t key) const {
+    (void)key;
+    return false;
+  }
 };
 
 }  // namespace vramswap

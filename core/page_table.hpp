@@ -3,8 +3,10 @@
 //   unbacked  no frame and no saved copy: a page no live allocation touches, or one
 //             allocated while the process was evicted and not yet brought in
 //   resident  mapped at its address in frame `frame`, accessible
-//   host      not mapped; its bytes are in the page store's pinned host memory
-//   disk      not mapped; its bytes are on the disk tier (planned, swap/)
+//   host      not mapped; its bytes are saved in the page store (pinned host memory, or
+//             the store's swap file: where is the store's business)
+//   disk      never stored in the table: pager::state_of() reports it for a saved page
+//             whose only copy is in the store's swap file (swap/tiered_store)
 //   discarded not mapped; its contents were dropped on eviction (discardable advice) and
 //             come back zero-filled
 //

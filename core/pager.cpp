@@ -412,7 +412,9 @@ pager_stats pager::stats() const {
 page_state pager::state_of(device_ptr ptr) const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (ptr < arena_.base() || ptr >= arena_.base() + arena_.size()) return page_state::unbacked;
-  return table_[(ptr - arena_.base()) / frame_size_].state;
+  const uint64_t page = (ptr - arena_.base()) / frame_size_;
+  const page_state s = table_[page].state;
+  return s == page_state::host && store_.on_disk(page) ? page_state::disk : s;
 }
 
 int pager::check_invariants() const {

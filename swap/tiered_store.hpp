@@ -111,7 +111,7 @@ class tiered_store final : public page_store {
   // Write every page that has no valid disk copy to disk and free its slot, except slots
   // lent out or in the write window. For tests and benchmarks.
   int spill_all();
-  bool on_disk(uint64_t key) const;  // the page's only copy is on disk
+  bool on_disk(uint64_t key) const override;  // the page's only copy is on disk
   tiered_stats stats() const;
   swap_file::io_stats io_stats() const;
   uint64_t host_limit() const noexcept { return budget_slots_ * slot_size_; }
