@@ -505,4 +505,14 @@ int backend::device_synchronize(int device) {
   return do_device_synchronize(device);
 }
 
+int backend::app_stream_capturing(int device, uintptr_t app_stream, bool* capturing) {
+  if (capturing == nullptr) return fail(err_invalid_argument, "app_stream_capturing(device %d): capturing is null", device);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    VS_TRY(check_device("app_stream_capturing", device));
+  }
+  *capturing = false;
+  return do_app_stream_capturing(device, app_stream, capturing);
+}
+
 }  // namespace vramswap

@@ -138,6 +138,11 @@ class backend {
   int stream_wait_event(stream_id stream, event_id event);
   // All work on the device issued by this process.
   int device_synchronize(int device);
+  // Whether `app_stream`, a stream of the application's own (a CUstream / cudaStream_t as a
+  // number; 0 is the legacy default stream), is being captured into a CUDA graph: memory
+  // handed out for such a stream belongs to the graph. The host backend has no application
+  // streams: never.
+  int app_stream_capturing(int device, uintptr_t app_stream, bool* capturing);
 
  protected:
   explicit backend(backend_kind kind) : kind_(kind) {}
@@ -172,6 +177,7 @@ class backend {
   virtual int do_event_query(event_id event, bool* complete) = 0;
   virtual int do_stream_wait_event(stream_id stream, event_id event) = 0;
   virtual int do_device_synchronize(int device) = 0;
+  virtual int do_app_stream_capturing(int device, uintptr_t app_stream, bool* capturing) = 0;
 
   // --- bookkeeping shared by both implementations (guarded by mutex_) -------------------
   struct reservation_rec {

@@ -57,6 +57,9 @@
 //                     cuEventQuery (CUDA_ERROR_NOT_READY is "not complete", not an error),
 //                     cuEventDestroy_v2, cuStreamWaitEvent
 //   device_synchronize cuCtxSynchronize in the device's primary context
+//   app_stream_capturing cuStreamIsCapturing on the application's stream
+//                     (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, the legacy stream during a global
+//                     capture elsewhere, counts as capturing)
 // Handles: frame, stream and event ids index tables of CUmemGenericAllocationHandle /
 // CUstream / CUevent (ids from per-kind counters starting at 1, guarded by a mutex that is
 // never held across a blocking driver call).
@@ -194,6 +197,7 @@ class cuda_backend final : public backend {
   int do_event_query(event_id event, bool* complete) override;
   int do_stream_wait_event(stream_id stream, event_id event) override;
   int do_device_synchronize(int device) override;
+  int do_app_stream_capturing(int device, uintptr_t app_stream, bool* capturing) override;
 
   const cuda::driver& d_;
   const std::vector<CUdevice> devices_;  // by ordinal, from cuDeviceGet
@@ -745,6 +749,22 @@ int cuda_backend::do_device_synchronize(int device) {
   context_scope scope(d_);
   VS_TRY(use_device(device, &scope));
   return check(d_.cuCtxSynchronize(), "cuCtxSynchronize() in device %d's primary context", device);
+}
+
+int cuda_backend::do_app_stream_capturing(int device, uintptr_t app_stream, bool* capturing) {
+  context_scope scope(d_);
+  VS_TRY(use_device(device, &scope));
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult r = d_.cuStreamIsCapturing(reinterpret_cast<CUstream>(app_stream), &status);
+  // Asking about the legacy default stream while another stream captures in global mode is
+  // itself refused, with this error: a capture is underway.
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+    *capturing = true;
+    return ok;
+  }
+  VS_TRY(check(r, "cuStreamIsCapturing(stream 0x%" PRIxPTR ", device %d)", app_stream, device));
+  *capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
+  return ok;
 }
 
 }  // namespace

@@ -67,6 +67,7 @@ namespace vramswap::cuda {
   X(cuStreamDestroy)                                           \
   X(cuStreamSynchronize)                                       \
   X(cuStreamWaitEvent)                                         \
+  X(cuStreamIsCapturing)                                       \
   X(cuMemcpyDtoHAsync)                                         \
   X(cuMemcpyHtoDAsync)                                         \
   X(cuMemsetD8Async)                                           \

@@ -282,6 +282,11 @@ class host_backend final : public backend {
     return ok;
   }
 
+  int do_app_stream_capturing(int, uintptr_t, bool* capturing) override {
+    *capturing = false;  // no CUDA graphs here
+    return ok;
+  }
+
   // --- tables ----------------------------------------------------------------------------
   frame_id add_frame(const frame& f) {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -111,6 +111,22 @@ void free(void* ptr, int device) {
   if (const int rc = rt::free(device, reinterpret_cast<uintptr_t>(ptr)); rc != ok) throw_last(rc);
 }
 
+void* malloc_async(size_t size, void* stream, int device) {
+  uintptr_t p = 0;
+  if (const int rc = rt::malloc_async(device, size, reinterpret_cast<uintptr_t>(stream), &p); rc != ok) throw_last(rc);
+  return reinterpret_cast<void*>(p);
+}
+
+void free_async(void* ptr, void* stream, int device) {
+  if (const int rc = rt::free_async(device, reinterpret_cast<uintptr_t>(ptr), reinterpret_cast<uintptr_t>(stream)); rc != ok) {
+    throw_last(rc);
+  }
+}
+
+void release_cached(int device) {
+  if (const int rc = rt::release_cached(device); rc != ok) throw_last(rc);
+}
+
 void advise(void* ptr, size_t size, advice a, int device) {
   if (const int rc = rt::advise(device, reinterpret_cast<uintptr_t>(ptr), size, static_cast<uint8_t>(a)); rc != ok) throw_last(rc);
 }
@@ -133,6 +149,8 @@ stats get_stats(int device) {
   r.lock_wait_seconds = s.lock_wait_seconds;
   r.evict_seconds = s.evict_seconds;
   r.restore_seconds = s.restore_seconds;
+  r.cached_bytes = s.cached_bytes;
+  r.graph_bytes = s.graph_bytes;
   return r;
 }
 

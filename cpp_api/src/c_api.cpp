@@ -38,6 +38,20 @@ int vramswap_malloc(void** out, size_t size, int device) {
 
 int vramswap_free(void* ptr, int device) { return rt::free(device, reinterpret_cast<uintptr_t>(ptr)); }
 
+int vramswap_malloc_async(void** out, size_t size, int device, void* stream) {
+  if (out == nullptr) return fail(err_invalid_argument, "vramswap_malloc_async(device %d): out is NULL", device);
+  uintptr_t p = 0;
+  VS_TRY(rt::malloc_async(device, size, reinterpret_cast<uintptr_t>(stream), &p));
+  *out = reinterpret_cast<void*>(p);
+  return ok;
+}
+
+int vramswap_free_async(void* ptr, int device, void* stream) {
+  return rt::free_async(device, reinterpret_cast<uintptr_t>(ptr), reinterpret_cast<uintptr_t>(stream));
+}
+
+int vramswap_release_cached(int device) { return rt::release_cached(device); }
+
 int vramswap_advise(void* ptr, size_t size, int advice, int device) {
   if (advice < 0 || advice > VRAMSWAP_ADVICE_READ_MOSTLY) {
     return fail(err_invalid_argument, "vramswap_advise(device %d): advice %d is not a VRAMSWAP_ADVICE_* value", device, advice);

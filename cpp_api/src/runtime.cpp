@@ -16,6 +16,7 @@
 #include "core/log.hpp"
 #include "core/status.hpp"
 #include "cpp_api/src/device_session.hpp"
+#include "cpp_api/src/stream_allocator.hpp"
 #include "lock/pool_segment.hpp"
 #include "lock/shared_segment.hpp"
 
@@ -24,6 +25,7 @@ namespace {
 
 struct device_state {
   std::unique_ptr<device_session> session;
+  std::unique_ptr<stream_allocator> async;  // over session's pager; destroyed before it
   std::atomic<uint64_t> holder_deaths{0};
 };
 
@@ -79,6 +81,7 @@ int state_for(const char* fn, int device, device_state** out) {
   VS_TRY(add_context(device_session::open(device, &s), "%s(device %d): opening the device's session: ", fn, device));
   if (g_devices.size() <= static_cast<size_t>(device)) g_devices.resize(device + 1);
   if (!g_devices[device]) g_devices[device] = std::make_unique<device_state>();
+  g_devices[device]->async = std::make_unique<stream_allocator>(s->get_backend(), device, s->memory());
   g_devices[device]->session = std::move(s);
   g_owner_pid.store(::getpid());
   // After default_backend() made the backend, so this runs before the backend's destructor.
@@ -208,7 +211,43 @@ int free(int device, uintptr_t ptr) noexcept {
   if (ptr == 0) return ok;
   device_state* st = nullptr;
   VS_TRY(state_for("free", device, &st));
+  if (st->async->owns(ptr)) {
+    return fail(err_invalid_argument,
+                "free(0x%zx, device %d): this block came from malloc_async; give it back with free_async (stream-ordered); "
+                "nothing was freed",
+                static_cast<size_t>(ptr), device);
+  }
   return add_context(st->session->memory().free(ptr), "free(0x%zx, device %d): ", static_cast<size_t>(ptr), device);
+}
+
+int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noexcept {
+  try {
+    device_state* st = nullptr;
+    VS_TRY(state_for("malloc_async", device, &st));
+    device_ptr p = 0;
+    VS_TRY(st->async->allocate(size, stream, &p));
+    *out = p;
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "malloc_async(%zu bytes, device %d): out of host memory", size, device);
+  }
+}
+
+int free_async(int device, uintptr_t ptr, uintptr_t stream) noexcept {
+  if (ptr == 0) return ok;
+  try {
+    device_state* st = nullptr;
+    VS_TRY(state_for("free_async", device, &st));
+    return st->async->deallocate(ptr, stream);
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "free_async(0x%zx, device %d): out of host memory", static_cast<size_t>(ptr), device);
+  }
+}
+
+int release_cached(int device) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("release_cached", device, &st));
+  return st->async->trim();
 }
 
 int advise(int device, uintptr_t ptr, size_t size, uint8_t a) noexcept {
@@ -244,6 +283,9 @@ int stats(int device, vramswap_stats_t* out) noexcept {
     r.lock_wait_seconds = s.lock_wait_seconds;
     r.evict_seconds = s.pager.evict_seconds;
     r.restore_seconds = s.pager.restore_seconds;
+    const stream_allocator_stats a = st->async->stats();
+    r.cached_bytes = a.cached_bytes;
+    r.graph_bytes = a.graph_bytes;
     *out = r;
     return ok;
   } catch (const std::bad_alloc&) {

@@ -32,6 +32,11 @@ uint32_t held_by_this_thread(int device) noexcept;
 int malloc(int device, size_t size, uintptr_t* out) noexcept;
 int free(int device, uintptr_t ptr) noexcept;
 int advise(int device, uintptr_t ptr, size_t size, uint8_t advice) noexcept;
+// Stream-ordered (cpp_api/src/stream_allocator.hpp); `stream` is a CUstream as a number.
+// free() of a malloc_async pointer is refused: it must go through free_async.
+int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noexcept;
+int free_async(int device, uintptr_t ptr, uintptr_t stream) noexcept;
+int release_cached(int device) noexcept;
 // Fills every field of *out (size included).
 int stats(int device, vramswap_stats_t* out) noexcept;
 

@@ -75,13 +75,24 @@ advise again after writing), or 'normal'.)doc");
         d["lock_wait_seconds"] = s.lock_wait_seconds;
         d["evict_seconds"] = s.evict_seconds;
         d["restore_seconds"] = s.restore_seconds;
+        d["cached_bytes"] = s.cached_bytes;
+        d["graph_bytes"] = s.graph_bytes;
         return d;
       },
       py::arg("device") = 0,
       R"doc(This process's numbers on the device, as a dict (the fields of vramswap::stats):
 allocated_bytes, allocations, resident_bytes, host_bytes, disk_bytes, bytes_in, bytes_out,
 acquires, evictions_served, lock_holder_deaths, acquire_seconds, lock_wait_seconds,
-evict_seconds, restore_seconds.)doc");
+evict_seconds, restore_seconds, cached_bytes, graph_bytes.)doc");
+  m.def(
+      "release_cached",
+      [](int device) {
+        py::gil_scoped_release nogil;
+        vramswap::release_cached(device);
+      },
+      py::arg("device") = 0,
+      R"doc(Synchronize the device and give back every block that stream-ordered frees keep for
+reuse (what vramswap.torch frees): stats()['cached_bytes'] drops to 0.)doc");
 }
 
 }  // namespace vramswap::python

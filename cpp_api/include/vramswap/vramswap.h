@@ -66,6 +66,20 @@ VRAMSWAP_C_API int vramswap_unlock(int device);
 VRAMSWAP_C_API int vramswap_malloc(void** out, size_t size, int device);
 /* Free what vramswap_malloc returned; NULL is ignored. */
 VRAMSWAP_C_API int vramswap_free(void* ptr, int device);
+/* Stream-ordered allocation, cudaMallocAsync-like, for frameworks that allocate and free at a
+ * high rate (vramswap.torch uses it). `stream` is a CUstream / cudaStream_t (NULL: the legacy
+ * default stream). vramswap_free_async(ptr, stream) is ordered on `stream`: the block is kept
+ * and reused by later allocations on that same stream at once (stream order makes it safe);
+ * other streams get it only after vramswap_release_cached() or after an allocation that
+ * found no room synchronized the device and gave the caches back. Kept blocks cost no
+ * transfer time: evictions drop them. Memory allocated for, or freed on, a stream that is
+ * being captured into a CUDA graph belongs to the graph and is held until the process exits.
+ * Blocks from vramswap_malloc_async go back only through vramswap_free_async. */
+VRAMSWAP_C_API int vramswap_malloc_async(void** out, size_t size, int device, void* stream);
+VRAMSWAP_C_API int vramswap_free_async(void* ptr, int device, void* stream);
+/* Synchronize the device and give every kept block back (vramswap_stats' cached_bytes -> 0). */
+VRAMSWAP_C_API int vramswap_release_cached(int device);
+
 /* Attach advice (VRAMSWAP_ADVICE_*) to [ptr, ptr + size), a range inside one allocation. */
 VRAMSWAP_C_API int vramswap_advise(void* ptr, size_t size, int advice, int device);
 
@@ -88,6 +102,8 @@ typedef struct vramswap_stats_t {
   double lock_wait_seconds;    /* of which waiting for the lock */
   double evict_seconds;        /* total time evicting this process's memory */
   double restore_seconds;      /* total time bringing it back */
+  uint64_t cached_bytes;       /* freed by vramswap_free_async, kept for reuse (of allocated_bytes) */
+  uint64_t graph_bytes;        /* malloc_async memory held for CUDA graphs (of allocated_bytes) */
 } vramswap_stats_t;
 /* VRAMSWAP_ERR_INVALID_ARGUMENT when out is NULL or out->size is smaller than 16 bytes. */
 VRAMSWAP_C_API int vramswap_stats(int device, vramswap_stats_t* out);

@@ -173,6 +173,16 @@ enum class advice : uint8_t {
 VRAMSWAP_API void* malloc(size_t size, int device = 0);
 // Free what malloc returned (nullptr is ignored). Throws invalid_argument for anything else.
 VRAMSWAP_API void free(void* ptr, int device = 0);
+// Stream-ordered allocation (cudaMallocAsync-like; `stream` is a cudaStream_t, nullptr the
+// legacy default stream), for code that allocates and frees at a high rate. free_async is
+// ordered on `stream`: later allocations on that stream reuse the block at once; other
+// streams only after release_cached() (which synchronizes the device) or after an
+// allocation that found no room did the same. Kept blocks are never copied by an eviction.
+// Memory allocated for, or freed on, a stream being captured into a CUDA graph is the
+// graph's until the process exits. See vramswap_malloc_async in vramswap.h.
+VRAMSWAP_API void* malloc_async(size_t size, void* stream, int device = 0);
+VRAMSWAP_API void free_async(void* ptr, void* stream, int device = 0);
+VRAMSWAP_API void release_cached(int device = 0);
 // Attach a hint to [ptr, ptr + size), a range inside one allocation. Any later advise of a
 // read_mostly range (after writing it) drops its kept copy.
 VRAMSWAP_API void advise(void* ptr, size_t size, advice a, int device = 0);
@@ -193,6 +203,8 @@ struct stats {
   double lock_wait_seconds = 0;  // of which waiting for the lock
   double evict_seconds = 0;      // total time evicting this process's memory
   double restore_seconds = 0;    // total time bringing it back
+  uint64_t cached_bytes = 0;     // freed by free_async, kept for reuse (part of allocated_bytes)
+  uint64_t graph_bytes = 0;      // malloc_async memory held for CUDA graphs (part of allocated_bytes)
 };
 // Opens the device's session if needed (so it may start the pool server).
 VRAMSWAP_API stats get_stats(int device = 0);

@@ -1,0 +1,146 @@
+// Stream-ordered allocation (vramswap_malloc_async / vramswap_free_async, the C++ and C
+// faces) on the host backend: same-stream reuse, no reuse across streams until the caches
+// are given back, the size rounding and slack, misuse refused without changing anything,
+// room made by trimming when the arena is full, and cached blocks dropped by an eviction
+// while live blocks come back byte for byte.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpp_api/api_test_env.hpp"
+#include "cpp_api/src/runtime.hpp"
+#include "support/random_bytes.hpp"
+#include "vramswap/vramswap.h"
+#include "vramswap/vramswap.hpp"
+
+namespace {
+constexpr size_t MiB = size_t{1} << 20;
+// Streams are only keys on the host backend: any distinct numbers do.
+void* const s1 = reinterpret_cast<void*>(0x1000);
+void* const s2 = reinterpret_cast<void*>(0x2000);
+
+class StreamAllocator : public ::testing::Test {
+ protected:
+  void TearDown() override { env_.end(); }
+  vramswap::test::api_test_env env_;
+};
+
+// Sizes round to 512 B below 1 MiB and to 128 KiB above, so near sizes share blocks.
+TEST_F(StreamAllocator, SizesRoundTo512BytesBelowAMebibyteAnd128KiBAbove) {
+  void* a = vramswap::malloc_async(513, s1);
+  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 1024u);
+  vramswap::free_async(a, s1);
+  EXPECT_EQ(vramswap::malloc_async(1024, s1), a);
+  void* b = vramswap::malloc_async(MiB + 1, s1);
+  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 1024u + MiB + 128 * 1024);
+  vramswap::free_async(b, s1);
+  EXPECT_EQ(vramswap::malloc_async(MiB + 128 * 1024, s1), b);
+  vramswap::release_cached(0);
+}
+
+TEST_F(StreamAllocator, SameStreamReusesAtOnceOtherStreamsDoNot) {
+  void* a = vramswap::malloc_async(MiB, s1);
+  vramswap::free_async(a, s1);
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, MiB);
+  void* other = vramswap::malloc_async(MiB, s2);
+  EXPECT_NE(other, a) << "a block freed on one stream must not serve another stream before a synchronization";
+  void* again = vramswap::malloc_async(MiB, s1);
+  EXPECT_EQ(again, a) << "a block freed on a stream serves that stream's next allocation of its size";
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 0u);
+  vramswap::free_async(again, s1);
+  vramswap::free_async(other, s2);
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 2 * MiB);
+  const uint64_t allocated = vramswap::get_stats(0).allocated_bytes;
+  vramswap::release_cached(0);
+  const vramswap::stats s = vramswap::get_stats(0);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(s.allocated_bytes, allocated - 2 * MiB) << "release_cached gives the blocks back to the pager";
+}
+
+TEST_F(StreamAllocator, ACachedBlockServesRequestsUpToAnEighthSmaller) {
+  void* a = vramswap::malloc_async(8 * MiB, s1);
+  vramswap::free_async(a, s1);
+  void* b = vramswap::malloc_async(8 * MiB - 512 * 1024, s1);  // 1/16 smaller
+  EXPECT_EQ(b, a);
+  vramswap::free_async(b, s1);
+  void* c = vramswap::malloc_async(4 * MiB, s1);  // half: would waste too much
+  EXPECT_NE(c, a);
+  vramswap::free_async(c, s1);
+}
+
+TEST_F(StreamAllocator, MisuseIsRefusedAndChangesNothing) {
+  void* a = nullptr;
+  ASSERT_EQ(vramswap_malloc_async(&a, MiB, 0, s1), VRAMSWAP_OK) << vramswap_last_error();
+  // A block from malloc_async does not go back through plain free.
+  EXPECT_EQ(vramswap_free(a, 0), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(vramswap_last_error()).find("free_async"), std::string::npos) << vramswap_last_error();
+  ASSERT_EQ(vramswap_free_async(a, 0, s1), VRAMSWAP_OK) << vramswap_last_error();
+  EXPECT_EQ(vramswap_free_async(a, 0, s1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(vramswap_last_error()).find("double free"), std::string::npos) << vramswap_last_error();
+  EXPECT_EQ(vramswap_free_async(reinterpret_cast<char*>(a) + 256, 0, s1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(vramswap_malloc_async(&a, 0, 0, s1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(vramswap_malloc_async(nullptr, MiB, 0, s1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(vramswap_free_async(nullptr, 0, s1), VRAMSWAP_OK) << "NULL is ignored, as free(NULL)";
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, MiB) << "the refused calls changed the cache";
+  void* b = nullptr;
+  ASSERT_EQ(vramswap_malloc_async(&b, MiB, 0, s1), VRAMSWAP_OK);
+  EXPECT_EQ(b, a) << "the cached block is still good after the refused calls";
+  ASSERT_EQ(vramswap_free_async(b, 0, s1), VRAMSWAP_OK);
+}
+
+TEST_F(StreamAllocator, AFullArenaIsMadeRoomInByGivingTheCachesBack) {
+  ::setenv("VRAMSWAP_ARENA_SIZE", "64MiB", 1);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 6; ++i) blocks.push_back(vramswap::malloc_async(8 * MiB, s1));
+  for (void* p : blocks) vramswap::free_async(p, s1);
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 48 * MiB);
+  // 48 MiB cached for s1; 40 MiB for s2 fits only if the caches are given back.
+  void* big = vramswap::malloc_async(40 * MiB, s2);
+  EXPECT_NE(big, nullptr);
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 0u);
+  try {
+    vramswap::malloc_async(40 * MiB, s2);
+    FAIL() << "the arena cannot hold two 40 MiB blocks";
+  } catch (const vramswap::out_of_memory& e) {
+    EXPECT_NE(std::string(e.what()).find("malloc_async"), std::string::npos) << e.what();
+  }
+  vramswap::free_async(big, s2);
+  ::unsetenv("VRAMSWAP_ARENA_SIZE");
+}
+
+// Eager release evicts everything at unlock: live blocks are copied out and come back
+// intact; a cached block is discardable and costs no copy.
+TEST_F(StreamAllocator, EvictionCopiesLiveBlocksAndDropsCachedOnes) {
+  ::setenv("VRAMSWAP_EAGER_RELEASE", "1", 1);
+  const size_t size = 8 * MiB;  // whole 2 MiB frames: no page shared between the two
+  void* live = vramswap::malloc_async(size, s1);
+  void* dead = vramswap::malloc_async(size, s1);
+  std::vector<uint8_t> bytes(size);
+  vramswap::test::fill_random(bytes.data(), size, 7);
+  {
+    vramswap::gpu_lock g(0);
+    ASSERT_EQ(vramswap::rt::copy_to_device(0, reinterpret_cast<uintptr_t>(live), bytes.data(), size), 0);
+    ASSERT_EQ(vramswap::rt::copy_to_device(0, reinterpret_cast<uintptr_t>(dead), bytes.data(), size), 0);
+  }
+  const uint64_t out_before = vramswap::get_stats(0).bytes_out;
+  vramswap::free_async(dead, s1);
+  { vramswap::gpu_lock g(0); }  // restore, then evict again at unlock
+  const uint64_t copied = vramswap::get_stats(0).bytes_out - out_before;
+  EXPECT_EQ(copied, size) << "only the live block's pages are copied out; the cached block's are dropped";
+  {
+    vramswap::gpu_lock g(0);
+    std::vector<uint8_t> back(size);
+    ASSERT_EQ(vramswap::rt::copy_from_device(0, back.data(), reinterpret_cast<uintptr_t>(live), size), 0);
+    EXPECT_EQ(std::memcmp(back.data(), bytes.data(), size), 0) << "a live block lost bytes across the eviction";
+    void* reused = vramswap::malloc_async(size, s1);
+    EXPECT_EQ(reused, dead);
+    vramswap::free_async(reused, s1);
+  }
+  vramswap::free_async(live, s1);
+  ::unsetenv("VRAMSWAP_EAGER_RELEASE");
+}
+
+}  // namespace
