@@ -43,6 +43,12 @@ else
   echo "device-run: no .devdeps/*.deb carried (run scripts/fetch-device-deps.sh here and carry .devdeps)" >&2
 fi
 
+# pytest for the Python suites (vramswap.torch's included), from the carried wheels.
+if ! python3 -c "import pytest" 2>/dev/null && compgen -G ".devdeps/wheels/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --find-links .devdeps/wheels pytest >/dev/null 2>&1 ||
+    echo "device-run: installing pytest from .devdeps/wheels failed" >&2
+fi
+
 # --- build --------------------------------------------------------------------------------
 build=build/device
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVRAMSWAP_WERROR=ON \
@@ -55,7 +61,8 @@ status=0
 if [[ $what == *tests* ]]; then
   # tests:gpu runs only the suites below (the GPU ones), not the whole ctest.
   if [[ $what != *tests:gpu* ]]; then
-    VRAMSWAP_LOG=warn ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600 >"$OUT/ctest.log" 2>&1 || status=$?
+    # The Python suites run below, verbosely and alone (they load the GPU).
+    VRAMSWAP_LOG=warn ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600 -E '^python_tests$' >"$OUT/ctest.log" 2>&1 || status=$?
     grep -E "tests passed|tests failed|\*\*\*Failed|Failed  |\(Failed\)" "$OUT/ctest.log" | tail -30
   fi
   # The suites that exercise the GPU, verbosely, for the record: the cuda halves of the
@@ -73,7 +80,17 @@ if [[ $what == *tests* ]]; then
     echo "=== $(basename "$t")" >>"$OUT/gpu-tests.log"
     "$t" >>"$OUT/gpu-tests.log" 2>&1 || status=1
   done
-  grep -E "^===|\[  (PASSED|FAILED|SKIPPED) |\[ info" "$OUT/gpu-tests.log"
+  # The Python suites, vramswap.torch on the GPU included (torch.compile, CUDA graphs, the
+  # 3-process example at small sizes), then the PyTorch example at its full defaults:
+  # 3 processes x 6 GiB against a 9 GiB pool, bit-exact against solo runs.
+  echo "=== pytest tests/python" >>"$OUT/gpu-tests.log"
+  PYTHONPATH=$PWD/$build/python VRAMSWAP_TEST_SERVER=$PWD/$build/vramswapd VRAMSWAP_LOG=warn \
+    python3 -m pytest -v -p no:cacheprovider tests/python >>"$OUT/gpu-tests.log" 2>&1 || status=1
+  echo "=== examples/torch_time_sharing.py (3 x 6 GiB, pool 9 GiB)" >>"$OUT/gpu-tests.log"
+  PYTHONPATH=$PWD/$build/python VRAMSWAP_SERVER=$PWD/$build/vramswapd VRAMSWAP_LOG=warn \
+    VRAMSWAP_SHM_PREFIX="vsdemo$$-" VRAMSWAP_POOL_IDLE_EXIT=5 \
+    python3 examples/torch_time_sharing.py >>"$OUT/gpu-tests.log" 2>&1 || status=1
+  grep -E "^===|\[  (PASSED|FAILED|SKIPPED) |\[ info|PASSED|FAILED|SKIPPED|RESULT|^\| |x the pool|passed|failed" "$OUT/gpu-tests.log"
 fi
 if [[ $what == *bench* ]]; then
   only=""

@@ -11,7 +11,8 @@
 
 Errors: ValueError (bad argument, device order), MemoryError, TimeoutError, and
 vramswap.Error (a RuntimeError) for the rest. Configuration: VRAMSWAP_* environment
-variables (see README.md). PyTorch integration will live in vramswap.torch (not yet).
+variables (see README.md). PyTorch: vramswap.torch.enable(), or VRAMSWAP_TORCH=1 at import,
+routes every CUDA tensor's memory through vramswap (see vramswap/torch.py).
 """
 
 from ._vramswap import (
@@ -27,6 +28,7 @@ from ._vramswap import (
     held,
     malloc,
     release,
+    release_cached,
     stats,
 )
 from ._lock import gpu_lock
@@ -44,5 +46,16 @@ __all__ = [
     "held",
     "malloc",
     "release",
+    "release_cached",
     "stats",
 ]
+
+# VRAMSWAP_TORCH=1: PyTorch's CUDA memory goes through vramswap from the start (importing
+# vramswap must then come before the first CUDA tensor).
+import os as _os
+
+if _os.environ.get("VRAMSWAP_TORCH", "") not in ("", "0"):
+    from . import torch as _torch_integration
+
+    _torch_integration._enable_from_environment()
+

@@ -146,7 +146,7 @@ def test_stats_keys():
     assert set(s) == {
         "allocated_bytes", "allocations", "resident_bytes", "host_bytes", "disk_bytes", "bytes_in", "bytes_out",
         "acquires", "evictions_served", "lock_holder_deaths", "acquire_seconds", "lock_wait_seconds",
-        "evict_seconds", "restore_seconds",
+        "evict_seconds", "restore_seconds", "cached_bytes", "graph_bytes",
     }
     assert s["allocations"] == 0 and s["acquires"] == 0
 
@@ -206,3 +206,20 @@ def test_forked_child_gets_a_clear_error():
         os.waitpid(pid, 0)
         assert got == b"ok"
         assert vramswap.held(0) == 1
+
+
+def test_release_cached_with_nothing_cached_is_harmless():
+    vramswap.release_cached()
+    assert vramswap.stats()["cached_bytes"] == 0
+
+
+def test_torch_module_imports_without_torch_and_bad_env_is_refused():
+    import subprocess
+    import sys
+
+    import vramswap.torch
+
+    assert vramswap.torch.enabled() is False
+    env = dict(os.environ, VRAMSWAP_TORCH="yes")
+    r = subprocess.run([sys.executable, "-c", "import vramswap"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "VRAMSWAP_TORCH='yes'" in r.stderr, r.stderr
