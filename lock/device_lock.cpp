@@ -307,8 +307,15 @@ int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeou
       last_tick = now;
       continue;
     }
-    const uint64_t until_tick = last_tick + static_cast<uint64_t>(k_liveness_poll_ns) - now;
-    futex_wait(&slot.state, slot_waiting, std::min(until_tick, deadline - now));
+    const uint64_t sleep_ns = std::min(last_tick + static_cast<uint64_t>(k_liveness_poll_ns) - now, deadline - now);
+    futex_wait(&slot.state, slot_waiting, sleep_ns);
+    // Back well before the timeout and not granted: a heads-up (announce_release), most
+    // likely. The grant follows within microseconds; spin for it rather than sleep again.
+    const uint64_t woke = monotonic_ns();
+    if (woke - now < sleep_ns && slot.state.load(std::memory_order_acquire) == slot_waiting) {
+      const uint64_t spin_until = std::min(woke + static_cast<uint64_t>(k_heads_up_spin_ns), deadline);
+      while (slot.state.load(std::memory_order_acquire) == slot_waiting && monotonic_ns() < spin_until) cpu_relax();
+    }
   }
   // Timed out: leave the queue, unless the grant arrived in the meantime.
   VS_TRY(lock_mutex());
@@ -386,6 +393,24 @@ int device_lock::release() noexcept {
   if (st->waiter_count > 0) dispatch_locked();
   unlock_robust(&st->mutex);
   return ok;
+}
+
+void device_lock::announce_release() noexcept {
+  if (segment_ == nullptr || depth_ != 1) return;
+  process_identity me{};
+  if (current_process(&me) != ok || !held_by(me.pid, current_tid())) return;
+  // Without the mutex: this is a hint. A slot read mid-change at worst wakes the wrong
+  // waiter, which spins briefly and sleeps again.
+  lock_state* st = lock_state_of(segment_->base());
+  if (st->waiter_count == 0) return;
+  waiter_slot* slots = slots_of(segment_->base());
+  uint32_t best = k_no_slot;
+  const uint32_t end = std::min(st->slot_high_water, k_slot_count);
+  for (uint32_t i = 0; i < end; ++i) {
+    if (slots[i].state.load(std::memory_order_acquire) != slot_waiting) continue;
+    if (best == k_no_slot || served_before(slots[i], slots[best])) best = i;
+  }
+  if (best != k_no_slot) futex_wake_one(&slots[best].state);
 }
 
 int device_lock::repair_now() noexcept {

@@ -14,8 +14,13 @@
 //
 // Waiting. A waiter sleeps in FUTEX_WAIT on its own slot's state word. A release marks the
 // chosen slot `holding` and wakes that futex only: one handoff wakes exactly one thread.
-// No spinning. The sleep has a 10 ms timeout (k_liveness_poll_ns) so that waiters notice
-// a dead holder without help from anyone.
+// The sleep has a 10 ms timeout (k_liveness_poll_ns) so that waiters notice a dead holder
+// without help from anyone. Heads-up: a holder about to release (device_session, before it
+// synchronizes the device) may call announce_release(), which wakes the waiter that would be
+// granted without granting it; a waiter woken without a grant spins for up to
+// k_heads_up_spin_ns before it sleeps again. A thread that slept long takes tens of
+// microseconds to run again after a wake; the heads-up overlaps that with the holder's last
+// work instead of adding it to the handoff. Otherwise, no spinning.
 //
 // Death. The internal mutex is held only for a few dozen instructions; if its owner dies
 // there, the next locker gets EOWNERDEAD and runs the one recovery function, which reaps
@@ -83,6 +88,8 @@ class device_lock {
   // How often a waiter wakes to check that the holder still lives, and the lower bound of
   // the time between two liveness scans of one segment.
   static constexpr int64_t k_liveness_poll_ns = 10'000'000;
+  // How long a waiter woken without a grant (a heads-up) spins before sleeping again.
+  static constexpr int64_t k_heads_up_spin_ns = 1'000'000;
 
   // Open (creating when absent) the lock of `device_key`: the GPU UUID, or "host-N".
   // Returns 0, err_invalid_argument, err_version_mismatch, err_unavailable, err_system.
@@ -113,6 +120,13 @@ class device_lock {
   // Undo one acquire; the last one hands the lock to the next waiter.
   // Returns 0; err_not_owner (this thread does not hold it); err_internal.
   int release() noexcept;
+
+  // A hint, by the holding thread, that its last release() is coming: wakes the waiter that
+  // would be granted now, so that it is running (spinning) when the grant comes. Changes no
+  // state; a no-op when the calling thread does not hold the lock or nobody waits. If the
+  // grant goes to someone else (a higher-priority waiter arrived), the woken waiter sleeps
+  // again after its spin.
+  void announce_release() noexcept;
 
   // Does the calling thread hold the lock? (False in a forked child.)
   bool held() const noexcept;

@@ -19,6 +19,15 @@ inline void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, uint64_t 
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
+// One iteration of a spin-wait: tells the CPU (and a hypervisor) that this core is waiting.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
 // Wake at most one thread sleeping on `word`.
 inline void futex_wake_one(std::atomic<uint32_t>* word) noexcept {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);

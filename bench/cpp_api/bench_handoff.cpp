@@ -82,7 +82,8 @@ int run_worker(uint64_t bytes, int rounds, int hold_ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
     const uint64_t released = monotonic_ns();  // "release called": printed after, so printing is not timed
     check(s->release(), "release");
-    std::printf("release %" PRIu64 " unlock %" PRIu64 "\n", released, s->stats().last_unlock_ns);
+    const session_stats after = s->stats();
+    std::printf("release %" PRIu64 " unlock %" PRIu64 " synced %" PRIu64 "\n", released, after.last_unlock_ns, after.last_synced_ns);
     std::fflush(stdout);
   }
   check(s->get_backend().stream_destroy(st), "stream");
@@ -124,6 +125,7 @@ struct event {
   bool acquire;
   uint64_t bytes_in, bytes_out;
   uint64_t stage_ns;  // acquire: when the lock was granted; release: when it was handed on
+  uint64_t synced_ns;  // release: when the device was synchronized
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -138,6 +140,7 @@ double percentile(std::vector<double> v, double q) {
 // on, the lock's handoff, and the acquirer's work once granted.
 struct stages {
   std::vector<double> release_work, lock_handoff, acquire_work;
+  std::vector<double> release_sync;  // of release_work: synchronizing the device
 };
 
 void run_pair(uint64_t bytes, uint64_t pool_bytes, int rounds, int hold_ms, std::vector<double>* handoffs, std::vector<double>* moved,
@@ -170,7 +173,7 @@ void run_pair(uint64_t bytes, uint64_t pool_bytes, int rounds, int hold_ms, std:
       if (std::sscanf(l, "acquired %" SCNu64 " in %" SCNu64 " out %" SCNu64 " granted %" SCNu64, &e.ns, &e.bytes_in, &e.bytes_out,
                       &e.stage_ns) == 4) {
         e.acquire = true;
-      } else if (std::sscanf(l, "release %" SCNu64 " unlock %" SCNu64, &e.ns, &e.stage_ns) == 2) {
+      } else if (std::sscanf(l, "release %" SCNu64 " unlock %" SCNu64 " synced %" SCNu64, &e.ns, &e.stage_ns, &e.synced_ns) == 3) {
         e.acquire = false;
       } else {
         continue;
@@ -205,6 +208,7 @@ void run_pair(uint64_t bytes, uint64_t pool_bytes, int rounds, int hold_ms, std:
     handoffs->push_back((e.ns - prev.ns) / 1e9);
     moved->push_back(static_cast<double>(in_delta));
     st->release_work.push_back((prev.stage_ns - prev.ns) / 1e9);
+    st->release_sync.push_back((prev.synced_ns - prev.ns) / 1e9);
     st->lock_handoff.push_back((static_cast<double>(e.stage_ns) - static_cast<double>(prev.stage_ns)) / 1e9);
     st->acquire_work.push_back((e.ns - e.stage_ns) / 1e9);
   }
@@ -375,10 +379,11 @@ int main(int argc, char** argv) {
     stages st;
     run_pair(bytes, 3 * bytes, std::max(rounds, 40), 20, &h, &moved, &st);
     std::printf("\nBoth fit (%g GiB each, pool %g GiB): %zu handoffs, p50 %.1f us, p90 %.1f us, max bytes moved %.0f; "
-                "p50 stages: release %.1f us, lock %.1f us, acquire %.1f us\n",
+                "p50 stages: release %.1f us (of which the device synchronize %.1f us), lock %.1f us, acquire %.1f us\n",
                 fit, 3 * fit, h.size(), percentile(h, 0.5) * 1e6, percentile(h, 0.9) * 1e6,
                 moved.empty() ? 0.0 : *std::max_element(moved.begin(), moved.end()), percentile(st.release_work, 0.5) * 1e6,
-                percentile(st.lock_handoff, 0.5) * 1e6, percentile(st.acquire_work, 0.5) * 1e6);
+                percentile(st.release_sync, 0.5) * 1e6, percentile(st.lock_handoff, 0.5) * 1e6,
+                percentile(st.acquire_work, 0.5) * 1e6);
   }
 #ifdef VRAMSWAP_HAVE_CUDA_H
   if (gpu) {

@@ -143,6 +143,9 @@ int device_session::release() {
     return lock_.release();
   }
   const uint64_t called_ns = monotonic_ns();
+  // Wake the next waiter now: its wake-up overlaps our synchronize and bookkeeping. (Not
+  // before an eviction of everything, which takes far longer than the waiter would spin.)
+  if (!eager_release_ && !strict_) lock_.announce_release();
   std::lock_guard<std::mutex> guard(mutex_);
   // Our kernels must be done with the memory before anyone may take it.
   int rc = add_context(be_->device_synchronize(device_), "release(device %d): synchronizing the device: ", device_);
@@ -158,6 +161,7 @@ int device_session::release() {
   conn_->segment().member(conn_->member()).holding.store(0);
   depth_ = 0;
   stats_.last_release_call_ns = called_ns;
+  stats_.last_synced_ns = evict_start_ns;
   stats_.last_unlock_ns = monotonic_ns();
   observe_->released(evict_start_ns, stats_.last_unlock_ns, pager_->stats().bytes_out - bytes_out_before);
   publish_store();

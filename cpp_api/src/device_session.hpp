@@ -46,6 +46,7 @@ struct session_stats {
   double lock_wait_seconds = 0;   // of which waiting for the lock
   // CLOCK_MONOTONIC instants of the last switch, to split a handoff into its stages:
   uint64_t last_release_call_ns = 0;   // release() entered
+  uint64_t last_synced_ns = 0;         // release(): the device synchronized
   uint64_t last_unlock_ns = 0;         // release() about to hand the lock on
   uint64_t last_lock_granted_ns = 0;   // acquire(): the lock was ours
   uint64_t last_resident_ns = 0;       // acquire(): memory resident, about to return

@@ -172,6 +172,40 @@ TEST_F(DeviceLock, TimedAcquireSucceedsWhenReleasedInTime) {
   EXPECT_EQ(rc, ok) << last_error();
 }
 
+// The heads-up before a release wakes the next waiter but grants nothing: the holder keeps
+// the lock until it releases, and a non-holder's heads-up does nothing.
+TEST_F(DeviceLock, AnnounceReleaseGrantsNothing) {
+  device_lock holder, other;
+  ASSERT_EQ(device_lock::open(key_, &holder), ok);
+  ASSERT_EQ(device_lock::open(key_, &other), ok);
+  other.announce_release();  // not held by anyone: nothing to do
+  ASSERT_EQ(holder.acquire(), ok);
+  std::atomic<bool> granted{false};
+  int rc = 1;
+  std::thread waiter([&] {
+    rc = other.acquire();
+    granted.store(true);
+    if (rc == ok) other.release();
+  });
+  ASSERT_TRUE(wait_for_queue(holder, [](const auto& q) { return queue_has_waiters(q, 1); }));
+  for (int i = 0; i < 3; ++i) {
+    holder.announce_release();
+    other.announce_release();  // this thread does not hold `other`'s lock: a no-op
+    std::this_thread::sleep_for(5ms);  // past the waiter's spin
+  }
+  EXPECT_FALSE(granted.load()) << "a heads-up must not hand the lock on";
+  EXPECT_TRUE(holder.held());
+  std::vector<lock_queue_entry> q;
+  ASSERT_EQ(holder.snapshot(&q), ok);
+  ASSERT_EQ(q.size(), 2u);
+  EXPECT_TRUE(q[0].holding);
+  EXPECT_FALSE(q[1].holding);
+  ASSERT_EQ(holder.release(), ok);
+  waiter.join();
+  EXPECT_EQ(rc, ok) << last_error();
+  EXPECT_TRUE(granted.load());
+}
+
 TEST_F(DeviceLock, BadArgumentsAreRejected) {
   device_lock closed;
   EXPECT_EQ(closed.acquire(), err_invalid_argument);
