@@ -73,7 +73,22 @@ if [[ $what == *tests* ]]; then
     echo "=== $(basename "$t")" >>"$OUT/gpu-tests.log"
     "$t" >>"$OUT/gpu-tests.log" 2>&1 || status=1
   done
-  grep -E "^===|\[  (PASSED|FAILED|SKIPPED) |\[ info" "$OUT/gpu-tests.log"
+  # examples/train_loop: two copies at once on the cuda backend, taking turns a step at a
+  # time. Each writes its own file in the build tree (two writers of one file interleave),
+  # appended to gpu-tests.log once both are done.
+  if [[ -x $build/examples/vramswap_train_loop ]]; then
+    echo "=== train_loop (2 copies at once, cuda)" >>"$OUT/gpu-tests.log"
+    pids=()
+    for i in 1 2; do
+      VRAMSWAP_BACKEND=cuda "$build/examples/vramswap_train_loop" 200 >"$build/train_loop.$i.log" 2>&1 &
+      pids+=($!)
+    done
+    for i in 1 2; do
+      wait "${pids[i - 1]}" || status=1
+      cat "$build/train_loop.$i.log" >>"$OUT/gpu-tests.log"
+    done
+  fi
+  grep -E "^===|\[  (PASSED|FAILED|SKIPPED) |\[ info|^train_loop\[[0-9]+\]: (OK|FAILED)" "$OUT/gpu-tests.log"
 fi
 if [[ $what == *bench* ]]; then
   only=""
