@@ -80,6 +80,24 @@ if [[ $what == *tests* ]]; then
     echo "=== $(basename "$t")" >>"$OUT/gpu-tests.log"
     "$t" >>"$OUT/gpu-tests.log" 2>&1 || status=1
   done
+  # examples/train_loop: two copies at once on the cuda backend, taking turns a step at a
+  # time. Each writes its own file in the build tree (two writers of one file interleave),
+  # appended to gpu-tests.log once both are done.
+  if [[ -x $build/examples/vramswap_train_loop ]]; then
+    echo "=== train_loop (2 copies at once, cuda)" >>"$OUT/gpu-tests.log"
+    pids=()
+    for i in 1 2; do
+      # A private, small pool that goes soon after: the default pool would hold nearly all of
+      # the GPU's memory for a minute, starving the plain-PyTorch references below.
+      VRAMSWAP_BACKEND=cuda VRAMSWAP_SHM_PREFIX="vstrain$$-" VRAMSWAP_POOL_SIZE=4GiB VRAMSWAP_POOL_IDLE_EXIT=2 \
+        "$build/examples/vramswap_train_loop" 200 >"$build/train_loop.$i.log" 2>&1 &
+      pids+=($!)
+    done
+    for i in 1 2; do
+      wait "${pids[i - 1]}" || status=1
+      cat "$build/train_loop.$i.log" >>"$OUT/gpu-tests.log"
+    done
+  fi
   # The Python suites, vramswap.torch on the GPU included (torch.compile, CUDA graphs, the
   # 3-process example at small sizes), then the PyTorch example at its full defaults:
   # 3 processes x 6 GiB against a 9 GiB pool, bit-exact against solo runs.
@@ -90,7 +108,7 @@ if [[ $what == *tests* ]]; then
   PYTHONPATH=$PWD/$build/python VRAMSWAP_SERVER=$PWD/$build/vramswapd VRAMSWAP_LOG=warn \
     VRAMSWAP_SHM_PREFIX="vsdemo$$-" VRAMSWAP_POOL_IDLE_EXIT=5 \
     python3 examples/torch_time_sharing.py >>"$OUT/gpu-tests.log" 2>&1 || status=1
-  grep -E "^===|\[  (PASSED|FAILED|SKIPPED) |\[ info|PASSED|FAILED|SKIPPED|RESULT|^\| |x the pool|passed|failed" "$OUT/gpu-tests.log"
+  grep -E "^===|\[  (PASSED|FAILED|SKIPPED) |\[ info|^train_loop\[[0-9]+\]: (OK|FAILED)|PASSED|FAILED|SKIPPED|RESULT|^\| |x the pool|passed|failed" "$OUT/gpu-tests.log"
 fi
 if [[ $what == *bench* ]]; then
   only=""
