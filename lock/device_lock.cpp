@@ -25,6 +25,23 @@ bool served_before(const waiter_slot& a, const waiter_slot& b) {
   return a.ticket < b.ticket;
 }
 
+// Fold the hold that ends at `now` into the moving averages (weight 1/4 for the newest).
+void record_hold(lock_state* st, uint64_t now) {
+  const uint64_t granted = st->holder_granted_ns.load(std::memory_order_relaxed);
+  if (granted == 0 || now < granted) return;
+  const int64_t hold = static_cast<int64_t>(now - granted);
+  const int64_t mean = static_cast<int64_t>(st->hold_mean_ns.load(std::memory_order_relaxed));
+  if (mean == 0) {
+    st->hold_mean_ns.store(static_cast<uint64_t>(hold), std::memory_order_relaxed);
+    st->hold_jitter_ns.store(static_cast<uint64_t>(hold), std::memory_order_relaxed);  // unknown: as irregular as can be
+    return;
+  }
+  const int64_t dev = hold > mean ? hold - mean : mean - hold;
+  const int64_t jitter = static_cast<int64_t>(st->hold_jitter_ns.load(std::memory_order_relaxed));
+  st->hold_mean_ns.store(static_cast<uint64_t>(mean + (hold - mean) / 4), std::memory_order_relaxed);
+  st->hold_jitter_ns.store(static_cast<uint64_t>(jitter + (dev - jitter) / 4), std::memory_order_relaxed);
+}
+
 }  // namespace
 
 device_lock::device_lock() noexcept = default;
@@ -193,6 +210,7 @@ uint32_t device_lock::dispatch_locked() noexcept {
   next.state.store(slot_holding, std::memory_order_release);
   at_crash_point(crash_point::grant_state_stored);
   st->holder_slot = best;
+  st->holder_granted_ns.store(monotonic_ns(), std::memory_order_relaxed);
   if (st->waiter_count > 0) --st->waiter_count;
   st->dead_holder_pid = 0;
   at_crash_point(crash_point::grant_before_wake);
@@ -298,6 +316,7 @@ int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeou
   waiter_slot& slot = slots_of(segment_->base())[mine];
   const uint64_t deadline = timeout_ns < 0 ? std::numeric_limits<uint64_t>::max() : start_ns + static_cast<uint64_t>(timeout_ns);
   uint64_t last_tick = monotonic_ns();
+  uint64_t spun_for = 0;  // the predicted release this waiter already spun for
   for (;;) {
     if (slot.state.load(std::memory_order_acquire) == slot_holding) return ok;
     const uint64_t now = monotonic_ns();
@@ -307,14 +326,26 @@ int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeou
       last_tick = now;
       continue;
     }
-    const uint64_t sleep_ns = std::min(last_tick + static_cast<uint64_t>(k_liveness_poll_ns) - now, deadline - now);
+    uint64_t sleep_ns = std::min(last_tick + static_cast<uint64_t>(k_liveness_poll_ns) - now, deadline - now);
+    // A regular holder's release is predictable: be awake for it.
+    uint64_t predicted_until = 0;
+    const uint64_t spin_from = predicted_spin_start(mine, &predicted_until);
+    if (spin_from != 0 && predicted_until > now && spun_for != predicted_until) {
+      if (now >= spin_from) {
+        spun_for = predicted_until;  // one spin per predicted release
+        const uint64_t until = std::min(predicted_until, deadline);
+        while (slot.state.load(std::memory_order_acquire) == slot_waiting && monotonic_ns() < until) cpu_relax();
+        continue;
+      }
+      sleep_ns = std::min(sleep_ns, spin_from - now);
+    }
     futex_wait(&slot.state, slot_waiting, sleep_ns);
     // Back well before the timeout and not granted: a heads-up (announce_release), most
     // likely. The grant follows within microseconds; spin for it rather than sleep again.
     const uint64_t woke = monotonic_ns();
     if (woke - now < sleep_ns && slot.state.load(std::memory_order_acquire) == slot_waiting) {
-      const uint64_t spin_until = std::min(woke + static_cast<uint64_t>(k_heads_up_spin_ns), deadline);
-      while (slot.state.load(std::memory_order_acquire) == slot_waiting && monotonic_ns() < spin_until) cpu_relax();
+      const uint64_t heads_up_until = std::min(woke + static_cast<uint64_t>(k_heads_up_spin_ns), deadline);
+      while (slot.state.load(std::memory_order_acquire) == slot_waiting && monotonic_ns() < heads_up_until) cpu_relax();
     }
   }
   // Timed out: leave the queue, unless the grant arrived in the meantime.
@@ -390,6 +421,7 @@ int device_lock::release() noexcept {
   slot.state.store(slot_free, std::memory_order_release);
   at_crash_point(crash_point::release_slot_freed);
   st->holder_slot = k_no_slot;
+  record_hold(st, monotonic_ns());
   if (st->waiter_count > 0) dispatch_locked();
   unlock_robust(&st->mutex);
   return ok;
@@ -401,16 +433,34 @@ void device_lock::announce_release() noexcept {
   if (current_process(&me) != ok || !held_by(me.pid, current_tid())) return;
   // Without the mutex: this is a hint. A slot read mid-change at worst wakes the wrong
   // waiter, which spins briefly and sleeps again.
-  lock_state* st = lock_state_of(segment_->base());
-  if (st->waiter_count == 0) return;
-  waiter_slot* slots = slots_of(segment_->base());
+  const uint32_t best = next_in_line();
+  if (best != k_no_slot) futex_wake_one(&slots_of(segment_->base())[best].state);
+}
+
+uint32_t device_lock::next_in_line() const noexcept {
+  const lock_state* st = lock_state_of(segment_->base());
+  const waiter_slot* slots = slots_of(segment_->base());
   uint32_t best = k_no_slot;
   const uint32_t end = std::min(st->slot_high_water, k_slot_count);
   for (uint32_t i = 0; i < end; ++i) {
     if (slots[i].state.load(std::memory_order_acquire) != slot_waiting) continue;
     if (best == k_no_slot || served_before(slots[i], slots[best])) best = i;
   }
-  if (best != k_no_slot) futex_wake_one(&slots[best].state);
+  return best;
+}
+
+uint64_t device_lock::predicted_spin_start(uint32_t mine, uint64_t* spin_until) const noexcept {
+  const lock_state* st = lock_state_of(segment_->base());
+  const uint64_t granted = st->holder_granted_ns.load(std::memory_order_relaxed);
+  const uint64_t mean = st->hold_mean_ns.load(std::memory_order_relaxed);
+  const uint64_t jitter = st->hold_jitter_ns.load(std::memory_order_relaxed);
+  if (granted == 0 || mean == 0 || jitter * 2 > mean || st->holder_slot == k_no_slot) return 0;
+  if (next_in_line() != mine) return 0;
+  const uint64_t expected = granted + mean;
+  const uint64_t margin = static_cast<uint64_t>(k_predict_margin_ns) + jitter;
+  const uint64_t from = expected > margin ? expected - margin : 1;
+  *spin_until = std::min(expected + margin, from + static_cast<uint64_t>(k_predict_spin_max_ns));
+  return from;
 }
 
 int device_lock::repair_now() noexcept {

@@ -37,7 +37,7 @@
 namespace vramswap::lock_layout {
 
 constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-endian bytes
-constexpr uint64_t k_layout_version = 1;
+constexpr uint64_t k_layout_version = 2;  // 2: lock_state's hold-time hints
 
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_slot_count = 256;  // participant threads per device, waiting or holding
@@ -93,7 +93,14 @@ struct alignas(k_cache_line) lock_state {
   // CLOCK_MONOTONIC time of the last liveness scan; rate-limits scans across all waiters.
   uint64_t last_liveness_scan_ns;
   uint64_t recoveries;  // how many times the recovery function repaired something
+  // Hints for waiters (written under the mutex, read without it): when the current holder
+  // was granted, and how long holds have lasted (moving averages, ns). The next waiter uses
+  // them to be awake, spinning, when a regular holder releases (device_lock.hpp, Waiting).
+  std::atomic<uint64_t> holder_granted_ns;
+  std::atomic<uint64_t> hold_mean_ns;
+  std::atomic<uint64_t> hold_jitter_ns;  // mean absolute deviation from hold_mean_ns
 };
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 struct alignas(k_cache_line) segment_header {
   // Published last at creation (release store), after everything else is initialized;
