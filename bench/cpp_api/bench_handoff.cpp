@@ -140,7 +140,7 @@ double percentile(std::vector<double> v, double q) {
 // on, the lock's handoff, and the acquirer's work once granted.
 struct stages {
   std::vector<double> release_work, lock_handoff, acquire_work;
-  std::vector<double> release_sync;  // of release_work: synchronizing the device
+  std::vector<double> release_sync;  // after the handoff: the releaser synchronizing the device
 };
 
 void run_pair(uint64_t bytes, uint64_t pool_bytes, int rounds, int hold_ms, std::vector<double>* handoffs, std::vector<double>* moved,
@@ -208,7 +208,7 @@ void run_pair(uint64_t bytes, uint64_t pool_bytes, int rounds, int hold_ms, std:
     handoffs->push_back((e.ns - prev.ns) / 1e9);
     moved->push_back(static_cast<double>(in_delta));
     st->release_work.push_back((prev.stage_ns - prev.ns) / 1e9);
-    st->release_sync.push_back((prev.synced_ns - prev.ns) / 1e9);
+    st->release_sync.push_back((static_cast<double>(prev.synced_ns) - static_cast<double>(prev.stage_ns)) / 1e9);
     st->lock_handoff.push_back((static_cast<double>(e.stage_ns) - static_cast<double>(prev.stage_ns)) / 1e9);
     st->acquire_work.push_back((e.ns - e.stage_ns) / 1e9);
   }
@@ -379,11 +379,12 @@ int main(int argc, char** argv) {
     stages st;
     run_pair(bytes, 3 * bytes, std::max(rounds, 40), 20, &h, &moved, &st);
     std::printf("\nBoth fit (%g GiB each, pool %g GiB): %zu handoffs, p50 %.1f us, p90 %.1f us, max bytes moved %.0f; "
-                "p50 stages: release %.1f us (of which the device synchronize %.1f us), lock %.1f us, acquire %.1f us\n",
+                "p50 stages: release %.1f us, lock %.1f us, acquire %.1f us; the releaser's device synchronize, after the "
+                "handoff, %.1f us\n",
                 fit, 3 * fit, h.size(), percentile(h, 0.5) * 1e6, percentile(h, 0.9) * 1e6,
                 moved.empty() ? 0.0 : *std::max_element(moved.begin(), moved.end()), percentile(st.release_work, 0.5) * 1e6,
-                percentile(st.release_sync, 0.5) * 1e6, percentile(st.lock_handoff, 0.5) * 1e6,
-                percentile(st.acquire_work, 0.5) * 1e6);
+                percentile(st.lock_handoff, 0.5) * 1e6, percentile(st.acquire_work, 0.5) * 1e6,
+                percentile(st.release_sync, 0.5) * 1e6);
   }
 #ifdef VRAMSWAP_HAVE_CUDA_H
   if (gpu) {

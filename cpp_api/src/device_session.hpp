@@ -10,10 +10,12 @@
 //   (pager.restore_all over the pool: free frames first, then frames other processes are
 //   asked to evict, LRU first; their copies out overlap our copies in). Returns when all of
 //   this process's memory is resident. On failure the lock is released again.
-// release(): synchronize this process's device work; by default move nothing: the frames
-//   become idle (others may ask for them); with VRAMSWAP_EAGER_RELEASE=1 or VRAMSWAP_STRICT=1
-//   evict everything first (strict: so that device access outside the lock faults). Then
-//   hand the lock on.
+// release(): by default move nothing: the frames become idle (others may ask for them), the
+//   lock is handed on, and then this process's device work is synchronized before release()
+//   returns (the next holder does not wait for that device round trip; our frames are safe
+//   because they change hands only through our eviction, which synchronizes first). With
+//   VRAMSWAP_EAGER_RELEASE=1 or VRAMSWAP_STRICT=1 evict everything first (strict: so that
+//   device access outside the lock faults), then hand the lock on.
 // Allocation while not holding the lock is allowed: new pages stay unbacked until the next
 //   acquire. Device access to this process's memory outside the lock is undefined: its
 //   pages may be mapped (idle, not yet asked for), being evicted, or unmapped (faults).
@@ -46,7 +48,7 @@ struct session_stats {
   double lock_wait_seconds = 0;   // of which waiting for the lock
   // CLOCK_MONOTONIC instants of the last switch, to split a handoff into its stages:
   uint64_t last_release_call_ns = 0;   // release() entered
-  uint64_t last_synced_ns = 0;         // release(): the device synchronized
+  uint64_t last_synced_ns = 0;         // release(): the device synchronized (after the handoff)
   uint64_t last_unlock_ns = 0;         // release() about to hand the lock on
   uint64_t last_lock_granted_ns = 0;   // acquire(): the lock was ours
   uint64_t last_resident_ns = 0;       // acquire(): memory resident, about to return
@@ -75,6 +77,7 @@ class device_session {
  private:
   device_session() = default;
   void serve_evictions();
+  void hand_on(uint64_t called_ns, uint64_t evict_start_ns, uint64_t bytes_out_before);
   // Observability (issue 9): publish where the saved pages are (host / disk bytes).
   void publish_store() noexcept;
 

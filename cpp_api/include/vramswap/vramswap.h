@@ -58,8 +58,8 @@ extern "C" {
  * (counted). VRAMSWAP_ERR_INVALID_ARGUMENT for a bad device or priority, or a waiting lock of
  * a device below one this thread holds (take devices in increasing order). */
 VRAMSWAP_C_API int vramswap_lock(int device, int priority, int64_t timeout_ns);
-/* Undo one vramswap_lock of this thread; the last one synchronizes this process's device
- * work and hands the lock on. VRAMSWAP_ERR_NOT_OWNER when this thread does not hold it. */
+/* Undo one vramswap_lock of this thread; the last one hands the lock on, then waits for this
+ * process's device work to finish before it returns. VRAMSWAP_ERR_NOT_OWNER when this thread does not hold it. */
 VRAMSWAP_C_API int vramswap_unlock(int device);
 
 /* Device memory, cudaMalloc-like (256-byte aligned); *out is set only on success. */

@@ -99,8 +99,10 @@ class VRAMSWAP_API unavailable : public error {
 enum class priority : uint32_t { normal = 1, high = 2 };  // high waiters go first; FIFO within a class
 
 // RAII guard of a device's cross-process lock, shaped like std::unique_lock: while it owns
-// the lock, this process's memory on the device is resident and the device is its alone.
-// Unlocking synchronizes this process's device work first.
+// the lock, this process's memory on the device is resident and the device is its alone
+// (but for the previous holder's already-queued work, which may still be draining when the
+// lock passes). Unlocking hands the lock on, then waits for this process's device work to
+// finish: when unlock() returns, the work is done.
 //
 // It also meets the standard's BasicLockable, Lockable and TimedLockable requirements, so
 // generic code can drive one (std::unique_lock<vramswap::gpu_lock>, std::scoped_lock,
