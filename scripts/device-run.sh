@@ -5,7 +5,8 @@
 #   here:   bash scripts/fetch-device-deps.sh            (once; fills .devdeps/)
 #   device: run(command="bash scripts/device-run.sh [tests|tests:gpu] [bench[:name,name]]", carry=[".devdeps"])
 #
-# With no argument it does both; bench:handoff,pager runs only bench_handoff and bench_pager. Exit status: that of the test suites. $OUT gets at most
+# With no argument it does both; bench:handoff,pager runs only bench_handoff and bench_pager
+# (bench/python/bench_<name>.py count as benchmarks too: bench:torch). Exit status: that of the test suites. $OUT gets at most
 # 8 files (the device tool's limit): machine.txt, build.log, ctest.log, gpu-tests.log,
 # bench.err and one bench_<name>.md per benchmark.
 set -uo pipefail
@@ -119,6 +120,15 @@ if [[ $what == *bench* ]]; then
     [[ -z $only || $only == *",${name#bench_},"* ]] || continue
     echo "== $name"
     "$b" >"$OUT/$name.md" 2>>"$OUT/bench.err" || { echo "$name failed"; tail -5 "$OUT/bench.err"; status=1; }
+    cat "$OUT/$name.md"
+  done
+  # Python benchmarks (bench/python/bench_<name>.py), run with the build's package.
+  for b in bench/python/bench_*.py; do
+    name=$(basename "$b" .py)
+    [[ -z $only || $only == *",${name#bench_},"* ]] || continue
+    echo "== $name"
+    PYTHONPATH=$PWD/$build/python VRAMSWAP_SERVER=$PWD/$build/vramswapd VRAMSWAP_LOG=warn VRAMSWAP_SHM_PREFIX="vsbench$$-" \
+      python3 "$b" >"$OUT/$name.md" 2>>"$OUT/bench.err" || { echo "$name failed"; tail -5 "$OUT/bench.err"; status=1; }
     cat "$OUT/$name.md"
   done
 fi
