@@ -3,12 +3,14 @@
 // store's own level; the host budget; reuse of swap-file space; EIO, short transfers and
 // no progress through the io_faults seam; ENOSPC on a real small ext4 filesystem (loop
 // mounted by the test, skipped where mounting is not permitted); a missing, unwritable,
-// no-O_TMPFILE and no-O_DIRECT swap directory.
+// no-O_TMPFILE and no-O_DIRECT swap directory. The swap file's space: geometric growth,
+// written extents reused before fresh ones, lowest offset first.
 #include "swap/tiered_store.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -450,6 +452,84 @@ TEST_P(PagerOverDisk, EioDuringRestoreLeavesEveryPageIntact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PagerOverDisk, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
+
+// --- the swap file's space -------------------------------------------------------------------
+
+class SwapFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    swap_file_config cfg;
+    cfg.dir = "/var/tmp";
+    cfg.extent_size = k_page;
+    cfg.queue_depth = 8;
+    cfg.block_size = 512 * 1024;
+    cfg.grow_step = 2 * k_page;
+    cfg.label = "test";
+    ASSERT_EQ(swap_file::open(cfg, &f), ok) << last_error();
+    buf = ::mmap(nullptr, k_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(buf, MAP_FAILED);
+    std::memset(buf, 0x5A, k_page);
+  }
+  void TearDown() override {
+    f.reset();
+    if (buf != nullptr && buf != MAP_FAILED) ::munmap(buf, k_page);
+  }
+  uint64_t alloc() {
+    uint64_t e = ~0ull;
+    EXPECT_EQ(f->alloc_extent(&e), ok) << last_error();
+    return e;
+  }
+  void write(uint64_t extent) {
+    f->submit(true, extent, buf, extent);
+    std::vector<swap_file::completion> done;
+    while (done.empty()) ASSERT_EQ(f->reap(true, &done), ok) << last_error();
+    ASSERT_EQ(done[0].status, ok) << done[0].detail;
+  }
+  std::unique_ptr<swap_file> f;
+  void* buf = nullptr;
+};
+
+TEST_F(SwapFile, ReservesInOneFallocateAndGrowsGeometrically) {
+  ASSERT_EQ(f->reserve(3), ok) << last_error();
+  EXPECT_EQ(f->stats().grows, 1u);
+  EXPECT_EQ(f->file_bytes(), 4 * k_page) << "what is missing, rounded up to whole grow steps (2 pages)";
+  EXPECT_EQ(f->extents_free(), 4u);
+  ASSERT_EQ(f->reserve(4), ok);
+  EXPECT_EQ(f->stats().grows, 1u) << "enough is free: no fallocate";
+  for (int i = 0; i < 4; ++i) alloc();
+  ASSERT_EQ(f->reserve(5), ok) << last_error();
+  EXPECT_EQ(f->stats().grows, 2u);
+  EXPECT_EQ(f->file_bytes(), 10 * k_page) << "4 + 5 missing, rounded to 6";
+  for (int i = 0; i < 6; ++i) alloc();
+  EXPECT_EQ(f->stats().grows, 2u);
+  // Without a reservation, the file grows by half its size (5 pages, rounded to 6), not by one step.
+  alloc();
+  EXPECT_EQ(f->stats().grows, 3u);
+  EXPECT_EQ(f->file_bytes(), 16 * k_page);
+  EXPECT_EQ(f->stats().largest_grow, 6 * k_page);
+  EXPECT_EQ(f->stats().grow_bytes, 16 * k_page);
+  EXPECT_EQ(f->stats().grows_in_flight, 0u);
+}
+
+TEST_F(SwapFile, WrittenExtentsAreReusedFirstLowestOffsetFirst) {
+  ASSERT_EQ(f->reserve(8), ok) << last_error();
+  for (uint64_t i = 0; i < 6; ++i) EXPECT_EQ(alloc(), i) << "reserved extents, lowest offset first";
+  write(4);
+  write(5);
+  EXPECT_EQ(f->stats().fresh_writes, 2u);
+  f->free_extent(0);  // never written
+  f->free_extent(5);  // written
+  f->free_extent(4);  // written
+  EXPECT_EQ(alloc(), 4u) << "an extent written before comes first, even above a fresh one";
+  EXPECT_EQ(alloc(), 5u);
+  EXPECT_EQ(alloc(), 0u) << "then the fresh ones, lowest offset first";
+  EXPECT_EQ(alloc(), 6u);
+  write(4);
+  write(0);
+  EXPECT_EQ(f->stats().overwrites, 1u);
+  EXPECT_EQ(f->stats().fresh_writes, 3u);
+  EXPECT_EQ(f->stats().grows, 1u);
+}
 
 TEST(SwapOptions, HostLimitTakesASizeOrAPercentOfRam) {
   uint64_t v = 0;
