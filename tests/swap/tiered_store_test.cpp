@@ -3,8 +3,10 @@
 // store's own level; the host budget; reuse of swap-file space; EIO, short transfers and
 // no progress through the io_faults seam; ENOSPC on a real small ext4 filesystem (loop
 // mounted by the test, skipped where mounting is not permitted); a missing, unwritable,
-// no-O_TMPFILE and no-O_DIRECT swap directory. The swap file's space: geometric growth,
-// written extents reused before fresh ones, lowest offset first.
+// no-O_TMPFILE and no-O_DIRECT swap directory. Reserving ahead: a spill's disk space is
+// reserved in one fallocate before its first write (store, pager), the file grows
+// geometrically, written extents are reused before fresh ones (lowest offset first), and
+// ENOSPC on a reservation changes nothing.
 #include "swap/tiered_store.hpp"
 
 #include <fcntl.h>
@@ -12,6 +14,7 @@
 #include <sys/mount.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -273,6 +276,33 @@ class scratch_mount {
   bool mounted_ = false;
 };
 
+// A 24 MiB ext4 image, loop-mounted on `m` (about 20 MiB free); the image is removed when
+// `img` goes. False with `why` where that is not possible here.
+struct scratch_image {
+  char path[64] = "/var/tmp/vramswap-enospc-XXXXXX";
+  ~scratch_image() {
+    if (path[0] != '\0') ::unlink(path);
+  }
+};
+bool mount_small_ext4(scratch_mount& m, scratch_image& img, std::string* why) {
+  if (::system("command -v mkfs.ext4 >/dev/null 2>&1") != 0) {
+    *why = "mkfs.ext4 is not installed";
+    return false;
+  }
+  const int fd = ::mkstemp(img.path);
+  if (fd < 0 || ::close(fd) != 0 || ::truncate(img.path, 24 * MiB) != 0 ||
+      std::system(("mkfs.ext4 -q -F -m 0 " + std::string(img.path) + " >/dev/null 2>&1").c_str()) != 0) {
+    *why = std::string("cannot make an ext4 image in /var/tmp: ") + std::strerror(errno);
+    return false;
+  }
+  return m.mount("-o loop " + std::string(img.path), why);
+}
+
+uint64_t free_bytes(const std::string& dir) {
+  struct statfs s {};
+  return ::statfs(dir.c_str(), &s) == 0 ? static_cast<uint64_t>(s.f_bavail) * static_cast<uint64_t>(s.f_bsize) : 0;
+}
+
 TEST_P(TieredStore, AnUnwritableDirectoryIsRefusedClearly) {
   if (::geteuid() != 0) {
     char tmpl[] = "/var/tmp/vramswap-ro-XXXXXX";
@@ -292,20 +322,10 @@ TEST_P(TieredStore, AnUnwritableDirectoryIsRefusedClearly) {
 }
 
 TEST_P(TieredStore, EnospcOnASmallRealFilesystemLosesNothingAndSpaceIsReused) {
-  if (::system("command -v mkfs.ext4 >/dev/null 2>&1") != 0) GTEST_SKIP() << "mkfs.ext4 is not installed";
-  char img[] = "/var/tmp/vramswap-enospc-XXXXXX";
-  const int fd = ::mkstemp(img);
-  ASSERT_GE(fd, 0);
-  ::close(fd);
-  struct remove_image {
-    const char* path;
-    ~remove_image() { ::unlink(path); }
-  } cleanup{img};
-  ASSERT_EQ(::truncate(img, 24 * MiB), 0);
-  ASSERT_EQ(std::system(("mkfs.ext4 -q -F -m 0 " + std::string(img) + " >/dev/null 2>&1").c_str()), 0);
+  scratch_image img;
   scratch_mount m;
   std::string why;
-  if (!m.mount("-o loop " + std::string(img), &why)) GTEST_SKIP() << why;
+  if (!mount_small_ext4(m, img, &why)) GTEST_SKIP() << why;
 
   std::unique_ptr<tiered_store> s;
   ASSERT_EQ(make_store(*be, 8, m.dir(), nullptr, &s, 2 * k_page), ok) << last_error();
@@ -329,6 +349,81 @@ TEST_P(TieredStore, EnospcOnASmallRealFilesystemLosesNothingAndSpaceIsReused) {
   EXPECT_EQ(s->stats().file_bytes, file);
   for (uint64_t k = 0; k < saved; ++k) EXPECT_TRUE(read_back(*s, 100 + k, 600 + k));
   s.reset();  // closes the swap file before the unmount
+}
+
+TEST_P(TieredStore, EnospcOnTheReservationItselfChangesNothing) {
+  scratch_image img;
+  scratch_mount m;
+  std::string why;
+  if (!mount_small_ext4(m, img, &why)) GTEST_SKIP() << why;
+
+  std::unique_ptr<tiered_store> s;
+  ASSERT_EQ(make_store(*be, 8, m.dir(), nullptr, &s, 2 * k_page), ok) << last_error();
+  // 4 pages fit in host memory (5 saved pages do: 8 less 3 staging slots): nothing on disk.
+  for (uint64_t k = 0; k < 4; ++k) ASSERT_EQ(put(*s, k, 700 + k), ok) << last_error();
+  const uint64_t before = free_bytes(m.dir());
+  // 64 more pages: 128 MiB do not fit in about 20 MiB.
+  EXPECT_FAILS(s->expect_saves(64), err_no_space, "full");
+  EXPECT_EQ(s->stats().file_bytes, 0u) << "a failed reservation leaves the file as it was";
+  EXPECT_EQ(s->stats().bytes_written, 0u);
+  EXPECT_GE(free_bytes(m.dir()) + MiB, before) << "what the failed fallocate did allocate was given back";
+  EXPECT_GE(s->io_stats().grows, 1u);
+  EXPECT_LE(s->io_stats().grows, 2u) << "the geometric size, then exactly what was missing, no more";
+  for (uint64_t k = 0; k < 4; ++k) ASSERT_TRUE(read_back(*s, k, 700 + k));
+  // The saves go on and meet the error themselves, at the page that finds no room.
+  int rc = ok;
+  uint64_t saved = 4;
+  for (; saved < 64; ++saved) {
+    if ((rc = put(*s, saved, 700 + saved)) != ok) break;
+  }
+  ASSERT_EQ(rc, err_no_space) << last_error();
+  EXPECT_GT(saved, 8u) << "pages went to disk until it was full";
+  EXPECT_FALSE(s->holds(saved));
+  for (uint64_t k = 0; k < saved; ++k) ASSERT_TRUE(read_back(*s, k, 700 + k));
+  s.reset();
+}
+
+TEST_P(TieredStore, ASpillIsReservedInOneFallocateBeforeItsFirstWrite) {
+  std::unique_ptr<tiered_store> s;
+  ASSERT_EQ(make_store(*be, 8, dir, nullptr, &s), ok) << last_error();  // grows by 8 MiB (4 pages) at least
+  constexpr uint64_t n = 40;
+  // 40 pages, 5 of which stay in host memory (8 less 3 staging slots): 35 go to disk (and
+  // the store may write a page or two ahead of need).
+  ASSERT_EQ(s->expect_saves(n), ok) << last_error();
+  swap_file::io_stats io = s->io_stats();
+  EXPECT_EQ(io.grows, 1u) << "one fallocate for the whole spill";
+  EXPECT_GE(io.grow_bytes, (n - 5) * k_page);
+  EXPECT_EQ(s->stats().bytes_written, 0u) << "reserved before the first write";
+  for (uint64_t k = 0; k < n; ++k) ASSERT_EQ(put(*s, k, 800 + k), ok) << last_error();
+  ASSERT_EQ(s->flush(), ok) << last_error();
+  io = s->io_stats();
+  EXPECT_EQ(io.grows, 1u) << "the file did not grow while the spill wrote";
+  EXPECT_EQ(io.grows_in_flight, 0u);
+  EXPECT_GE(s->stats().bytes_written, (n - 5) * k_page);
+  EXPECT_EQ(io.overwrites, 0u);
+  for (uint64_t k = 0; k < n; ++k) ASSERT_TRUE(read_back(*s, k, 800 + k));
+  // Nothing more to reserve when the pages come back as new contents: their extents are reused.
+  for (uint64_t k = 0; k < n; ++k) ASSERT_EQ(s->release(k), ok);
+  ASSERT_EQ(s->expect_saves(n), ok) << last_error();
+  for (uint64_t k = 0; k < n; ++k) ASSERT_EQ(put(*s, k, 900 + k), ok) << last_error();
+  ASSERT_EQ(s->flush(), ok) << last_error();
+  io = s->io_stats();
+  EXPECT_EQ(io.grows, 1u) << "freed extents are reused before the file grows";
+  EXPECT_GE(io.overwrites, n - 5) << "into extents written before";
+  for (uint64_t k = 0; k < n; ++k) ASSERT_TRUE(read_back(*s, k, 900 + k));
+}
+
+TEST_P(TieredStore, SpillAllReservesWhatItWritesInOneFallocate) {
+  std::unique_ptr<tiered_store> s;
+  ASSERT_EQ(make_store(*be, 16, dir, nullptr, &s, 2 * MiB), ok) << last_error();  // 1-page steps
+  for (uint64_t k = 0; k < 12; ++k) ASSERT_EQ(put(*s, k, 1000 + k), ok) << last_error();
+  EXPECT_EQ(s->io_stats().grows, 0u) << "12 pages fit in host memory";
+  ASSERT_EQ(s->spill_all(), ok) << last_error();
+  const swap_file::io_stats io = s->io_stats();
+  EXPECT_EQ(io.grows, 1u);
+  EXPECT_EQ(io.grows_in_flight, 0u);
+  EXPECT_EQ(io.grow_bytes, 12 * k_page - 4 * k_page) << "the 8 pages outside the write window, exactly";
+  for (uint64_t k = 0; k < 12; ++k) ASSERT_TRUE(read_back(*s, k, 1000 + k));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TieredStore, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
@@ -449,6 +544,27 @@ TEST_P(PagerOverDisk, EioDuringRestoreLeavesEveryPageIntact) {
   armed = false;
   ASSERT_EQ(pg->restore_all(), ok) << last_error();
   ASSERT_TRUE(holds(a, size, 6));
+}
+
+TEST_P(PagerOverDisk, AnEvictionReservesItsDiskSpaceBeforeItsFirstWrite) {
+  make(10, nullptr);  // 20 MiB of host budget (7 saved pages) for 48 MiB (24 pages)
+  device_ptr a = 0;
+  constexpr uint64_t size = 48 * MiB;
+  ASSERT_EQ(pg->malloc(size, &a), ok) << last_error();
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    write(a, size, 20 + cycle);
+    ASSERT_EQ(pg->evict_all(), ok) << last_error();
+    ASSERT_EQ(store->flush(), ok) << last_error();
+    const swap_file::io_stats io = store->io_stats();
+    EXPECT_EQ(io.grows, 1u) << "cycle " << cycle << ": one fallocate, in the first eviction, none after";
+    EXPECT_EQ(io.grows_in_flight, 0u) << "never while writes were in flight";
+    EXPECT_GE(io.grow_bytes, size - 7 * k_page);
+    if (cycle > 0) {
+      EXPECT_GT(io.overwrites, 0u) << "later evictions reuse the extents written before";
+    }
+    ASSERT_EQ(pg->restore_all(), ok) << last_error();
+    ASSERT_TRUE(holds(a, size, 20 + cycle)) << "cycle " << cycle;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PagerOverDisk, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
