@@ -54,7 +54,8 @@ namespace vramswap {
   X(swap_block, "VRAMSWAP_SWAP_BLOCK", "1MiB",                                                   \
     "bytes per disk request (a multiple of 4 KiB; a page is split into blocks)")                 \
   X(swap_extent, "VRAMSWAP_SWAP_EXTENT", "1GiB",                                                 \
-    "the swap file grows by this much at a time (fallocate), rounded to whole pages")
+    "the least the swap file grows by (fallocate), and the unit its reservations are rounded "   \
+    "up to (whole pages); a spill reserves all it needs in one piece before writing")
 
 enum class option_id {
 #define VRAMSWAP_OPTION_ENUM(id, env, def, help) id,

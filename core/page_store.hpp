@@ -46,6 +46,15 @@ class page_store {
     (void)key;
     return false;
   }
+  // The caller is about to save up to `pages` pages it does not hold (slot_for_write for
+  // new keys), as an eviction does before its first copy. A store with a disk tier reserves
+  // the disk space for the part that will not fit in host memory now, in one piece, before
+  // any of it is written. A hint: 0 (ok) or an error (e.g. no space) that the saves
+  // themselves will meet again, page by page; the caller may go on either way.
+  virtual int expect_saves(uint64_t pages) {
+    (void)pages;
+    return 0;
+  }
 };
 
 }  // namespace vramswap

@@ -255,6 +255,18 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     }
   };
 
+  // Tell the store how many pages will be saved, so a store with a disk tier reserves the
+  // space for what goes past its host budget in one piece, before its first write. A hint:
+  // if it fails, each save meets the error itself.
+  uint64_t to_save = 0;
+  for (uint64_t p = 0; p < table_.size(); ++p) {
+    const page_entry& e = table_[p];
+    if (e.state != page_state::resident || (chosen != nullptr && !(*chosen)[p])) continue;
+    const advice adv = arena_.page_advice(p);
+    to_save += adv == advice::discardable || (e.host_copy_valid && adv == advice::read_mostly) ? 0 : 1;
+  }
+  if (to_save > 0 && store_.expect_saves(to_save) != ok) clear_error();
+
   for (uint64_t p = 0; p < table_.size() && failure == ok; ++p) {
     page_entry& e = table_[p];
     if (e.state != page_state::resident || (chosen != nullptr && !(*chosen)[p])) continue;

@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -149,38 +150,79 @@ int swap_file::buffer_index(const char* p, unsigned len) const {
   return a + len <= it->first + it->second.first ? it->second.second : -1;
 }
 
-int swap_file::alloc_extent(uint64_t* extent) {
-  if (free_.empty()) {
-    const uint64_t step = std::max<uint64_t>(1, (cfg_.grow_step + cfg_.extent_size - 1) / cfg_.extent_size);
-    // The whole step, else (a nearly full filesystem) one extent at a time.
-    for (uint64_t n : {step, uint64_t{1}}) {
-      const off_t offset = static_cast<off_t>(extents_total_ * cfg_.extent_size);
-      const double t0 = now_s();
-      const int frc = ::fallocate(fd_, 0, offset, static_cast<off_t>(n * cfg_.extent_size));
-      const int ferr = errno;
-      ++stats_.grows;
-      stats_.grow_s += now_s() - t0;
-      if (frc == 0) {
-        for (uint64_t i = 0; i < n; ++i) free_.insert(extents_total_ + i);
-        extents_total_ += n;
-        break;
-      }
-      const int e = ferr;
-      if ((e == ENOSPC || e == EDQUOT) && n > 1) continue;
-      if (e == ENOSPC || e == EDQUOT) {
-        return fail(err_no_space, "swap file in %s for %s: the filesystem is full (%s) with %" PRIu64 " bytes in this swap file",
-                    cfg_.dir.c_str(), cfg_.label.c_str(), std::strerror(e), file_bytes());
-      }
-      return fail(err_io, "swap file in %s for %s: fallocate of %" PRIu64 " bytes at %" PRIu64 " failed: %s", cfg_.dir.c_str(),
-                  cfg_.label.c_str(), n * cfg_.extent_size, static_cast<uint64_t>(offset), std::strerror(e));
+int swap_file::try_fallocate(uint64_t extents) {
+  const off_t offset = static_cast<off_t>(extents_total_ * cfg_.extent_size);
+  const off_t bytes = static_cast<off_t>(extents * cfg_.extent_size);
+  const double t0 = now_s();
+  const int rc = ::fallocate(fd_, 0, offset, bytes);
+  const int e = rc == 0 ? 0 : errno;
+  ++stats_.grows;
+  if (in_ring_ > 0) ++stats_.grows_in_flight;
+  if (e != 0) {
+    // ext4 keeps the blocks a failed fallocate did allocate (and the larger size): give them
+    // back, so a failure leaves the file as it was and the filesystem's space to others.
+    if (::ftruncate(fd_, offset) != 0) {
+      log(log_level::warn, "swap file in %s for %s: giving back a failed reservation (ftruncate to %" PRIu64 " bytes): %s",
+          cfg_.dir.c_str(), cfg_.label.c_str(), static_cast<uint64_t>(offset), std::strerror(errno));
     }
   }
-  *extent = *free_.begin();
-  free_.erase(free_.begin());
+  stats_.grow_s += now_s() - t0;
+  if (e != 0) return -e;
+  stats_.grow_bytes += static_cast<uint64_t>(bytes);
+  stats_.largest_grow = std::max(stats_.largest_grow, static_cast<uint64_t>(bytes));
+  for (uint64_t i = 0; i < extents; ++i) free_fresh_.insert(extents_total_ + i);
+  extents_total_ += extents;
+  written_.resize(extents_total_, false);
+  return 0;
+}
+
+// Grow by at least `missing` extents: the geometric size first; on ENOSPC exactly what is
+// missing; then, for alloc_extent (one_at_a_time), a single extent.
+int swap_file::grow(uint64_t missing, bool one_at_a_time) {
+  const uint64_t step = std::max<uint64_t>(1, (cfg_.grow_step + cfg_.extent_size - 1) / cfg_.extent_size);
+  uint64_t target = std::max({missing, step, extents_total_ / 2});
+  target = (target + step - 1) / step * step;
+  if (target > missing) {
+    // What goes beyond this spill's need takes at most half of the free space.
+    struct statfs sfs {};
+    if (::fstatfs(fd_, &sfs) == 0) {
+      const uint64_t free_extents = static_cast<uint64_t>(sfs.f_bavail) * static_cast<uint64_t>(sfs.f_bsize) / cfg_.extent_size;
+      target = std::max(missing, std::min(target, missing + free_extents / 2));
+    }
+  }
+  std::vector<uint64_t> attempts{target};
+  if (missing < target) attempts.push_back(missing);
+  if (one_at_a_time && missing > 1) attempts.push_back(1);
+  int e = 0;
+  for (const uint64_t n : attempts) {
+    if ((e = try_fallocate(n)) == 0) return ok;
+    if (e != -ENOSPC && e != -EDQUOT) break;
+  }
+  const uint64_t want = attempts.back();
+  if (e == -ENOSPC || e == -EDQUOT) {
+    return fail(err_no_space,
+                "swap file in %s for %s: the filesystem is full (%s): no room for %" PRIu64 " more bytes, with %" PRIu64
+                " bytes in this swap file",
+                cfg_.dir.c_str(), cfg_.label.c_str(), std::strerror(-e), want * cfg_.extent_size, file_bytes());
+  }
+  return fail(err_io, "swap file in %s for %s: fallocate of %" PRIu64 " bytes at %" PRIu64 " failed: %s", cfg_.dir.c_str(),
+              cfg_.label.c_str(), want * cfg_.extent_size, file_bytes(), std::strerror(-e));
+}
+
+int swap_file::reserve(uint64_t extents) {
+  const uint64_t have = extents_free();
+  return extents <= have ? ok : grow(extents - have, /*one_at_a_time=*/false);
+}
+
+int swap_file::alloc_extent(uint64_t* extent) {
+  if (extents_free() == 0) VS_TRY(grow(1, /*one_at_a_time=*/true));
+  std::set<uint64_t>& from = free_written_.empty() ? free_fresh_ : free_written_;
+  *extent = *from.begin();
+  from.erase(from.begin());
   return ok;
 }
 
-void swap_file::free_extent(uint64_t extent) { free_.insert(extent); }
+void swap_file::free_extent(uint64_t extent) { (written_[extent] ? free_written_ : free_fresh_).insert(extent); }
 
 void swap_file::account_depth() {
   const double t = now_s();
@@ -194,6 +236,7 @@ void swap_file::account_depth() {
 void swap_file::submit(bool write, uint64_t extent, void* buf, uint64_t tag) {
   const unsigned nblocks = static_cast<unsigned>((cfg_.extent_size + cfg_.block_size - 1) / cfg_.block_size);
   auto* req = new request{tag, write, extent, nblocks, 0, 0, false};
+  if (write) ++(written_[extent] ? stats_.overwrites : stats_.fresh_writes);
   for (unsigned i = 0; i < nblocks; ++i) {
     const uint64_t off = static_cast<uint64_t>(i) * cfg_.block_size;
     const size_t len = std::min(cfg_.block_size, cfg_.extent_size - off);
@@ -299,6 +342,7 @@ void swap_file::handle(struct io_uring_cqe* cqe, std::vector<completion>* out) {
     }
     c.detail = buf;
   }
+  if (r->write && r->error == 0) written_[r->extent] = true;
   delete r;
   --requests_;
   out->push_back(std::move(c));

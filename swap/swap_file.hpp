@@ -2,14 +2,30 @@
 //
 // The file. Created unlinked (open(dir, O_TMPFILE | O_RDWR | O_DIRECT, 0600)), so it has no
 // name for anyone to open and disappears with the process, however it ends. It is divided
-// into extents of one page each; it grows by `grow_step` at a time with fallocate(), so a
-// full filesystem is found when space is reserved (ENOSPC from fallocate), not halfway
-// through a page's write. Free extents are kept in a free-space map (lowest offset first, so
-// the file stays compact) and reused before the file grows again.
-//   A growth drains the queue: fallocate() on ext4 and xfs takes the inode lock and waits
-// for every O_DIRECT request in flight (inode_dio_wait). Measured on the 2-core VM (8 GiB
-// spill, 1 GiB steps): 7 growths cost 0.06-0.11 s of a 3-4 s spill, drains included; and
-// doubling the step each time (3 growths) gave no measurable gain (bench/results/disk_tier.md).
+// into extents of one page each. Space is reserved with fallocate() before it is written,
+// so a full filesystem is found when space is reserved (ENOSPC from fallocate), not halfway
+// through a page's write.
+//   Reserving ahead. A spill (an eviction that pushes pages past the host budget) knows how
+// many pages it will write; reserve(n) makes sure n extents are free with ONE fallocate,
+// before the first write of the spill is submitted. A fallocate while writes are in flight
+// drains the queue (ext4 and xfs take the inode lock and wait for every O_DIRECT request,
+// inode_dio_wait), and it can itself take hundreds of milliseconds when the filesystem's
+// journal is busy (measured: an 8 GiB fallocate took 0.3-0.6 s while another file was
+// being freed, 0.007 s on a quiet disk). The file grows geometrically: by at least what is
+// missing, at least `grow_step`, and at least half of its size, rounded up to whole
+// `grow_step`s, so a process that spills repeatedly makes few, large reservations; the part
+// beyond what is missing takes at most half of the filesystem's free space. When no
+// reservation was made (or it was too small), alloc_extent() grows the file by the same
+// rule. On ENOSPC the attempt is given back (ext4 keeps what a failed fallocate allocated:
+// the file is truncated to its previous size), then exactly what is missing is tried, then
+// (alloc_extent) one extent; the file's size and every page in it are unchanged by a
+// failure.
+//   Free space. Free extents are kept in two maps, lowest offset first (so the file stays
+// compact): extents that were written before and freed since, and extents reserved and never
+// written. Written ones are reused first: overwriting written blocks is cheaper on ext4 than
+// writing into fallocate'd (unwritten) ones, which must be converted to written at each
+// write's completion (a journal transaction); on the test VM's disk a plain writer overwrote
+// at 1.5-1.8 times the rate it wrote a new file (bench/results/disk_tier.md).
 //
 // The directory must accept O_TMPFILE and O_DIRECT. A filesystem without O_DIRECT is
 // refused with err_unavailable and a detail that says so and what to do: buffered I/O
@@ -76,7 +92,7 @@ struct swap_file_config {
   size_t extent_size = 0;       // bytes per extent: one page (a multiple of 4 KiB)
   unsigned queue_depth = 32;    // blocks in flight
   size_t block_size = 1 << 20;  // bytes per request (a page is split into blocks)
-  uint64_t grow_step = 1ull << 30;  // preallocation step, rounded up to whole extents
+  uint64_t grow_step = 1ull << 30;  // least growth (and its unit), rounded up to whole extents
   io_faults* faults = nullptr;  // tests only
   std::string label;            // for messages: "device 0"
 };
@@ -101,8 +117,12 @@ class swap_file {
   // memory that is not registered is transferred with plain reads and writes.
   void add_buffer(void* base, size_t bytes);
 
-  // An extent for one page, growing the file if none is free. err_no_space when the
-  // filesystem is full, err_io for other fallocate failures.
+  // Make sure `extents` extents are free, growing the file (one fallocate, see above) if
+  // fewer are. err_no_space when the filesystem cannot hold what is missing (the file and
+  // its pages unchanged), err_io for other fallocate failures.
+  int reserve(uint64_t extents);
+  // An extent for one page: a free one written before (lowest offset first), else a reserved
+  // one never written (lowest first), else the file grows. Errors as reserve().
   int alloc_extent(uint64_t* extent);
   void free_extent(uint64_t extent);
 
@@ -114,7 +134,8 @@ class swap_file {
   // Requests (pages) submitted and not yet reaped.
   size_t requests_in_flight() const noexcept { return requests_; }
 
-  uint64_t extents_used() const noexcept { return extents_total_ - free_.size(); }
+  uint64_t extents_used() const noexcept { return extents_total_ - extents_free(); }
+  uint64_t extents_free() const noexcept { return free_written_.size() + free_fresh_.size(); }
   uint64_t file_bytes() const noexcept { return extents_total_ * cfg_.extent_size; }
   bool fixed_buffers() const noexcept { return fixed_buffers_; }
   const std::string& dir() const noexcept { return cfg_.dir; }
@@ -124,8 +145,13 @@ class swap_file {
     uint64_t submits = 0;      // io_uring_submit calls
     uint64_t sqes = 0;         // blocks put in the ring
     uint64_t waits = 0;        // io_uring_wait_cqe calls
-    uint64_t grows = 0;        // fallocate calls
-    double grow_s = 0;         // seconds in fallocate
+    uint64_t grows = 0;        // fallocate calls (failed ones included)
+    double grow_s = 0;         // seconds in fallocate (and in giving back a failed one)
+    uint64_t grows_in_flight = 0;  // of those, made with blocks in the ring (which they drain)
+    uint64_t grow_bytes = 0;   // bytes reserved by the fallocate calls that succeeded
+    uint64_t largest_grow = 0; // the largest of them, bytes
+    uint64_t fresh_writes = 0; // page writes into extents never written before
+    uint64_t overwrites = 0;   // page writes into extents written before
     double busy_s = 0;         // seconds with at least one block in the ring
     double full_s = 0;         // seconds with queue_depth blocks in the ring
     double depth_s = 0;        // integral of blocks in the ring over time (block-seconds)
@@ -156,6 +182,8 @@ class swap_file {
   void pump();                      // move queued blocks into the ring, up to queue_depth
   void handle(struct io_uring_cqe* cqe, std::vector<completion>* out);
   int buffer_index(const char* p, unsigned len) const;  // -1 if not registered
+  int grow(uint64_t missing, bool one_at_a_time);      // see reserve()
+  int try_fallocate(uint64_t extents);                 // -errno; gives a failed attempt back
 
   swap_file_config cfg_;
   int fd_ = -1;
@@ -170,7 +198,9 @@ class swap_file {
   size_t requests_ = 0;
   uint64_t nth_[2] = {0, 0};  // completions per direction, for io_faults
   uint64_t extents_total_ = 0;
-  std::set<uint64_t> free_;  // the free-space map
+  std::set<uint64_t> free_written_;  // the free-space map: extents written before
+  std::set<uint64_t> free_fresh_;    // and extents reserved, never written
+  std::vector<bool> written_;        // per extent: a write to it has completed
   io_stats stats_;
   double depth_since_ = 0;   // when in_ring_ last changed
   void account_depth();      // before in_ring_ changes

@@ -438,10 +438,33 @@ int tiered_store::flush() {
   return ok;
 }
 
+int tiered_store::expect_saves(uint64_t pages) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // After the saves, at most `room` saved pages have a host slot (the rest of the budget is
+  // for reading back); every other page needs an extent, and some pages have one already.
+  const uint64_t room = budget_slots_ - staging_slots_;
+  const uint64_t total = pages_.size() + pages;
+  uint64_t with_extent = 0;
+  for (const auto& [key, e] : pages_) with_extent += e.extent >= 0 ? 1 : 0;
+  if (total <= room + with_extent) return ok;
+  // Writes run up to spill_ahead pages ahead of need.
+  const uint64_t extents = total - room - with_extent + spill_ahead_;
+  const int rc = file_->reserve(extents);
+  if (rc != ok) log(log_level::info, "tiered store: reserving disk space for %" PRIu64 " pages ahead: %s", extents, last_error());
+  return rc;
+}
+
 int tiered_store::spill_all() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const std::vector<uint64_t> keys(lru_.begin(), lru_.end());  // reaping below changes lru_
+    uint64_t dirty = 0;
+    for (const uint64_t key : keys) {
+      const entry& e = pages_.at(key);
+      dirty += e.state == io::none && !e.lent && e.host_valid && !e.disk_valid && !protected_locked(e) ? 1 : 0;
+    }
+    // One reservation for all of them; if it fails, each page meets the error on its own.
+    if (file_->reserve(dirty) != ok) clear_error();
     for (const uint64_t key : keys) {
       entry& e = pages_.at(key);
       if (e.state != io::none || e.lent || !e.host_valid || protected_locked(e)) continue;

@@ -23,6 +23,14 @@
 // slot handed out by slot_for_read and not yet given back (read_done or release): the
 // caller may still be copying out of it.
 //
+// Reserving disk space (expect_saves). An eviction tells the store how many pages it is about
+// to save. The store computes how many of them (with the pages it holds) will not fit the
+// host budget and have no disk extent yet, adds spill_ahead pages (writes started ahead of
+// need), and reserves that many extents in the swap file with one fallocate before the first
+// write goes out; the file grows geometrically beyond that (swap/swap_file.hpp). spill_all
+// reserves for the pages it writes the same way. Without a hint, the file grows as it is
+// written, by the same rule.
+//
 // Reading back (restore). slot_for_read() of a page on disk takes a slot (a staging
 // buffer: `read_ahead` + 1 slots of the budget are kept for this, so a budget full of
 // saved pages can still read back), reads the page into it and returns it; the caller copies it on to the device.
@@ -84,7 +92,7 @@ struct tiered_stats {
   uint64_t bytes_written = 0;   // to disk, total
   uint64_t bytes_read = 0;      // from disk, total
   uint64_t pages_dropped_clean = 0;  // freed without a write: disk copy still valid
-  uint64_t file_bytes = 0;      // swap file size (preallocated)
+  uint64_t file_bytes = 0;      // swap file size (reserved)
   uint64_t budget_overruns = 0; // slots taken past the budget (see the class comment)
 };
 
@@ -104,6 +112,7 @@ class tiered_store final : public page_store {
   uint64_t bytes_held() const override;
   void read_done(uint64_t key) override;
   uint64_t bytes_on_disk() const override;
+  int expect_saves(uint64_t pages) override;
 
   // Wait for every disk request in flight; returns the first error among them, if any
   // (the pages concerned stay in their slots).

@@ -1,22 +1,38 @@
 // bench_disk_tier: the disk tier's write and read rates as a ratio to the disk's ceiling,
 // both measured in the same run, plus an end-to-end eviction and restore through the pager.
 //
-//   bench_disk_tier [SIZE [E2E_SIZE E2E_BUDGET]]      (sizes take K/M/G suffixes)
+//   bench_disk_tier [--no-variants] [SIZE [E2E_SIZE E2E_BUDGET]]      (sizes take K/M/G suffixes)
 //
 // Defaults: with the cuda backend (a GPU) SIZE=16GiB, E2E 16GiB with a 4GiB host budget;
-// with the host backend SIZE=1GiB, E2E 512MiB with a 128MiB budget. Files go to
-// VRAMSWAP_SWAP_DIR (default /var/tmp). Prints a markdown table on stdout.
+// with the host backend SIZE=1GiB, E2E 1.5GiB with a 704MiB budget. Files go to
+// VRAMSWAP_SWAP_DIR (default /var/tmp). Prints markdown tables on stdout.
 //
-// (a) ceiling: a plain unlinked O_DIRECT file, preallocated (untimed), written then read
-//     sequentially through io_uring at queue depth 32 with 1 MiB blocks from fixed buffers.
-// (b) disk tier: a tiered_store with 32 MiB pages and a small host budget: SIZE bytes of
-//     pages saved (slot_for_write) and written out (spill_all), timed to the last
-//     completion, fallocate included; then read back in key order (slot_for_read +
-//     read_done), timed. Rates are bytes moved to/from disk over the time. A line after the
-//     table says where the spill's time went: how long the ring held queue_depth blocks, the
-//     mean number in flight, the fallocate calls (the file's growth) and the syscalls.
+// (a) ceiling: a plain unlinked O_DIRECT file, reserved with ONE fallocate of SIZE bytes
+//     (untimed), written then read sequentially through io_uring at queue depth 32 with 1 MiB
+//     blocks from fixed buffers. Run before and after (b); the faster run per direction counts.
+// (b) disk tier: a tiered_store with 32 MiB pages and a small host budget, its swap file
+//     empty when the timer starts (the warm-up pins the budget's slots without spilling):
+//     expect_saves(SIZE's pages), as the pager does when an eviction starts, then SIZE bytes
+//     of pages saved (slot_for_write) and written out (spill_all), timed to the last
+//     completion, the swap file's fallocate included; then read back in key order
+//     (slot_for_read + read_done), timed. Rates are bytes moved to/from disk over the time. A
+//     line after the table says where the spill's time went: how long the ring held
+//     queue_depth blocks, the mean number in flight, the fallocate calls (how many, how much
+//     they reserved, their time), the page writes into never-written vs reused extents, and
+//     the syscalls.
+// (v) plain-writer variants (skipped with --no-variants): the ceiling's writer (no vramswap
+//     code, same ring, QD, blocks and buffer), SIZE bytes into a new file, each timed with its
+//     fallocate: one fallocate of the whole file; 1 GiB fallocates as the file is written (the
+//     file grows while written, as the tier's did before it reserved ahead); and the same file
+//     overwritten (every block written before, no fallocate). Ratios are to the ceiling (a).
+//     They tell the disk's allocation costs apart from the tier's.
 // (c) end to end: pager evict_all / restore_all of E2E_SIZE with E2E_BUDGET of host memory on
 //     the default backend (VRAMSWAP_BACKEND), 32 MiB frames.
+//
+// Every measurement starts on a quiet disk: each file is closed so that its blocks are freed
+// before close() returns (unregistered from its ring first; io_uring's teardown would
+// otherwise keep the file and free it in the background, during the next measurement), then
+// syncfs() (with ext4's `discard`, it waits for the discards). Untimed; the total is printed.
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/mman.h>
@@ -54,63 +70,183 @@ double gbps(uint64_t bytes, double s) { return static_cast<double>(bytes) / s / 
   std::exit(1);
 }
 
-// (a) Sequential O_DIRECT transfer of `size` bytes at depth `qd` with `block` blocks.
-bool ceiling(const std::string& dir, uint64_t size, unsigned qd, size_t block, double* write_s, double* read_s) {
-  const int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0 || ::fallocate(fd, 0, 0, static_cast<off_t>(size)) != 0) {
-    std::fprintf(stderr, "ceiling: %s: %s\n", dir.c_str(), std::strerror(errno));
+// The plain writer/reader of (a) and (v): `qd` blocks of `block` bytes in flight through
+// io_uring, from one buffer of huge pages registered as a fixed buffer, into a registered file.
+class plain_io {
+ public:
+  plain_io(unsigned qd, size_t block) : qd_(qd), block_(block) {
+    // Huge pages, like the tier's slots: a 1 MiB request from 4 KiB pages has 256 segments
+    // and virtio splits it, which would make the ceiling look lower than the disk is.
+    buf_ = ::mmap(nullptr, qd * block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ::madvise(buf_, qd * block, MADV_HUGEPAGE);
+    std::memset(buf_, 0xA5, qd * block);
+  }
+  ~plain_io() {
+    close_file();
+    ::munmap(buf_, qd_ * block_);
+  }
+  // A new unlinked O_DIRECT file in `dir`, with its own ring.
+  bool open_file(const std::string& dir) {
+    close_file(wait_close_);
+    wait_close_ = true;
+    fd_ = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd_ < 0) {
+      std::fprintf(stderr, "plain writer: %s: %s\n", dir.c_str(), std::strerror(errno));
+      return false;
+    }
+    io_uring_queue_init(qd_, &ring_, 0);
+    struct iovec iov {buf_, qd_ * block_};
+    fixed_ = io_uring_register_buffers(&ring_, &iov, 1) == 0;
+    io_uring_register_files(&ring_, &fd_, 1);
+    return true;
+  }
+  // Close the file. wait (the default): unregister it from the ring first, so that close()
+  // drops the last reference and frees its blocks before it returns, as the tier's swap file
+  // does. Otherwise io_uring's ring teardown (asynchronous) keeps the file, and its blocks are
+  // freed (on ext4 with `discard`: discarded) in the background while whatever runs next
+  // writes: that is how the ceiling's file used to be closed right before the tier's spill.
+  void close_file(bool wait = true) {
+    if (fd_ < 0) return;
+    if (wait) {
+      if (fixed_) io_uring_unregister_buffers(&ring_);
+      io_uring_unregister_files(&ring_);
+    }
+    io_uring_queue_exit(&ring_);
+    ::close(fd_);
+    fd_ = -1;
+  }
+  // The next open_file() closes the current file without waiting (see close_file).
+  void next_close_in_background() { wait_close_ = false; }
+  bool fallocate(uint64_t offset, uint64_t bytes) {
+    if (::fallocate(fd_, 0, static_cast<off_t>(offset), static_cast<off_t>(bytes)) == 0) return true;
+    std::fprintf(stderr, "plain writer: fallocate of %" PRIu64 " bytes at %" PRIu64 ": %s\n", bytes, offset, std::strerror(errno));
     return false;
   }
-  // Huge pages, like the tier's slots: a 1 MiB request from 4 KiB pages has 256 segments
-  // and virtio splits it, which would make the ceiling look lower than the disk is.
-  void* buf = ::mmap(nullptr, qd * block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  ::madvise(buf, qd * block, MADV_HUGEPAGE);
-  std::memset(buf, 0xA5, qd * block);
-  struct io_uring ring;
-  io_uring_queue_init(qd, &ring, 0);
-  struct iovec iov {buf, qd * block};
-  const bool fixed = io_uring_register_buffers(&ring, &iov, 1) == 0;
-  io_uring_register_files(&ring, &fd, 1);
+  // One sequential pass over [0, size). grow_step > 0 (writes only): the file is reserved
+  // `grow_step` bytes at a time, each just before the first block past the reserved end is
+  // queued (what was queued is submitted first, so the fallocate meets a full ring).
+  bool pass(bool write, uint64_t size, uint64_t grow_step = 0) {
+    uint64_t next = 0, done = 0, reserved = 0;
+    unsigned inflight = 0;
+    while (done < size) {
+      while (inflight < qd_ && next < size) {
+        if (grow_step > 0 && next >= reserved) {
+          io_uring_submit(&ring_);
+          const uint64_t n = std::min(grow_step, size - reserved);
+          if (!fallocate(reserved, n)) return false;
+          reserved += n;
+        }
+        struct io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        char* b = static_cast<char*>(buf_) + (next / block_ % qd_) * block_;
+        if (write) {
+          fixed_ ? io_uring_prep_write_fixed(sqe, 0, b, block_, next, 0) : io_uring_prep_write(sqe, 0, b, block_, next);
+        } else {
+          fixed_ ? io_uring_prep_read_fixed(sqe, 0, b, block_, next, 0) : io_uring_prep_read(sqe, 0, b, block_, next);
+        }
+        sqe->flags |= IOSQE_FIXED_FILE;
+        next += block_;
+        ++inflight;
+      }
+      io_uring_submit(&ring_);
+      struct io_uring_cqe* cqe = nullptr;
+      io_uring_wait_cqe(&ring_, &cqe);
+      while (cqe != nullptr) {
+        if (cqe->res != static_cast<int>(block_)) {
+          std::fprintf(stderr, "plain writer: %s returned %d\n", write ? "write" : "read", cqe->res);
+          return false;
+        }
+        io_uring_cqe_seen(&ring_, cqe);
+        --inflight;
+        done += block_;
+        cqe = nullptr;
+        io_uring_peek_cqe(&ring_, &cqe);
+      }
+    }
+    return true;
+  }
+
+ private:
+  unsigned qd_;
+  size_t block_;
+  void* buf_ = nullptr;
+  int fd_ = -1;
+  struct io_uring ring_ {};
+  bool fixed_ = false;
+  bool wait_close_ = true;
+};
+
+// Between measurements (untimed): the files closed so far are freed (close_file waits for
+// that), then syncfs() commits the filesystem's journal, which on ext4 with `discard` also
+// waits for the discards of the freed blocks. Every measurement starts on a quiet disk: none
+// pays for the cleanup of the one before. Returns the seconds it took.
+double settle(const std::string& dir) {
+  const double t0 = now();
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::syncfs(fd);
+    ::close(fd);
+  }
+  return now() - t0;
+}
+double settle_s = 0;  // the time settle() took in all, printed for the record
+
+// (a) Sequential O_DIRECT transfer of `size` bytes at depth `qd` with `block` blocks into a
+// file reserved with one fallocate before the timer starts.
+bool ceiling(const std::string& dir, uint64_t size, unsigned qd, size_t block, double* write_s, double* read_s) {
+  plain_io io(qd, block);
+  if (!io.open_file(dir) || !io.fallocate(0, size)) return false;
   for (int pass = 0; pass < 2; ++pass) {
     const bool write = pass == 0;
     const double t0 = now();
-    uint64_t next = 0, done = 0;
-    unsigned inflight = 0;
-    while (done < size) {
-      while (inflight < qd && next < size) {
-        struct io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-        char* b = static_cast<char*>(buf) + (next / block % qd) * block;
-        if (write) {
-          fixed ? io_uring_prep_write_fixed(sqe, 0, b, block, next, 0) : io_uring_prep_write(sqe, 0, b, block, next);
-        } else {
-          fixed ? io_uring_prep_read_fixed(sqe, 0, b, block, next, 0) : io_uring_prep_read(sqe, 0, b, block, next);
-        }
-        sqe->flags |= IOSQE_FIXED_FILE;
-        next += block;
-        ++inflight;
-      }
-      io_uring_submit(&ring);
-      struct io_uring_cqe* cqe = nullptr;
-      io_uring_wait_cqe(&ring, &cqe);
-      while (cqe != nullptr) {
-        if (cqe->res != static_cast<int>(block)) {
-          std::fprintf(stderr, "ceiling: %s returned %d\n", write ? "write" : "read", cqe->res);
-          return false;
-        }
-        io_uring_cqe_seen(&ring, cqe);
-        --inflight;
-        done += block;
-        cqe = nullptr;
-        io_uring_peek_cqe(&ring, &cqe);
-      }
-    }
+    if (!io.pass(write, size)) return false;
     (write ? *write_s : *read_s) = now() - t0;
   }
-  io_uring_queue_exit(&ring);
-  ::munmap(buf, qd * block);
-  ::close(fd);
+  const double t0 = now();
+  io.close_file();
+  settle_s += now() - t0 + settle(dir);
   return true;
 }
+
+// (v) The plain writer's variants, as rows of a table: write rate and ratio to the ceiling.
+bool writer_variants(const std::string& dir, uint64_t size, unsigned qd, size_t block, double ceiling_w) {
+  plain_io io(qd, block);
+  std::printf("| plain writer (no vramswap code; QD %u, %zu MiB blocks, O_DIRECT, io_uring), %.2f GiB, fallocate timed | write GB/s "
+              "| ratio to the ceiling |\n| --- | ---: | ---: |\n",
+              qd, block / MiB, size / double(GiB));
+  auto row = [&](const char* what, double s) { std::printf("| %s | %.2f | %.2f |\n", what, gbps(size, s), ceiling_w / s); };
+  auto settled = [&]() {
+    const double t0 = now();
+    io.close_file();
+    settle_s += now() - t0 + settle(dir);
+  };
+  // One fallocate of the whole file, inside the timer: the ceiling plus its reservation, as
+  // the tier now reserves a spill.
+  if (!io.open_file(dir)) return false;
+  double t0 = now();
+  if (!io.fallocate(0, size) || !io.pass(true, size)) return false;
+  row("one fallocate of the whole file, then the writes (a new file)", now() - t0);
+  // The same file again: every block was written before, nothing to reserve or convert.
+  t0 = now();
+  if (!io.pass(true, size)) return false;
+  row("overwriting the blocks just written (the tier reuses written extents first)", now() - t0);
+  // A new file while the previous one (SIZE bytes written) is freed in the background: the
+  // situation the tier's spill used to be measured in, right after the ceiling's file.
+  io.next_close_in_background();
+  if (!io.open_file(dir) || !io.fallocate(0, size)) return false;
+  t0 = now();
+  if (!io.pass(true, size)) return false;
+  row("a new file (fallocate untimed) while the previous file is freed in the background", now() - t0);
+  settled();
+  // The file grows while it is written, 1 GiB at a time, as the tier's did.
+  if (!io.open_file(dir)) return false;
+  t0 = now();
+  if (!io.pass(true, size, GiB)) return false;
+  row("1 GiB fallocates as the file is written (a new file)", now() - t0);
+  settled();
+  std::printf("\n");
+  return true;
+}
+
 bool fail_bench(const char* what) {
   std::fprintf(stderr, "bench_disk_tier: %s: %s\n", what, last_error());
   return false;
@@ -182,8 +318,19 @@ int main(int argc, char** argv) {
   uint64_t size = gpu ? 16 * GiB : 1 * GiB;
   uint64_t e2e = gpu ? 16 * GiB : 1536 * MiB;
   uint64_t e2e_budget = gpu ? 4 * GiB : 704 * MiB;  // the least for 32 MiB pages: 16 in flight + 5 staging + 1
-  if (argc > 1 && parse_size(argv[1], &size, "SIZE") != ok) die("SIZE");
-  if (argc > 3 && (parse_size(argv[2], &e2e, "E2E_SIZE") != ok || parse_size(argv[3], &e2e_budget, "E2E_BUDGET") != ok)) die("E2E");
+  bool variants = true;
+  std::vector<const char*> args;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--no-variants") == 0) {
+      variants = false;
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  if (args.size() > 0 && parse_size(args[0], &size, "SIZE") != ok) die("SIZE");
+  if (args.size() > 2 && (parse_size(args[1], &e2e, "E2E_SIZE") != ok || parse_size(args[2], &e2e_budget, "E2E_BUDGET") != ok)) {
+    die("E2E");
+  }
   size = size / k_page * k_page;
   e2e = e2e / k_page * k_page;
   const std::string dir = option_text(option_id::swap_dir);
@@ -194,6 +341,7 @@ int main(int argc, char** argv) {
   // (a) before and after (b); the faster of the two runs per direction is the ceiling, so a
   // noisy shared disk can only make the ratios look worse, never better.
   double cw = 0, cr = 0, cw2 = 0, cr2 = 0;
+  settle_s += settle(dir);  // whatever ran before this program
   if (!ceiling(dir, size, 32, MiB, &cw, &cr)) return 1;
 
   // (b)
@@ -204,16 +352,25 @@ int main(int argc, char** argv) {
   std::unique_ptr<tiered_store> store;
   if (tiered_store::create(*be, tc, &store) != ok) die("tiered_store::create");
   const uint64_t pages = size / k_page;
-  // Warm up (untimed): pin the host budget's slots once, as a long-running process has.
-  for (uint64_t k = 0; k < 16; ++k) {
+  // Warm up (untimed): pin the host budget's slots once, as a long-running process has,
+  // without spilling: the swap file must be empty (nothing reserved, nothing written) when
+  // the timer starts, as the ceiling's file is new.
+  uint64_t warm_pages = 0;
+  while (store->stats().pinned_bytes < store->host_limit() && store->stats().bytes_written == 0 && store->stats().file_bytes == 0) {
     void* slot = nullptr;
-    if (store->slot_for_write(pages + k, k_page, &slot) != ok) die("slot_for_write (warm-up)");
+    if (store->slot_for_write(pages + warm_pages++, k_page, &slot) != ok) die("slot_for_write (warm-up)");
   }
-  for (uint64_t k = 0; k < 16; ++k) store->release(pages + k);
+  for (uint64_t k = 0; k < warm_pages; ++k) store->release(pages + k);
   if (store->flush() != ok) die("flush (warm-up)");
   const tiered_stats warm = store->stats();
   const swap_file::io_stats warm_io = store->io_stats();
+  if (warm.file_bytes != 0 || warm.bytes_written != 0) {
+    std::printf("(note: the warm-up reached the disk: %.2f GiB reserved, %.2f GiB written before the timer)\n\n",
+                warm.file_bytes / double(GiB), warm.bytes_written / double(GiB));
+  }
   double t0 = now();
+  // As the pager does when an eviction starts: the store reserves the disk space ahead.
+  if (store->expect_saves(pages) != ok) die("expect_saves");
   for (uint64_t k = 0; k < pages; ++k) {
     void* slot = nullptr;
     if (store->slot_for_write(k, k_page, &slot) != ok) die("slot_for_write");
@@ -224,6 +381,8 @@ int main(int argc, char** argv) {
   const tiered_stats after_write = store->stats();
   swap_file::io_stats ios = store->io_stats();
   ios.grows -= warm_io.grows, ios.grow_s -= warm_io.grow_s, ios.submits -= warm_io.submits, ios.sqes -= warm_io.sqes;
+  ios.grow_bytes -= warm_io.grow_bytes, ios.grows_in_flight -= warm_io.grows_in_flight;
+  ios.fresh_writes -= warm_io.fresh_writes, ios.overwrites -= warm_io.overwrites;
   ios.waits -= warm_io.waits, ios.busy_s -= warm_io.busy_s, ios.full_s -= warm_io.full_s, ios.depth_s -= warm_io.depth_s;
   t0 = now();
   for (uint64_t k = 0; k < pages; ++k) {
@@ -239,7 +398,11 @@ int main(int argc, char** argv) {
   }
   const double tr = now() - t0;
   const tiered_stats after_read = store->stats();
-  store.reset();
+  {
+    const double t = now();
+    store.reset();  // closes the swap file: its blocks are freed before this returns
+    settle_s += now() - t + settle(dir);
+  }
   if (!ceiling(dir, size, 32, MiB, &cw2, &cr2)) return 1;
   std::printf("ceiling runs before / after the disk tier: write %.2f / %.2f GB/s, read %.2f / %.2f GB/s\n\n", gbps(size, cw),
               gbps(size, cw2), gbps(size, cr), gbps(size, cr2));
@@ -254,8 +417,19 @@ int main(int argc, char** argv) {
   std::printf("| disk tier: spill / read back, %.2f GiB in 32 MiB pages | %.2f | %.2f |\n", size / double(GiB), tier_w, tier_r);
   std::printf("| **ratio to the ceiling** (goal >= 0.90) | **%.2f** | **%.2f** |\n\n", tier_w / gbps(size, cw), tier_r / gbps(size, cr));
   std::printf("spill, %.2f s: ring full %.0f%% of the time, busy %.0f%%, mean depth %.1f; %" PRIu64 " fallocate (%.3f s); %" PRIu64
-              " submits for %" PRIu64 " blocks, %" PRIu64 " waits\n\n",
+              " submits for %" PRIu64 " blocks, %" PRIu64 " waits\n",
               tw, 100 * ios.full_s / tw, 100 * ios.busy_s / tw, ios.depth_s / tw, ios.grows, ios.grow_s, ios.submits, ios.sqes, ios.waits);
+  std::printf("spill reservations: %" PRIu64 " fallocate (%" PRIu64 " with writes in flight) reserved %.2f GiB (largest %.2f GiB) for "
+              "%.2f GiB written; pages written into new extents %" PRIu64 ", into reused ones %" PRIu64 "\n\n",
+              ios.grows, ios.grows_in_flight, ios.grow_bytes / double(GiB), ios.largest_grow / double(GiB),
+              (after_write.bytes_written - warm.bytes_written) / double(GiB), ios.fresh_writes, ios.overwrites);
+
+  // An experiment: if it cannot run (e.g. no room for two files at once), say so and go on.
+  if (variants && !writer_variants(dir, size, 32, MiB, cw)) {
+    std::printf("\n(plain-writer variants stopped early; the reason is on stderr)\n\n");
+    settle_s += settle(dir);
+  }
+  std::printf("between the measurements above (untimed): each file closed, its blocks freed, syncfs: %.2f s in all\n\n", settle_s);
 
   // (c) with the budget, then (for reference) with a budget that holds everything.
   std::printf("| end to end (%s backend, pager, 32 MiB frames), %.2f GiB | evict | restore |\n| --- | ---: | ---: |\n", be->name(),

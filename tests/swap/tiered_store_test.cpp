@@ -3,13 +3,18 @@
 // store's own level; the host budget; reuse of swap-file space; EIO, short transfers and
 // no progress through the io_faults seam; ENOSPC on a real small ext4 filesystem (loop
 // mounted by the test, skipped where mounting is not permitted); a missing, unwritable,
-// no-O_TMPFILE and no-O_DIRECT swap directory.
+// no-O_TMPFILE and no-O_DIRECT swap directory. Reserving ahead: a spill's disk space is
+// reserved in one fallocate before its first write (store, pager), the file grows
+// geometrically, written extents are reused before fresh ones (lowest offset first), and
+// ENOSPC on a reservation changes nothing.
 #include "swap/tiered_store.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -271,6 +276,33 @@ class scratch_mount {
   bool mounted_ = false;
 };
 
+// A 24 MiB ext4 image, loop-mounted on `m` (about 20 MiB free); the image is removed when
+// `img` goes. False with `why` where that is not possible here.
+struct scratch_image {
+  char path[64] = "/var/tmp/vramswap-enospc-XXXXXX";
+  ~scratch_image() {
+    if (path[0] != '\0') ::unlink(path);
+  }
+};
+bool mount_small_ext4(scratch_mount& m, scratch_image& img, std::string* why) {
+  if (::system("command -v mkfs.ext4 >/dev/null 2>&1") != 0) {
+    *why = "mkfs.ext4 is not installed";
+    return false;
+  }
+  const int fd = ::mkstemp(img.path);
+  if (fd < 0 || ::close(fd) != 0 || ::truncate(img.path, 24 * MiB) != 0 ||
+      std::system(("mkfs.ext4 -q -F -m 0 " + std::string(img.path) + " >/dev/null 2>&1").c_str()) != 0) {
+    *why = std::string("cannot make an ext4 image in /var/tmp: ") + std::strerror(errno);
+    return false;
+  }
+  return m.mount("-o loop " + std::string(img.path), why);
+}
+
+uint64_t free_bytes(const std::string& dir) {
+  struct statfs s {};
+  return ::statfs(dir.c_str(), &s) == 0 ? static_cast<uint64_t>(s.f_bavail) * static_cast<uint64_t>(s.f_bsize) : 0;
+}
+
 TEST_P(TieredStore, AnUnwritableDirectoryIsRefusedClearly) {
   if (::geteuid() != 0) {
     char tmpl[] = "/var/tmp/vramswap-ro-XXXXXX";
@@ -290,20 +322,10 @@ TEST_P(TieredStore, AnUnwritableDirectoryIsRefusedClearly) {
 }
 
 TEST_P(TieredStore, EnospcOnASmallRealFilesystemLosesNothingAndSpaceIsReused) {
-  if (::system("command -v mkfs.ext4 >/dev/null 2>&1") != 0) GTEST_SKIP() << "mkfs.ext4 is not installed";
-  char img[] = "/var/tmp/vramswap-enospc-XXXXXX";
-  const int fd = ::mkstemp(img);
-  ASSERT_GE(fd, 0);
-  ::close(fd);
-  struct remove_image {
-    const char* path;
-    ~remove_image() { ::unlink(path); }
-  } cleanup{img};
-  ASSERT_EQ(::truncate(img, 24 * MiB), 0);
-  ASSERT_EQ(std::system(("mkfs.ext4 -q -F -m 0 " + std::string(img) + " >/dev/null 2>&1").c_str()), 0);
+  scratch_image img;
   scratch_mount m;
   std::string why;
-  if (!m.mount("-o loop " + std::string(img), &why)) GTEST_SKIP() << why;
+  if (!mount_small_ext4(m, img, &why)) GTEST_SKIP() << why;
 
   std::unique_ptr<tiered_store> s;
   ASSERT_EQ(make_store(*be, 8, m.dir(), nullptr, &s, 2 * k_page), ok) << last_error();
@@ -327,6 +349,81 @@ TEST_P(TieredStore, EnospcOnASmallRealFilesystemLosesNothingAndSpaceIsReused) {
   EXPECT_EQ(s->stats().file_bytes, file);
   for (uint64_t k = 0; k < saved; ++k) EXPECT_TRUE(read_back(*s, 100 + k, 600 + k));
   s.reset();  // closes the swap file before the unmount
+}
+
+TEST_P(TieredStore, EnospcOnTheReservationItselfChangesNothing) {
+  scratch_image img;
+  scratch_mount m;
+  std::string why;
+  if (!mount_small_ext4(m, img, &why)) GTEST_SKIP() << why;
+
+  std::unique_ptr<tiered_store> s;
+  ASSERT_EQ(make_store(*be, 8, m.dir(), nullptr, &s, 2 * k_page), ok) << last_error();
+  // 4 pages fit in host memory (5 saved pages do: 8 less 3 staging slots): nothing on disk.
+  for (uint64_t k = 0; k < 4; ++k) ASSERT_EQ(put(*s, k, 700 + k), ok) << last_error();
+  const uint64_t before = free_bytes(m.dir());
+  // 64 more pages: 128 MiB do not fit in about 20 MiB.
+  EXPECT_FAILS(s->expect_saves(64), err_no_space, "full");
+  EXPECT_EQ(s->stats().file_bytes, 0u) << "a failed reservation leaves the file as it was";
+  EXPECT_EQ(s->stats().bytes_written, 0u);
+  EXPECT_GE(free_bytes(m.dir()) + MiB, before) << "what the failed fallocate did allocate was given back";
+  EXPECT_GE(s->io_stats().grows, 1u);
+  EXPECT_LE(s->io_stats().grows, 2u) << "the geometric size, then exactly what was missing, no more";
+  for (uint64_t k = 0; k < 4; ++k) ASSERT_TRUE(read_back(*s, k, 700 + k));
+  // The saves go on and meet the error themselves, at the page that finds no room.
+  int rc = ok;
+  uint64_t saved = 4;
+  for (; saved < 64; ++saved) {
+    if ((rc = put(*s, saved, 700 + saved)) != ok) break;
+  }
+  ASSERT_EQ(rc, err_no_space) << last_error();
+  EXPECT_GT(saved, 8u) << "pages went to disk until it was full";
+  EXPECT_FALSE(s->holds(saved));
+  for (uint64_t k = 0; k < saved; ++k) ASSERT_TRUE(read_back(*s, k, 700 + k));
+  s.reset();
+}
+
+TEST_P(TieredStore, ASpillIsReservedInOneFallocateBeforeItsFirstWrite) {
+  std::unique_ptr<tiered_store> s;
+  ASSERT_EQ(make_store(*be, 8, dir, nullptr, &s), ok) << last_error();  // grows by 8 MiB (4 pages) at least
+  constexpr uint64_t n = 40;
+  // 40 pages, 5 of which stay in host memory (8 less 3 staging slots): 35 go to disk (and
+  // the store may write a page or two ahead of need).
+  ASSERT_EQ(s->expect_saves(n), ok) << last_error();
+  swap_file::io_stats io = s->io_stats();
+  EXPECT_EQ(io.grows, 1u) << "one fallocate for the whole spill";
+  EXPECT_GE(io.grow_bytes, (n - 5) * k_page);
+  EXPECT_EQ(s->stats().bytes_written, 0u) << "reserved before the first write";
+  for (uint64_t k = 0; k < n; ++k) ASSERT_EQ(put(*s, k, 800 + k), ok) << last_error();
+  ASSERT_EQ(s->flush(), ok) << last_error();
+  io = s->io_stats();
+  EXPECT_EQ(io.grows, 1u) << "the file did not grow while the spill wrote";
+  EXPECT_EQ(io.grows_in_flight, 0u);
+  EXPECT_GE(s->stats().bytes_written, (n - 5) * k_page);
+  EXPECT_EQ(io.overwrites, 0u);
+  for (uint64_t k = 0; k < n; ++k) ASSERT_TRUE(read_back(*s, k, 800 + k));
+  // Nothing more to reserve when the pages come back as new contents: their extents are reused.
+  for (uint64_t k = 0; k < n; ++k) ASSERT_EQ(s->release(k), ok);
+  ASSERT_EQ(s->expect_saves(n), ok) << last_error();
+  for (uint64_t k = 0; k < n; ++k) ASSERT_EQ(put(*s, k, 900 + k), ok) << last_error();
+  ASSERT_EQ(s->flush(), ok) << last_error();
+  io = s->io_stats();
+  EXPECT_EQ(io.grows, 1u) << "freed extents are reused before the file grows";
+  EXPECT_GE(io.overwrites, n - 5) << "into extents written before";
+  for (uint64_t k = 0; k < n; ++k) ASSERT_TRUE(read_back(*s, k, 900 + k));
+}
+
+TEST_P(TieredStore, SpillAllReservesWhatItWritesInOneFallocate) {
+  std::unique_ptr<tiered_store> s;
+  ASSERT_EQ(make_store(*be, 16, dir, nullptr, &s, 2 * MiB), ok) << last_error();  // 1-page steps
+  for (uint64_t k = 0; k < 12; ++k) ASSERT_EQ(put(*s, k, 1000 + k), ok) << last_error();
+  EXPECT_EQ(s->io_stats().grows, 0u) << "12 pages fit in host memory";
+  ASSERT_EQ(s->spill_all(), ok) << last_error();
+  const swap_file::io_stats io = s->io_stats();
+  EXPECT_EQ(io.grows, 1u);
+  EXPECT_EQ(io.grows_in_flight, 0u);
+  EXPECT_EQ(io.grow_bytes, 12 * k_page - 4 * k_page) << "the 8 pages outside the write window, exactly";
+  for (uint64_t k = 0; k < 12; ++k) ASSERT_TRUE(read_back(*s, k, 1000 + k));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TieredStore, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
@@ -449,7 +546,106 @@ TEST_P(PagerOverDisk, EioDuringRestoreLeavesEveryPageIntact) {
   ASSERT_TRUE(holds(a, size, 6));
 }
 
+TEST_P(PagerOverDisk, AnEvictionReservesItsDiskSpaceBeforeItsFirstWrite) {
+  make(10, nullptr);  // 20 MiB of host budget (7 saved pages) for 48 MiB (24 pages)
+  device_ptr a = 0;
+  constexpr uint64_t size = 48 * MiB;
+  ASSERT_EQ(pg->malloc(size, &a), ok) << last_error();
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    write(a, size, 20 + cycle);
+    ASSERT_EQ(pg->evict_all(), ok) << last_error();
+    ASSERT_EQ(store->flush(), ok) << last_error();
+    const swap_file::io_stats io = store->io_stats();
+    EXPECT_EQ(io.grows, 1u) << "cycle " << cycle << ": one fallocate, in the first eviction, none after";
+    EXPECT_EQ(io.grows_in_flight, 0u) << "never while writes were in flight";
+    EXPECT_GE(io.grow_bytes, size - 7 * k_page);
+    if (cycle > 0) {
+      EXPECT_GT(io.overwrites, 0u) << "later evictions reuse the extents written before";
+    }
+    ASSERT_EQ(pg->restore_all(), ok) << last_error();
+    ASSERT_TRUE(holds(a, size, 20 + cycle)) << "cycle " << cycle;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PagerOverDisk, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
+
+// --- the swap file's space -------------------------------------------------------------------
+
+class SwapFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    swap_file_config cfg;
+    cfg.dir = "/var/tmp";
+    cfg.extent_size = k_page;
+    cfg.queue_depth = 8;
+    cfg.block_size = 512 * 1024;
+    cfg.grow_step = 2 * k_page;
+    cfg.label = "test";
+    ASSERT_EQ(swap_file::open(cfg, &f), ok) << last_error();
+    buf = ::mmap(nullptr, k_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(buf, MAP_FAILED);
+    std::memset(buf, 0x5A, k_page);
+  }
+  void TearDown() override {
+    f.reset();
+    if (buf != nullptr && buf != MAP_FAILED) ::munmap(buf, k_page);
+  }
+  uint64_t alloc() {
+    uint64_t e = ~0ull;
+    EXPECT_EQ(f->alloc_extent(&e), ok) << last_error();
+    return e;
+  }
+  void write(uint64_t extent) {
+    f->submit(true, extent, buf, extent);
+    std::vector<swap_file::completion> done;
+    while (done.empty()) ASSERT_EQ(f->reap(true, &done), ok) << last_error();
+    ASSERT_EQ(done[0].status, ok) << done[0].detail;
+  }
+  std::unique_ptr<swap_file> f;
+  void* buf = nullptr;
+};
+
+TEST_F(SwapFile, ReservesInOneFallocateAndGrowsGeometrically) {
+  ASSERT_EQ(f->reserve(3), ok) << last_error();
+  EXPECT_EQ(f->stats().grows, 1u);
+  EXPECT_EQ(f->file_bytes(), 4 * k_page) << "what is missing, rounded up to whole grow steps (2 pages)";
+  EXPECT_EQ(f->extents_free(), 4u);
+  ASSERT_EQ(f->reserve(4), ok);
+  EXPECT_EQ(f->stats().grows, 1u) << "enough is free: no fallocate";
+  for (int i = 0; i < 4; ++i) alloc();
+  ASSERT_EQ(f->reserve(5), ok) << last_error();
+  EXPECT_EQ(f->stats().grows, 2u);
+  EXPECT_EQ(f->file_bytes(), 10 * k_page) << "4 + 5 missing, rounded to 6";
+  for (int i = 0; i < 6; ++i) alloc();
+  EXPECT_EQ(f->stats().grows, 2u);
+  // Without a reservation, the file grows by half its size (5 pages, rounded to 6), not by one step.
+  alloc();
+  EXPECT_EQ(f->stats().grows, 3u);
+  EXPECT_EQ(f->file_bytes(), 16 * k_page);
+  EXPECT_EQ(f->stats().largest_grow, 6 * k_page);
+  EXPECT_EQ(f->stats().grow_bytes, 16 * k_page);
+  EXPECT_EQ(f->stats().grows_in_flight, 0u);
+}
+
+TEST_F(SwapFile, WrittenExtentsAreReusedFirstLowestOffsetFirst) {
+  ASSERT_EQ(f->reserve(8), ok) << last_error();
+  for (uint64_t i = 0; i < 6; ++i) EXPECT_EQ(alloc(), i) << "reserved extents, lowest offset first";
+  write(4);
+  write(5);
+  EXPECT_EQ(f->stats().fresh_writes, 2u);
+  f->free_extent(0);  // never written
+  f->free_extent(5);  // written
+  f->free_extent(4);  // written
+  EXPECT_EQ(alloc(), 4u) << "an extent written before comes first, even above a fresh one";
+  EXPECT_EQ(alloc(), 5u);
+  EXPECT_EQ(alloc(), 0u) << "then the fresh ones, lowest offset first";
+  EXPECT_EQ(alloc(), 6u);
+  write(4);
+  write(0);
+  EXPECT_EQ(f->stats().overwrites, 1u);
+  EXPECT_EQ(f->stats().fresh_writes, 3u);
+  EXPECT_EQ(f->stats().grows, 1u);
+}
 
 TEST(SwapOptions, HostLimitTakesASizeOrAPercentOfRam) {
   uint64_t v = 0;
