@@ -58,7 +58,10 @@ install)
     fail "the installed headers pull in a dependency's or the source tree's headers (above)"
   fi
   [[ -n $(find "$prefix" -name vramswap.pc) ]] || fail "no vramswap.pc under $prefix"
-  echo "install_test install: $prefix holds the library, the headers and both package descriptions"
+  # The programs: the pool server (started on demand from lib/../bin) and the command line.
+  [[ -x $prefix/bin/vramswapd ]] || fail "no bin/vramswapd under $prefix"
+  "$prefix/bin/vramswap" --help >/dev/null 2>&1 || fail "$prefix/bin/vramswap --help failed (missing, or it finds no libvramswap)"
+  echo "install_test install: $prefix holds the library, the headers, both package descriptions, vramswapd and vramswap"
   ;;
 
 find_package)
