@@ -104,7 +104,7 @@ if [[ $what == *tests* ]]; then
   # 3 processes x 6 GiB against a 9 GiB pool, bit-exact against solo runs.
   echo "=== pytest tests/python" >>"$OUT/gpu-tests.log"
   PYTHONPATH=$PWD/$build/python VRAMSWAP_TEST_SERVER=$PWD/$build/vramswapd VRAMSWAP_LOG=warn \
-    python3 -m pytest -v -p no:cacheprovider tests/python >>"$OUT/gpu-tests.log" 2>&1 || status=1
+    python3 -m pytest -v -rs -p no:cacheprovider tests/python >>"$OUT/gpu-tests.log" 2>&1 || status=1
   echo "=== examples/torch_time_sharing.py (3 x 6 GiB, pool 9 GiB)" >>"$OUT/gpu-tests.log"
   PYTHONPATH=$PWD/$build/python VRAMSWAP_SERVER=$PWD/$build/vramswapd VRAMSWAP_LOG=warn \
     VRAMSWAP_SHM_PREFIX="vsdemo$$-" VRAMSWAP_POOL_IDLE_EXIT=5 \

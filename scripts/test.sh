@@ -31,7 +31,7 @@ cmake -S . -B "$py" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVRAMSWAP_WERROR
 cmake --build "$py" -j "$jobs"
 pytest_rc=0
 PYTHONPATH="$PWD/$py/python" VRAMSWAP_TEST_SERVER="$PWD/$py/vramswapd" \
-  "$venv/bin/python" -m pytest tests/python -p no:cacheprovider -v || pytest_rc=$?
+  "$venv/bin/python" -m pytest tests/python -p no:cacheprovider -v -rs || pytest_rc=$?
 if ((ctest_rc || pytest_rc)); then
   echo "vramswap: FAILED (ctest exit $ctest_rc, pytest exit $pytest_rc)" >&2
   exit 1
