@@ -39,6 +39,7 @@ from . import _vramswap
 _MALLOC = "vramswap_torch_malloc"
 _FREE = "vramswap_torch_free"
 _enabled = False
+_allocator = None  # kept alive for the process's life: PyTorch holds the C++ side, we the wrapper
 
 
 def enable():
@@ -49,7 +50,7 @@ def enable():
     no CUDA, and RuntimeError when PyTorch's own allocator is already in use: tensors made
     before would stay in memory that never swaps, so that is refused rather than half done.
     """
-    global _enabled
+    global _enabled, _allocator
     if _enabled:
         return
     import torch
@@ -69,8 +70,7 @@ def enable():
             "Call vramswap.torch.enable() before any CUDA work, or set VRAMSWAP_TORCH=1 and import vramswap "
             f"first. (PyTorch said: {e})"
         ) from e
-    # Kept alive for the process's life: PyTorch holds the C++ allocator, we hold the wrapper.
-    globals()["_allocator"] = allocator
+    _allocator = allocator
     _enabled = True
 
 
