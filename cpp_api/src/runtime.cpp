@@ -244,6 +244,13 @@ int free_async(int device, uintptr_t ptr, uintptr_t stream) noexcept {
   }
 }
 
+int resident(int device, bool* out) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("resident", device, &st));
+  *out = st->session->memory().resident();
+  return ok;
+}
+
 int release_cached(int device) noexcept {
   device_state* st = nullptr;
   VS_TRY(state_for("release_cached", device, &st));

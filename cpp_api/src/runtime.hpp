@@ -37,6 +37,9 @@ int advise(int device, uintptr_t ptr, size_t size, uint8_t advice) noexcept;
 int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noexcept;
 int free_async(int device, uintptr_t ptr, uintptr_t stream) noexcept;
 int release_cached(int device) noexcept;
+// Whether this process's memory on `device` is resident (some thread of it holds the lock):
+// *out false also when the device's session is not open yet.
+int resident(int device, bool* out) noexcept;
 // Fills every field of *out (size included).
 int stats(int device, vramswap_stats_t* out) noexcept;
 

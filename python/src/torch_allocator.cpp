@@ -4,8 +4,10 @@
 // PyTorch allocated it for. Their signatures are PyTorch's, not ours.
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdio>
 
+#include "cpp_api/src/runtime.hpp"
 #include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
 
@@ -19,6 +21,19 @@ VRAMSWAP_TORCH_EXPORT void* vramswap_torch_malloc(ssize_t size, int device, void
   void* p = nullptr;
   if (const int rc = vramswap_malloc_async(&p, static_cast<size_t>(size), device, stream); rc != VRAMSWAP_OK) {
     vramswap::throw_error(rc, std::string("PyTorch allocation through vramswap: ") + vramswap_last_error());
+  }
+  // Allocating outside the lock is allowed, but in PyTorch a kernel nearly always follows
+  // (zeros, a copy), and on memory not yet backed it faults with a CUDA error that names
+  // nothing. Say why, once per process, before that happens.
+  static std::atomic<bool> warned{false};
+  bool resident = true;
+  if (vramswap::rt::resident(device, &resident) == VRAMSWAP_OK && !resident && !warned.exchange(true)) {
+    std::fprintf(stderr,
+                 "vramswap: warning: a CUDA tensor (%zd bytes) was allocated on device %d while this process does not hold "
+                 "the device's lock; its memory is backed only at the next vramswap.gpu_lock(), and a kernel that touches it "
+                 "before then (torch.zeros, .cuda(), .to(), ...) fails with an illegal memory access. Do CUDA work under "
+                 "vramswap.gpu_lock(). (Said once per process.)\n",
+                 size, device);
   }
   return p;
 }

@@ -223,3 +223,42 @@ def test_torch_module_imports_without_torch_and_bad_env_is_refused():
     env = dict(os.environ, VRAMSWAP_TORCH="yes")
     r = subprocess.run([sys.executable, "-c", "import vramswap"], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "VRAMSWAP_TORCH='yes'" in r.stderr, r.stderr
+
+
+TORCH_ENTRY_POINTS = r"""
+import ctypes, vramswap
+lib = ctypes.CDLL(vramswap._vramswap.__file__)
+malloc, free = lib.vramswap_torch_malloc, lib.vramswap_torch_free
+malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+free.restype, free.argtypes = None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+MiB = 1 << 20
+stream = ctypes.c_void_p(0x77)
+with vramswap.gpu_lock():
+    p = malloc(MiB, 0, stream)
+    assert p, "no memory"
+    vramswap._testing.write(p, b"x" * MiB)
+    free(p, MiB, 0, stream)
+    q = malloc(MiB, 0, stream)
+    assert q == p, "a block freed on a stream serves that stream's next allocation"
+    free(q, MiB, 0, stream)
+assert vramswap.stats()["cached_bytes"] == MiB, vramswap.stats()
+assert malloc(0, 0, stream) is None, "0 bytes: no memory, as PyTorch's own allocator"
+a, b = malloc(4096, 0, stream), malloc(4096, 0, stream)  # outside the lock: one warning
+free(a, 4096, 0, stream)
+free(b, 4096, 0, stream)
+free(a, 4096, 0, stream)  # a double free is reported, never fatal
+vramswap.release_cached()
+print("ok")
+"""
+
+
+def test_torch_allocator_entry_points_on_the_host_backend():
+    """The two functions vramswap.torch hands to PyTorch, called as PyTorch calls them (through
+    dlsym'd C symbols), on the host backend: no PyTorch or GPU needed."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", TORCH_ENTRY_POINTS], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    assert r.stderr.count("while this process does not hold the device's lock") == 1, r.stderr
+    assert "freeing a PyTorch block failed" in r.stderr and "double free" in r.stderr, r.stderr
