@@ -449,12 +449,22 @@ uint32_t device_lock::next_in_line() const noexcept {
   return best;
 }
 
+device_lock::hold_stats device_lock::holds() const noexcept {
+  hold_stats h;
+  if (segment_ == nullptr) return h;
+  const lock_state* st = lock_state_of(segment_->base());
+  h.mean_ns = st->hold_mean_ns.load(std::memory_order_relaxed);
+  h.jitter_ns = st->hold_jitter_ns.load(std::memory_order_relaxed);
+  h.predictable = h.mean_ns != 0 && h.jitter_ns * 2 <= h.mean_ns;
+  return h;
+}
+
 uint64_t device_lock::predicted_spin_start(uint32_t mine, uint64_t* spin_until) const noexcept {
   const lock_state* st = lock_state_of(segment_->base());
   const uint64_t granted = st->holder_granted_ns.load(std::memory_order_relaxed);
-  const uint64_t mean = st->hold_mean_ns.load(std::memory_order_relaxed);
-  const uint64_t jitter = st->hold_jitter_ns.load(std::memory_order_relaxed);
-  if (granted == 0 || mean == 0 || jitter * 2 > mean || st->holder_slot == k_no_slot) return 0;
+  const hold_stats h = holds();
+  if (granted == 0 || !h.predictable || st->holder_slot == k_no_slot) return 0;
+  const uint64_t mean = h.mean_ns, jitter = h.jitter_ns;
   if (next_in_line() != mine) return 0;
   const uint64_t expected = granted + mean;
   const uint64_t margin = static_cast<uint64_t>(k_predict_margin_ns) + jitter;

@@ -152,6 +152,15 @@ class device_lock {
   // Times the recovery function repaired something in this segment, since it was created.
   uint64_t recoveries() const noexcept;
 
+  // How long holds last (moving averages, ns; 0 before the first release) and whether they
+  // are regular enough for the next waiter to predict the release (Waiting, above).
+  struct hold_stats {
+    uint64_t mean_ns = 0;
+    uint64_t jitter_ns = 0;
+    bool predictable = false;
+  };
+  hold_stats holds() const noexcept;
+
   // The segment, for later components that keep their state in its managed area.
   shared_segment* segment() const noexcept { return segment_.get(); }
 

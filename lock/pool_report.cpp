@@ -176,6 +176,10 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
   }
   if (lock != nullptr) {
     std::vector<lock_queue_entry> q;
+    const device_lock::hold_stats holds = lock->holds();
+    d.hold_mean_ns = holds.mean_ns;
+    d.hold_jitter_ns = holds.jitter_ns;
+    d.holds_predictable = holds.predictable;
     if (lock->snapshot(&q) == ok) {
       d.have_queue = true;
       for (const lock_queue_entry& e : q) {
@@ -238,7 +242,12 @@ std::string render_text(const std::vector<device_report>& devices) {
     } else {
       size_t waiting = 0;
       for (const queue_report& q : d.queue) waiting += q.holding ? 0 : 1;
-      t += fmt("  queue: %zu waiting\n", waiting);
+      t += fmt("  queue: %zu waiting", waiting);
+      if (d.hold_mean_ns != 0) {
+        t += fmt("; holds last %.1f ms (jitter %.1f ms): %s", d.hold_mean_ns / 1e6, d.hold_jitter_ns / 1e6,
+                 d.holds_predictable ? "the next waiter wakes ahead of a release" : "too irregular to wake ahead");
+      }
+      t += "\n";
       size_t n = 0;
       for (const queue_report& q : d.queue) {
         if (q.holding) continue;
@@ -281,6 +290,8 @@ std::string render_json(const std::vector<device_report>& devices) {
                json_string(command_for(d, d.holder_pid)).c_str(), holder != nullptr ? seconds_since(holder->holding_since_ns, d.now_ns) : 0.0,
                json_string(holder != nullptr ? holder->phase : "?").c_str());
     }
+    j += fmt("\"holds\": {\"mean_seconds\": %.6f, \"jitter_seconds\": %.6f, \"predictable\": %s},\n   ", d.hold_mean_ns / 1e9,
+             d.hold_jitter_ns / 1e9, d.holds_predictable ? "true" : "false");
     j += "\"queue\": ";
     if (!d.have_queue) {
       j += "null, \"queue_error\": " + json_string(d.queue_error);
@@ -321,6 +332,10 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
     family(name, "gauge", help);
     for (const device_report& d : devices) m += fmt("%s{device=\"%s\"} %.17g\n", name, label_value(d.key).c_str(), static_cast<double>(value_of(d)));
   };
+  device_gauge("vramswap_lock_hold_mean_seconds", "Moving average of how long the lock is held (0: no release yet)",
+               [](const device_report& d) { return d.hold_mean_ns / 1e9; });
+  device_gauge("vramswap_lock_hold_jitter_seconds", "Moving average of the holds' deviation from that mean",
+               [](const device_report& d) { return d.hold_jitter_ns / 1e9; });
   device_gauge("vramswap_pool_bytes", "Bytes of the device's pool", [](const device_report& d) { return uint64_t{d.frame_count} * d.frame_size; });
   device_gauge("vramswap_pool_frame_bytes", "Bytes per frame", [](const device_report& d) { return d.frame_size; });
   device_gauge("vramswap_pool_frames", "Frames in the device's pool", [](const device_report& d) { return d.frame_count; });

@@ -73,6 +73,10 @@ struct device_report {
   std::vector<process_report> processes;  // by member index
   // The holder (pid 0 when nobody holds the lock), from the queue, else from the members.
   pid_t holder_pid = 0;
+  // How long holds last (the lock's moving averages; 0 before the first release), and
+  // whether they are regular enough for waiters to wake ahead of a release (docs/lock.md).
+  uint64_t hold_mean_ns = 0, hold_jitter_ns = 0;
+  bool holds_predictable = false;
 };
 
 // Device keys with a pool segment under the current VRAMSWAP_SHM_PREFIX, sorted.

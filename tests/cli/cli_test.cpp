@@ -238,6 +238,11 @@ TEST_F(Cli, StatusShowsPoolHolderQueueAndPerProcessBytes) {
   EXPECT_GT(host, 0u);
   EXPECT_GT(out, 0u);
   EXPECT_GT(in, 0u);
+  // The lock's hold statistics: the workers hold for 700 ms a turn.
+  EXPECT_GE(real(s, "devices.0.holds.mean_seconds"), 0.3) << "the lock's mean hold, after several 700 ms holds";
+  EXPECT_LT(real(s, "devices.0.holds.mean_seconds"), 10.0);
+  EXPECT_TRUE(s["devices.0.holds.predictable"] == "True" || s["devices.0.holds.predictable"] == "False");
+  EXPECT_NE(run({VRAMSWAP_CLI_BINARY, "status"}).out.find("holds last "), std::string::npos);
   EXPECT_GT(swaps, 0u);
   expect_workers_ok();
 }
