@@ -184,9 +184,37 @@ int backend::create_frame(int device, size_t size, frame_id* out) {
   return ok;
 }
 
+int backend::create_host_frame(int device, size_t size, frame_id* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t gran = 0;
+  VS_TRY(granularity_of("create_host_frame", device, &gran));
+  if (size == 0 || !is_multiple(size, gran)) {
+    return fail(err_invalid_argument, "create_host_frame: size %zu is not a positive multiple of device %d's granularity %zu", size,
+                device, gran);
+  }
+  frame_id id = 0;
+  VS_TRY(do_create_host_frame(device, size, &id));
+  frames_.emplace(id, frame_rec{device, size, 0, frame_location::host});
+  *out = id;
+  return ok;
+}
+
+int backend::frame_location_of(frame_id frame, frame_location* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = frames_.find(frame);
+  if (it == frames_.end()) return fail(err_invalid_argument, "frame_location_of: frame %" PRIu64 " does not exist", frame);
+  *out = it->second.location;
+  return ok;
+}
+
 int backend::export_frame(frame_id frame, int* fd_out) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (frames_.count(frame) == 0) return fail(err_invalid_argument, "export_frame: frame %" PRIu64 " does not exist", frame);
+  auto it = frames_.find(frame);
+  if (it == frames_.end()) return fail(err_invalid_argument, "export_frame: frame %" PRIu64 " does not exist", frame);
+  if (it->second.location == frame_location::host) {
+    return fail(err_invalid_argument, "export_frame: frame %" PRIu64 " is in host memory (create_host_frame); host frames are "
+                "process-local and cannot be exported", frame);
+  }
   return do_export_frame(frame, fd_out);
 }
 

@@ -61,6 +61,10 @@ struct device_info {
 
 enum class access_flags { read = 1, read_write = 3 };
 
+// Where a frame's memory is: on the device, or in host memory that the device reaches over
+// its link (oversubscription puts what does not fit the pool there, at the same addresses).
+enum class frame_location { device, host };
+
 class backend {
  public:
   virtual ~backend();
@@ -87,7 +91,14 @@ class backend {
   // Create a frame of `size` bytes (a multiple of the granularity) on `device`. Frames are
   // always exportable. Contents are undefined until written.
   int create_frame(int device, size_t size, frame_id* out);
-  // A new descriptor for the frame; the caller owns it (close it when done).
+  // Create a frame of `size` bytes (a multiple of the device's granularity) in host memory
+  // (the host NUMA node nearest `device`), to be mapped into `device`'s reservations like any
+  // frame: kernels and copies on the device reach it over the link (PCIe), at a fraction of
+  // device memory's speed. It does not use device memory. Process-local: never exportable.
+  int create_host_frame(int device, size_t size, frame_id* out);
+  int frame_location_of(frame_id frame, frame_location* out);
+  // A new descriptor for the frame; the caller owns it (close it when done). Device frames
+  // only: a host frame is err_invalid_argument.
   int export_frame(frame_id frame, int* fd_out);
   // Import a frame exported by this or another process. `size` must be the frame's size.
   // The descriptor stays the caller's: close it after import if no longer needed.
@@ -154,6 +165,7 @@ class backend {
   virtual int do_reserve(int device, size_t size, size_t alignment, device_ptr* out) = 0;
   virtual int do_unreserve(int device, device_ptr va, size_t size) = 0;
   virtual int do_create_frame(int device, size_t size, frame_id* out) = 0;
+  virtual int do_create_host_frame(int device, size_t size, frame_id* out) = 0;
   virtual int do_export_frame(frame_id frame, int* fd_out) = 0;
   virtual int do_import_frame(int device, int fd, size_t size, frame_id* out) = 0;
   virtual int do_release_frame(frame_id frame) = 0;
@@ -193,6 +205,7 @@ class backend {
     int device;
     size_t size;
     int mappings;  // how many mappings reference it
+    frame_location location = frame_location::device;
   };
   struct pinned_rec {
     size_t size;

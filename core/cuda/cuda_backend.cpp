@@ -42,6 +42,8 @@
 //   export_frame      cuMemExportToShareableHandle -> int fd (caller's), FD_CLOEXEC set
 //   import_frame      cuMemImportFromShareableHandle((void*)(uintptr_t)fd); the fd stays the
 //                     caller's (the driver does not close or keep it)
+//   create_host_frame cuMemCreate {PINNED, HOST_NUMA node of the device (0 without NUMA), no
+//                     handle type}, after checking HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
 //   release_frame     cuMemRelease (the memory goes when no process maps or holds it)
 //   map / unmap       cuMemMap(va, size, offset, handle, 0) / cuMemUnmap, one call per
 //                     mapping: the driver cannot unmap part of a mapping, and documents only
@@ -174,6 +176,8 @@ class cuda_backend final : public backend {
   int do_reserve(int device, size_t size, size_t alignment, device_ptr* out) override;
   int do_unreserve(int device, device_ptr va, size_t size) override;
   int do_create_frame(int device, size_t size, frame_id* out) override;
+  int do_create_host_frame(int device, size_t size, frame_id* out) override;
+  int record_frame(CUmemGenericAllocationHandle handle, int device, frame_id* out);
   int do_export_frame(frame_id frame, int* fd_out) override;
   int do_import_frame(int device, int fd, size_t size, frame_id* out) override;
   int do_release_frame(frame_id frame) override;
@@ -393,6 +397,46 @@ int cuda_backend::do_create_frame(int device, size_t size, frame_id* out) {
   CUmemGenericAllocationHandle handle = 0;
   VS_TRY(check(d_.cuMemCreate(&handle, size, &prop, 0),
                "cuMemCreate(size=%zu, PINNED on device %d, POSIX fd handle type)", size, device));
+  return record_frame(handle, device, out);
+}
+
+// Host memory on the NUMA node nearest the device (node 0 where the system has no NUMA, as
+// cuMemCreate asks), not exportable. Mapped and made accessible to the device like any frame.
+int cuda_backend::do_create_host_frame(int device, size_t size, frame_id* out) {
+  context_scope scope(d_);
+  VS_TRY(use_device(device, &scope));
+  const CUdevice dev = devices_[static_cast<size_t>(device)];
+  int supported = 0;
+  VS_TRY(check(d_.cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+               "cuDeviceGetAttribute(HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device %d)", device));
+  if (supported == 0) {
+    return fail(err_unavailable,
+                "create_host_frame: device %d (or its driver) does not support host memory through the virtual memory API "
+                "(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0); it needs CUDA 12.2+ and a "
+                "recent driver",
+                device);
+  }
+  int numa = -1;
+  VS_TRY(check(d_.cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev),
+               "cuDeviceGetAttribute(HOST_NUMA_ID, device %d)", device));
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  prop.location.id = numa < 0 ? 0 : numa;
+  size_t gran = 0;
+  VS_TRY(check(d_.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+               "cuMemGetAllocationGranularity(HOST_NUMA node %d, MINIMUM)", prop.location.id));
+  if (gran == 0 || size % gran != 0) {
+    return fail(err_invalid_argument, "create_host_frame: size %zu is not a multiple of host NUMA node %d's granularity %zu", size,
+                prop.location.id, gran);
+  }
+  CUmemGenericAllocationHandle handle = 0;
+  VS_TRY(check(d_.cuMemCreate(&handle, size, &prop, 0), "cuMemCreate(size=%zu, PINNED in host NUMA node %d, for device %d)", size,
+               prop.location.id, device));
+  return record_frame(handle, device, out);
+}
+
+int cuda_backend::record_frame(CUmemGenericAllocationHandle handle, int device, frame_id* out) {
   try {
     std::lock_guard<std::mutex> lock(table_mutex_);
     const frame_id id = next_frame_;

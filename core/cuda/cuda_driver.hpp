@@ -41,6 +41,7 @@ namespace vramswap::cuda {
   X(cuDeviceGetCount)                                          \
   X(cuDeviceGetName)                                           \
   X(cuDeviceGetUuid)                                           \
+  X(cuDeviceGetAttribute)                                      \
   X(cuDeviceTotalMem)                                          \
   X(cuDevicePrimaryCtxRetain)                                  \
   X(cuDevicePrimaryCtxRelease)                                 \

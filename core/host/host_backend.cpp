@@ -54,6 +54,7 @@ class host_backend final : public backend {
     int device;
     size_t size;
     bool imported;  // does not count against this process's device memory
+    bool host = false;  // a host frame (create_host_frame): no device memory either
   };
 
   int do_device_count(int* count) override {
@@ -114,6 +115,20 @@ class host_backend final : public backend {
     return ok;
   }
 
+  // On this backend device memory is emulated by host memory, so a host frame is the same
+  // memfd; it differs in not counting against the device's memory.
+  int do_create_host_frame(int device, size_t size, frame_id* out) override {
+    const int fd = ::memfd_create("vramswap-host-frame", MFD_CLOEXEC);
+    if (fd < 0) return fail_errno(errno, "create_host_frame: memfd_create for a %zu-byte frame of host device %d", size, device);
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      const int e = errno;
+      ::close(fd);
+      return fail_errno(e, "create_host_frame: ftruncate(memfd, %zu) for host device %d", size, device);
+    }
+    *out = add_frame(frame{fd, device, size, false, true});
+    return ok;
+  }
+
   int do_export_frame(frame_id id, int* fd_out) override {
     const int fd = ::fcntl(lookup(id).fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return fail_errno(errno, "export_frame: dup of frame %" PRIu64 "'s memfd", id);
@@ -145,7 +160,7 @@ class host_backend final : public backend {
       frames_.erase(it);
     }
     ::close(f.fd);
-    if (!f.imported) used_[static_cast<size_t>(f.device)] -= f.size;
+    if (!f.imported && !f.host) used_[static_cast<size_t>(f.device)] -= f.size;
     return ok;
   }
 

@@ -140,6 +140,59 @@ TEST_P(BackendConformance, FrameKeepsItsBytesAcrossUnmapAndRemap) {
   expect_bytes(va + size, size, 11);
 }
 
+// A host frame (create_host_frame) maps beside device frames, keeps its bytes across
+// remaps, costs no device memory, and is refused for export (process-local).
+TEST_P(BackendConformance, HostFramesMapLikeDeviceFramesAndUseNoDeviceMemory) {
+  const size_t size = 4 * gran;
+  const size_t big = 32 * gran;
+  device_info before;
+  ASSERT_EQ(be->get_device_info(0, &before), ok) << last_error();
+  frame_id host = 0;
+  ASSERT_EQ(be->create_host_frame(0, big, &host), ok) << last_error();
+  frames.push_back(host);
+  device_info after;
+  ASSERT_EQ(be->get_device_info(0, &after), ok) << last_error();
+  EXPECT_LT(before.free_bytes - std::min(before.free_bytes, after.free_bytes), big / 2)
+      << "a host frame of " << big << " bytes took device memory";
+
+  frame_location where = frame_location::device;
+  ASSERT_EQ(be->frame_location_of(host, &where), ok);
+  EXPECT_EQ(where, frame_location::host);
+  const frame_id dev = create(size);
+  ASSERT_EQ(be->frame_location_of(dev, &where), ok);
+  EXPECT_EQ(where, frame_location::device);
+
+  // Side by side in one reservation: a device frame, then the host frame.
+  const device_ptr va = reserve(size + 2 * big);
+  map_rw(va, size, dev);
+  map_rw(va + size, big, host);
+  write(va, size, 21);
+  write(va + size, big, 22);
+  expect_bytes(va, size, 21);
+  expect_bytes(va + size, big, 22);
+  ASSERT_EQ(be->memset_d8(va + size, 0x3C, gran, stream), ok) << last_error();
+  ASSERT_EQ(be->stream_synchronize(stream), ok);
+  {
+    pinned_buffer buf(be, gran);
+    ASSERT_EQ(be->copy_d2h(buf.ptr, va + size, gran, stream), ok);
+    ASSERT_EQ(be->stream_synchronize(stream), ok);
+    for (size_t i = 0; i < gran; ++i) ASSERT_EQ(static_cast<unsigned char*>(buf.ptr)[i], 0x3C) << i;
+  }
+  // Its bytes are the frame's: mapped again elsewhere, they are still there.
+  write(va + size, big, 23);
+  ASSERT_EQ(be->unmap(va + size, big), ok) << last_error();
+  forget_mapping(va + size);
+  map_rw(va + size + big, big, host);
+  expect_bytes(va + size + big, big, 23);
+  expect_bytes(va, size, 21);
+
+  int fd = -1;
+  EXPECT_FAILS(be->export_frame(host, &fd), err_invalid_argument, "host memory");
+  frame_id bad = 0;
+  EXPECT_FAILS(be->create_host_frame(0, gran + 1, &bad), err_invalid_argument, "granularity");
+  EXPECT_FAILS(be->frame_location_of(987654321, &where), err_invalid_argument, "does not exist");
+}
+
 TEST_P(BackendConformance, FramesMapWhole) {
   const size_t size = 4 * gran;
   const device_ptr va = reserve(2 * size);

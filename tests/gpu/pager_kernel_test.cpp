@@ -136,5 +136,40 @@ TEST_F(PagerKernelTest, DiscardableBuffersComeBackZeroedUnderKernels) {
   for (uint64_t v : host) ASSERT_EQ(v, 0u);
 }
 
+// Kernels read and write a host frame (host memory mapped into the device's address space,
+// what oversubscription will put past the pool) as they do device memory, side by side.
+TEST_F(PagerKernelTest, KernelsUseAHostFrameMappedBesideADeviceFrame) {
+  constexpr size_t size = 64 * MiB;
+  device_ptr va = 0;
+  ASSERT_EQ(be->reserve(0, 2 * size, 0, &va), ok) << last_error();
+  frame_id dev = 0, host = 0;
+  ASSERT_EQ(be->create_frame(0, size, &dev), ok) << last_error();
+  ASSERT_EQ(be->create_host_frame(0, size, &host), ok) << last_error();
+  ASSERT_EQ(be->map(va, size, dev, 0), ok) << last_error();
+  ASSERT_EQ(be->map(va + size, size, host, 0), ok) << last_error();
+  ASSERT_EQ(be->set_access(va, 2 * size, access_flags::read_write), ok) << last_error();
+  // One kernel over both: it crosses from device memory into host memory mid-buffer.
+  auto* words = reinterpret_cast<uint64_t*>(va);
+  const uint64_t n = 2 * size / 8;
+  CUDA_OK(gpu_test::fill(words, n, 31, stream));
+  EXPECT_EQ(mismatches(words, n, 31, 0), 0u);
+  CUDA_OK(gpu_test::add(words, n, 5, stream));
+  EXPECT_EQ(mismatches(words, n, 31, 5), 0u);
+  // The host half really is the host frame: written on its own, unmapped, mapped again at
+  // another address, its words are there.
+  auto* host_words = reinterpret_cast<uint64_t*>(va + size);
+  CUDA_OK(gpu_test::fill(host_words, size / 8, 77, stream));
+  EXPECT_EQ(mismatches(host_words, size / 8, 77, 0), 0u);
+  ASSERT_EQ(be->unmap(va + size, size), ok) << last_error();
+  ASSERT_EQ(be->unmap(va, size), ok) << last_error();
+  ASSERT_EQ(be->map(va, size, host, 0), ok) << last_error();
+  ASSERT_EQ(be->set_access(va, size, access_flags::read_write), ok) << last_error();
+  EXPECT_EQ(mismatches(words, size / 8, 77, 0), 0u);
+  ASSERT_EQ(be->unmap(va, size), ok);
+  ASSERT_EQ(be->release_frame(host), ok);
+  ASSERT_EQ(be->release_frame(dev), ok);
+  ASSERT_EQ(be->unreserve(va, 2 * size), ok);
+}
+
 }  // namespace
 }  // namespace vramswap
