@@ -197,7 +197,7 @@ uint32_t device_lock::dispatch_locked() noexcept {
   lock_state* st = lock_state_of(segment_->base());
   waiter_slot* slots = slots_of(segment_->base());
   uint32_t best = k_no_slot;
-  const uint32_t end = std::min(st->slot_high_water, k_slot_count);
+  const uint32_t end = std::min(st->slot_high_water.load(), k_slot_count);
   for (uint32_t i = 0; i < end; ++i) {
     if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
     if (best == k_no_slot || served_before(slots[i], slots[best])) best = i;
@@ -441,7 +441,7 @@ uint32_t device_lock::next_in_line() const noexcept {
   const lock_state* st = lock_state_of(segment_->base());
   const waiter_slot* slots = slots_of(segment_->base());
   uint32_t best = k_no_slot;
-  const uint32_t end = std::min(st->slot_high_water, k_slot_count);
+  const uint32_t end = std::min(st->slot_high_water.load(), k_slot_count);
   for (uint32_t i = 0; i < end; ++i) {
     if (slots[i].state.load(std::memory_order_acquire) != slot_waiting) continue;
     if (best == k_no_slot || served_before(slots[i], slots[best])) best = i;
@@ -497,7 +497,7 @@ int device_lock::snapshot(std::vector<lock_queue_entry>* out) noexcept {
   for (uint32_t i = 0; i < k_slot_count; ++i) {
     const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
     if (state != slot_waiting && state != slot_holding) continue;
-    out->push_back({slots[i].pid, slots[i].tid, static_cast<lock_priority>(slots[i].priority), slots[i].ticket,
+    out->push_back({slots[i].pid, slots[i].tid, static_cast<lock_priority>(slots[i].priority.load()), slots[i].ticket.load(),
                     state == slot_holding, slots[i].enqueue_ns});
   }
   unlock_robust(&st->mutex);

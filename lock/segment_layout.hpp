@@ -58,8 +58,9 @@ enum slot_state : uint32_t {
 // whose owner is dead, which the liveness check removes.
 struct alignas(k_cache_line) waiter_slot {
   std::atomic<uint32_t> state;       // slot_state; the futex word
-  uint32_t priority;                 // lock_priority value; higher is served first
-  uint64_t ticket;                   // FIFO order within a priority class
+  // Atomic (written under the mutex) because the lock's wake-up hints read them without it.
+  std::atomic<uint32_t> priority;    // lock_priority value; higher is served first
+  std::atomic<uint64_t> ticket;      // FIFO order within a priority class
   int32_t pid;                       // owning process
   int32_t tid;                       // owning thread (re-entry and release checks)
   uint64_t pid_start_time;           // /proc/<pid>/stat starttime: defeats PID reuse
@@ -79,9 +80,10 @@ struct alignas(k_cache_line) lock_state {
   uint64_t next_ticket;
   // Hints, recomputed from the slots by the recovery function; kept current by every
   // critical section so that the uncontended path never scans the slots.
-  uint32_t holder_slot;      // index of the slot in slot_holding, or k_no_slot
-  uint32_t waiter_count;     // number of slots in slot_waiting
-  uint32_t slot_high_water;  // every non-free slot has an index below this
+  // (Atomic, written under the mutex: the wake-up hints read them without it.)
+  std::atomic<uint32_t> holder_slot;      // index of the slot in slot_holding, or k_no_slot
+  std::atomic<uint32_t> waiter_count;     // number of slots in slot_waiting
+  std::atomic<uint32_t> slot_high_water;  // every non-free slot has an index below this
   // Authoritative, sticky: set when recovery found the slots in a state no sequence of
   // deaths can produce (two holders: memory corruption). Every later operation fails with
   // err_internal rather than risk two processes in the lock at once.
