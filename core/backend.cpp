@@ -170,31 +170,23 @@ int backend::unreserve(device_ptr va, size_t size) {
 // --- frames ------------------------------------------------------------------------------
 
 int backend::create_frame(int device, size_t size, frame_id* out) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  size_t gran = 0;
-  VS_TRY(granularity_of("create_frame", device, &gran));
-  if (size == 0 || !is_multiple(size, gran)) {
-    return fail(err_invalid_argument, "create_frame: size %zu is not a positive multiple of device %d's granularity %zu", size, device,
-                gran);
-  }
-  frame_id id = 0;
-  VS_TRY(do_create_frame(device, size, &id));
-  frames_.emplace(id, frame_rec{device, size, 0});
-  *out = id;
-  return ok;
+  return create_frame_in("create_frame", frame_location::device, device, size, out);
 }
 
 int backend::create_host_frame(int device, size_t size, frame_id* out) {
+  return create_frame_in("create_host_frame", frame_location::host, device, size, out);
+}
+
+int backend::create_frame_in(const char* fn, frame_location where, int device, size_t size, frame_id* out) {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t gran = 0;
-  VS_TRY(granularity_of("create_host_frame", device, &gran));
+  VS_TRY(granularity_of(fn, device, &gran));
   if (size == 0 || !is_multiple(size, gran)) {
-    return fail(err_invalid_argument, "create_host_frame: size %zu is not a positive multiple of device %d's granularity %zu", size,
-                device, gran);
+    return fail(err_invalid_argument, "%s: size %zu is not a positive multiple of device %d's granularity %zu", fn, size, device, gran);
   }
   frame_id id = 0;
-  VS_TRY(do_create_host_frame(device, size, &id));
-  frames_.emplace(id, frame_rec{device, size, 0, frame_location::host});
+  VS_TRY(where == frame_location::host ? do_create_host_frame(device, size, &id) : do_create_frame(device, size, &id));
+  frames_.emplace(id, frame_rec{device, size, 0, where});
   *out = id;
   return ok;
 }

@@ -221,6 +221,8 @@ class backend {
   int check_pinned(const char* fn, const void* ptr, size_t size);
   int check_stream(const char* fn, stream_id stream, int* device);
   int check_event(const char* fn, event_id event);
+  // create_frame / create_host_frame: the checks, the implementation's work, the record.
+  int create_frame_in(const char* fn, frame_location where, int device, size_t size, frame_id* out);
 
   const backend_kind kind_;
   std::mutex mutex_;

@@ -1,7 +1,6 @@
 #include "cpp_api/src/stream_allocator.hpp"
 
 #include <cinttypes>
-#include <iterator>
 
 #include "core/status.hpp"
 
