@@ -469,6 +469,30 @@ int backend::memset_d8(device_ptr dst, uint8_t value, size_t size, stream_id str
   return do_memset_d8(res_device, dst, value, size, stream);
 }
 
+int backend::copy_d2d(device_ptr dst, device_ptr src, size_t size, stream_id stream) {
+  if (size == 0) return ok;
+  std::lock_guard<std::mutex> lock(mutex_);
+  int device = -1;
+  VS_TRY(check_stream("copy_d2d", stream, &device));
+  if (overflows(src, size) || overflows(dst, size)) {
+    return fail(err_invalid_argument, "copy_d2d: 0x%" PRIxPTR " -> 0x%" PRIxPTR " + %zu overflows", src, dst, size);
+  }
+  if (src < dst + size && dst < src + size) {
+    return fail(err_invalid_argument, "copy_d2d: source 0x%" PRIxPTR " and destination 0x%" PRIxPTR " (%zu bytes) overlap", src,
+                dst, size);
+  }
+  int src_device = -1, dst_device = -1;
+  VS_TRY(find_reservation("copy_d2d", src, size, &src_device));
+  VS_TRY(find_reservation("copy_d2d", dst, size, &dst_device));
+  if (src_device != device || dst_device != device) {
+    return fail(err_invalid_argument, "copy_d2d: source (device %d) and destination (device %d) must both be on the stream's device %d",
+                src_device, dst_device, device);
+  }
+  VS_TRY(check_mapped("copy_d2d", src, size, static_cast<int>(access_flags::read)));
+  VS_TRY(check_mapped("copy_d2d", dst, size, static_cast<int>(access_flags::read_write)));
+  return do_copy_d2d(device, dst, src, size, stream);
+}
+
 int backend::event_create(int device, event_id* out) {
   std::lock_guard<std::mutex> lock(mutex_);
   VS_TRY(check_device("event_create", device));

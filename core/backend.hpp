@@ -138,6 +138,10 @@ class backend {
   int copy_d2h(void* dst, device_ptr src, size_t size, stream_id stream);
   int copy_h2d(device_ptr dst, const void* src, size_t size, stream_id stream);
   int memset_d8(device_ptr dst, uint8_t value, size_t size, stream_id stream);
+  // Device to device, both ranges in reservations of the stream's device (either may be
+  // backed by a host frame: oversubscription moves pages between the two kinds this way).
+  // The ranges must not overlap.
+  int copy_d2d(device_ptr dst, device_ptr src, size_t size, stream_id stream);
 
   int event_create(int device, event_id* out);
   int event_destroy(event_id event);
@@ -182,6 +186,7 @@ class backend {
   virtual int do_copy_d2h(int device, void* dst, device_ptr src, size_t size, stream_id stream) = 0;
   virtual int do_copy_h2d(int device, device_ptr dst, const void* src, size_t size, stream_id stream) = 0;
   virtual int do_memset_d8(int device, device_ptr dst, uint8_t value, size_t size, stream_id stream) = 0;
+  virtual int do_copy_d2d(int device, device_ptr dst, device_ptr src, size_t size, stream_id stream) = 0;
   virtual int do_event_create(int device, event_id* out) = 0;
   virtual int do_event_destroy(event_id event) = 0;
   virtual int do_event_record(event_id event, stream_id stream) = 0;

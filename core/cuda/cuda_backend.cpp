@@ -54,6 +54,7 @@
 //   stream_*          cuStreamCreate(NON_BLOCKING), cuStreamSynchronize, destroy =
 //                     synchronize + cuStreamDestroy_v2
 //   copy_d2h/h2d      cuMemcpyDtoHAsync_v2 / cuMemcpyHtoDAsync_v2 on the stream
+//   copy_d2d          cuMemcpyDtoDAsync_v2 on the stream
 //   memset_d8         cuMemsetD8Async on the stream
 //   event_*           cuEventCreate(DISABLE_TIMING), cuEventRecord, cuEventSynchronize,
 //                     cuEventQuery (CUDA_ERROR_NOT_READY is "not complete", not an error),
@@ -192,6 +193,7 @@ class cuda_backend final : public backend {
   int do_stream_destroy(stream_id stream) override;
   int do_stream_synchronize(stream_id stream) override;
   int do_copy_d2h(int device, void* dst, device_ptr src, size_t size, stream_id stream) override;
+  int do_copy_d2d(int device, device_ptr dst, device_ptr src, size_t size, stream_id stream) override;
   int do_copy_h2d(int device, device_ptr dst, const void* src, size_t size, stream_id stream) override;
   int do_memset_d8(int device, device_ptr dst, uint8_t value, size_t size, stream_id stream) override;
   int do_event_create(int device, event_id* out) override;
@@ -709,6 +711,16 @@ int cuda_backend::do_memset_d8(int device, device_ptr dst, uint8_t value, size_t
   return check(d_.cuMemsetD8Async(dst, value, size, s.stream),
                "cuMemsetD8Async(dst=0x%llx, value=0x%02x, size=%zu, stream %" PRIu64 ") on device %d", hex(dst),
                static_cast<unsigned>(value), size, stream, device);
+}
+
+int cuda_backend::do_copy_d2d(int device, device_ptr dst, device_ptr src, size_t size, stream_id stream) {
+  stream_entry s{};
+  VS_TRY(find_stream("copy_d2d", stream, &s));
+  context_scope scope(d_);
+  VS_TRY(use_device(device, &scope));
+  return check(d_.cuMemcpyDtoDAsync(dst, src, size, s.stream),
+               "cuMemcpyDtoDAsync_v2(dst=0x%llx, src=0x%llx, size=%zu, stream %" PRIu64 ") on device %d", hex(dst), hex(src),
+               size, stream, device);
 }
 
 // --- events -------------------------------------------------------------------------------

@@ -71,6 +71,7 @@ namespace vramswap::cuda {
   X(cuStreamIsCapturing)                                       \
   X(cuMemcpyDtoHAsync)                                         \
   X(cuMemcpyHtoDAsync)                                         \
+  X(cuMemcpyDtoDAsync)                                         \
   X(cuMemsetD8Async)                                           \
   X(cuEventCreate)                                             \
   X(cuEventDestroy)                                            \

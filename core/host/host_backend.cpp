@@ -240,6 +240,11 @@ class host_backend final : public backend {
     return ok;
   }
 
+  int do_copy_d2d(int, device_ptr dst, device_ptr src, size_t size, stream_id id) override {
+    stream(id)->submit([dst, src, size] { std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), size); });
+    return ok;
+  }
+
   int do_memset_d8(int, device_ptr dst, uint8_t value, size_t size, stream_id id) override {
     stream(id)->submit([dst, value, size] { std::memset(reinterpret_cast<void*>(dst), value, size); });
     return ok;

@@ -279,6 +279,28 @@ TEST_P(BackendConformance, MemsetWritesEveryByte) {
   EXPECT_EQ(std::memcmp(out.ptr, expect.data(), size), 0);
 }
 
+// Device-to-device copies run between device and host frames both ways (oversubscription
+// moves pages between the two kinds this way), and bad ranges are refused untouched.
+TEST_P(BackendConformance, DeviceToDeviceCopiesCrossFrameKinds) {
+  const size_t size = 2 * gran;
+  const device_ptr va = reserve(3 * size);
+  map_rw(va, size, create(size));
+  frame_id host = 0;
+  ASSERT_EQ(be->create_host_frame(0, size, &host), ok) << last_error();
+  frames.push_back(host);
+  map_rw(va + size, size, host);
+  map_rw(va + 2 * size, size, create(size));
+  write(va, size, 51);
+  ASSERT_EQ(be->copy_d2d(va + size, va, size, stream), ok) << last_error();       // device -> host frame
+  ASSERT_EQ(be->copy_d2d(va + 2 * size, va + size, size, stream), ok) << last_error();  // host -> device frame
+  ASSERT_EQ(be->stream_synchronize(stream), ok);
+  expect_bytes(va + size, size, 51);
+  expect_bytes(va + 2 * size, size, 51);
+  EXPECT_FAILS(be->copy_d2d(va + 4096, va, size, stream), err_invalid_argument, "overlap");
+  EXPECT_FAILS(be->copy_d2d(va, va + 2 * size, 2 * size, stream), err_not_mapped, "reservation");  // past its end
+  expect_bytes(va, size, 51);
+}
+
 // Spawn frame_importer, hand it the frame over a Unix socket, and check both directions.
 TEST_P(BackendConformance, FrameExportedToAnotherProcessShowsTheSameBytes) {
   const size_t size = 4 * gran;
