@@ -21,9 +21,9 @@ class frame_source {
   // The caller is about to take `count` frames: a shared pool starts asking other
   // processes to evict idle frames now, so their evictions overlap our copies in.
   virtual int prepare(int /*device*/, size_t /*count*/) { return 0; }
-  // Must a frame be zeroed before it is given back? (A shared pool hands it to another
+  // Must `frame` be zeroed before it is given back? (A shared pool hands it to another
   // process next: no data may cross between processes through it.)
-  virtual bool scrub_before_give_back() const { return false; }
+  virtual bool scrub_before_give_back(frame_id /*frame*/) const { return false; }
 };
 
 // Frames created with the backend on demand and released when given back.

@@ -55,7 +55,13 @@ namespace vramswap {
     "bytes per disk request (a multiple of 4 KiB; a page is split into blocks)")                 \
   X(swap_extent, "VRAMSWAP_SWAP_EXTENT", "1GiB",                                                 \
     "the least the swap file grows by (fallocate), and the unit its reservations are rounded "   \
-    "up to (whole pages); a spill reserves all it needs in one piece before writing")
+    "up to (whole pages); a spill reserves all it needs in one piece before writing")          \
+  X(oversubscribe, "VRAMSWAP_OVERSUBSCRIBE", "0",                                                \
+    "1: low priority, no lock: allocations take free pool frames, then host memory, and "       \
+    "lock holders take the pool frames back (run under libvramswap_preload.so)")               \
+  X(oversubscribe_limit, "VRAMSWAP_OVERSUBSCRIBE_LIMIT", "50%",                                  \
+    "host memory an oversubscribed process may use for what does not fit the pool: size, or "  \
+    "percent of RAM")
 
 enum class option_id {
 #define VRAMSWAP_OPTION_ENUM(id, env, def, help) id,

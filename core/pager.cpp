@@ -80,6 +80,7 @@ pager::~pager() {
   for (event_id e : events_) {
     if (e != 0) be_.event_destroy(e);
   }
+  if (scratch_ != 0) be_.unreserve(scratch_, scratch_size_);
   if (in_stream_ != 0) be_.stream_destroy(in_stream_);
   if (out_stream_ != 0) be_.stream_destroy(out_stream_);
 }
@@ -109,7 +110,7 @@ int pager::back_page(uint64_t page) {
 int pager::unback_page(uint64_t page, page_state now, bool scrubbed) {
   page_entry& e = table_[page];
   const device_ptr va = arena_.page_address(page);
-  if (!scrubbed && frames_.scrub_before_give_back()) {
+  if (!scrubbed && frames_.scrub_before_give_back(e.frame)) {
     // The frame goes to another process next: zero it while it is still ours to write.
     VS_TRY(be_.memset_d8(va, 0, frame_size_, out_stream_));
     VS_TRY(be_.stream_synchronize(out_stream_));
@@ -293,7 +294,7 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     if (rc == ok) {
       rc = be_.copy_d2h(host, arena_.page_address(p), frame_size_, out_stream_);
       // Scrub behind the copy on the same stream: the event then covers both.
-      if (rc == ok && frames_.scrub_before_give_back()) rc = be_.memset_d8(arena_.page_address(p), 0, frame_size_, out_stream_);
+      if (rc == ok && frames_.scrub_before_give_back(e.frame)) rc = be_.memset_d8(arena_.page_address(p), 0, frame_size_, out_stream_);
       if (rc == ok) rc = be_.event_record(events_[next_event], out_stream_);
       if (rc != ok) {
         const std::string why = last_error();

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -62,6 +63,7 @@ struct pager_stats {
   uint64_t pages_restored = 0;
   uint64_t pages_discarded = 0;  // evicted without a copy: discardable
   uint64_t pages_clean = 0;      // evicted without a copy: saved copy still valid (read_mostly)
+  uint64_t pages_remapped = 0;   // moved into other frames by remap_pages (oversubscription)
   double evict_seconds = 0;      // total time in evict_all
   double restore_seconds = 0;    // total time in restore_all
 };
@@ -87,6 +89,16 @@ class pager {
   // Evict only the pages backed by these frames (a shared pool's owner serving another
   // process's request). Frames not backing a resident page are ignored.
   int evict_frames(const std::vector<frame_id>& frames);
+  // Move the resident pages backed by `old_frames` into new frames, bytes and addresses
+  // kept (oversubscription: demotion into host frames, promotion back into pool frames;
+  // core/pager_migrate.cpp). `new_frame` gives each new frame; when it fails the pages not
+  // yet moved stay where they are and its error is returned. Each old frame is scrubbed if
+  // the frame source says so, then given back. *moved (optional): pages moved.
+  // The caller guarantees that no work of this process touches the memory meanwhile (the
+  // launch gate, core/launch_gate.hpp, closed); the device is synchronized first.
+  int remap_pages(const std::vector<frame_id>& old_frames, const std::function<int(frame_id*)>& new_frame, size_t* moved = nullptr);
+  // The frames backing resident pages now.
+  std::vector<frame_id> resident_frames() const;
   // Leave pages where they are, but back new allocations only at the next restore_all():
   // what a process does when it releases the device lock without evicting.
   void set_not_resident();
@@ -127,6 +139,8 @@ class pager {
   stream_id out_stream_ = 0;
   stream_id in_stream_ = 0;
   std::vector<event_id> events_;  // ring for eviction copies
+  device_ptr scratch_ = 0;        // remap_pages: where new frames are filled before they swap in
+  size_t scratch_size_ = 0;
   pager_stats stats_;
 };
 

@@ -42,13 +42,16 @@ int pool_frame_source::prepare(int, size_t count) {
     uint64_t last_use;
     uint32_t frame;
   };
-  std::vector<candidate> idle;
+  std::vector<candidate> idle;  // frames we may ask for: lent, then idle (LRU)
   for (uint32_t f = 0; f < n; ++f) {
     const frame_word w = frame_word::decode(pool_.read(f));
     if (w.state == frame_free) ++free_now;
     if (w.owner == me_ && w.state != frame_free) ++mine;
     if (w.state == frame_requested && w.requester == me_) ++asked;
     if (w.state == frame_idle && w.owner != me_) idle.push_back({pool_.frame(f).last_use.load(std::memory_order_relaxed), f});
+    // Frames lent to oversubscribed (low-priority) processes go first, before any idle frame
+    // of a process that takes turns: last_use 0 sorts them ahead.
+    if (w.state == frame_lent && w.owner != me_) idle.push_back({0, f});
   }
   if (count > n - mine) {
     return fail(err_out_of_memory,
@@ -67,7 +70,7 @@ int pool_frame_source::prepare(int, size_t count) {
     if (shortfall == 0) break;
     uint64_t raw = pool_.read(c.frame);
     const frame_word w = frame_word::decode(raw);
-    if (w.state != frame_idle || w.owner == me_) continue;  // moved since the scan
+    if ((w.state != frame_idle && w.state != frame_lent) || w.owner == me_) continue;  // moved since the scan
     if (!pool_.move(c.frame, raw, frame_requested, w.owner, me_)) continue;
     --shortfall;
     if (std::find(owners_to_wake.begin(), owners_to_wake.end(), w.owner) == owners_to_wake.end()) owners_to_wake.push_back(w.owner);

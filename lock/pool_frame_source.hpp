@@ -5,7 +5,8 @@
 // segment's frame table (lock/pool_layout.hpp), one compare-and-swap per transition.
 //
 // Taking (only the lock holder takes): prepare(n) counts the free frames and, for the
-// shortfall, asks the owners of the least recently used idle frames to evict them (idle ->
+// shortfall, asks the owners of frames lent to oversubscribed processes, then of the least
+// recently used idle frames, to evict them (lent/idle ->
 // requested, then a futex wake of each owner's pager thread). take() returns a free frame
 // as soon as one exists, sleeping on the pool's "frame freed" futex in between: the owners
 // free frames one by one as their copies out complete, while the pager maps and copies in
@@ -43,7 +44,7 @@ class pool_frame_source final : public frame_source {
   int take(int device, size_t size, frame_id* out) override;
   int give_back(frame_id frame) override;
   int prepare(int device, size_t count) override;
-  bool scrub_before_give_back() const override { return true; }
+  bool scrub_before_give_back(frame_id) const override { return true; }
 
   // At acquire: this process's idle or requested frames become active again (an eviction
   // asked for but not yet done is cancelled: the frame keeps backing our page).

@@ -19,14 +19,20 @@
 //   free      owner none. Contents zero (scrubbed). Only the lock holder takes free frames.
 //   active    owned; the owner holds the lock (or is bringing its memory in).
 //   idle      owned; the owner released the lock. last_use orders idle frames (LRU).
-//   requested owned and idle, and a lock holder (requester) asked the owner to evict it.
-//             The owner's pager thread copies the page out, scrubs and unmaps the frame,
-//             then frees it. The owner may also take it back (-> active) when it acquires.
+//   requested owned and idle (or lent), and a lock holder (requester) asked the owner to
+//             evict it. The owner's pager thread copies the page out, scrubs and unmaps the
+//             frame, then frees it. The owner may also take it back (-> active) when it
+//             acquires. An oversubscribed owner moves the page to host memory instead.
+//   lent      owned by an oversubscribed member (VRAMSWAP_OVERSUBSCRIBE=1), which runs
+//             without the lock: its kernels may be using the frame right now. A lock holder
+//             asks for lent frames before idle ones; the owner then moves the page into a
+//             host frame at its next safe point (core/launch_gate.hpp) and frees the frame.
 //
 //   take     free -> active(me)                     lock holder
 //   release  active(me) -> idle(me)                 owner, at lock release
 //   reclaim  idle(me) | requested(me) -> active(me)  owner, at acquire
-//   request  idle(Y) -> requested(Y, by me)         lock holder; then wakes Y
+//   request  idle(Y) | lent(Y) -> requested(Y, by me)  lock holder; then wakes Y
+//   lend     free -> lent(me)                       oversubscribed member, without the lock
 //   give     any(me) -> free                        owner, after scrubbing; then wakes all
 //   repair   any(dead Y) -> free                    server, after scrubbing
 #pragma once
@@ -40,12 +46,13 @@ namespace vramswap::pool_layout {
 constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-endian bytes
 // 2: member slots of two cache lines (statistics for `vramswap status`), a per-member trace
 //    ring between the member table and the frame table, the metrics port in the header.
-constexpr uint64_t k_layout_version = 2;
+// 3: frame state lent (oversubscribed members).
+constexpr uint64_t k_layout_version = 3;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;
 constexpr uint32_t k_no_member = 0xFFFF;
 
-enum frame_state : uint8_t { frame_free = 0, frame_active = 1, frame_idle = 2, frame_requested = 3 };
+enum frame_state : uint8_t { frame_free = 0, frame_active = 1, frame_idle = 2, frame_requested = 3, frame_lent = 4 };
 
 // word = state | owner << 8 | requester << 24 | generation << 40. The generation counts
 // transitions, so a compare-and-swap never succeeds on a stale read (no ABA).

@@ -146,6 +146,7 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
       case frame_active: ++d.frames_active; break;
       case frame_idle: ++d.frames_idle; break;
       case frame_requested: ++d.frames_requested; break;
+      case frame_lent: ++d.frames_lent; break;
     }
     if (w.state != frame_free && w.owner < k_member_count) ++owned[w.owner];
   }
@@ -219,9 +220,10 @@ std::string render_text(const std::vector<device_report>& devices) {
   std::string t;
   if (devices.empty()) t += "no vramswap device in use (no pool segment in /dev/shm)\n";
   for (const device_report& d : devices) {
-    t += fmt("device %s: pool %s = %u frames of %s; free %u (%s), active %u, idle %u, requested %u\n", d.key.c_str(),
+    t += fmt("device %s: pool %s = %u frames of %s; free %u (%s), active %u, idle %u, requested %u, lent %u\n", d.key.c_str(),
              bytes_text(uint64_t{d.frame_count} * d.frame_size).c_str(), d.frame_count, bytes_text(d.frame_size).c_str(), d.frames_free,
-             bytes_text(uint64_t{d.frames_free} * d.frame_size).c_str(), d.frames_active, d.frames_idle, d.frames_requested);
+             bytes_text(uint64_t{d.frames_free} * d.frame_size).c_str(), d.frames_active, d.frames_idle, d.frames_requested,
+             d.frames_lent);
     t += fmt("  server pid %d", static_cast<int>(d.server_pid));
     if (d.metrics_port != 0) t += fmt(", metrics http://127.0.0.1:%u/metrics", d.metrics_port);
     t += "\n";
@@ -277,8 +279,8 @@ std::string render_json(const std::vector<device_report>& devices) {
              json_string(d.segment).c_str(), static_cast<int>(d.server_pid), d.metrics_port);
     j += fmt("\"frame_size\": %" PRIu64 ", \"frame_count\": %u, \"pool_bytes\": %" PRIu64 ", \"free_bytes\": %" PRIu64 ", ", d.frame_size,
              d.frame_count, uint64_t{d.frame_count} * d.frame_size, uint64_t{d.frames_free} * d.frame_size);
-    j += fmt("\"frames\": {\"free\": %u, \"active\": %u, \"idle\": %u, \"requested\": %u},\n   ", d.frames_free, d.frames_active,
-             d.frames_idle, d.frames_requested);
+    j += fmt("\"frames\": {\"free\": %u, \"active\": %u, \"idle\": %u, \"requested\": %u, \"lent\": %u},\n   ", d.frames_free,
+             d.frames_active, d.frames_idle, d.frames_requested, d.frames_lent);
     const process_report* holder = nullptr;
     for (const process_report& p : d.processes) {
       if (p.pid == d.holder_pid) holder = &p;
@@ -342,6 +344,8 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
   device_gauge("vramswap_pool_free_frames", "Frames owned by no process", [](const device_report& d) { return d.frames_free; });
   device_gauge("vramswap_pool_idle_frames", "Frames of processes that do not hold the lock (evictable)",
                [](const device_report& d) { return d.frames_idle + d.frames_requested; });
+  device_gauge("vramswap_pool_lent_frames", "Frames lent to oversubscribed (low-priority) processes",
+               [](const device_report& d) { return d.frames_lent; });
   device_gauge("vramswap_pool_processes", "Processes attached to the pool", [](const device_report& d) { return d.processes.size(); });
   device_gauge("vramswap_lock_holder_pid", "Pid of the lock's holder (0: none)", [](const device_report& d) { return d.holder_pid; });
   device_gauge("vramswap_lock_waiters", "Threads queued for the lock", [](const device_report& d) {

@@ -66,6 +66,7 @@ struct device_report {
   uint64_t frame_size = 0;
   uint32_t frame_count = 0;
   uint32_t frames_free = 0, frames_active = 0, frames_idle = 0, frames_requested = 0;
+  uint32_t frames_lent = 0;  // to oversubscribed processes (lent, not yet requested)
   uint64_t now_ns = 0;       // CLOCK_MONOTONIC when the report was taken
   bool have_queue = false;   // the lock segment was readable
   std::string queue_error;   // why not

@@ -151,6 +151,10 @@ stats get_stats(int device) {
   r.restore_seconds = s.restore_seconds;
   r.cached_bytes = s.cached_bytes;
   r.graph_bytes = s.graph_bytes;
+  r.host_frame_bytes = s.host_frame_bytes;
+  r.pages_demoted = s.pages_demoted;
+  r.pages_promoted = s.pages_promoted;
+  r.reclaim_seconds = s.reclaim_seconds;
   return r;
 }
 

@@ -15,7 +15,9 @@
 
 #include "core/log.hpp"
 #include "core/status.hpp"
+#include "core/options.hpp"
 #include "cpp_api/src/device_session.hpp"
+#include "cpp_api/src/oversubscribed_session.hpp"
 #include "cpp_api/src/stream_allocator.hpp"
 #include "lock/pool_segment.hpp"
 #include "lock/shared_segment.hpp"
@@ -23,10 +25,24 @@
 namespace vramswap::rt {
 namespace {
 
+// One of `session` (time-sharing under the lock) and `over` (VRAMSWAP_OVERSUBSCRIBE=1: low
+// priority, no lock) is set.
 struct device_state {
   std::unique_ptr<device_session> session;
-  std::unique_ptr<stream_allocator> async;  // over session's pager; destroyed before it
+  std::unique_ptr<oversubscribed_session> over;
+  std::unique_ptr<stream_allocator> async;  // over the session's pager; destroyed before it
   std::atomic<uint64_t> holder_deaths{0};
+
+  pager& memory() { return session ? session->memory() : over->memory(); }
+  backend& get_backend() { return session ? session->get_backend() : over->get_backend(); }
+  // The lock is this process's to take only when it is not oversubscribed.
+  int check_lockable(const char* fn, int device) const {
+    if (!over) return ok;
+    return fail(err_invalid_argument,
+                "%s(device %d): this process runs oversubscribed (VRAMSWAP_OVERSUBSCRIBE=1): low priority, without the device "
+                "lock, its memory always mapped. Unset VRAMSWAP_OVERSUBSCRIBE to take turns under the lock",
+                fn, device);
+  }
 };
 
 // Sessions by device. Opened under g_mutex, never closed before exit, so a pointer taken
@@ -63,7 +79,8 @@ int check_process(const char* fn, int device) {
 int state_for(const char* fn, int device, device_state** out) {
   VS_TRY(check_process(fn, device));
   std::lock_guard<std::mutex> guard(g_mutex);
-  if (device >= 0 && static_cast<size_t>(device) < g_devices.size() && g_devices[device] && g_devices[device]->session) {
+  if (device >= 0 && static_cast<size_t>(device) < g_devices.size() && g_devices[device] &&
+      (g_devices[device]->session || g_devices[device]->over)) {
     *out = g_devices[device].get();
     return ok;
   }
@@ -77,12 +94,18 @@ int state_for(const char* fn, int device, device_state** out) {
                 "is VRAMSWAP_HOST_DEVICES)",
                 fn, device, be->name(), count);
   }
-  std::unique_ptr<device_session> s;
-  VS_TRY(add_context(device_session::open(device, &s), "%s(device %d): opening the device's session: ", fn, device));
+  uint64_t oversubscribe = 0;
+  VS_TRY(option_uint(option_id::oversubscribe, &oversubscribe, 0, 1));
+  auto st = std::make_unique<device_state>();
+  if (oversubscribe == 1) {
+    VS_TRY(add_context(oversubscribed_session::open(device, &st->over), "%s(device %d): opening the device's oversubscribed session: ",
+                       fn, device));
+  } else {
+    VS_TRY(add_context(device_session::open(device, &st->session), "%s(device %d): opening the device's session: ", fn, device));
+  }
+  st->async = std::make_unique<stream_allocator>(st->get_backend(), device, st->memory());
   if (g_devices.size() <= static_cast<size_t>(device)) g_devices.resize(device + 1);
-  if (!g_devices[device]) g_devices[device] = std::make_unique<device_state>();
-  g_devices[device]->async = std::make_unique<stream_allocator>(s->get_backend(), device, s->memory());
-  g_devices[device]->session = std::move(s);
+  g_devices[device] = std::move(st);
   g_owner_pid.store(::getpid());
   // After default_backend() made the backend, so this runs before the backend's destructor.
   static std::once_flag at_exit;
@@ -163,6 +186,7 @@ int lock(int device, uint32_t priority, int64_t timeout_ns, bool* holder_died) n
     }
     device_state* st = nullptr;
     VS_TRY(state_for("lock", device, &st));
+    VS_TRY(st->check_lockable("lock", device));
     acquire_info info;
     const int rc = st->session->acquire(static_cast<lock_priority>(priority), timeout_ns, &info);
     if (rc != ok) return rc;
@@ -202,7 +226,7 @@ int malloc(int device, size_t size, uintptr_t* out) noexcept {
   VS_TRY(state_for("malloc", device, &st));
   if (size == 0) return fail(err_invalid_argument, "malloc(device %d): size 0", device);
   device_ptr p = 0;
-  VS_TRY(add_context(st->session->memory().malloc(size, &p), "malloc(%zu bytes, device %d): ", size, device));
+  VS_TRY(add_context(st->memory().malloc(size, &p), "malloc(%zu bytes, device %d): ", size, device));
   *out = p;
   return ok;
 }
@@ -217,7 +241,7 @@ int free(int device, uintptr_t ptr) noexcept {
                 "nothing was freed",
                 static_cast<size_t>(ptr), device);
   }
-  return add_context(st->session->memory().free(ptr), "free(0x%zx, device %d): ", static_cast<size_t>(ptr), device);
+  return add_context(st->memory().free(ptr), "free(0x%zx, device %d): ", static_cast<size_t>(ptr), device);
 }
 
 int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noexcept {
@@ -247,7 +271,31 @@ int free_async(int device, uintptr_t ptr, uintptr_t stream) noexcept {
 int resident(int device, bool* out) noexcept {
   device_state* st = nullptr;
   VS_TRY(state_for("resident", device, &st));
-  *out = st->session->memory().resident();
+  *out = st->over ? true : st->memory().resident();
+  return ok;
+}
+
+int memory_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("memory_info", device, &st));
+  if (st->over) {
+    st->over->memory_info(free_bytes, total_bytes);
+    return ok;
+  }
+  const pool_connection& pool = st->session->pool();
+  const uint64_t total = uint64_t{pool.frame_count()} * pool.frame_size();
+  const pager_stats p = st->memory().stats();
+  // Live pages, whether resident or saved: what this process's memory takes of the pool.
+  const uint64_t mine = p.resident_bytes + p.host_bytes;
+  *total_bytes = total;
+  *free_bytes = total - std::min(total, mine);
+  return ok;
+}
+
+int oversubscribed(int device, bool* out) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("oversubscribed", device, &st));
+  *out = st->over != nullptr;
   return ok;
 }
 
@@ -264,7 +312,7 @@ int advise(int device, uintptr_t ptr, size_t size, uint8_t a) noexcept {
   }
   device_state* st = nullptr;
   VS_TRY(state_for("advise", device, &st));
-  return add_context(st->session->memory().advise(ptr, size, static_cast<vramswap::advice>(a)), "advise(0x%zx, %zu bytes, device %d): ",
+  return add_context(st->memory().advise(ptr, size, static_cast<vramswap::advice>(a)), "advise(0x%zx, %zu bytes, device %d): ",
                      static_cast<size_t>(ptr), size, device);
 }
 
@@ -272,10 +320,26 @@ int stats(int device, vramswap_stats_t* out) noexcept {
   device_state* st = nullptr;
   VS_TRY(state_for("stats", device, &st));
   try {
-    const session_stats s = st->session->stats();
     vramswap_stats_t r;
     std::memset(&r, 0, sizeof r);
     r.size = sizeof r;
+    const stream_allocator_stats a = st->async->stats();
+    r.cached_bytes = a.cached_bytes;
+    r.graph_bytes = a.graph_bytes;
+    if (st->over) {
+      const pager_stats p = st->over->memory().stats();
+      const oversubscribed_stats o = st->over->stats();
+      r.allocated_bytes = p.allocated_bytes;
+      r.allocations = p.allocations;
+      r.resident_bytes = p.resident_bytes;
+      r.host_frame_bytes = o.host_frame_bytes;
+      r.pages_demoted = o.pages_demoted;
+      r.pages_promoted = o.pages_promoted;
+      r.reclaim_seconds = o.demote_seconds;
+      *out = r;
+      return ok;
+    }
+    const session_stats s = st->session->stats();
     r.allocated_bytes = s.pager.allocated_bytes;
     r.allocations = s.pager.allocations;
     r.resident_bytes = s.pager.resident_bytes;
@@ -290,9 +354,6 @@ int stats(int device, vramswap_stats_t* out) noexcept {
     r.lock_wait_seconds = s.lock_wait_seconds;
     r.evict_seconds = s.pager.evict_seconds;
     r.restore_seconds = s.pager.restore_seconds;
-    const stream_allocator_stats a = st->async->stats();
-    r.cached_bytes = a.cached_bytes;
-    r.graph_bytes = a.graph_bytes;
     *out = r;
     return ok;
   } catch (const std::bad_alloc&) {
@@ -305,12 +366,12 @@ namespace {
 int copy(const char* fn, int device, uintptr_t dev, void* host, size_t size, bool to_device) {
   device_state* st = nullptr;
   VS_TRY(state_for(fn, device, &st));
-  if (held_by_this_thread(device) == 0) {
+  if (!st->over && held_by_this_thread(device) == 0) {
     return fail(err_not_owner, "%s(device %d): take the device's lock first: memory is resident only while it is held", fn,
                 device);
   }
   if (size == 0) return ok;
-  backend& be = st->session->get_backend();
+  backend& be = st->get_backend();
   void* staging = nullptr;
   VS_TRY(be.host_alloc(size, &staging));
   stream_id s = 0;

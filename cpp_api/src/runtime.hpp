@@ -40,6 +40,14 @@ int release_cached(int device) noexcept;
 // Whether this process's memory on `device` is resident (some thread of it holds the lock):
 // *out false also when the device's session is not open yet.
 int resident(int device, bool* out) noexcept;
+// The memory-info view that cudaMemGetInfo/cuMemGetInfo give under the preload shim
+// (docs/oversubscription.md). Time-sharing: total = the pool; free = the pool less this
+// process's live pages (at its next acquire it can have all the rest). Oversubscribed:
+// total = the pool + VRAMSWAP_OVERSUBSCRIBE_LIMIT; free = free pool frames + the limit's
+// unused part.
+int memory_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) noexcept;
+// Whether `device`'s session is oversubscribed (opening it if needed).
+int oversubscribed(int device, bool* out) noexcept;
 // Fills every field of *out (size included).
 int stats(int device, vramswap_stats_t* out) noexcept;
 

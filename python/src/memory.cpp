@@ -77,13 +77,18 @@ advise again after writing), or 'normal'.)doc");
         d["restore_seconds"] = s.restore_seconds;
         d["cached_bytes"] = s.cached_bytes;
         d["graph_bytes"] = s.graph_bytes;
+        d["host_frame_bytes"] = s.host_frame_bytes;
+        d["pages_demoted"] = s.pages_demoted;
+        d["pages_promoted"] = s.pages_promoted;
+        d["reclaim_seconds"] = s.reclaim_seconds;
         return d;
       },
       py::arg("device") = 0,
       R"doc(This process's numbers on the device, as a dict (the fields of vramswap::stats):
 allocated_bytes, allocations, resident_bytes, host_bytes, disk_bytes, bytes_in, bytes_out,
 acquires, evictions_served, lock_holder_deaths, acquire_seconds, lock_wait_seconds,
-evict_seconds, restore_seconds, cached_bytes, graph_bytes.)doc");
+evict_seconds, restore_seconds, cached_bytes, graph_bytes, host_frame_bytes, pages_demoted,
+pages_promoted, reclaim_seconds.)doc");
   m.def(
       "release_cached",
       [](int device) {

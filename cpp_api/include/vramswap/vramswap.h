@@ -90,7 +90,7 @@ typedef struct vramswap_stats_t {
   uint64_t size;               /* in: sizeof the caller's struct; out: bytes filled */
   uint64_t allocated_bytes;    /* live allocations (rounded to 256 bytes) */
   uint64_t allocations;
-  uint64_t resident_bytes;     /* pages in device frames */
+  uint64_t resident_bytes;     /* pages mapped in frames (device, or host for oversubscribed processes) */
   uint64_t host_bytes;         /* saved pages in host memory */
   uint64_t disk_bytes;         /* saved pages only in the swap file */
   uint64_t bytes_in;           /* copied host -> device, total */
@@ -104,6 +104,11 @@ typedef struct vramswap_stats_t {
   double restore_seconds;      /* total time bringing it back */
   uint64_t cached_bytes;       /* freed by vramswap_free_async, kept for reuse (of allocated_bytes) */
   uint64_t graph_bytes;        /* malloc_async memory held for CUDA graphs (of allocated_bytes) */
+  /* Oversubscribed processes (VRAMSWAP_OVERSUBSCRIBE=1); 0 otherwise: */
+  uint64_t host_frame_bytes;   /* pages in host memory mapped at their addresses (of resident_bytes) */
+  uint64_t pages_demoted;      /* moved from pool frames to host frames for lock holders */
+  uint64_t pages_promoted;     /* moved back into free pool frames */
+  double reclaim_seconds;      /* total time demoting (the launch gate closed) */
 } vramswap_stats_t;
 /* VRAMSWAP_ERR_INVALID_ARGUMENT when out is NULL or out->size is smaller than 16 bytes. */
 VRAMSWAP_C_API int vramswap_stats(int device, vramswap_stats_t* out);

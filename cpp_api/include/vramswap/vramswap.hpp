@@ -207,6 +207,11 @@ struct stats {
   double restore_seconds = 0;    // total time bringing it back
   uint64_t cached_bytes = 0;     // freed by free_async, kept for reuse (part of allocated_bytes)
   uint64_t graph_bytes = 0;      // malloc_async memory held for CUDA graphs (part of allocated_bytes)
+  // Oversubscribed processes (VRAMSWAP_OVERSUBSCRIBE=1; docs/oversubscription.md), else 0:
+  uint64_t host_frame_bytes = 0;  // pages in host frames, mapped at their addresses (part of resident_bytes)
+  uint64_t pages_demoted = 0;     // moved from pool frames to host frames because a lock holder needed them
+  uint64_t pages_promoted = 0;    // moved back into free pool frames
+  double reclaim_seconds = 0;     // total time demoting
 };
 // Opens the device's session if needed (so it may start the pool server).
 VRAMSWAP_API stats get_stats(int device = 0);

@@ -1,0 +1,91 @@
+#include "lock/lending_frame_source.hpp"
+
+#include <cinttypes>
+
+#include "core/status.hpp"
+
+namespace vramswap {
+using namespace pool_layout;
+
+lending_frame_source::lending_frame_source(backend& be, pool_segment& pool, uint32_t me, std::vector<frame_id> local,
+                                           uint64_t host_limit)
+    : be_(be), pool_(pool), me_(me), local_(std::move(local)), host_limit_(host_limit) {
+  for (uint32_t i = 0; i < local_.size(); ++i) index_of_.emplace(local_[i], i);
+}
+
+bool lending_frame_source::take_pool_frame(frame_id* out) {
+  const uint32_t n = pool_.frame_count();
+  for (uint32_t k = 0; k < n; ++k) {
+    const uint32_t f = (scan_hint_ + k) % n;
+    uint64_t raw = pool_.read(f);
+    if (frame_word::decode(raw).state != frame_free) continue;
+    if (pool_.move(f, raw, frame_lent, me_, k_no_member)) {
+      scan_hint_ = (f + 1) % n;
+      *out = local_[f];
+      return true;
+    }
+  }
+  return false;
+}
+
+int lending_frame_source::take_host_frame(int device, size_t size, frame_id* out) {
+  const uint64_t held = host_bytes_.load(std::memory_order_relaxed);
+  if (held + size > host_limit_) {
+    return fail(err_out_of_memory,
+                "oversubscription: the pool has no free frame and this process already holds %" PRIu64 " MiB of host frames; "
+                "%zu MiB more would pass VRAMSWAP_OVERSUBSCRIBE_LIMIT (%" PRIu64 " MiB). Raise the limit, or free memory",
+                held >> 20, size >> 20, host_limit_ >> 20);
+  }
+  VS_TRY(add_context(be_.create_host_frame(device, size, out), "oversubscription: a host frame for a page that has no pool frame: "));
+  host_bytes_.fetch_add(size, std::memory_order_relaxed);
+  return ok;
+}
+
+int lending_frame_source::take(int device, size_t size, frame_id* out) {
+  if (size != pool_.frame_size()) {
+    return fail(err_invalid_argument, "pool: a %zu-byte frame was asked for; this pool's frames are %" PRIu64 " bytes", size,
+                pool_.frame_size());
+  }
+  if (take_pool_frame(out)) return ok;
+  return take_host_frame(device, size, out);
+}
+
+int lending_frame_source::give_back(frame_id frame) {
+  auto it = index_of_.find(frame);
+  if (it == index_of_.end()) {
+    size_t size = 0;
+    VS_TRY(be_.frame_size(frame, &size));
+    VS_TRY(be_.release_frame(frame));
+    host_bytes_.fetch_sub(size, std::memory_order_relaxed);
+    return ok;
+  }
+  const uint32_t f = it->second;
+  for (;;) {
+    uint64_t raw = pool_.read(f);
+    const frame_word w = frame_word::decode(raw);
+    if (w.owner != me_ || w.state == frame_free) {
+      return fail(err_internal, "pool: giving back frame %u that this process (member %u) does not own (state %d, owner %u)", f, me_,
+                  static_cast<int>(w.state), w.owner);
+    }
+    if (pool_.move(f, raw, frame_free, k_no_member, k_no_member)) break;  // lost a race with a requester: retry
+  }
+  pool_.notify_freed();
+  return ok;
+}
+
+std::vector<frame_id> lending_frame_source::requested_of_me() const {
+  std::vector<frame_id> out;
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
+    const frame_word w = frame_word::decode(pool_.read(f));
+    if (w.state == frame_requested && w.owner == me_) out.push_back(local_[f]);
+  }
+  return out;
+}
+
+uint32_t lending_frame_source::free_pool_frames() const {
+  uint32_t n = 0;
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) n += frame_word::decode(pool_.read(f)).state == frame_free;
+  return n;
+}
+
+}  // namespace vramswap

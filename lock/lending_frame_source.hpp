@@ -1,0 +1,66 @@
+// lending_frame_source: the frames of an oversubscribed (low-priority) process.
+//
+// Such a process (VRAMSWAP_OVERSUBSCRIBE=1) runs without the device lock and must never fail
+// an allocation for want of pool frames while host memory lasts. take() therefore gives, in
+// this order:
+//   1. a free pool frame, marked lent to this member (free -> lent(me), one CAS; a lock
+//      holder may ask for it back at any time, before any idle frame);
+//   2. a host frame (backend::create_host_frame: cuMemCreate in host memory, reached by the
+//      device over its link), up to VRAMSWAP_OVERSUBSCRIBE_LIMIT bytes in all;
+//   3. err_out_of_memory, saying which limit was hit.
+// It never waits: an oversubscribed process asks nobody to evict anything.
+//
+// Requested frames (a lock holder wants them) are found with requested_of_me(); the session
+// moves their pages into host frames (pager::demote_frames) and gives them back (-> free).
+// When the pool has free frames again, take_pool_frame() hands one out for a promotion.
+//
+// Thread-safety: take/give_back run under the pager's mutex, the rest under the session's.
+// The byte count of host frames is atomic (read by the memory-info view without locks).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/frame_source.hpp"
+#include "lock/pool_segment.hpp"
+
+namespace vramswap {
+
+class lending_frame_source final : public frame_source {
+ public:
+  // `local[i]` is this process's handle of pool frame i; `host_limit`: bytes of host frames
+  // this process may hold.
+  lending_frame_source(backend& be, pool_segment& pool, uint32_t me, std::vector<frame_id> local, uint64_t host_limit);
+
+  int take(int device, size_t size, frame_id* out) override;
+  int give_back(frame_id frame) override;
+  // Pool frames are scrubbed (they go to another process next); host frames are released.
+  bool scrub_before_give_back(frame_id frame) const override { return is_pool_frame(frame); }
+
+  // A free pool frame, lent to this member, or false when none is free (never waits).
+  bool take_pool_frame(frame_id* out);
+  // A new host frame within the limit (err_out_of_memory beyond it).
+  int take_host_frame(int device, size_t size, frame_id* out);
+  bool is_pool_frame(frame_id frame) const { return index_of_.count(frame) != 0; }
+  // Pool frames lock holders asked this process to give back (local handles).
+  std::vector<frame_id> requested_of_me() const;
+  uint32_t free_pool_frames() const;
+  uint64_t host_bytes() const noexcept { return host_bytes_.load(std::memory_order_relaxed); }
+  uint64_t host_limit() const noexcept { return host_limit_; }
+  uint32_t member() const noexcept { return me_; }
+
+ private:
+  backend& be_;
+  pool_segment& pool_;
+  const uint32_t me_;
+  const std::vector<frame_id> local_;
+  std::unordered_map<frame_id, uint32_t> index_of_;
+  const uint64_t host_limit_;
+  std::atomic<uint64_t> host_bytes_{0};
+  uint32_t scan_hint_ = 0;
+};
+
+}  // namespace vramswap
