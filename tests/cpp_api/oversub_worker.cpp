@@ -1,0 +1,102 @@
+// An oversubscribed (low-priority) job for the multi-process tests: a real process with its
+// own oversubscribed_session, running without the lock.
+//
+// usage: oversub_worker <bytes> <seconds> <seed>
+// Allocates <bytes> (more than the pool, in the tests) in three allocations, writes random
+// data, then for <seconds> runs rounds: check every byte against the previous round's data,
+// write the next round's. Every copy is queued inside the launch gate, as the preload shim
+// does for a CUDA program's work, so reclaims (demotions) may happen between any two of them.
+// Prints one line of numbers (key=value) on stdout. Exit: 0 ok, 2 an API call failed,
+// 3 data differed.
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "core/launch_gate.hpp"
+#include "core/status.hpp"
+#include "cpp_api/src/oversubscribed_session.hpp"
+#include "support/random_bytes.hpp"
+
+using namespace vramswap;
+
+namespace {
+[[noreturn]] void die(int code, const char* what) {
+  std::fprintf(stderr, "oversub_worker[%d]: %s: %s\n", static_cast<int>(getpid()), what, last_error());
+  std::exit(code);
+}
+void check(int rc, const char* what) {
+  if (rc != ok) die(2, what);
+}
+struct block {
+  device_ptr ptr;
+  uint64_t size;
+};
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s <bytes> <seconds> <seed>\n", argv[0]);
+    return 64;
+  }
+  const uint64_t bytes = std::strtoull(argv[1], nullptr, 10);
+  const double seconds = std::atof(argv[2]);
+  const uint64_t seed = std::strtoull(argv[3], nullptr, 10);
+  launch_gate::set_installed();  // this program brackets its device work itself
+
+  std::unique_ptr<oversubscribed_session> session;
+  check(oversubscribed_session::open(0, &session), "opening the oversubscribed session");
+  backend& be = session->get_backend();
+  std::vector<block> blocks;
+  for (uint64_t size : {bytes / 2, bytes / 3, bytes - bytes / 2 - bytes / 3}) {
+    device_ptr p = 0;
+    check(session->memory().malloc(size, &p), "malloc");
+    blocks.push_back({p, size});
+  }
+  void* staging = nullptr;
+  check(be.host_alloc(blocks[0].size, &staging), "host_alloc");
+  stream_id s = 0;
+  check(be.stream_create(0, &s), "stream_create");
+  const oversubscribed_stats at_start = session->stats();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  int round = 0;
+  for (;; ++round) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const block& b = blocks[i];
+      if (round > 0) {
+        {
+          launch_gate::pass gate;
+          check(be.copy_d2h(staging, b.ptr, b.size, s), "copy_d2h");
+        }
+        check(be.stream_synchronize(s), "sync");
+        const size_t bad = test::first_mismatch(staging, b.size, seed * 1000003 + (round - 1) * 101 + i);
+        if (bad != b.size) {
+          std::fprintf(stderr, "oversub_worker[%d]: round %d: byte %zu of block %zu differs from what round %d wrote\n",
+                       static_cast<int>(getpid()), round, bad, i, round - 1);
+          return 3;
+        }
+      }
+      test::fill_random(staging, b.size, seed * 1000003 + round * 101 + i);
+      {
+        launch_gate::pass gate;
+        check(be.copy_h2d(b.ptr, staging, b.size, s), "copy_h2d");
+      }
+      check(be.stream_synchronize(s), "sync");
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= seconds) break;
+  }
+  const oversubscribed_stats st = session->stats();
+  std::printf("rounds=%d start_host_bytes=%" PRIu64 " host_bytes=%" PRIu64 " pool_bytes=%" PRIu64 " demoted=%" PRIu64
+              " promoted=%" PRIu64 " reclaims=%" PRIu64 " reclaim_ms=%.3f\n",
+              round + 1, at_start.host_frame_bytes, st.host_frame_bytes, st.pool_frame_bytes, st.pages_demoted, st.pages_promoted,
+              st.demotions, st.demote_seconds * 1e3);
+  std::fflush(stdout);
+  check(be.stream_destroy(s), "stream_destroy");
+  check(be.host_free(staging), "host_free");
+  return 0;
+}

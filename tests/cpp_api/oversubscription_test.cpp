@@ -1,0 +1,157 @@
+// Oversubscription end to end, with real processes (issue 8): oversub_worker is a
+// low-priority job running without the lock on more memory than the pool has; session_worker
+// clients take turns under the lock and take the job's pool frames back while it runs. Both
+// check every byte of their memory all along. Host backend (CI); scripts/device-run.sh runs
+// the same with cuda, and the preload shim's own tests run on the GPU (tests/gpu/).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "core/backend.hpp"
+#include "core/status.hpp"
+#include "lock/pool_segment.hpp"
+#include "support/deployment.hpp"
+
+namespace vramswap {
+namespace {
+using namespace pool_layout;
+constexpr uint64_t MiB = 1ull << 20;
+
+class Oversubscription : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");
+    backend_ = backend != nullptr ? backend : "host";
+    std::unique_ptr<vramswap::backend> made;
+    ASSERT_EQ(make_backend(backend_ == "cuda" ? backend_kind::cuda : backend_kind::host, &made), ok) << last_error();
+    device_info info;
+    ASSERT_EQ(made->get_device_info(0, &info), ok);
+    deploy_.create("os", info.uuid,
+                   {"VRAMSWAP_BACKEND=" + backend_, "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB",
+                    "VRAMSWAP_POOL_SIZE=" + std::to_string(pool_bytes_), "VRAMSWAP_POOL_IDLE_EXIT=5", "VRAMSWAP_LOG=warn",
+                    "VRAMSWAP_SWAP_DIR=/var/tmp"});
+  }
+  void TearDown() override { deploy_.destroy(); }
+
+  pid_t spawn_job(uint64_t bytes, double seconds, uint64_t seed, const std::vector<std::string>& env = {}) {
+    return deploy_.spawn({VRAMSWAP_OVERSUB_WORKER, std::to_string(bytes), std::to_string(seconds), std::to_string(seed)},
+                         env, out_file(), err_file());
+  }
+  std::string out_file() const { return deploy_.dir() + "/job.out"; }
+  std::string err_file() const { return deploy_.dir() + "/job.err"; }
+  static std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // The job's summary line, key=value pairs.
+  std::map<std::string, double> job_numbers() const {
+    std::map<std::string, double> out;
+    std::istringstream in(slurp(out_file()));
+    std::string kv;
+    while (in >> kv) {
+      const size_t eq = kv.find('=');
+      if (eq != std::string::npos) out[kv.substr(0, eq)] = std::atof(kv.c_str() + eq + 1);
+    }
+    return out;
+  }
+  static int wait_status(pid_t pid) {
+    int status = 0;
+    EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+    return status;
+  }
+  static bool exited_ok(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+  uint32_t wait_lent(pool_segment& pool, uint32_t at_least, int wait_ms) {
+    uint32_t lent = 0;
+    for (int waited = 0; waited < wait_ms; waited += 5) {
+      if ((lent = pool.count(frame_lent)) >= at_least) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return lent;
+  }
+  void expect_no_frame_leaked(pool_segment& pool) {
+    uint32_t free_frames = 0;
+    for (int i = 0; i < 400; ++i) {
+      if ((free_frames = pool.count(frame_free)) == pool.frame_count()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(free_frames, pool.frame_count()) << "frames still owned after every client exited";
+  }
+
+  std::string backend_;
+  uint64_t pool_bytes_ = 64 * MiB;
+  test::deployment deploy_;
+};
+
+// 1.5x the pool: the pool's frames, then host frames for the rest; every byte checked.
+TEST_F(Oversubscription, JobRunsOnOneAndAHalfPoolsWithEveryByteIntact) {
+  const pid_t job = spawn_job(96 * MiB, 0.5, 11);
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  auto n = job_numbers();
+  EXPECT_GE(n["rounds"], 2) << slurp(out_file());
+  EXPECT_EQ(n["pool_bytes"], 64.0 * MiB) << "every free pool frame should be lent to the job";
+  EXPECT_EQ(n["host_bytes"], 32.0 * MiB) << "the rest in host frames";
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 1000));
+  expect_no_frame_leaked(*pool);
+}
+
+// A job runs on 3/4 of the pool; a lock user needing 7/8 of it takes frames back while the
+// job's rounds go on; when the lock user is gone the job's pages move back into the pool.
+TEST_F(Oversubscription, LockUserReclaimsFramesFromARunningJobAndTheJobGetsThemBack) {
+  const pid_t job = spawn_job(48 * MiB, 4.0, 21);
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
+  ASSERT_EQ(wait_lent(*pool, 24, 10000), 24u) << "the job never took its 24 frames";
+  const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "6", "31", "20"});
+  EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed";
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());  // the reclaim numbers, for the log
+  auto n = job_numbers();
+  EXPECT_GE(n["demoted"], 20) << slurp(out_file());  // 56 MiB needs >= 28 of 32 frames; 8 were free
+  EXPECT_GE(n["reclaims"], 1);
+  EXPECT_GE(n["promoted"], 1) << "free frames after the lock user left should have come back to the job: " << slurp(out_file());
+  EXPECT_GE(n["rounds"], 3);
+  expect_no_frame_leaked(*pool);
+}
+
+// SIGKILL of a running job: the pool server frees its lent frames, scrubbed.
+TEST_F(Oversubscription, KilledJobsFramesAreFreed) {
+  const pid_t job = spawn_job(96 * MiB, 30.0, 41);
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
+  ASSERT_EQ(wait_lent(*pool, 32, 10000), 32u);
+  ASSERT_EQ(::kill(job, SIGKILL), 0);
+  const int status = wait_status(job);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  expect_no_frame_leaked(*pool);
+}
+
+// Past VRAMSWAP_OVERSUBSCRIBE_LIMIT an allocation fails, saying which limit and what to do.
+TEST_F(Oversubscription, AllocationPastTheHostLimitFailsClearly) {
+  const pid_t job = spawn_job(96 * MiB, 0.1, 51, {"VRAMSWAP_OVERSUBSCRIBE_LIMIT=16MiB"});
+  const int status = wait_status(job);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+  const std::string err = slurp(err_file());
+  EXPECT_NE(err.find("VRAMSWAP_OVERSUBSCRIBE_LIMIT"), std::string::npos) << err;
+  EXPECT_NE(err.find("malloc"), std::string::npos) << err;
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 1000));
+  expect_no_frame_leaked(*pool);
+}
+
+}  // namespace
+}  // namespace vramswap
