@@ -292,6 +292,14 @@ int memory_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) noexcep
   return ok;
 }
 
+bool owns(int device, uintptr_t ptr) noexcept {
+  if (forked_child() || device < 0) return false;
+  std::lock_guard<std::mutex> guard(g_mutex);
+  if (static_cast<size_t>(device) >= g_devices.size() || !g_devices[device]) return false;
+  pager& p = g_devices[device]->memory();
+  return ptr >= p.arena_base() && ptr < p.arena_base() + p.arena_size();
+}
+
 int oversubscribed(int device, bool* out) noexcept {
   device_state* st = nullptr;
   VS_TRY(state_for("oversubscribed", device, &st));

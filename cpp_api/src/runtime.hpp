@@ -46,6 +46,9 @@ int resident(int device, bool* out) noexcept;
 // total = the pool + VRAMSWAP_OVERSUBSCRIBE_LIMIT; free = free pool frames + the limit's
 // unused part.
 int memory_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) noexcept;
+// Whether `ptr` lies in this process's arena on `device` (came from vramswap); false when
+// the device's session is not open. Never opens one.
+bool owns(int device, uintptr_t ptr) noexcept;
 // Whether `device`'s session is oversubscribed (opening it if needed).
 int oversubscribed(int device, bool* out) noexcept;
 // Fills every field of *out (size included).

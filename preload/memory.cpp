@@ -1,0 +1,136 @@
+// The shim's allocation, free and memory-info functions (preload/shim.hpp).
+//
+// Which device: the calling thread's current context's (cuCtxGetDevice), as for the driver
+// functions they replace; the runtime's entry points make the device's primary context
+// current first (cudaSetDevice semantics).
+//
+// Without VRAMSWAP_OVERSUBSCRIBE=1 the process is an ordinary, normal-priority vramswap
+// process that does not know about the lock: the first allocation takes the device lock, and
+// the process keeps it until it exits (its memory is resident all along; other vramswap
+// processes wait for it, and it takes back frames lent to oversubscribed jobs). With
+// VRAMSWAP_OVERSUBSCRIBE=1 it never takes the lock (oversubscribed_session).
+//
+// Memory the process freed goes back to vramswap at once (cudaFree semantics: the device
+// is synchronized first, as the real cudaFree does). A pointer vramswap did not hand out
+// (memory from before the shim took over, or from another allocator) goes to the real
+// function.
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <vector>
+
+#include "core/log.hpp"
+#include "core/status.hpp"
+#include "cpp_api/src/runtime.hpp"
+#include "preload/shim.hpp"
+
+namespace vramswap::preload {
+namespace {
+
+template <typename Fn>
+Fn driver(const char* name, int version = CUDA_VERSION) {
+  static_assert(sizeof(Fn) == sizeof(void*));
+  return reinterpret_cast<Fn>(real_driver(name, version));
+}
+
+CUresult current_device(int* out) {
+  static auto ctx_get_device = driver<CUresult (*)(CUdevice*)>("cuCtxGetDevice");
+  if (ctx_get_device == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUdevice d = 0;
+  const CUresult r = ctx_get_device(&d);
+  if (r != CUDA_SUCCESS) return r;
+  *out = static_cast<int>(d);
+  return CUDA_SUCCESS;
+}
+
+// vramswap's error as the driver's, said once in the log with vramswap's words.
+CUresult as_cuda(int rc, const char* what) {
+  log(log_level::warn, "preload: %s: %s", what, last_error());
+  return rc == err_out_of_memory ? CUDA_ERROR_OUT_OF_MEMORY
+         : rc == err_invalid_argument ? CUDA_ERROR_INVALID_VALUE
+                                      : CUDA_ERROR_UNKNOWN;
+}
+
+// Normal priority: take the device's lock at the first allocation, keep it until exit.
+CUresult ensure_turn(int device) {
+  static std::mutex m;
+  static std::vector<bool> locked;
+  std::lock_guard<std::mutex> guard(m);
+  if (static_cast<size_t>(device) < locked.size() && locked[device]) return CUDA_SUCCESS;
+  bool over = false;
+  if (const int rc = rt::oversubscribed(device, &over); rc != ok) return as_cuda(rc, "opening vramswap's session");
+  if (!over) {
+    log(log_level::info, "preload: device %d: taking the device lock for the life of this process (normal priority)", device);
+    if (const int rc = rt::lock(device, 1, -1, nullptr); rc != ok) return as_cuda(rc, "taking the device lock");
+  }
+  if (locked.size() <= static_cast<size_t>(device)) locked.resize(device + 1, false);
+  locked[device] = true;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult mem_alloc(CUdeviceptr* dptr, size_t bytes) {
+  if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  int device = 0;
+  if (const CUresult r = current_device(&device); r != CUDA_SUCCESS) return r;
+  if (const CUresult r = ensure_turn(device); r != CUDA_SUCCESS) return r;
+  uintptr_t p = 0;
+  if (const int rc = rt::malloc(device, bytes, &p); rc != ok) return as_cuda(rc, "cuMemAlloc");
+  *dptr = static_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult mem_free(CUdeviceptr dptr) {
+  if (dptr == 0) return CUDA_SUCCESS;
+  int device = 0;
+  if (current_device(&device) != CUDA_SUCCESS || !rt::owns(device, dptr)) {
+    static auto real = driver<CUresult (*)(CUdeviceptr)>("cuMemFree");
+    return real != nullptr ? real(dptr) : CUDA_ERROR_INVALID_VALUE;
+  }
+  // cuMemFree waits for the device's work first; so must we: a kernel may still use it.
+  // At 12000: CUDA 13 gave cuCtxSynchronize a new ABI (with a context argument).
+  static auto ctx_sync = driver<CUresult (*)()>("cuCtxSynchronize", 12000);
+  if (ctx_sync != nullptr) ctx_sync();
+  if (const int rc = rt::free(device, dptr); rc != ok) return as_cuda(rc, "cuMemFree");
+  return CUDA_SUCCESS;
+}
+
+CUresult mem_alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  int device = 0;
+  if (const CUresult r = current_device(&device); r != CUDA_SUCCESS) return r;
+  if (const CUresult r = ensure_turn(device); r != CUDA_SUCCESS) return r;
+  uintptr_t p = 0;
+  if (const int rc = rt::malloc_async(device, bytes, reinterpret_cast<uintptr_t>(stream), &p); rc != ok) {
+    return as_cuda(rc, "cuMemAllocAsync");
+  }
+  *dptr = static_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult mem_free_async(CUdeviceptr dptr, CUstream stream) {
+  if (dptr == 0) return CUDA_SUCCESS;
+  int device = 0;
+  if (current_device(&device) != CUDA_SUCCESS || !rt::owns(device, dptr)) {
+    static auto real = driver<CUresult (*)(CUdeviceptr, CUstream)>("cuMemFreeAsync");
+    return real != nullptr ? real(dptr, stream) : CUDA_ERROR_INVALID_VALUE;
+  }
+  if (const int rc = rt::free_async(device, dptr, reinterpret_cast<uintptr_t>(stream)); rc != ok) {
+    return as_cuda(rc, "cuMemFreeAsync");
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult mem_get_info(size_t* free_bytes, size_t* total_bytes) {
+  if (free_bytes == nullptr || total_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int device = 0;
+  if (const CUresult r = current_device(&device); r != CUDA_SUCCESS) return r;
+  uint64_t f = 0, t = 0;
+  if (const int rc = rt::memory_info(device, &f, &t); rc != ok) return as_cuda(rc, "cuMemGetInfo");
+  *free_bytes = f;
+  *total_bytes = t;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace vramswap::preload
