@@ -15,6 +15,7 @@
 // (memory from before the shim took over, or from another allocator) goes to the real
 // function.
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <mutex>
 #include <vector>
@@ -51,6 +52,21 @@ CUresult as_cuda(int rc, const char* what) {
                                       : CUDA_ERROR_UNKNOWN;
 }
 
+// At exit, one line on what vramswap did for this process (info level).
+std::vector<int> g_devices_used;
+void summary_at_exit() {
+  for (int device : g_devices_used) {
+    vramswap_stats_t s{};
+    s.size = sizeof s;
+    if (rt::stats(device, &s) != ok) continue;
+    log(log_level::info,
+        "preload: device %d at exit: %.1f MiB allocated in %llu allocation(s); %.1f MiB in host frames; %llu page(s) moved to host "
+        "frames for lock holders in %.3f s in all, %llu moved back",
+        device, s.allocated_bytes / 1048576.0, static_cast<unsigned long long>(s.allocations), s.host_frame_bytes / 1048576.0,
+        static_cast<unsigned long long>(s.pages_demoted), s.reclaim_seconds, static_cast<unsigned long long>(s.pages_promoted));
+  }
+}
+
 // Normal priority: take the device's lock at the first allocation, keep it until exit.
 CUresult ensure_turn(int device) {
   static std::mutex m;
@@ -65,6 +81,10 @@ CUresult ensure_turn(int device) {
   }
   if (locked.size() <= static_cast<size_t>(device)) locked.resize(device + 1, false);
   locked[device] = true;
+  // Registered after the runtime's own exit handler (opening the session registered it), so
+  // it runs before the sessions close.
+  if (g_devices_used.empty()) std::atexit(summary_at_exit);
+  g_devices_used.push_back(device);
   return CUDA_SUCCESS;
 }
 

@@ -59,6 +59,17 @@ grep -E "^-- vramswap" "$OUT/build.log"
 cmake --build "$build" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 2; }
 
 status=0
+# tests:oversub: only oversubscription (issue 8): the multi-process suite on cuda and the
+# preload shim's GPU suite.
+if [[ $what == *tests:oversub* ]]; then
+  : >"$OUT/gpu-tests.log"
+  echo "=== oversubscription_test (cuda)" >>"$OUT/gpu-tests.log"
+  VRAMSWAP_TEST_BACKEND=cuda "$build/tests/cpp_api/oversubscription_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
+  echo "=== preload_test" >>"$OUT/gpu-tests.log"
+  "$build/tests/gpu/preload_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
+  grep -E "^===|\[  (PASSED|FAILED|SKIPPED) |^(job|user|torch): |Failure|wrong" "$OUT/gpu-tests.log" | head -60
+  what=${what//tests:oversub/}
+fi
 if [[ $what == *tests* ]]; then
   # tests:gpu runs only the suites below (the GPU ones), not the whole ctest.
   if [[ $what != *tests:gpu* ]]; then
@@ -73,9 +84,11 @@ if [[ $what == *tests* ]]; then
     echo "=== $(basename "$t") (cuda)" >>"$OUT/gpu-tests.log"
     "$t" --gtest_filter='*cuda*' >>"$OUT/gpu-tests.log" 2>&1 || status=1
   done
-  # The multi-process time-sharing suite again, on the cuda backend.
+  # The multi-process time-sharing and oversubscription suites again, on the cuda backend.
   echo "=== time_sharing_test (cuda)" >>"$OUT/gpu-tests.log"
   VRAMSWAP_TEST_BACKEND=cuda "$build/tests/cpp_api/time_sharing_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
+  echo "=== oversubscription_test (cuda)" >>"$OUT/gpu-tests.log"
+  VRAMSWAP_TEST_BACKEND=cuda "$build/tests/cpp_api/oversubscription_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
   for t in "$build"/tests/gpu/*_test; do
     [[ -x $t ]] || continue
     echo "=== $(basename "$t")" >>"$OUT/gpu-tests.log"
@@ -127,7 +140,8 @@ if [[ $what == *bench* ]]; then
     name=$(basename "$b" .py)
     [[ -z $only || $only == *",${name#bench_},"* ]] || continue
     echo "== $name"
-    PYTHONPATH=$PWD/$build/python VRAMSWAP_SERVER=$PWD/$build/vramswapd VRAMSWAP_LOG=warn VRAMSWAP_SHM_PREFIX="vsbench$$-" \
+    VRAMSWAP_BUILD_DIR=$PWD/$build PYTHONPATH=$PWD/$build/python VRAMSWAP_SERVER=$PWD/$build/vramswapd VRAMSWAP_LOG=warn \
+      VRAMSWAP_SHM_PREFIX="vsbench$$-" \
       python3 "$b" >"$OUT/$name.md" 2>>"$OUT/bench.err" || { echo "$name failed"; tail -5 "$OUT/bench.err"; status=1; }
     cat "$OUT/$name.md"
   done

@@ -1,0 +1,126 @@
+"""Oversubscription benchmark (issue 8): unmodified programs under the preload shim.
+
+Run by scripts/device-run.sh (bench:oversubscribe), which sets VRAMSWAP_BUILD_DIR. Prints a
+markdown report on stdout.
+
+1. A memory-bound kernel (examples/plain_cuda.cu: every 32-bit word += 1, read and written
+   once per pass) over working sets of 0.5x, 1x, 1.5x and 2x the pool, oversubscribed
+   (VRAMSWAP_OVERSUBSCRIBE=1), against the same program with plain device memory (no shim)
+   and with pinned, mapped host memory (cudaHostAlloc), all in this run.
+2. A PyTorch training step (tests/gpu/torch_unmodified.py: linear layers, Adam; weights,
+   gradients and Adam state ~4x the weights) at the same multiples of a smaller pool,
+   oversubscribed, against plain PyTorch (device memory) and against everything in host
+   frames (the shim with a pool of one frame: the host-mapped case for PyTorch).
+3. Reclaim: an oversubscribed job runs on 1.5x the pool; a lock user (plain_cuda, normal
+   priority under the shim) then allocates 3/4 of the pool. Its allocation time (the lock,
+   plus the job's demotion of the frames it needs) against the same allocation on an idle
+   pool; and the job's own demotion time and rate from its exit summary.
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+
+BUILD = os.environ.get("VRAMSWAP_BUILD_DIR", "build/device")
+PLAIN = os.path.join(BUILD, "examples", "vramswap_plain_cuda")
+SHIM = os.path.join(BUILD, "preload", "libvramswap_preload.so")
+TORCH = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "gpu", "torch_unmodified.py")
+GiB = 1 << 30
+PREFIX = os.environ.get("VRAMSWAP_SHM_PREFIX", "vsbench-")
+
+
+def run(args, shim=False, env=None, timeout=600):
+    e = dict(os.environ)
+    e.pop("LD_PRELOAD", None)
+    e["VRAMSWAP_LOG"] = "info"
+    e["VRAMSWAP_POOL_IDLE_EXIT"] = "2"
+    if shim:
+        e["LD_PRELOAD"] = SHIM
+    e.update(env or {})
+    p = subprocess.run(args, env=e, capture_output=True, text=True, timeout=timeout)
+    nums = dict(re.findall(r"(\w+)=([-\d.e+]+)", p.stdout))
+    if p.returncode != 0:
+        sys.stderr.write(f"FAILED ({p.returncode}): {' '.join(args)}\n{p.stdout}\n{p.stderr[-3000:]}\n")
+    return p.returncode, {k: float(v) for k, v in nums.items()}, p.stderr
+
+
+def server_gone(prefix_tag):
+    # Each configuration gets its own pool (its own prefix); wait for the last one's server to go.
+    time.sleep(2.5)
+
+
+def kernel_table(pool):
+    print(f"## Memory-bound kernel (plain_cuda: read + write every word; 3 passes), pool {pool // GiB} GiB\n")
+    print("| working set | x pool | device memory GB/s | oversubscribed GB/s | host-mapped GB/s | oversub / device | oversub / host-mapped | words wrong |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for mult in (0.5, 1.0, 1.5, 2.0):
+        ws = int(pool * mult)
+        rc_d, dev, _ = run([PLAIN, str(ws)])
+        rc_o, over, _ = run([PLAIN, str(ws)], shim=True,
+                            env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool),
+                                 "VRAMSWAP_SHM_PREFIX": f"{PREFIX}k{mult}-"})
+        rc_h, host, _ = run([PLAIN, str(ws), "--host-mapped"])
+        d, o, h = dev.get("bump_gbps", 0), over.get("bump_gbps", 0), host.get("bump_gbps", 0)
+        wrong = int(dev.get("wrong", -1) + over.get("wrong", -1) + host.get("wrong", -1)) if min(rc_d, rc_o, rc_h) == 0 else "run failed"
+        print(f"| {ws / GiB:.0f} GiB | {mult} | {d:.1f} | {o:.1f} | {h:.1f} | {o / d if d else 0:.3f} | {o / h if h else 0:.2f} | {wrong} |")
+    print()
+
+
+def torch_table(pool):
+    print(f"## PyTorch training step (linear layers + Adam; state ~4x the weights), pool {pool // GiB} GiB\n")
+    print("| state | x pool | device memory s/step | oversubscribed s/step | all in host frames s/step | oversub / device | oversub / host | loss falls |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for mult in (0.5, 1.0, 1.5, 2.0):
+        weights = pool * mult / 4 / GiB
+        args = [sys.executable, TORCH, f"{weights:.3f}", "5"]
+        rc_d, dev, _ = run(args)
+        rc_o, over, _ = run(args, shim=True, env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool),
+                                                  "VRAMSWAP_SHM_PREFIX": f"{PREFIX}t{mult}-"})
+        rc_h, host, _ = run(args, shim=True, env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(32 << 20),
+                                                  "VRAMSWAP_SHM_PREFIX": f"{PREFIX}h{mult}-"})
+        d, o, h = dev.get("step_s", 0), over.get("step_s", 0), host.get("step_s", 0)
+        good = "yes" if all(x.get("ok") == 1 for x in (dev, over, host)) else "NO"
+        print(f"| {4 * weights:.1f} GiB | {mult} | {d:.4f} | {o:.4f} | {h:.4f} | {o / d if d else 0:.2f} | {o / h if h else 0:.2f} | {good} |")
+    print()
+
+
+def reclaim(pool):
+    print(f"## Reclaim: a lock user takes 3/4 of the pool ({pool // GiB} GiB) from a running oversubscribed job\n")
+    user_bytes = str(pool * 3 // 4)
+    rc_i, idle, _ = run([PLAIN, user_bytes, "0"], shim=True, env={"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}ri-"})
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env.update({"LD_PRELOAD": SHIM, "VRAMSWAP_LOG": "info", "VRAMSWAP_POOL_IDLE_EXIT": "2", "VRAMSWAP_OVERSUBSCRIBE": "1",
+                "VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}rj-"})
+    job = subprocess.Popen([PLAIN, str(pool * 3 // 2), "25"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(12)  # its memory allocated and filled, passes running
+    rc_u, user, _ = run([PLAIN, user_bytes, "0"], shim=True, env={"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}rj-"})
+    out, err = job.communicate(timeout=300)
+    jn = {k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e+]+)", out)}
+    m = re.search(r"in host frames; (\d+) page\(s\) moved to host frames for lock holders in ([\d.]+) s in all, (\d+) moved back", err)
+    pages, secs, back = (int(m.group(1)), float(m.group(2)), int(m.group(3))) if m else (0, 0.0, 0)
+    print("| | value |")
+    print("| --- | ---: |")
+    print(f"| lock user's allocation, idle pool | {idle.get('alloc_s', 0):.3f} s |")
+    print(f"| lock user's allocation, frames taken back from the job | {user.get('alloc_s', 0):.3f} s |")
+    print(f"| job: pages moved to host frames (32 MiB each) | {pages} ({pages * 32 / 1024:.1f} GiB) |")
+    print(f"| job: time with its launch gate closed for that | {secs:.3f} s ({pages * 32 / 1024 / secs if secs else 0:.1f} GiB/s) |")
+    print(f"| job: pages moved back into the pool after the lock user left | {back} |")
+    print(f"| words wrong (job, lock user) | {int(jn.get('wrong', -1))}, {int(user.get('wrong', -1))} |")
+    print(f"| exit status (job, lock user) | {job.returncode}, {rc_u} |")
+    print()
+    if job.returncode != 0:
+        sys.stderr.write(err[-3000:])
+
+
+def main():
+    print("# Oversubscription benchmark (issue 8)\n")
+    print(f"Command: `bash scripts/device-run.sh bench:oversubscribe` (this file: bench/python/bench_oversubscribe.py).\n")
+    kernel_table(16 * GiB)
+    reclaim(16 * GiB)
+    torch_table(8 * GiB)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""An ordinary PyTorch training script that knows nothing of vramswap, for the preload test.
+
+usage: python torch_unmodified.py <GiB of weights> <steps>
+Trains a stack of linear layers holding about <GiB> of fp32 weights (plus Adam state and
+gradients: about 4x that in all) on a fixed random batch, checks that every step's loss is
+finite and that the last is below the first, and prints one line of key=value numbers.
+Exit 0 on success, 1 otherwise.
+"""
+import sys
+import time
+
+import torch
+
+
+def main() -> int:
+    gib = float(sys.argv[1])
+    steps = int(sys.argv[2])
+    torch.manual_seed(0)
+    width = 8192
+    layers = max(1, int(gib * (1 << 30) / (width * width * 4)))
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]).cuda()
+    for layer in model:
+        torch.nn.init.normal_(layer.weight, std=1.0 / width**0.5)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    x = torch.randn(256, width, device="cuda")
+    target = torch.randn(256, width, device="cuda") * 0.1
+    losses = []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    torch.cuda.synchronize()
+    step_s = (time.perf_counter() - t0) / steps
+    free, total = torch.cuda.mem_get_info()
+    good = all(l == l and l != float("inf") for l in losses) and losses[-1] < losses[0]
+    print(f"layers={layers} steps={steps} first_loss={losses[0]:.6f} last_loss={losses[-1]:.6f} step_s={step_s:.6f} "
+          f"allocated={torch.cuda.memory_allocated()} meminfo_free={free} meminfo_total={total} ok={int(good)}", flush=True)
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
