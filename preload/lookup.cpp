@@ -3,9 +3,10 @@
 // The substitution is by function pointer. Once, at the first lookup, the shim asks the real
 // cuGetProcAddress for each function it replaces (at this header's CUDA version, with the
 // default and the per-thread-default-stream flags) and records real pointer -> replacement.
-// Every lookup that passes through the shim (cuGetProcAddress, cudaGetDriverEntryPoint[ByVersion],
-// dlsym) then swaps a recorded real pointer for its replacement and leaves any other pointer
-// alone. A caller asking for another ABI version of a function (a different real pointer) gets
+// Every lookup that passes through the shim (cuGetProcAddress, cudaGetDriverEntryPoint[ByVersion])
+// then swaps a recorded real pointer for its replacement and leaves any other pointer alone.
+// dlsym is answered by name instead (replacement_by_name): libcuda calls dlsym while it
+// initializes, and a cuGetProcAddress call from in there crashes it. A caller asking for another ABI version of a function (a different real pointer) gets
 // the real function: never a replacement with the wrong signature. Such calls are not gated;
 // `VRAMSWAP_LOG=debug` lists every lookup left alone.
 //
@@ -229,11 +230,35 @@ void* real_driver(const char* name, int version) {
   return p;
 }
 
+namespace {
+// What dlsym answers, by name, for the driver symbols the shim replaces. By name, not by
+// pointer: libcuda itself calls dlsym while it initializes, when asking it anything
+// (cuGetProcAddress, to build the pointer table) crashes it.
+void* replacement_by_name(const char* symbol) {
+  struct entry {
+    const char* name;
+    void* fn;
+  };
+  static const entry table[] = {
+      {"cuGetProcAddress_v2", as_void(&hook_get_proc_v2)}, {"cuGetProcAddress", as_void(&hook_get_proc_v1)},
+      {"cuMemAlloc_v2", as_void(&mem_alloc)},              {"cuMemFree_v2", as_void(&mem_free)},
+      {"cuMemGetInfo_v2", as_void(&mem_get_info)},         {"cuMemAllocAsync", as_void(&mem_alloc_async)},
+      {"cuMemFreeAsync", as_void(&mem_free_async)},        {"cuMemAllocAsync_ptsz", as_void(&mem_alloc_async)},
+      {"cuMemFreeAsync_ptsz", as_void(&mem_free_async)},
+  };
+  for (const entry& e : table) {
+    if (std::strcmp(symbol, e.name) == 0) return e.fn;
+  }
+  return nullptr;
+}
+}  // namespace
+
 // The replaced entry points of an object that called them through its own dlsym.
 void* lookup_for(const void* caller, void* handle, const char* symbol) {
   void* p = handle == RTLD_NEXT ? next_after(caller, symbol) : real_dlsym(handle, symbol);
-  if (p == nullptr || internal_caller(caller) || std::strncmp(symbol, "cu", 2) != 0) return p;
-  return substitute(p, nullptr);
+  if (p == nullptr || symbol == nullptr || symbol[0] != 'c' || symbol[1] != 'u') return p;
+  void* ours = replacement_by_name(symbol);
+  return ours != nullptr && !internal_caller(caller) ? ours : p;
 }
 
 }  // namespace vramswap::preload
