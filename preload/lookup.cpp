@@ -28,7 +28,6 @@
 namespace vramswap::preload {
 namespace {
 
-using dlsym_fn = void* (*)(void*, const char*);
 using get_proc_v1_fn = CUresult (*)(const char*, void**, int, cuuint64_t);
 
 dlsym_fn resolve_real_dlsym() {
@@ -190,27 +189,10 @@ bool internal_caller(const void* address) {
   return info.dli_fbase == vramswap_base || info.dli_fbase == shim_base;
 }
 
-// dlsym(RTLD_NEXT, ...) is relative to its caller, which the real dlsym would take to be
-// the shim. Search the objects loaded after the caller instead, in load order.
-void* next_after(const void* caller, const char* symbol) {
-  Dl_info info{};
-  struct link_map* self = nullptr;
-  if (dladdr1(caller, &info, reinterpret_cast<void**>(&self), RTLD_DL_LINKMAP) == 0 || self == nullptr) return nullptr;
-  for (struct link_map* l = self->l_next; l != nullptr; l = l->l_next) {
-    if (l->l_name == nullptr || l->l_name[0] == '\0') continue;
-    void* h = dlopen(l->l_name, RTLD_NOLOAD | RTLD_LAZY);
-    if (h == nullptr) continue;
-    void* p = real_dlsym(h, symbol);
-    dlclose(h);
-    if (p != nullptr) return p;
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 void* real_dlsym(void* handle, const char* symbol) {
-  static dlsym_fn real = resolve_real_dlsym();
+  dlsym_fn real = real_dlsym_function();
   return real != nullptr ? real(handle, symbol) : nullptr;
 }
 
@@ -253,18 +235,59 @@ void* replacement_by_name(const char* symbol) {
 }
 }  // namespace
 
-// The replaced entry points of an object that called them through its own dlsym.
+// dlsym's answer for a caller at `caller`: the shim's function, or nullptr to let the real
+// dlsym answer (see the trampoline below).
 void* lookup_for(const void* caller, void* handle, const char* symbol) {
-  void* p = handle == RTLD_NEXT ? next_after(caller, symbol) : real_dlsym(handle, symbol);
-  if (p == nullptr || symbol == nullptr || symbol[0] != 'c' || symbol[1] != 'u') return p;
+  if (symbol == nullptr || symbol[0] != 'c' || symbol[1] != 'u') return nullptr;
   void* ours = replacement_by_name(symbol);
-  return ours != nullptr && !internal_caller(caller) ? ours : p;
+  if (ours == nullptr || internal_caller(caller)) return nullptr;
+  // Only where the real symbol is there to be replaced (libcuda's handle, or the global scope).
+  return handle != RTLD_NEXT && real_dlsym(handle, symbol) != nullptr ? ours : nullptr;
+}
+
+dlsym_fn real_dlsym_function() {
+  static dlsym_fn real = resolve_real_dlsym();
+  return real;
 }
 
 }  // namespace vramswap::preload
 
 // --- exported: dlsym ---------------------------------------------------------------------
-// (The other exported entry points are in exports.cpp.)
-extern "C" __attribute__((visibility("default"))) void* dlsym(void* handle, const char* symbol) {
-  return vramswap::preload::lookup_for(__builtin_return_address(0), handle, symbol);
+// glibc's dlsym looks at its caller: RTLD_NEXT, and RTLD_DEFAULT from an object loaded with
+// RTLD_LOCAL (libcuda looks up its own dependencies' symbols that way), are resolved in the
+// scope of the object that called. Forwarding with an ordinary call would make the shim that
+// caller, and libcuda crashes on the symbols it then cannot find. So dlsym is a trampoline:
+// it asks dlsym_decide (with the caller's return address) whether to answer with a
+// replacement, and otherwise jumps to the real dlsym with the stack as it found it, so the
+// real one sees the original caller. x86-64 only (the CUDA platforms the shim targets).
+extern "C" {
+__attribute__((visibility("hidden"))) void* vramswap_real_dlsym_ptr = nullptr;
 }
+extern "C" __attribute__((visibility("hidden"))) void* vramswap_dlsym_decide(void* handle, const char* symbol, const void* caller) {
+  if (vramswap_real_dlsym_ptr == nullptr) vramswap_real_dlsym_ptr = reinterpret_cast<void*>(vramswap::preload::real_dlsym_function());
+  return vramswap::preload::lookup_for(caller, handle, symbol);
+}
+
+#if !defined(__x86_64__)
+#error "libvramswap_preload.so: the dlsym trampoline is written for x86-64"
+#endif
+__asm__(R"(
+    .text
+    .globl dlsym
+    .type dlsym, @function
+dlsym:
+    push %rdi
+    push %rsi
+    sub $8, %rsp
+    mov 24(%rsp), %rdx
+    call vramswap_dlsym_decide
+    add $8, %rsp
+    pop %rsi
+    pop %rdi
+    test %rax, %rax
+    jnz 1f
+    jmp *vramswap_real_dlsym_ptr(%rip)
+1:
+    ret
+    .size dlsym, .-dlsym
+)");

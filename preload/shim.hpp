@@ -25,6 +25,8 @@ namespace vramswap::preload {
 
 // The real driver (libcuda) entry point lookup, and the real dlsym.
 using get_proc_v2_fn = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+using dlsym_fn = void* (*)(void*, const char*);
+dlsym_fn real_dlsym_function();
 get_proc_v2_fn real_get_proc_address();
 void* real_dlsym(void* handle, const char* symbol);
 // A real driver function, with the ABI of `version` (nullptr if the driver lacks it).
@@ -36,7 +38,7 @@ void* substitute(void* real, const char* symbol);
 // The shim's cuGetProcAddress (_v2, and the CUDA 11 one without the status argument).
 CUresult hook_get_proc_v2(const char* symbol, void** pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult* status);
 CUresult hook_get_proc_v1(const char* symbol, void** pfn, int version, cuuint64_t flags);
-// dlsym as the shim answers it for an object at `caller`.
+// dlsym's replacement for an object at `caller`, or nullptr: the real dlsym answers.
 void* lookup_for(const void* caller, void* handle, const char* symbol);
 
 // memory.cpp: the replacements.
