@@ -51,29 +51,17 @@ cuda_error_t runtime_context() {
   return real_cuda_free != nullptr ? real_cuda_free(nullptr) : k_cuda_initialization;
 }
 
-// A driver function as the shim hands it out (gated, or replaced).
-template <typename Fn>
-Fn shim_driver(const char* name) {
-  return reinterpret_cast<Fn>(substitute(real_driver(name), name));
-}
 
 }  // namespace
 
 #define VRAMSWAP_EXPORT(name) __asm__(name) __attribute__((visibility("default")))
 
-// --- driver -------------------------------------------------------------------------------
+// --- driver ----
+// Not exported: libcuda calls some of its own exported functions through the PLT, which an
+// exported replacement here would capture (seen as a crash in libcuda on the H200 machine).
+// Programs reach the driver through cuGetProcAddress (the CUDA runtime, cuBLAS, PyTorch)
+// or dlsym, both answered by lookup.cpp.
 extern "C" {
-CUresult vs_cuGetProcAddress_v2(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*) VRAMSWAP_EXPORT("cuGetProcAddress_v2");
-CUresult vs_cuGetProcAddress(const char*, void**, int, cuuint64_t) VRAMSWAP_EXPORT("cuGetProcAddress");
-CUresult vs_cuMemAlloc(CUdeviceptr*, size_t) VRAMSWAP_EXPORT("cuMemAlloc_v2");
-CUresult vs_cuMemFree(CUdeviceptr) VRAMSWAP_EXPORT("cuMemFree_v2");
-CUresult vs_cuMemGetInfo(size_t*, size_t*) VRAMSWAP_EXPORT("cuMemGetInfo_v2");
-CUresult vs_cuMemAllocAsync(CUdeviceptr*, size_t, CUstream) VRAMSWAP_EXPORT("cuMemAllocAsync");
-CUresult vs_cuMemFreeAsync(CUdeviceptr, CUstream) VRAMSWAP_EXPORT("cuMemFreeAsync");
-CUresult vs_cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**,
-                           void**) VRAMSWAP_EXPORT("cuLaunchKernel");
-CUresult vs_cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**) VRAMSWAP_EXPORT("cuLaunchKernelEx");
-
 cuda_error_t vs_cudaMalloc(void**, size_t) VRAMSWAP_EXPORT("cudaMalloc");
 cuda_error_t vs_cudaFree(void*) VRAMSWAP_EXPORT("cudaFree");
 cuda_error_t vs_cudaMallocAsync(void**, size_t, CUstream) VRAMSWAP_EXPORT("cudaMallocAsync");
@@ -82,28 +70,6 @@ cuda_error_t vs_cudaMemGetInfo(size_t*, size_t*) VRAMSWAP_EXPORT("cudaMemGetInfo
 cuda_error_t vs_cudaGetDriverEntryPoint(const char*, void**, unsigned long long, int*) VRAMSWAP_EXPORT("cudaGetDriverEntryPoint");
 cuda_error_t vs_cudaGetDriverEntryPointByVersion(const char*, void**, unsigned, unsigned long long, int*)
     VRAMSWAP_EXPORT("cudaGetDriverEntryPointByVersion");
-}
-
-CUresult vs_cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
-  return hook_get_proc_v2(symbol, pfn, version, flags, status);
-}
-CUresult vs_cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
-  return hook_get_proc_v1(symbol, pfn, version, flags);
-}
-CUresult vs_cuMemAlloc(CUdeviceptr* dptr, size_t bytes) { return mem_alloc(dptr, bytes); }
-CUresult vs_cuMemFree(CUdeviceptr dptr) { return mem_free(dptr); }
-CUresult vs_cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) { return mem_get_info(free_bytes, total_bytes); }
-CUresult vs_cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) { return mem_alloc_async(dptr, bytes, stream); }
-CUresult vs_cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) { return mem_free_async(dptr, stream); }
-
-CUresult vs_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                           CUstream stream, void** params, void** extra) {
-  static auto fn = shim_driver<decltype(&vs_cuLaunchKernel)>("cuLaunchKernel");
-  return fn != nullptr ? fn(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) : CUDA_ERROR_NOT_INITIALIZED;
-}
-CUresult vs_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
-  static auto fn = shim_driver<decltype(&vs_cuLaunchKernelEx)>("cuLaunchKernelEx");
-  return fn != nullptr ? fn(config, f, params, extra) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 // --- runtime ------------------------------------------------------------------------------
