@@ -293,15 +293,19 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     if (pending.size() == copies_in_flight_) finish_oldest();
     if (failure != ok) break;
     void* host = nullptr;
-    int rc = store_.try_slot_for_write(p, frame_size_, &host);
-    if (rc == err_busy) {
-      // A store shared with other processes has no slot free now: one comes back when a
-      // process restoring (perhaps into the frames we free) completes a copy in. Finish our
-      // copies and give their frames back before we wait, so we never wait holding frames.
-      while (!pending.empty()) finish_oldest();
+    // A store shared with other processes may have no slot free now: one comes back when a
+    // process restoring (perhaps into the frames we free) completes a copy in. Finish our
+    // copies one at a time (each gives its frame back) and look again in between, so we
+    // block only once none is left: we never wait holding frames that process could use.
+    int rc;
+    for (;;) {
+      rc = store_.try_slot_for_write(p, frame_size_, &host);
+      if (rc != err_busy || pending.empty()) break;
+      finish_oldest();
       if (failure != ok) break;
-      rc = store_.slot_for_write(p, frame_size_, &host);
     }
+    if (failure != ok) break;  // rc is err_busy: no slot was taken for p
+    if (rc == err_busy) rc = store_.slot_for_write(p, frame_size_, &host);
     if (rc == ok) {
       rc = be_.copy_d2h(host, arena_.page_address(p), frame_size_, out_stream_);
       // Scrub behind the copy on the same stream: the event then covers both.
@@ -393,15 +397,19 @@ int pager::restore_all() {
     while (!copying.empty() && finish_oldest_copy(false)) {
     }
     if (failure != ok) break;
+    // No frame free: another process must free one, perhaps one evicting into a host store
+    // shared with us that waits for our slots. Finish our copies one at a time (each gives
+    // its saved copy back) and look again in between, so we block only once none is left:
+    // we never wait holding slots it could use, and a frame that comes free meanwhile is
+    // taken without emptying the copy pipeline.
     frame_id f = 0;
-    failure = frames_.try_take(device_, frame_size_, &f);
-    if (failure == err_busy) {
-      // We must wait for another process to free a frame, perhaps one that is evicting into
-      // a host store shared with us and waits for our slots: finish our copies and give
-      // their saved copies back first, so we never wait holding slots it could use.
-      while (!copying.empty() && finish_oldest_copy(true)) {
+    while ((failure = frames_.try_take(device_, frame_size_, &f)) == err_busy) {
+      if (copying.empty()) {
+        failure = frames_.take(device_, frame_size_, &f);
+        break;
       }
-      failure = failure == err_busy ? frames_.take(device_, frame_size_, &f) : failure;
+      failure = ok;
+      if (!finish_oldest_copy(true)) break;
     }
     if (failure != ok || (failure = map_frame(p, f)) != ok) break;
     const device_ptr va = arena_.page_address(p);
