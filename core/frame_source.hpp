@@ -17,6 +17,12 @@ class frame_source {
   // A frame of `size` bytes on `device`; err_out_of_memory when none can be had. May block
   // while other processes evict frames this process asked for (see prepare).
   virtual int take(int device, size_t size, frame_id* out) = 0;
+  // Like take, but never waits for another process: err_busy, with no detail recorded, when
+  // no frame is free now (a shared pool). The pager's restore asks this first, so that
+  // before it blocks it can finish its copies in flight and give their saved copies back
+  // to a host store shared with the processes that are evicting for it (page_store::
+  // try_slot_for_write has the other half of the argument).
+  virtual int try_take(int device, size_t size, frame_id* out) { return take(device, size, out); }
   virtual int give_back(frame_id frame) = 0;
   // The caller is about to take `count` frames: a shared pool starts asking other
   // processes to evict idle frames now, so their evictions overlap our copies in.

@@ -47,6 +47,9 @@ namespace vramswap {
   X(host_limit, "VRAMSWAP_HOST_LIMIT", "50%",                                                    \
     "pinned host memory for saved pages, per process and device: size, or percent of RAM; "     \
     "past it, least recently used pages go to the swap file")                                    \
+  X(host_pool, "VRAMSWAP_HOST_POOL", "0",                                                        \
+    "pinned host memory for saved pages shared by all processes of a device, made by vramswapd: " \
+    "size, or percent of RAM; 0: none (each process keeps its own host tier, VRAMSWAP_HOST_LIMIT)") \
   X(swap_dir, "VRAMSWAP_SWAP_DIR", "/var/tmp",                                                   \
     "directory of the swap files (one per process and device, unlinked, O_DIRECT); "             \
     "its filesystem must support O_TMPFILE and O_DIRECT (ext4, xfs, btrfs, tmpfs >= 6.6)")      \

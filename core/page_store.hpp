@@ -22,6 +22,14 @@ class page_store {
   // Pinned host memory of `size` bytes that will hold page `key`'s saved bytes. Valid until
   // release(key). Asking again for a key that has a slot returns the same memory.
   virtual int slot_for_write(uint64_t key, size_t size, void** host) = 0;
+  // Like slot_for_write, but never waits for another process: err_busy, with no detail
+  // recorded, when a slot could only be had by waiting until another process gives one back
+  // (a store shared between processes, lock/pool_host_store.hpp). The pager asks this first,
+  // so that before it blocks it can finish the copies it has in flight and give their frames
+  // back: a process waiting for a slot then holds no frame that another process, restoring
+  // (and freeing slots as its copies in complete), may be waiting for. Stores of one process
+  // only keep the default.
+  virtual int try_slot_for_write(uint64_t key, size_t size, void** host) { return slot_for_write(key, size, host); }
   // Pinned host memory holding page `key`'s saved bytes (a store with a disk tier may read
   // them back first). err_invalid_argument when the key has no slot.
   virtual int slot_for_read(uint64_t key, void** host) = 0;

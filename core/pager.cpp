@@ -90,6 +90,10 @@ pager::~pager() {
 int pager::back_page(uint64_t page) {
   frame_id f = 0;
   VS_TRY(frames_.take(device_, frame_size_, &f));
+  return map_frame(page, f);
+}
+
+int pager::map_frame(uint64_t page, frame_id f) {
   const device_ptr va = arena_.page_address(page);
   int rc = be_.map(va, frame_size_, f, 0);
   if (rc == ok) {
@@ -290,7 +294,19 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     if (pending.size() == copies_in_flight_) finish_oldest();
     if (failure != ok) break;
     void* host = nullptr;
-    int rc = store_.slot_for_write(p, frame_size_, &host);
+    // A store shared with other processes may have no slot free now: one comes back when a
+    // process restoring (perhaps into the frames we free) completes a copy in. Finish our
+    // copies one at a time (each gives its frame back) and look again in between, so we
+    // block only once none is left: we never wait holding frames that process could use.
+    int rc;
+    for (;;) {
+      rc = store_.try_slot_for_write(p, frame_size_, &host);
+      if (rc != err_busy || pending.empty()) break;
+      finish_oldest();
+      if (failure != ok) break;
+    }
+    if (failure != ok) break;  // rc is err_busy: no slot was taken for p
+    if (rc == err_busy) rc = store_.slot_for_write(p, frame_size_, &host);
     if (rc == ok) {
       rc = be_.copy_d2h(host, arena_.page_address(p), frame_size_, out_stream_);
       // Scrub behind the copy on the same stream: the event then covers both.
@@ -325,7 +341,6 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
 int pager::restore_all() {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<uint64_t> from_host;
   int failure = ok;
   std::string failure_detail;
   // Every live page is resident exactly when the two counts agree (a resident page is
@@ -336,17 +351,42 @@ int pager::restore_all() {
     stats_.restore_seconds += since(t0);
     return ok;
   }
-  if (needed > 0) failure = frames_.prepare(device_, needed);
+  failure = frames_.prepare(device_, needed);
+  // Copies in queued and not yet known to be complete, oldest first; each has an event of
+  // the ring (at most copies_in_flight).
   struct in_flight {
     uint64_t page;
     event_id event;
   };
   std::deque<in_flight> copying;
   size_t next_event = 0;
-  auto finish_oldest_copy = [&]() {
+  // A page's copy in has completed: its saved copy is given back at once (or kept, for
+  // read_mostly pages), so that a store shared with other processes can hand the slot to a
+  // process evicting during this same handoff, and a store with a budget reuses it.
+  auto copied_in = [&](uint64_t p) {
+    if (arena_.page_advice(p) == advice::read_mostly) {
+      store_.read_done(p);
+      table_[p].host_copy_valid = true;  // the caller promised not to write: keep the copy
+    } else {
+      store_.release(p);
+    }
+    stats_.bytes_in += frame_size_;
+    ++stats_.pages_restored;
+  };
+  // Completes the oldest copy if it is done (wait: wait for it). False when it is not done
+  // or its event failed (then `failure` is set).
+  auto finish_oldest_copy = [&](bool wait) {
     const in_flight c = copying.front();
+    bool done = true;
+    const int rc = wait ? be_.event_synchronize(c.event) : be_.event_query(c.event, &done);
+    if (rc != ok) {
+      failure = rc;
+      return false;
+    }
+    if (!done) return false;
     copying.pop_front();
-    if (failure == ok && (failure = be_.event_synchronize(c.event)) == ok) store_.read_done(c.page);
+    copied_in(c.page);
+    return true;
   };
   for (uint64_t p = 0; p < table_.size() && failure == ok; ++p) {
     page_entry& e = table_[p];
@@ -354,22 +394,34 @@ int pager::restore_all() {
     const page_state was = e.state;
     void* host = nullptr;
     if (was == page_state::host && (failure = store_.slot_for_read(p, &host)) != ok) break;
-    if ((failure = back_page(p)) != ok) {
-      e.state = was;
-      break;
+    // Give back the saved copies of what has arrived, without waiting.
+    while (!copying.empty() && finish_oldest_copy(false)) {
     }
+    if (failure != ok) break;
+    // No frame free: another process must free one, perhaps one evicting into a host store
+    // shared with us that waits for our slots. Finish our copies one at a time (each gives
+    // its saved copy back) and look again in between, so we block only once none is left:
+    // we never wait holding slots it could use, and a frame that comes free meanwhile is
+    // taken without emptying the copy pipeline.
+    frame_id f = 0;
+    while ((failure = frames_.try_take(device_, frame_size_, &f)) == err_busy) {
+      if (copying.empty()) {
+        failure = frames_.take(device_, frame_size_, &f);
+        break;
+      }
+      failure = ok;
+      if (!finish_oldest_copy(true)) break;
+    }
+    if (failure != ok || (failure = map_frame(p, f)) != ok) break;
     const device_ptr va = arena_.page_address(p);
     if (was == page_state::host) {
-      failure = be_.copy_h2d(va, host, frame_size_, in_stream_);
-      from_host.push_back(p);
-      if (failure == ok) {
-        // Tell the store as each copy in completes, so that a restore larger than its host
-        // budget reuses slots instead of pinning more. At most copies_in_flight behind.
-        if (copying.size() == events_.size()) finish_oldest_copy();
-        failure = be_.event_record(events_[next_event], in_stream_);
-        copying.push_back({p, events_[next_event]});
-        next_event = (next_event + 1) % events_.size();
-      }
+      if (copying.size() == events_.size()) finish_oldest_copy(true);  // frees its event
+      if (failure == ok) failure = be_.copy_h2d(va, host, frame_size_, in_stream_);
+      if (failure == ok) failure = be_.event_record(events_[next_event], in_stream_);
+      // Even when queueing failed: the failure path below puts the page back (unmapped,
+      // its saved copy its home).
+      copying.push_back({p, events_[next_event]});
+      next_event = (next_event + 1) % events_.size();
     } else if (was == page_state::discarded) {
       failure = be_.memset_d8(va, 0, frame_size_, in_stream_);
     }
@@ -381,24 +433,16 @@ int pager::restore_all() {
     failure = sync;
     failure_detail = last_error();
   }
-  while (!copying.empty()) finish_oldest_copy();
+  while (failure == ok && !copying.empty()) finish_oldest_copy(true);
   if (failure != ok && failure_detail.empty()) failure_detail = last_error();
   if (failure != ok) {
-    // Copies in may not have completed: the saved copies stay the pages' home.
-    for (uint64_t p : from_host) {
-      if (table_[p].state == page_state::resident) unback_page(p, page_state::host);
+    // Copies in not known to be complete: their saved copies stay the pages' home. Pages
+    // whose copy in completed keep their frames (they are resident and whole).
+    for (const in_flight& c : copying) {
+      if (table_[c.page].state == page_state::resident) unback_page(c.page, page_state::host);
     }
     stats_.restore_seconds += since(t0);
     return fail(failure, "restore_all: stopped, nothing lost (pages not restored keep their saved copies): %s", failure_detail.c_str());
-  }
-  for (uint64_t p : from_host) {
-    if (arena_.page_advice(p) == advice::read_mostly) {
-      table_[p].host_copy_valid = true;  // the caller promised not to write: keep the copy
-    } else {
-      store_.release(p);
-    }
-    stats_.bytes_in += frame_size_;
-    ++stats_.pages_restored;
   }
   resident_ = true;
   stats_.restore_seconds += since(t0);

@@ -16,8 +16,15 @@
 //
 // restore_all(): for every live page that is not resident, take a frame, map it at the
 // page's address, grant access and queue the copy in (or a zero fill); mapping page i+1
-// overlaps the copy of page i. One synchronize at the end, then saved copies are released,
-// except for read_mostly pages, whose copy is kept so that the next eviction is free.
+// overlaps the copy of page i. Each page's saved copy is released as soon as its copy in
+// is known complete (its event, polled each step), except for read_mostly pages, whose
+// copy is kept so that the next eviction is free. One synchronize at the end.
+//
+// Waiting on other processes (a shared pool): before either loop blocks for a frame
+// (restore) or a host slot (eviction), it finishes the copies it has in flight and gives
+// back what they free (saved copies, frames), so two processes trading memory through a
+// shared frame pool and a shared host pool never wait on each other while each holds what
+// the other needs (docs/swap.md, "Shared host pool").
 //
 // Failure never loses data: a page is unmapped only after its bytes are known to be in the
 // store, and a saved copy is released only after the page is resident again and its copy
@@ -116,6 +123,7 @@ class pager {
   pager(backend& be, int device, page_store& store, frame_source& frames, const pager_config& cfg);
 
   int back_page(uint64_t page);                   // take a frame, map, grant access
+  int map_frame(uint64_t page, frame_id f);       // map f at the page, grant access (f given back on failure)
   int unback_page(uint64_t page, page_state now, bool scrubbed = false);  // unmap, give the frame back
   void drop_saved_copy(uint64_t page);            // release the store's copy, if any
   void invalidate_saved_copies(page_range pages);

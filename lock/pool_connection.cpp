@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <spawn.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -417,10 +418,15 @@ int pool_connection::handshake() noexcept {
     }
     VS_TRY(rc);
   }
+  if (w.host_slot_count > 0) VS_TRY(attach_host_pool(w.host_slot_count, w.host_pool_bytes));
   VS_TRY(pool_segment::open(w.segment_name, &segment_));
   if (segment_->frame_count() != frames_.size() || segment_->frame_size() != frame_size_ || member_ >= pool_layout::k_member_count) {
     return fail(err_version_mismatch, "pool: segment %s describes %u frames of %" PRIu64 " bytes, the server sent %zu of %" PRIu64,
                 w.segment_name, segment_->frame_count(), segment_->frame_size(), frames_.size(), frame_size_);
+  }
+  if (segment_->host_slot_count() != host_slot_count_ || (host_slot_count_ > 0 && segment_->host_slot_size() != frame_size_)) {
+    return fail(err_version_mismatch, "pool: segment %s describes %u host slots of %" PRIu64 " bytes, the server sent a host pool of %u",
+                w.segment_name, segment_->host_slot_count(), segment_->host_slot_size(), host_slot_count_);
   }
   VS_TRY(set_timeouts(fd_, 0));
   log(log_level::debug, "pool: member %u of %s: %zu frames of %" PRIu64 " bytes from server pid %d", member_, key_.c_str(),
@@ -428,7 +434,60 @@ int pool_connection::handshake() noexcept {
   return ok;
 }
 
+// The shared host pool: receive its memfd, map it MAP_SHARED, fault it in and register it
+// with the backend once (pinned for the connection's life), as host_tier does for its own
+// chunks: cuMemHostRegister of memory already faulted in is ~10x faster than allocating
+// pinned memory, and copies need pinned memory to run at the link's rate. The server
+// faulted the memfd in (committed); here the pages are only mapped, never written, since
+// other members' saved pages are in them.
+int pool_connection::attach_host_pool(uint32_t slot_count, uint64_t bytes) noexcept {
+  using namespace pool_protocol;
+  pool_protocol::host_pool hp{};
+  size_t len = 0;
+  size_t nfds = 0;
+  int fds[k_max_fds_per_message];
+  VS_TRY(add_context(recv_fds(fd_, fds, k_max_fds_per_message, &nfds, &hp, sizeof hp, &len),
+                     "pool: receiving the shared host pool's descriptor: "));
+  fd_guard memfd(nfds >= 1 ? fds[0] : -1);
+  for (size_t i = 1; i < nfds; ++i) ::close(fds[i]);
+  if (len != sizeof hp || nfds != 1 || hp.bytes != bytes || hp.slot_count != slot_count ||
+      bytes != uint64_t{slot_count} * frame_size_) {
+    return fail(err_version_mismatch,
+                "pool: malformed host pool message (%zu bytes, %zu descriptors, %" PRIu64 " bytes in %u slots; the welcome said %" PRIu64
+                " bytes in %u slots of %" PRIu64 ")",
+                len, nfds, hp.bytes, hp.slot_count, bytes, slot_count, frame_size_);
+  }
+  struct stat st {};
+  if (::fstat(memfd.fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != bytes) {
+    return fail(err_version_mismatch, "pool: the shared host pool's memfd is %lld bytes, the server announced %" PRIu64,
+                static_cast<long long>(st.st_size), bytes);
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.fd, 0);
+  if (p == MAP_FAILED) return fail_errno(errno, "pool: mapping the shared host pool (%" PRIu64 " bytes)", bytes);
+  ::madvise(p, bytes, MADV_HUGEPAGE);  // best effort
+  // Map every page now (MADV_POPULATE_WRITE, Linux 5.14; it writes nothing). Older kernels
+  // answer EINVAL: the registration below faults the pages in itself.
+  if (::madvise(p, bytes, 23 /* MADV_POPULATE_WRITE */) != 0 && errno != EINVAL) {
+    const int e = errno;
+    ::munmap(p, bytes);
+    return fail(err_out_of_memory, "pool: cannot fault in the shared host pool (%" PRIu64 " bytes): %s", bytes, std::strerror(e));
+  }
+  const int rc = be_.host_register(p, bytes);
+  if (rc != ok) {
+    ::munmap(p, bytes);
+    return add_context(rc, "pool: pinning the shared host pool (%" PRIu64 " bytes; VRAMSWAP_HOST_POOL of the server): ", bytes);
+  }
+  host_pool_ = static_cast<char*>(p);
+  host_pool_bytes_ = bytes;
+  host_slot_count_ = slot_count;
+  return ok;
+}
+
 pool_connection::~pool_connection() {
+  if (host_pool_ != nullptr) {
+    if (be_.host_unregister(host_pool_) != ok) log(log_level::warn, "pool: unpinning the shared host pool: %s", last_error());
+    ::munmap(host_pool_, host_pool_bytes_);
+  }
   for (frame_id f : frames_) {
     if (be_.release_frame(f) != ok) {
       log(log_level::warn, "pool: releasing an imported frame at disconnect: %s (was it still mapped?)", last_error());

@@ -12,7 +12,10 @@
 //   3. hello -> welcome; then receives every frame's descriptor in batches, imports each
 //      with backend::import_frame and closes the descriptor at once (never more than one
 //      batch of descriptors open); maps the pool segment that the welcome names.
-//   4. Keeps the socket open, silent, for its lifetime: its hang-up is how the server learns
+//   4. When the server has a shared host pool (VRAMSWAP_HOST_POOL): receives its memfd,
+//      maps it, faults it in and registers it with the backend once (pinned), and closes
+//      the descriptor. Saved pages then go to its slots (lock/pool_host_store.hpp).
+//   5. Keeps the socket open, silent, for its lifetime: its hang-up is how the server learns
 //      that this process is gone, and the server's hang-up is how this process learns that
 //      the pool is gone (server_alive()).
 //
@@ -87,6 +90,10 @@ class pool_connection {
   // This process's frame_id of pool frame `index` (0 .. frame_count-1).
   frame_id frame(uint32_t index) const noexcept { return frames_[index]; }
   const std::vector<frame_id>& frames() const noexcept { return frames_; }
+  // The shared host pool, mapped and pinned in this process (nullptr / 0: the server has
+  // none). Slot i is host_pool() + i * frame_size(); who holds it: segment().read_slot(i).
+  char* host_pool() const noexcept { return host_pool_; }
+  uint32_t host_slot_count() const noexcept { return host_slot_count_; }
   // The connection's socket, for poll(): it becomes readable/hung-up when the server dies.
   int socket_fd() const noexcept { return fd_; }
   pid_t server_pid() const noexcept { return server_pid_; }
@@ -96,6 +103,7 @@ class pool_connection {
  private:
   explicit pool_connection(backend& be) : be_(be) {}
   int handshake() noexcept;
+  int attach_host_pool(uint32_t slot_count, uint64_t bytes) noexcept;
 
   backend& be_;
   int device_ = -1;
@@ -106,6 +114,9 @@ class pool_connection {
   uint64_t frame_size_ = 0;
   std::vector<frame_id> frames_;
   std::unique_ptr<pool_segment> segment_;
+  char* host_pool_ = nullptr;
+  uint64_t host_pool_bytes_ = 0;
+  uint32_t host_slot_count_ = 0;
 };
 
 }  // namespace vramswap

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <string>
 
 #include "core/status.hpp"
 #include "lock/futex.hpp"
@@ -113,15 +114,32 @@ int pool_frame_source::take(int device, size_t size, frame_id* out) {
   }
 }
 
+int pool_frame_source::try_take(int device, size_t size, frame_id* out) {
+  if (size != pool_.frame_size()) return take(device, size, out);  // the same error
+  uint32_t f = 0;
+  if (!try_take_free(&f)) return err_busy;  // a hint to the caller, not an error: no detail
+  *out = local_[f];
+  return ok;
+}
+
 int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
+  // An owner cannot evict while the shared host pool has no slot for the pages: say so.
+  std::string host_pool;
+  if (pool_.host_slot_count() > 0 && pool_.count_slots(slot_free) == 0) {
+    host_pool = " The shared host pool (VRAMSWAP_HOST_POOL, " + std::to_string(pool_.host_slot_count()) +
+                " slots) is full, so the owner has nowhere to save the pages: the host pool must hold what all processes of this "
+                "device save at once (their memory less the device pool) plus slack; raise VRAMSWAP_HOST_POOL and restart "
+                "vramswapd.";
+  }
   for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
     const frame_word w = frame_word::decode(pool_.read(f));
     if (w.state == frame_requested && w.requester == me_) {
       const member_slot& owner = pool_.member(w.owner);
       return fail(err_timeout,
                   "pool: process %d (pool member %u) did not evict frame %u within %.1f s (VRAMSWAP_EVICT_TIMEOUT); its frames "
-                  "were not taken. Is it stopped (SIGSTOP, a debugger) or stuck in a driver call?",
-                  owner.pid, w.owner, f, waited_ns / 1e9);
+                  "were not taken. %s",
+                  owner.pid, w.owner, f, waited_ns / 1e9,
+                  host_pool.empty() ? "Is it stopped (SIGSTOP, a debugger) or stuck in a driver call?" : host_pool.c_str() + 1);
     }
   }
   return fail(err_timeout, "pool: no frame became free within %.1f s (VRAMSWAP_EVICT_TIMEOUT): other processes hold the pool's frames",

@@ -42,6 +42,7 @@ class pool_frame_source final : public frame_source {
                     std::function<bool()> server_alive);
 
   int take(int device, size_t size, frame_id* out) override;
+  int try_take(int device, size_t size, frame_id* out) override;
   int give_back(frame_id frame) override;
   int prepare(int device, size_t count) override;
   bool scrub_before_give_back(frame_id) const override { return true; }

@@ -35,6 +35,20 @@
 //   lend     free -> lent(me)                       oversubscribed member, without the lock
 //   give     any(me) -> free                        owner, after scrubbing; then wakes all
 //   repair   any(dead Y) -> free                    server, after scrubbing
+//
+// Host slots (slot_entry::word), present when the server runs with a shared host pool
+// (VRAMSWAP_HOST_POOL): one frame-sized slot of one memfd that every member maps, holding
+// one saved page of its owner. Two states, each transition one compare-and-swap:
+//
+//   free      owner none. Contents: whatever the last owner saved there (not zeroed: a slot
+//             is read only by its owner, and only after that owner wrote the whole slot,
+//             so stale bytes are never read back; docs/swap.md, "Shared host pool").
+//   used      owner holds a saved page (or is copying one in) in the slot.
+//
+//   take     free -> used(me)          any member saving a page (lock holder or not)
+//   give     used(me) -> free          owner, once the page is back on the device or dropped;
+//                                       then bumps slots_freed and wakes all
+//   repair   used(dead Y) -> free      server, when Y hung up; then wakes all
 #pragma once
 
 #include <atomic>
@@ -46,11 +60,16 @@ namespace vramswap::pool_layout {
 constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-endian bytes
 // 2: member slots of two cache lines (statistics for `vramswap status`), a per-member trace
 //    ring between the member table and the frame table, the metrics port in the header.
-// 3: frame state lent (oversubscribed members).
+// 3: the header is two cache lines (host pool: slot count, slot size, slots_freed futex);
+//    the host slot table follows the frame table; frame state lent (oversubscribed members).
 constexpr uint64_t k_layout_version = 3;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;
 constexpr uint32_t k_no_member = 0xFFFF;
+// The least a shared host pool may hold, in slots: the pager's copies in flight (16: an
+// eviction writes that many slots before the first frame comes back) and one more.
+// vramswapd refuses less; what a pool should hold is in docs/swap.md ("Shared host pool").
+constexpr uint32_t k_min_host_slots = 17;
 
 enum frame_state : uint8_t { frame_free = 0, frame_active = 1, frame_idle = 2, frame_requested = 3, frame_lent = 4 };
 
@@ -71,6 +90,27 @@ struct frame_word {
            uint64_t{generation & 0xFFFFFF} << 40;
   }
 };
+
+// Host slot word = state | owner << 8 | generation << 24 (40 bits of generation).
+enum slot_state : uint8_t { slot_free = 0, slot_used = 1 };
+
+struct slot_word {
+  slot_state state;
+  uint32_t owner;  // member index, or k_no_member
+  uint64_t generation;
+
+  static slot_word decode(uint64_t w) {
+    return slot_word{static_cast<slot_state>(w & 0xFF), static_cast<uint32_t>((w >> 8) & 0xFFFF), w >> 24};
+  }
+  uint64_t encode() const {
+    return uint64_t{state} | uint64_t{owner & 0xFFFF} << 8 | (generation & 0xFFFFFFFFFFull) << 24;
+  }
+};
+
+struct slot_entry {
+  std::atomic<uint64_t> word;  // authoritative (see above)
+};
+static_assert(sizeof(slot_entry) == 8);
 
 struct frame_entry {
   std::atomic<uint64_t> word;      // authoritative (see above)
@@ -162,15 +202,25 @@ struct alignas(k_cache_line) pool_header {
   std::atomic<uint64_t> clock;          // LRU clock: bumped at each lock release
   std::atomic<uint32_t> frames_freed;   // futex: bumped whenever a frame becomes free
   std::atomic<uint32_t> metrics_port;   // the server's Prometheus endpoint on 127.0.0.1; 0: none
+  // --- second line: the shared host pool (all zero without one) ---
+  uint32_t host_slot_count;             // slots in the host pool's memfd; 0: no shared host pool
+  uint32_t reserved_;
+  uint64_t host_slot_size;              // bytes per slot (the frame size)
+  std::atomic<uint32_t> slots_freed;    // futex: bumped whenever a host slot becomes free
+  uint32_t reserved2_[9];
 };
-static_assert(sizeof(pool_header) == k_cache_line);
+static_assert(sizeof(pool_header) == 2 * k_cache_line);
 
 constexpr size_t k_members_offset = sizeof(pool_header);
 constexpr size_t k_traces_offset = k_members_offset + k_member_count * sizeof(member_slot);
 constexpr size_t k_frames_offset = k_traces_offset + k_member_count * sizeof(trace_ring);
-constexpr size_t segment_size_for(uint32_t frames) { return k_frames_offset + size_t{frames} * sizeof(frame_entry); }
+constexpr size_t slots_offset_for(uint32_t frames) { return k_frames_offset + size_t{frames} * sizeof(frame_entry); }
+constexpr size_t segment_size_for(uint32_t frames, uint32_t host_slots) {
+  return slots_offset_for(frames) + size_t{host_slots} * sizeof(slot_entry);
+}
 
 // version:16 | sizeof(frame_entry):8 | sizeof(member_slot):8 | k_member_count:16 | k_trace_records:16
+// (sizeof(pool_header) and sizeof(slot_entry) are fixed by the version.)
 constexpr uint64_t format_word() {
   return (k_layout_version << 48) | (uint64_t{sizeof(frame_entry)} << 40) | (uint64_t{sizeof(member_slot)} << 32) |
          (uint64_t{k_member_count} << 16) | uint64_t{k_trace_records};
@@ -182,5 +232,8 @@ inline member_slot* members_of(void* base) {
 }
 inline trace_ring* traces_of(void* base) { return reinterpret_cast<trace_ring*>(static_cast<char*>(base) + k_traces_offset); }
 inline frame_entry* frames_of(void* base) { return reinterpret_cast<frame_entry*>(static_cast<char*>(base) + k_frames_offset); }
+inline slot_entry* slots_of(void* base) {
+  return reinterpret_cast<slot_entry*>(static_cast<char*>(base) + slots_offset_for(header_of(base)->frame_count));
+}
 
 }  // namespace vramswap::pool_layout

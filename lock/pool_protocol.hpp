@@ -1,4 +1,4 @@
-// The pool server's socket protocol (version 1), shared by vramswapd and its clients.
+// The pool server's socket protocol (version 2), shared by vramswapd and its clients.
 //
 // Socket: <runtime dir>/<device key>.sock, a SOCK_SEQPACKET Unix socket (message
 // boundaries kept, so each struct below is one message of exactly its size). Runtime dir:
@@ -24,6 +24,11 @@
 //             order: `first` is the number of frames sent before, `count` (1..250, see
 //             k_max_fds_per_message) the descriptors attached, until frame_count have been
 //             sent. The client imports each and closes it at once.
+//   server -> when the welcome's `host_slot_count` is not 0 (the server runs with a shared
+//             host pool, VRAMSWAP_HOST_POOL): one host_pool message carrying the host pool's
+//             memfd (SCM_RIGHTS, exactly one descriptor). The client maps it MAP_SHARED,
+//             faults it in, registers it with its backend once (pinned), closes the
+//             descriptor, and takes host slots from the pool segment's slot table.
 //   then the connection stays open, silent both ways, for the client's lifetime: its
 //   hang-up is how the server learns that the client died (and repairs: scrubs and frees
 //   its frames, frees its member slot, passes on the lock it held); the server's hang-up
@@ -32,6 +37,9 @@
 //
 // Versioning: a change of any struct's size or meaning bumps k_version; both sides refuse
 // a mismatch by name, never misread.
+//   1: hello, welcome, frame batches.
+//   2: the welcome announces the shared host pool (host_slot_count, host_pool_bytes); the
+//      host_pool message follows the frame batches when there is one.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +48,7 @@
 namespace vramswap::pool_protocol {
 
 constexpr uint32_t k_magic = 0x50575356;  // "VSWP"
-constexpr uint32_t k_version = 1;
+constexpr uint32_t k_version = 2;
 
 struct hello {
   uint32_t magic;
@@ -60,6 +68,16 @@ struct welcome {
   uint64_t frame_size;
   char segment_name[160];  // shm name of the pool segment
   char message[256];
+  // version 2: the shared host pool. 0 slots: none (each client keeps its own host tier).
+  uint32_t host_slot_count;  // frame-size slots in the host pool
+  uint32_t reserved;
+  uint64_t host_pool_bytes;  // the memfd's size: host_slot_count * frame_size
+};
+
+struct host_pool {
+  uint64_t bytes;        // the memfd's size, as in the welcome
+  uint32_t slot_count;   // as in the welcome
+  uint32_t reserved;
 };
 
 struct frame_batch {

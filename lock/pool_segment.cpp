@@ -42,8 +42,8 @@ int pool_segment::adopt(void* base, size_t size, const std::string& name, std::u
   return ok;
 }
 
-int pool_segment::create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, pid_t server_pid,
-                         uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept {
+int pool_segment::create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, uint32_t host_slots,
+                         pid_t server_pid, uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept {
   std::string name;
   VS_TRY(name_for(device_key, &name));
   gid_t gid = 0;
@@ -53,7 +53,7 @@ int pool_segment::create(const std::string& device_key, uint32_t frame_count, ui
   ::shm_unlink(name.c_str());
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return fail_errno(errno, "pool: creating /dev/shm%s (is another pool server starting?)", name.c_str());
-  const size_t size = segment_size_for(frame_count);
+  const size_t size = segment_size_for(frame_count, host_slots);
   int rc = ok;
   if (group && ::fchown(fd, static_cast<uid_t>(-1), gid) != 0) rc = fail_errno(errno, "pool: fchown /dev/shm%s to VRAMSWAP_GROUP", name.c_str());
   if (rc == ok && ::fchmod(fd, group ? 0660 : 0600) != 0) rc = fail_errno(errno, "pool: fchmod /dev/shm%s", name.c_str());
@@ -76,9 +76,15 @@ int pool_segment::create(const std::string& device_key, uint32_t frame_count, ui
   h->frame_count = frame_count;
   h->server_pid = server_pid;
   h->server_start_time = server_start_time;
+  h->host_slot_count = host_slots;
+  h->host_slot_size = host_slots > 0 ? frame_size : 0;
   frame_entry* frames = frames_of(base);
   for (uint32_t i = 0; i < frame_count; ++i) {
     frames[i].word.store(frame_word{frame_free, k_no_member, k_no_member, 0}.encode(), std::memory_order_relaxed);
+  }
+  slot_entry* slots = slots_of(base);
+  for (uint32_t i = 0; i < host_slots; ++i) {
+    slots[i].word.store(slot_word{slot_free, k_no_member, 0}.encode(), std::memory_order_relaxed);
   }
   h->magic.store(k_magic, std::memory_order_release);  // published last
   return adopt(base, size, name, out);
@@ -106,7 +112,7 @@ int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* o
               "pool: /dev/shm%s has layout format %#" PRIx64 " (version %" PRIu64 "), this build expects %#" PRIx64
               "; run client and pool server from the same vramswap version",
               name.c_str(), h->format, h->format >> 48, format_word());
-  } else if (h->segment_size != size || segment_size_for(h->frame_count) != size) {
+  } else if (h->segment_size != size || segment_size_for(h->frame_count, h->host_slot_count) != size) {
     rc = fail(err_version_mismatch, "pool: /dev/shm%s is %zu bytes, its header says %" PRIu64, name.c_str(), size, h->segment_size);
   }
   if (rc != ok) {
@@ -129,6 +135,44 @@ bool pool_segment::move(uint32_t f, uint64_t seen, frame_state state, uint32_t o
 void pool_segment::notify_freed() noexcept {
   header()->frames_freed.fetch_add(1, std::memory_order_acq_rel);
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header()->frames_freed), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+bool pool_segment::move_slot(uint32_t s, uint64_t seen, slot_state state, uint32_t owner) noexcept {
+  const slot_word old = slot_word::decode(seen);
+  const uint64_t next = slot_word{state, owner, old.generation + 1}.encode();
+  return slot(s).word.compare_exchange_strong(seen, next, std::memory_order_acq_rel);
+}
+
+void pool_segment::notify_slots_freed() noexcept {
+  header()->slots_freed.fetch_add(1, std::memory_order_acq_rel);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header()->slots_freed), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+uint32_t pool_segment::count_slots(slot_state state, uint32_t owner) const noexcept {
+  uint32_t n = 0;
+  for (uint32_t s = 0; s < host_slot_count(); ++s) {
+    const slot_word w = slot_word::decode(read_slot(s));
+    n += w.state == state && (owner == k_no_member || w.owner == owner);
+  }
+  return n;
+}
+
+uint32_t pool_segment::free_slots_of(uint32_t owner) noexcept {
+  uint32_t freed = 0;
+  for (uint32_t s = 0; s < host_slot_count(); ++s) {
+    // Only the state can change under us (the owner is dead, nobody else takes a used
+    // slot), so retry until it is free.
+    for (uint64_t seen = read_slot(s);; seen = read_slot(s)) {
+      const slot_word w = slot_word::decode(seen);
+      if (w.state == slot_free || w.owner != owner) break;
+      if (move_slot(s, seen, slot_free, k_no_member)) {
+        ++freed;
+        break;
+      }
+    }
+  }
+  if (freed > 0) notify_slots_freed();
+  return freed;
 }
 
 void pool_segment::notify_member(uint32_t m) noexcept {

@@ -22,11 +22,12 @@ class pool_segment {
   // The shm name of `device_key`'s pool under the current VRAMSWAP_SHM_PREFIX.
   static int name_for(const std::string& device_key, std::string* out) noexcept;
 
-  // Server: create a fresh segment for `frame_count` frames of `frame_size` bytes,
-  // replacing any stale one of that name (its users keep their mapping). All frames free,
-  // all member slots free. Mode 0600, or 0660 with VRAMSWAP_GROUP.
-  static int create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, pid_t server_pid,
-                    uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept;
+  // Server: create a fresh segment for `frame_count` frames of `frame_size` bytes and
+  // `host_slots` host slots of the same size (0: no shared host pool), replacing any stale
+  // one of that name (its users keep their mapping). All frames, host slots and member slots
+  // free. Mode 0600, or 0660 with VRAMSWAP_GROUP.
+  static int create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, uint32_t host_slots,
+                    pid_t server_pid, uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept;
   // Client: map the segment named by the server. err_version_mismatch when its magic,
   // format or size are not what this build expects. read_only: map it PROT_READ (observers
   // such as `vramswap status`); then only the const readers below may be used.
@@ -54,6 +55,21 @@ class pool_segment {
   void notify_member(uint32_t m) noexcept;
   // Count frames in `state` (any owner when owner == k_no_member).
   uint32_t count(pool_layout::frame_state state, uint32_t owner = pool_layout::k_no_member) const noexcept;
+
+  // --- host slots (the shared host pool; none when host_slot_count() is 0) ----------------
+  uint32_t host_slot_count() const noexcept { return header()->host_slot_count; }
+  uint64_t host_slot_size() const noexcept { return header()->host_slot_size; }
+  pool_layout::slot_entry& slot(uint32_t index) const noexcept { return pool_layout::slots_of(base_)[index]; }
+  uint64_t read_slot(uint32_t s) const noexcept { return slot(s).word.load(std::memory_order_acquire); }
+  // CAS host slot `s` from the raw word `seen` to (state, owner); false if it moved.
+  bool move_slot(uint32_t s, uint64_t seen, pool_layout::slot_state state, uint32_t owner) noexcept;
+  // Bump the "a host slot became free" futex and wake every waiter.
+  void notify_slots_freed() noexcept;
+  // Count host slots in `state` (any owner when owner == k_no_member).
+  uint32_t count_slots(pool_layout::slot_state state, uint32_t owner = pool_layout::k_no_member) const noexcept;
+  // Server, repairing after member `owner` hung up: free every host slot it held, wake the
+  // waiters if any was freed. Returns how many were freed.
+  uint32_t free_slots_of(uint32_t owner) noexcept;
 
   // --- trace (lock/pool_layout.hpp: trace_record) ----------------------------------------
   struct trace_event {

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -20,6 +21,7 @@
 #include <fstream>
 #include <new>
 #include <sstream>
+#include <thread>
 
 #include "core/fd_transfer.hpp"
 #include "core/log.hpp"
@@ -72,6 +74,25 @@ bool process_in_group(pid_t pid, gid_t gid) {
 void close_fd(int* fd) {
   if (*fd >= 0) ::close(*fd);
   *fd = -1;
+}
+
+uint64_t physical_ram() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+// MemAvailable from /proc/meminfo (bytes); 0 when it cannot be read.
+uint64_t available_ram() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -162,12 +183,36 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
                   pool_bytes / frame_size, frame_size, k_no_member - 1);
     }
 
+    // --- the shared host pool (optional) ----------------------------------------------------
+    uint64_t host_pool_bytes = 0;
+    {
+      const std::string text = options.host_pool.empty() ? option_text(option_id::host_pool) : options.host_pool;
+      VS_TRY(parse_size(text.c_str(), &host_pool_bytes, options.host_pool.empty() ? "VRAMSWAP_HOST_POOL" : "--host-pool",
+                        physical_ram()));
+    }
+    const uint64_t host_slots = host_pool_bytes / frame_size;
+    if (host_pool_bytes > 0 && host_slots < k_min_host_slots) {
+      // Below this even one eviction cannot keep the pager's copies in flight (each needs a
+      // slot), and there is no slack for a handoff (docs/swap.md, "Shared host pool").
+      return fail(err_invalid_argument,
+                  "VRAMSWAP_HOST_POOL: %s holds %" PRIu64 " slot(s) of %s; a shared host pool needs at least %u (the pager's "
+                  "%u copies in flight and one more), and should hold what all processes of device %d save at once (their memory "
+                  "less the device pool) plus slack; set it to 0 to keep per-process host tiers",
+                  human(host_pool_bytes).c_str(), host_slots, human(frame_size).c_str(), k_min_host_slots, k_min_host_slots - 1,
+                  options.device);
+    }
+    if (host_slots > UINT32_MAX) {
+      return fail(err_invalid_argument, "VRAMSWAP_HOST_POOL: %" PRIu64 " slots of %s; at most %u: use larger frames", host_slots,
+                  human(frame_size).c_str(), UINT32_MAX);
+    }
+
     // --- the pool --------------------------------------------------------------------------
     const uint64_t t0 = monotonic_ns();
     VS_TRY(s->build_pool(pool_bytes));
+    if (host_slots > 0) VS_TRY(s->build_host_pool(host_slots * frame_size));
     process_identity me{};
     VS_TRY(current_process(&me));
-    VS_TRY(pool_segment::create(info.uuid, s->frame_count(), frame_size, me.pid, me.start_time, &s->segment_));
+    VS_TRY(pool_segment::create(info.uuid, s->frame_count(), frame_size, s->host_slots_, me.pid, me.start_time, &s->segment_));
     s->segment_created_ = true;
     s->lock_.reset(new device_lock());
     VS_TRY(device_lock::open(info.uuid, s->lock_.get()));
@@ -178,10 +223,13 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
       std::string port = options.metrics_port.empty() ? option_text(option_id::metrics_port) : options.metrics_port;
       if (!port.empty()) VS_TRY(s->open_metrics(port));
     }
+    const std::string host_text =
+        s->host_slots_ > 0 ? "; shared host pool " + human(uint64_t{s->host_slots_} * frame_size) + " (" + std::to_string(s->host_slots_) + " slots)"
+                           : "";
     log(log_level::info,
-        "vramswapd: serving device %d (%s, %s): %u frames of %s = %s (%s free of %s before), built in %.2f s; socket %s%s",
+        "vramswapd: serving device %d (%s, %s): %u frames of %s = %s (%s free of %s before)%s, built in %.2f s; socket %s%s",
         options.device, info.name.c_str(), info.uuid.c_str(), s->frame_count(), human(frame_size).c_str(),
-        human(pool_bytes).c_str(), human(info.free_bytes).c_str(), human(info.total_bytes).c_str(),
+        human(pool_bytes).c_str(), human(info.free_bytes).c_str(), human(info.total_bytes).c_str(), host_text.c_str(),
         static_cast<double>(monotonic_ns() - t0) / 1e9, paths.socket.c_str(),
         s->idle_exit_s_ > 0 ? (", idle exit after " + std::to_string(s->idle_exit_s_) + " s").c_str() : "");
     *out = std::move(s);
@@ -225,6 +273,62 @@ int pool_server::build_pool(uint64_t pool_bytes) noexcept {
     if (rc != ok) return add_context(rc, "vramswapd: exporting frame %zu of %zu: ", i, count);
     exported_.push_back(fd);
   }
+  return ok;
+}
+
+// The shared host pool: one memfd, faulted in here so that its memory is committed before
+// any client counts on it (a host without the room fails now, by name, not with SIGBUS or
+// the OOM killer in the middle of an eviction). Several threads fault it in: the kernel
+// zeroes every page, ~60 GiB is seconds of memory bandwidth and a client waits for our
+// "ready" at most pool_connection::k_start_timeout_s. The server keeps the descriptor and
+// no mapping: it never reads or writes slot contents.
+int pool_server::build_host_pool(uint64_t bytes) noexcept {
+  const uint64_t avail = available_ram();
+  if (avail != 0 && bytes > avail) {
+    return fail(err_out_of_memory,
+                "vramswapd: a shared host pool of %s (VRAMSWAP_HOST_POOL) does not fit this host's available memory (%s of %s "
+                "RAM); set a smaller VRAMSWAP_HOST_POOL, or 0 for per-process host tiers",
+                human(bytes).c_str(), human(avail).c_str(), human(physical_ram()).c_str());
+  }
+  host_pool_fd_ = ::memfd_create("vramswap-host-pool", MFD_CLOEXEC);
+  if (host_pool_fd_ < 0) return fail_errno(errno, "vramswapd: memfd_create for the shared host pool");
+  if (::ftruncate(host_pool_fd_, static_cast<off_t>(bytes)) != 0) {
+    return fail_errno(errno, "vramswapd: sizing the shared host pool's memfd to %s", human(bytes).c_str());
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, host_pool_fd_, 0);
+  if (p == MAP_FAILED) return fail_errno(errno, "vramswapd: mapping the shared host pool (%s)", human(bytes).c_str());
+  ::madvise(p, bytes, MADV_HUGEPAGE);  // best effort: shmem huge pages where the kernel allows (shmem_enabled=advise)
+  const unsigned threads = std::max(1u, std::min({8u, std::thread::hardware_concurrency(), static_cast<unsigned>(bytes / frame_size_)}));
+  const uint64_t per = (bytes / threads + frame_size_ - 1) / frame_size_ * frame_size_;
+  std::vector<int> errors(threads, 0);
+  std::vector<std::thread> pool;
+  try {
+    for (unsigned t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const uint64_t from = std::min<uint64_t>(bytes, t * per), to = std::min<uint64_t>(bytes, from + per);
+        if (from == to) return;
+        char* base = static_cast<char*>(p) + from;
+        if (::madvise(base, to - from, 23 /* MADV_POPULATE_WRITE, Linux 5.14 */) == 0) return;
+        if (errno != EINVAL) {
+          errors[t] = errno;
+          return;
+        }
+        // An older kernel: touch every page (the memfd is new: its bytes are zeros already).
+        for (uint64_t off = 0; off < to - from; off += 4096) static_cast<volatile char*>(base)[off] = 0;
+      });
+    }
+  } catch (const std::exception&) {
+    errors[0] = EAGAIN;  // could not start a thread: fail below, after joining those that did
+  }
+  for (std::thread& t : pool) t.join();
+  ::munmap(p, bytes);
+  for (int e : errors) {
+    if (e != 0) {
+      return fail(err_out_of_memory, "vramswapd: cannot fault in the shared host pool of %s (VRAMSWAP_HOST_POOL): %s; %s available",
+                  human(bytes).c_str(), std::strerror(e), human(available_ram()).c_str());
+    }
+  }
+  host_slots_ = static_cast<uint32_t>(bytes / frame_size_);
   return ok;
 }
 
@@ -531,10 +635,16 @@ void pool_server::serve_new(int fd) noexcept {
   w.server_pid = ::getpid();
   w.frame_size = frame_size_;
   std::snprintf(w.segment_name, sizeof w.segment_name, "%s", segment_->name().c_str());
+  w.host_slot_count = host_slots_;
+  w.host_pool_bytes = uint64_t{host_slots_} * frame_size_;
   int rc = send_fds(fd, nullptr, 0, &w, sizeof w);
   for (uint32_t first = 0; rc == ok && first < frame_count(); first += static_cast<uint32_t>(k_max_fds_per_message)) {
     frame_batch b{first, static_cast<uint32_t>(std::min<size_t>(k_max_fds_per_message, frame_count() - first))};
     rc = send_fds(fd, &exported_[first], b.count, &b, sizeof b);
+  }
+  if (rc == ok && host_slots_ > 0) {
+    pool_protocol::host_pool hp{w.host_pool_bytes, host_slots_, 0};
+    rc = send_fds(fd, &host_pool_fd_, 1, &hp, sizeof hp);
   }
   if (rc != ok) {
     log(log_level::warn, "vramswapd: pid %d left during its handshake: %s", h.pid, last_error());
@@ -574,13 +684,18 @@ void pool_server::repair(const client& c) noexcept {
     }
   }
   frames_repaired_ += freed;
+  // Its host slots: freed, not zeroed (a slot is only read by an owner that wrote all of it
+  // first; see pool_layout.hpp). Before remove_member, so a new member in this slot index
+  // never finds slots it did not take.
+  const uint32_t slots = host_slots_ > 0 ? segment_->free_slots_of(c.member) : 0;
+  slots_repaired_ += slots;
   segment_->member(c.member).holding.store(0, std::memory_order_relaxed);
   segment_->remove_member(c.member);
   segment_->notify_freed();
   const int lrc = lock_->repair_now();
   const bool dead = check_liveness({c.pid, c.start_time}) == liveness::dead;
-  log(log_level::info, "vramswapd: member %u: pid %d %s; %u frames scrubbed and freed (%zu clients left)%s%s", c.member,
-      static_cast<int>(c.pid), dead ? "is gone" : "closed its connection", freed, clients_.size() - 1,
+  log(log_level::info, "vramswapd: member %u: pid %d %s; %u frames scrubbed and freed, %u host slots freed (%zu clients left)%s%s",
+      c.member, static_cast<int>(c.pid), dead ? "is gone" : "closed its connection", freed, slots, clients_.size() - 1,
       lrc == ok ? "" : "; device lock repair failed: ", lrc == ok ? "" : last_error());
 }
 
@@ -591,6 +706,7 @@ void pool_server::teardown() noexcept {
   clients_.clear();
   close_fd(&listen_fd_);
   close_fd(&metrics_fd_);
+  close_fd(&host_pool_fd_);  // its memory goes when the last client unmaps it
   if (socket_bound_) ::unlink(socket_path_.c_str());
   segment_.reset();
   if (segment_created_) pool_segment::remove(key_);

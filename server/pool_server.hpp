@@ -22,6 +22,12 @@
 //          is scrubbed and then moved to free by compare-and-swap; the member slot is
 //          freed; waiters for free frames are woken (notify_freed); and the device lock is
 //          repaired (device_lock::repair_now), so a lock the dead process held passes on.
+//   host   with VRAMSWAP_HOST_POOL (or options.host_pool) set: one memfd of that size (whole
+//   pool   frames), faulted in at start by a few threads (so RAM is committed before any
+//          client relies on it, and a host too small fails here, by name), its slot table
+//          in the pool segment, its descriptor sent to each client after the frames. The
+//          server never reads or writes slot contents. A dead member's slots are freed at
+//          repair (not zeroed: docs/swap.md, "Shared host pool", says why none is needed).
 //   metrics with a metrics port, also a TCP listener on 127.0.0.1 only, served in the same
 //          poll() loop: GET /metrics answers the device's gauges and counters in the
 //          Prometheus text format (lock/pool_report.hpp), one short request per connection
@@ -62,6 +68,7 @@ struct pool_server_options {
   int device = 0;
   backend* be = nullptr;      // nullptr: default_backend() (VRAMSWAP_BACKEND)
   std::string pool_size;      // empty: VRAMSWAP_POOL_SIZE (empty there too: the default above)
+  std::string host_pool;      // empty: VRAMSWAP_HOST_POOL; size or percent of RAM; "0": no shared host pool
   int64_t idle_exit_s = 0;    // > 0: stop after this many seconds with no client; 0: never
   bool log_to_file = false;   // send stdout/stderr to <runtime dir>/<key>.log (on-demand mode)
   // Prometheus metrics at http://127.0.0.1:PORT/metrics: a port number (0: any free port);
@@ -96,6 +103,9 @@ class pool_server {
   size_t clients() const noexcept { return clients_.size(); }
   // Frames scrubbed and freed by repairs since start.
   uint64_t frames_repaired() const noexcept { return frames_repaired_; }
+  // Host slots of the shared host pool (0: none), and those freed by repairs since start.
+  uint32_t host_slot_count() const noexcept { return host_slots_; }
+  uint64_t slots_repaired() const noexcept { return slots_repaired_; }
   // The metrics endpoint's port on 127.0.0.1 (0: none).
   uint16_t metrics_port() const noexcept { return metrics_port_; }
 
@@ -110,6 +120,7 @@ class pool_server {
 
   pool_server() = default;
   int build_pool(uint64_t pool_bytes) noexcept;
+  int build_host_pool(uint64_t bytes) noexcept;
   int scrub(const uint32_t* indices, size_t count) noexcept;
   int open_socket() noexcept;
   int open_metrics(const std::string& port_text) noexcept;
@@ -130,6 +141,9 @@ class pool_server {
   int server_lock_fd_ = -1;
   int listen_fd_ = -1;
   int metrics_fd_ = -1;
+  int host_pool_fd_ = -1;     // the shared host pool's memfd (-1: none)
+  uint32_t host_slots_ = 0;
+  uint64_t slots_repaired_ = 0;
   uint16_t metrics_port_ = 0;
   int stop_pipe_[2] = {-1, -1};
   uint64_t frame_size_ = 0;

@@ -1,6 +1,6 @@
 // vramswapd: the per-device pool server (server/pool_server.hpp; docs/pool_server.md).
 //
-//   vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE] [--metrics-port PORT]
+//   vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE] [--host-pool SIZE] [--metrics-port PORT]
 //
 // Two ways to run it:
 //   on demand   (the default) a client starts it when none listens (lock/pool_connection.cpp).
@@ -35,7 +35,7 @@ void on_stop_signal(int) { if (g_server != nullptr) g_server->request_stop(); }
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "usage: vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE] [--metrics-port PORT]\n"
+               "usage: vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE] [--host-pool SIZE] [--metrics-port PORT]\n"
                "\n"
                "The pool server of one device: creates the device's pool of frames and hands them to the\n"
                "vramswap processes of this user (or of VRAMSWAP_GROUP) over a Unix socket; repairs after a\n"
@@ -49,13 +49,16 @@ void usage(FILE* out) {
                "  --idle-exit SECONDS  exit after SECONDS without a client (0: never)\n"
                "  --pool-size SIZE     pool size: bytes (K/M/G suffixes) or a percentage of the device's\n"
                "                       memory; default VRAMSWAP_POOL_SIZE, else free memory less a reserve\n"
+               "  --host-pool SIZE     a pinned host pool for saved pages shared by the device's processes:\n"
+               "                       bytes or a percentage of RAM (0: none, each process keeps its own\n"
+               "                       host tier); default VRAMSWAP_HOST_POOL. docs/swap.md\n"
                "  --metrics-port PORT  serve Prometheus metrics at http://127.0.0.1:PORT/metrics (loopback\n"
                "                       only; 0: any free port, shown by `vramswap status`); default\n"
                "                       VRAMSWAP_METRICS_PORT, else no endpoint\n"
                "  --help               this text\n"
                "\n"
                "Environment: VRAMSWAP_RUNTIME_DIR (socket directory; default /tmp/vramswap-<uid>),\n"
-               "VRAMSWAP_FRAME_SIZE, VRAMSWAP_POOL_SIZE, VRAMSWAP_POOL_IDLE_EXIT, VRAMSWAP_GROUP,\n"
+               "VRAMSWAP_FRAME_SIZE, VRAMSWAP_POOL_SIZE, VRAMSWAP_HOST_POOL, VRAMSWAP_POOL_IDLE_EXIT, VRAMSWAP_GROUP,\n"
                "VRAMSWAP_SHM_PREFIX, VRAMSWAP_BACKEND, VRAMSWAP_LOG, VRAMSWAP_METRICS_PORT. See docs/pool_server.md\n"
                "and docs/observability.md.\n");
 }
@@ -103,6 +106,9 @@ int main(int argc, char** argv) {
       ++i;
     } else if (arg == "--pool-size" && value != nullptr && *value != '\0') {
       options.pool_size = value;
+      ++i;
+    } else if (arg == "--host-pool" && value != nullptr && *value != '\0') {
+      options.host_pool = value;
       ++i;
     } else if (arg == "--metrics-port" && value != nullptr && parse_int(value, 0, &v) && v <= 65535) {
       options.metrics_port = value;

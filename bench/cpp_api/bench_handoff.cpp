@@ -1,9 +1,14 @@
 // bench_handoff: what a switch between two time-sharing processes costs.
 //
-//   bench_handoff [--sizes 16,32] [--fit 8] [--rounds 6]            (GiB)
+//   bench_handoff [--sizes 16,32,60] [--fit 8] [--rounds 8] [--shared-above 40]     (GiB)
 //
 // For each X in --sizes: two worker processes with X GiB of device memory each take turns
-// under the lock, on a pool that holds one of them (X + 1 GiB, or X + X/4 when smaller). The handoff is the time
+// under the lock, on a pool that holds one of them (X + 1 GiB, or X + X/4 when smaller).
+// Sizes above --shared-above keep their saved pages in a host pool shared by the two
+// (VRAMSWAP_HOST_POOL = X + the same slack, at least 18 slots) instead of a pinned tier
+// each: two 60 GiB tiers would pin 120 GiB, the shared pool ~61. Such a size runs only when
+// the host's available memory and the device's free memory allow it (else the row says
+// why it was skipped), with at most 4 rounds per worker. The handoff is the time
 // from the holder calling release() to the other's acquire() returning, all of its memory
 // resident: the holder's frames are evicted by the holder while the acquirer copies its own
 // memory in. It is reported as a ratio to X / (the one-way pinned copy rate, measured in
@@ -143,15 +148,15 @@ struct stages {
   std::vector<double> release_sync;  // after the handoff: the releaser synchronizing the device
 };
 
-void run_pair(uint64_t bytes, uint64_t pool_bytes, int rounds, int hold_ms, std::vector<double>* handoffs, std::vector<double>* moved,
-              stages* st) {
+void run_pair(uint64_t bytes, uint64_t pool_bytes, uint64_t host_pool_bytes, int rounds, int hold_ms, std::vector<double>* handoffs,
+              std::vector<double>* moved, stages* st) {
   static int run = 0;
   char dir[] = "/tmp/vramswap-bench-XXXXXX";
   if (::mkdtemp(dir) == nullptr) check(fail_errno(errno, "mkdtemp"), "runtime dir");
   const std::string prefix = "vsb" + std::to_string(getpid()) + "r" + std::to_string(run++) + "-";
   const std::vector<std::string> env = {"VRAMSWAP_SHM_PREFIX=" + prefix, std::string("VRAMSWAP_RUNTIME_DIR=") + dir,
                                         "VRAMSWAP_POOL_SIZE=" + std::to_string(pool_bytes), "VRAMSWAP_POOL_IDLE_EXIT=2",
-                                        "VRAMSWAP_LOG=warn"};
+                                        "VRAMSWAP_LOG=warn", "VRAMSWAP_HOST_POOL=" + std::to_string(host_pool_bytes)};
   const std::vector<std::string> wargs = {"bench_handoff", "--worker", std::to_string(bytes), std::to_string(rounds), std::to_string(hold_ms)};
   // A first, so that it holds first; B queues behind it.
   child a = spawn_self(wargs, env);
@@ -304,6 +309,19 @@ double checkpoint_switch(uint64_t bytes, std::string* why) {
 }
 #endif
 
+// MemAvailable (bytes), 0 when unknown.
+uint64_t available_ram() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
 double pinned_one_way_rate(backend& be, uint64_t bytes) {
   // Plain pinned device-to-host copies of a frame-backed buffer: the same path the pager
   // uses, without the pager.
@@ -346,14 +364,17 @@ int main(int argc, char** argv) {
   backend* be = nullptr;
   check(default_backend(&be), "backend");
   const bool gpu = be->kind() == backend_kind::cuda;
-  std::vector<double> sizes = gpu ? std::vector<double>{16, 32} : std::vector<double>{0.125};
+  std::vector<double> sizes = gpu ? std::vector<double>{16, 32, 60} : std::vector<double>{0.125};
   double fit = gpu ? 8 : 0.0625;
   int rounds = 8;
+  double shared_above = 40;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--sizes") == 0) sizes = parse_list(argv[i + 1]);
     if (std::strcmp(argv[i], "--fit") == 0) fit = std::atof(argv[i + 1]);
     if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--shared-above") == 0) shared_above = std::atof(argv[i + 1]);
   }
+  constexpr uint64_t k_frame = 32ull << 20;  // VRAMSWAP_FRAME_SIZE's default, which the workers use
   device_info info;
   check(be->get_device_info(0, &info), "device info");
   std::printf("# bench_handoff: %s backend, %s\n\n", be->name(), info.name.c_str());
@@ -361,23 +382,55 @@ int main(int argc, char** argv) {
   std::printf("pinned one-way copy (device to host, same run): %.1f GB/s\n\n", rate / 1e9);
   std::printf("| memory per process | pool | handoffs | ideal X/rate | handoff p50 | p90 | ratio p50/ideal | bytes in per handoff | p50 stages: release / lock / acquire |\n");
   std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::vector<std::string> notes;
   for (double x : sizes) {
     const uint64_t bytes = static_cast<uint64_t>(x * GiB);
     std::vector<double> h, moved;
     stages st;
-    const uint64_t pool = bytes + std::min<uint64_t>(GiB, bytes / 4);  // holds one, not two
-    run_pair(bytes, pool, rounds, 300, &h, &moved, &st);
+    const uint64_t slack = std::min<uint64_t>(GiB, bytes / 4);
+    const uint64_t pool = bytes + slack;  // holds one, not two
+    const bool shared = x > shared_above;
+    // The shared host pool holds what is saved at once (2X less the device pool, X - slack)
+    // plus slack on both sides: X + slack, at least the server's minimum (17 slots) and one.
+    const uint64_t host_pool = shared ? std::max<uint64_t>(bytes + slack, 18 * k_frame) : 0;
+    if (shared) {
+      const uint64_t avail = available_ram();
+      const uint64_t want_ram = host_pool + 4 * GiB;  // and room for the workers and the server
+      device_info now;
+      check(be->get_device_info(0, &now), "device info");
+      const uint64_t want_device = pool + (gpu ? std::max<uint64_t>(GiB, now.total_bytes / 100 * 3) : 0);
+      char why[256] = "";
+      if (avail < want_ram) {
+        std::snprintf(why, sizeof why, "needs %.1f GiB of available host memory (a %.1f GiB shared host pool), %.1f GiB available",
+                      want_ram / double(GiB), host_pool / double(GiB), avail / double(GiB));
+      } else if (now.free_bytes < want_device) {
+        std::snprintf(why, sizeof why, "needs %.1f GiB of free device memory, %.1f GiB free", want_device / double(GiB),
+                      now.free_bytes / double(GiB));
+      }
+      if (why[0] != '\0') {
+        std::printf("| %g GiB | %.3g GiB | skipped: %s | | | | | | |\n", x, pool / double(GiB), why);
+        std::fflush(stdout);
+        continue;
+      }
+      char note[200];
+      std::snprintf(note, sizeof note, "%g GiB: saved pages in one shared host pool of %.3g GiB (VRAMSWAP_HOST_POOL), %d rounds per worker",
+                    x, host_pool / double(GiB), std::min(rounds, 4));
+      notes.push_back(note);
+    }
+    run_pair(bytes, pool, host_pool, shared ? std::min(rounds, 4) : rounds, 300, &h, &moved, &st);
     const double ideal = bytes / rate;
     std::printf("| %g GiB | %.3g GiB | %zu | %.3f s | %.3f s | %.3f s | %.2f | %.1f GiB | %.3f / %.6f / %.3f s |\n", x, pool / double(GiB), h.size(), ideal, percentile(h, 0.5),
                 percentile(h, 0.9), percentile(h, 0.5) / ideal, percentile(moved, 0.5) / GiB, percentile(st.release_work, 0.5),
                 percentile(st.lock_handoff, 0.5), percentile(st.acquire_work, 0.5));
     std::fflush(stdout);
   }
+  if (!notes.empty()) std::printf("\n");
+  for (const std::string& n : notes) std::printf("- %s; the other sizes: a pinned host tier per process\n", n.c_str());
   if (fit > 0) {
     const uint64_t bytes = static_cast<uint64_t>(fit * GiB);
     std::vector<double> h, moved;
     stages st;
-    run_pair(bytes, 3 * bytes, std::max(rounds, 40), 20, &h, &moved, &st);
+    run_pair(bytes, 3 * bytes, 0, std::max(rounds, 40), 20, &h, &moved, &st);
     std::printf("\nBoth fit (%g GiB each, pool %g GiB): %zu handoffs, p50 %.1f us, p90 %.1f us, max bytes moved %.0f; "
                 "p50 stages: release %.1f us, lock %.1f us, acquire %.1f us; the releaser's device synchronize, after the "
                 "handoff, %.1f us\n",

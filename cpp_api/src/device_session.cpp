@@ -8,6 +8,7 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "lock/futex.hpp"
+#include "lock/pool_host_store.hpp"
 #include "lock/process_identity.hpp"
 #include "swap/host_tier.hpp"
 #include "swap/tiered_store.hpp"
@@ -46,17 +47,30 @@ int device_session::open(int device, std::unique_ptr<device_session>* out) {
   pool_connection& conn = *s->conn_;
   s->frames_ = std::make_unique<pool_frame_source>(conn.segment(), conn.member(), conn.frames(), evict_timeout_s * 1'000'000'000ull,
                                                    [c = s->conn_.get()] { return c->server_alive(); });
-  // Saved pages: pinned host memory up to VRAMSWAP_HOST_LIMIT, then the swap file. Where no
-  // swap file can be made (a directory without O_DIRECT, say), keep them in host memory.
-  tiered_config tc;
-  tc.slot_size = conn.frame_size();
-  tc.label = "device " + std::to_string(device);
-  std::unique_ptr<tiered_store> tiered;
-  if (tiered_store::create(*s->be_, tc, &tiered) == ok) {
-    s->store_ = std::move(tiered);
+  if (conn.host_pool() != nullptr) {
+    // Saved pages go to the device's shared host pool (vramswapd's VRAMSWAP_HOST_POOL),
+    // pinned once at attach: this process pins nothing of its own, and has no disk tier.
+    s->store_ = std::make_unique<pool_host_store>(conn.segment(), conn.member(), conn.host_pool(), evict_timeout_s * 1'000'000'000ull,
+                                                  [c = s->conn_.get()] { return c->server_alive(); });
+    if (!option_is_default(option_id::host_limit) || !option_is_default(option_id::swap_dir)) {
+      log(log_level::warn,
+          "device %d: the pool server has a shared host pool (%u slots): saved pages go there; VRAMSWAP_HOST_LIMIT and "
+          "VRAMSWAP_SWAP_DIR are not used (no per-process host tier, no swap file)",
+          device, conn.host_slot_count());
+    }
   } else {
-    log(log_level::warn, "device %d: no disk tier (%s); saved pages stay in host memory without a limit", device, last_error());
-    s->store_ = std::make_unique<host_tier>(*s->be_, conn.frame_size());
+    // Saved pages: pinned host memory up to VRAMSWAP_HOST_LIMIT, then the swap file. Where no
+    // swap file can be made (a directory without O_DIRECT, say), keep them in host memory.
+    tiered_config tc;
+    tc.slot_size = conn.frame_size();
+    tc.label = "device " + std::to_string(device);
+    std::unique_ptr<tiered_store> tiered;
+    if (tiered_store::create(*s->be_, tc, &tiered) == ok) {
+      s->store_ = std::move(tiered);
+    } else {
+      log(log_level::warn, "device %d: no disk tier (%s); saved pages stay in host memory without a limit", device, last_error());
+      s->store_ = std::make_unique<host_tier>(*s->be_, conn.frame_size());
+    }
   }
   pager_config cfg;
   cfg.frame_size = conn.frame_size();
@@ -81,9 +95,9 @@ device_session::~device_session() {
   if (conn_) futex_wake_one(&conn_->segment().member(conn_->member()).requests);
   if (server_.joinable()) server_.join();
   pager_.reset();  // unmaps every page, zeroes and frees its frames in the pool
-  store_.reset();
+  store_.reset();  // gives back any host slot still held (shared host pool)
   frames_.reset();
-  conn_.reset();  // releases the imported frames; the server sees us leave
+  conn_.reset();  // releases the imported frames and unpins the host pool; the server sees us leave
 }
 
 int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_info* info) {

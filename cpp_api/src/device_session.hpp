@@ -2,8 +2,9 @@
 //
 // It ties the parts together: the pool connection (frames imported from vramswapd), the
 // device lock, a pager whose frames come from the pool (pool_frame_source), a page store
-// (host memory, spilling to disk past VRAMSWAP_HOST_LIMIT), and one background thread that
-// serves other processes' eviction requests.
+// (the device's shared host pool when vramswapd has one, lock/pool_host_store.hpp; else this
+// process's host memory, spilling to disk past VRAMSWAP_HOST_LIMIT), and one background
+// thread that serves other processes' eviction requests.
 //
 // acquire(): take the device lock (FIFO, by priority); take back this process's own idle
 //   frames (cancelling evictions asked for but not done); bring every non-resident page in

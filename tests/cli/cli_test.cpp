@@ -387,7 +387,7 @@ TEST_F(Cli, LogLinesCarryTimePidAndDevice) {
 TEST(TraceRing, ReadsInOrderSkipsADeadWritersRecordAndCountsLoss) {
   option_set(option_id::shm_prefix, ("vsr" + std::to_string(getpid()) + "-").c_str());
   std::unique_ptr<pool_segment> pool;
-  ASSERT_EQ(pool_segment::create("host-9", 4, 2 * MiB, getpid(), 0, &pool), ok) << last_error();
+  ASSERT_EQ(pool_segment::create("host-9", 4, 2 * MiB, 0, getpid(), 0, &pool), ok) << last_error();
   uint32_t m = 0;
   ASSERT_EQ(pool->add_member(getpid(), 1, &m), ok);
   uint64_t cursor = pool->member(m).trace_start.load();

@@ -416,7 +416,7 @@ TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
   h.magic = 0x12345678;
   exchange(&h, sizeof h, &w);
   EXPECT_EQ(w.status, err_version_mismatch);
-  EXPECT_NE(std::string(w.message).find("protocol version 1"), std::string::npos) << w.message;
+  EXPECT_NE(std::string(w.message).find("protocol version " + std::to_string(pool_protocol::k_version)), std::string::npos) << w.message;
 
   h.magic = pool_protocol::k_magic;
   h.version = 99;
@@ -547,6 +547,59 @@ TEST_F(PoolServer, BadSizesAreRefusedByName) {
   o.pool_size = "1TiB";
   EXPECT_EQ(pool_server::start(o, &server), err_out_of_memory);
   EXPECT_NE(std::string(last_error()).find("does not fit"), std::string::npos) << last_error();
+}
+
+// The shared host pool: too small for the pager's copies in flight, or larger than the
+// host's available memory, is refused at start by name.
+TEST_F(PoolServer, HostPoolTooSmallOrLargerThanRamIsRefusedByName) {
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  pool_server_options o;
+  o.be = be.get();
+  std::unique_ptr<pool_server> server;
+  o.host_pool = "16MiB";  // 8 slots of 2 MiB
+  EXPECT_EQ(pool_server::start(o, &server), err_invalid_argument);
+  EXPECT_NE(std::string(last_error()).find("VRAMSWAP_HOST_POOL"), std::string::npos) << last_error();
+  EXPECT_NE(std::string(last_error()).find("at least " + std::to_string(pool_layout::k_min_host_slots)), std::string::npos)
+      << last_error();
+  o.host_pool = "100%";  // of RAM: never all available
+  EXPECT_EQ(pool_server::start(o, &server), err_out_of_memory);
+  EXPECT_NE(std::string(last_error()).find("available memory"), std::string::npos) << last_error();
+  o.host_pool = "lots";
+  EXPECT_EQ(pool_server::start(o, &server), err_invalid_argument);
+  EXPECT_NE(std::string(last_error()).find("--host-pool"), std::string::npos) << last_error();
+}
+
+// In-process: a server with a host pool hands its memfd to each client; the clients map the
+// same memory (a byte written through one is read through the other) and the slot table.
+TEST_F(PoolServer, HostPoolIsSharedByItsClients) {
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  ::setenv("VRAMSWAP_POOL_SIZE", "25%", 1);
+  pool_server_options o;
+  o.be = be.get();
+  o.host_pool = "40MiB";
+  std::unique_ptr<pool_server> server;
+  ASSERT_EQ(pool_server::start(o, &server), ok) << last_error();
+  EXPECT_EQ(server->host_slot_count(), 20u);
+  std::thread loop([&] { EXPECT_EQ(server->run(), ok); });
+  {
+    std::unique_ptr<pool_connection> c1, c2;
+    ASSERT_EQ(pool_connection::connect(*be, 0, false, &c1), ok) << last_error();
+    ASSERT_EQ(pool_connection::connect(*be, 0, false, &c2), ok) << last_error();
+    ASSERT_NE(c1->host_pool(), nullptr);
+    ASSERT_NE(c2->host_pool(), nullptr);
+    EXPECT_NE(c1->host_pool(), c2->host_pool()) << "two mappings of one memfd";
+    EXPECT_EQ(c1->host_slot_count(), 20u);
+    EXPECT_EQ(c1->segment().host_slot_count(), 20u);
+    EXPECT_EQ(c1->segment().host_slot_size(), 2u << 20);
+    const uint64_t last = 20ull * (2u << 20) - 1;
+    c1->host_pool()[last] = 0x5C;
+    EXPECT_EQ(c2->host_pool()[last], 0x5C);
+    EXPECT_EQ(c2->segment().count_slots(pool_layout::slot_free), 20u);
+  }
+  server->request_stop();
+  loop.join();
 }
 
 }  // namespace
