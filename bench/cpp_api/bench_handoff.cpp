@@ -74,6 +74,13 @@ int run_worker(uint64_t bytes, int rounds, int hold_ms) {
   check(s->memory().malloc(bytes, &p), "malloc");
   stream_id st = 0;
   check(s->get_backend().stream_create(0, &st), "stream");
+  // Start together: attaching to a large shared host pool (mapping and registering it) takes
+  // seconds, in which the first worker would otherwise run all its rounds alone.
+  std::printf("attached\n");
+  std::fflush(stdout);
+  const char* dir = std::getenv("VRAMSWAP_RUNTIME_DIR");
+  const std::string go = std::string(dir != nullptr ? dir : "/tmp") + "/bench-go";
+  while (::access(go.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   for (int r = 0; r < rounds; ++r) {
     check(s->acquire(), "acquire");
     const uint64_t acquired = monotonic_ns();
@@ -158,18 +165,17 @@ void run_pair(uint64_t bytes, uint64_t pool_bytes, uint64_t host_pool_bytes, int
                                         "VRAMSWAP_POOL_SIZE=" + std::to_string(pool_bytes), "VRAMSWAP_POOL_IDLE_EXIT=2",
                                         "VRAMSWAP_LOG=warn", "VRAMSWAP_HOST_POOL=" + std::to_string(host_pool_bytes)};
   const std::vector<std::string> wargs = {"bench_handoff", "--worker", std::to_string(bytes), std::to_string(rounds), std::to_string(hold_ms)};
-  // A first, so that it holds first; B queues behind it.
+  // Both attach first, then start at once (they wait for the go file).
   child a = spawn_self(wargs, env);
-  char line[256];
-  std::vector<event> events;
-  if (std::fgets(line, sizeof line, a.out) == nullptr) check(fail(err_system, "worker A produced nothing"), "worker");
-  event e0{};
-  std::sscanf(line, "acquired %" SCNu64 " in %" SCNu64 " out %" SCNu64 " granted %" SCNu64, &e0.ns, &e0.bytes_in, &e0.bytes_out,
-              &e0.stage_ns);
-  e0.who = 0;
-  e0.acquire = true;
-  events.push_back(e0);
   child b = spawn_self(wargs, env);
+  char line[256];
+  for (FILE* f : {a.out, b.out}) {
+    if (std::fgets(line, sizeof line, f) == nullptr || std::strncmp(line, "attached", 8) != 0) {
+      check(fail(err_system, "a worker did not attach (see its errors above)"), "worker");
+    }
+  }
+  if (FILE* g = std::fopen((std::string(dir) + "/bench-go").c_str(), "w")) std::fclose(g);
+  std::vector<event> events;
   auto reader = [](FILE* f, int who, std::vector<event>* out) {
     char l[256];
     while (std::fgets(l, sizeof l, f) != nullptr) {
