@@ -125,14 +125,16 @@ void build_table() {
     g_replacement.emplace(real, replacement);
     return real;
   };
+  // Not cuGetProcAddress itself: the driver may hand out one function for its two ABIs (with
+  // and without the status argument), so a pointer does not tell which one a caller expects,
+  // and the shim's v2 called the v1 way passes a garbage status pointer on (seen as a crash in
+  // libcuda on the H200 machine). dlsym, by name, hands out the shim's lookup instead.
   for (cuuint64_t flags : {cuuint64_t{CU_GET_PROC_ADDRESS_DEFAULT}, cuuint64_t{CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM}}) {
     add("cuMemAlloc", CUDA_VERSION, flags, as_void(&mem_alloc));
     add("cuMemFree", CUDA_VERSION, flags, as_void(&mem_free));
     add("cuMemGetInfo", CUDA_VERSION, flags, as_void(&mem_get_info));
     add("cuMemAllocAsync", CUDA_VERSION, flags, as_void(&mem_alloc_async));
     add("cuMemFreeAsync", CUDA_VERSION, flags, as_void(&mem_free_async));
-    add("cuGetProcAddress", CUDA_VERSION, flags, as_void(&hook_get_proc_v2));
-    add("cuGetProcAddress", 11030, flags, as_void(&hook_get_proc_v1));
   }
 #define VRAMSWAP_GATED_ADD(name)                                                                                       \
   gated<decltype(&name), gated_##name * 2>::real = reinterpret_cast<decltype(&name)>(                                  \
