@@ -2,7 +2,7 @@
 // kernels, cudaMemcpy), for running under the preload shim.
 //
 //   build: part of the CMake build where nvcc is found (target vramswap_plain_cuda; the CUDA
-//          runtime linked statically, nvcc's default)
+//          runtime linked as a shared library: nvcc -cudart shared)
 //   run:   VRAMSWAP_OVERSUBSCRIBE=1 VRAMSWAP_POOL_SIZE=4GiB \
 //            LD_PRELOAD=build/preload/libvramswap_preload.so build/examples/vramswap_plain_cuda 6GiB 10
 //

@@ -122,7 +122,7 @@ cuda_error_t vs_cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned 
   static auto real = next_runtime<decltype(&vs_cudaGetDriverEntryPoint)>("cudaGetDriverEntryPoint");
   if (real == nullptr) return k_cuda_initialization;
   const cuda_error_t e = real(symbol, fn, flags, status);
-  if (e == k_cuda_success && fn != nullptr) *fn = substitute(*fn, symbol);
+  if (e == k_cuda_success && fn != nullptr && *fn != nullptr && !own_lookup(symbol, CUDA_VERSION, fn)) *fn = substitute(*fn, symbol);
   return e;
 }
 
@@ -130,6 +130,8 @@ cuda_error_t vs_cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, 
   static auto real = next_runtime<decltype(&vs_cudaGetDriverEntryPointByVersion)>("cudaGetDriverEntryPointByVersion");
   if (real == nullptr) return k_cuda_initialization;
   const cuda_error_t e = real(symbol, fn, version, flags, status);
-  if (e == k_cuda_success && fn != nullptr) *fn = substitute(*fn, symbol);
+  if (e == k_cuda_success && fn != nullptr && *fn != nullptr && !own_lookup(symbol, static_cast<int>(version), fn)) {
+    *fn = substitute(*fn, symbol);
+  }
   return e;
 }

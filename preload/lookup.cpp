@@ -16,6 +16,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -125,10 +126,7 @@ void build_table() {
     g_replacement.emplace(real, replacement);
     return real;
   };
-  // Not cuGetProcAddress itself: the driver may hand out one function for its two ABIs (with
-  // and without the status argument), so a pointer does not tell which one a caller expects,
-  // and the shim's v2 called the v1 way passes a garbage status pointer on (seen as a crash in
-  // libcuda on the H200 machine). dlsym, by name, hands out the shim's lookup instead.
+  // Not cuGetProcAddress itself: own_lookup hands it out by the version asked for.
   for (cuuint64_t flags : {cuuint64_t{CU_GET_PROC_ADDRESS_DEFAULT}, cuuint64_t{CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM}}) {
     add("cuMemAlloc", CUDA_VERSION, flags, as_void(&mem_alloc));
     add("cuMemFree", CUDA_VERSION, flags, as_void(&mem_free));
@@ -158,11 +156,20 @@ void* substitute(void* real, const char* symbol) {
   return real;
 }
 
+// cuGetProcAddress asked for itself: the shim's, chosen by the version asked for (the CUDA
+// runtime fetches cuGetProcAddress through cuGetProcAddress, then everything else through
+// the result). By version, not by pointer: the driver's two ABIs need not be two pointers.
+bool own_lookup(const char* symbol, int version, void** pfn) {
+  if (symbol == nullptr || pfn == nullptr || std::strcmp(symbol, "cuGetProcAddress") != 0) return false;
+  *pfn = version >= 12000 ? as_void(&hook_get_proc_v2) : as_void(&hook_get_proc_v1);
+  return true;
+}
+
 CUresult hook_get_proc_v2(const char* symbol, void** pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
   get_proc_v2_fn real = real_get_proc_address();
   if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const CUresult r = real(symbol, pfn, version, flags, status);
-  if (r == CUDA_SUCCESS && pfn != nullptr) *pfn = substitute(*pfn, symbol);
+  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr && !own_lookup(symbol, version, pfn)) *pfn = substitute(*pfn, symbol);
   return r;
 }
 
@@ -170,7 +177,7 @@ CUresult hook_get_proc_v1(const char* symbol, void** pfn, int version, cuuint64_
   static auto real = reinterpret_cast<get_proc_v1_fn>(real_dlsym(libcuda(), "cuGetProcAddress"));
   if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const CUresult r = real(symbol, pfn, version, flags);
-  if (r == CUDA_SUCCESS && pfn != nullptr) *pfn = substitute(*pfn, symbol);
+  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr && !own_lookup(symbol, version, pfn)) *pfn = substitute(*pfn, symbol);
   return r;
 }
 
@@ -293,3 +300,27 @@ dlsym:
     ret
     .size dlsym, .-dlsym
 )");
+
+// --- diagnostics ---------------------------------------------------------------------------
+// VRAMSWAP_PRELOAD_BACKTRACE=1: on a crash (SIGSEGV, SIGBUS, SIGILL), print the native
+// stack to stderr before dying, for reports of a program that fails only under the shim.
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+
+namespace {
+void crash_backtrace(int sig) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  const char head[] = "vramswap preload: crashed; native stack:\n";
+  (void)!write(2, head, sizeof head - 1);
+  backtrace_symbols_fd(frames, n, 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+__attribute__((constructor)) void install_crash_backtrace() {
+  const char* on = std::getenv("VRAMSWAP_PRELOAD_BACKTRACE");
+  if (on == nullptr || std::strcmp(on, "1") != 0) return;
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL}) signal(sig, crash_backtrace);
+}
+}  // namespace

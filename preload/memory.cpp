@@ -35,7 +35,10 @@ Fn driver(const char* name, int version = CUDA_VERSION) {
 }
 
 CUresult current_device(int* out) {
-  static auto ctx_get_device = driver<CUresult (*)(CUdevice*)>("cuCtxGetDevice");
+  // At 12000: CUDA 13 gave cuCtxGetDevice a new ABI (cuCtxGetDevice_v2, with a context
+  // argument) without changing the header's one-argument declaration; fetched at 13000 it
+  // crashes libcuda when called the old way (seen on the H200 machine).
+  static auto ctx_get_device = driver<CUresult (*)(CUdevice*)>("cuCtxGetDevice", 12000);
   if (ctx_get_device == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUdevice d = 0;
   const CUresult r = ctx_get_device(&d);

@@ -38,6 +38,8 @@ void* substitute(void* real, const char* symbol);
 // The shim's cuGetProcAddress (_v2, and the CUDA 11 one without the status argument).
 CUresult hook_get_proc_v2(const char* symbol, void** pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult* status);
 CUresult hook_get_proc_v1(const char* symbol, void** pfn, int version, cuuint64_t flags);
+// cuGetProcAddress looked up through a lookup: the shim's, by `version`. True if it was.
+bool own_lookup(const char* symbol, int version, void** pfn);
 // dlsym's replacement for an object at `caller`, or nullptr: the real dlsym answers.
 void* lookup_for(const void* caller, void* handle, const char* symbol);
 

@@ -115,11 +115,12 @@ def reclaim(pool):
 
 
 def main():
+    sys.stdout.reconfigure(line_buffering=True)  # a run cut short keeps what it measured
     print("# Oversubscription benchmark (issue 8)\n")
     print(f"Command: `bash scripts/device-run.sh bench:oversubscribe` (this file: bench/python/bench_oversubscribe.py).\n")
     kernel_table(16 * GiB)
-    reclaim(16 * GiB)
     torch_table(8 * GiB)
+    reclaim(16 * GiB)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 // The preload shim on the GPU (issue 8): unmodified programs under libvramswap_preload.so.
-//   - plain_cuda (cudaMalloc, kernels; the CUDA runtime linked statically) oversubscribed
+//   - plain_cuda (cudaMalloc, kernels; the shared CUDA runtime) oversubscribed
 //     on 1.5x the pool completes with every word right;
 //   - a lock user (plain_cuda again, normal priority under the shim) takes frames back from a
 //     running oversubscribed plain_cuda; both check every word;
