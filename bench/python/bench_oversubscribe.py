@@ -118,9 +118,14 @@ def main():
     sys.stdout.reconfigure(line_buffering=True)  # a run cut short keeps what it measured
     print("# Oversubscription benchmark (issue 8)\n")
     print(f"Command: `bash scripts/device-run.sh bench:oversubscribe` (this file: bench/python/bench_oversubscribe.py).\n")
-    kernel_table(16 * GiB)
-    torch_table(8 * GiB)
-    reclaim(16 * GiB)
+    # VRAMSWAP_BENCH_PARTS=kernel,torch,reclaim (the default: all) picks sections.
+    parts = os.environ.get("VRAMSWAP_BENCH_PARTS", "kernel,torch,reclaim").split(",")
+    if "kernel" in parts:
+        kernel_table(16 * GiB)
+    if "torch" in parts:
+        torch_table(8 * GiB)
+    if "reclaim" in parts:
+        reclaim(16 * GiB)
 
 
 if __name__ == "__main__":
