@@ -150,17 +150,26 @@ int pager::malloc(uint64_t size, device_ptr* out) {
   invalidate_saved_copies(arena_.pages_of(ptr, size));
   for (const page_range& r : fresh) live_pages_ += r.count;
   if (resident_) {
+    uint64_t count = 0;
+    for (const page_range& r : fresh) count += r.count;
+    // Ask for all the frames at once: a shared pool then asks their owners for all of them in
+    // one request (one eviction, or one demotion of an oversubscribed job, instead of one per
+    // page), and their copies overlap our mapping.
+    int rc = count > 1 ? frames_.prepare(device_, count) : ok;
+    std::vector<uint64_t> backed;
     for (const page_range& r : fresh) {
-      for (uint64_t p = r.first; p < r.first + r.count; ++p) {
-        const int rc = back_page(p);
-        if (rc == ok) continue;
-        // Undo: the pages backed so far, then the allocation itself.
-        const std::string why = last_error();
-        for (uint64_t q = r.first; q < p; ++q) unback_page(q, page_state::unbacked);
-        arena_.deallocate(ptr, nullptr);
-        for (const page_range& f : fresh) live_pages_ -= f.count;
-        return fail(rc, "malloc(%" PRIu64 "): backing page %" PRIu64 " of the new allocation: %s", size, p - r.first, why.c_str());
+      for (uint64_t p = r.first; p < r.first + r.count && rc == ok; ++p) {
+        if ((rc = back_page(p)) == ok) backed.push_back(p);
       }
+    }
+    if (rc != ok) {
+      // Undo: every page backed so far, then the allocation itself.
+      const std::string why = last_error();
+      for (uint64_t q : backed) unback_page(q, page_state::unbacked);
+      arena_.deallocate(ptr, nullptr);
+      for (const page_range& f : fresh) live_pages_ -= f.count;
+      return fail(rc, "malloc(%" PRIu64 "): backing the new allocation's %" PRIu64 " page(s) (%zu backed): %s", size, count,
+                  backed.size(), why.c_str());
     }
   }
   *out = ptr;

@@ -128,6 +128,24 @@ TEST_F(Oversubscription, LockUserReclaimsFramesFromARunningJobAndTheJobGetsThemB
   expect_no_frame_leaked(*pool);
 }
 
+// A lock holder that allocates (frames taken at malloc, as an unmodified program under the
+// shim does) asks for all the frames it needs at once: the job serves them in one or two
+// reclaims, not one per page (each reclaim drains the job's device work).
+TEST_F(Oversubscription, AllocationUnderTheLockReclaimsInOneRequest) {
+  const pid_t job = spawn_job(48 * MiB, 3.0, 61);
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
+  ASSERT_EQ(wait_lent(*pool, 24, 10000), 24u) << "the job never took its 24 frames";
+  const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "3", "71", "20", "alloc-under-lock"});
+  EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed";
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  auto n = job_numbers();
+  EXPECT_GE(n["demoted"], 20) << slurp(out_file());
+  EXPECT_LE(n["reclaims"], 3) << "frames were asked for page by page: " << slurp(out_file());
+  expect_no_frame_leaked(*pool);
+}
+
 // SIGKILL of a running job: the pool server frees its lent frames, scrubbed.
 TEST_F(Oversubscription, KilledJobsFramesAreFreed) {
   const pid_t job = spawn_job(96 * MiB, 30.0, 41);

@@ -1,10 +1,12 @@
 // A time-sharing client for the multi-process tests: a real process with its own session.
 //
-// usage: session_worker <bytes> <rounds> <seed> [hold-ms]
+// usage: session_worker <bytes> <rounds> <seed> [hold-ms] [alloc-under-lock]
 // Allocates <bytes> of device memory in four allocations (sizes that share pages and span
 // them), then for each round: acquire; check that every byte still holds what the previous
 // round wrote (random data from the seed); write new random data; hold the lock hold-ms
-// (compute time); release. Prints one summary line. Exit: 0 ok, 2 an API call failed,
+// (compute time); release. With alloc-under-lock (any 5th argument) the allocations are made
+// while holding the lock (backed at once, frames taken at malloc) instead of before the first
+// acquire. Prints one summary line. Exit: 0 ok, 2 an API call failed,
 // 3 data differed (the message says where).
 #include <unistd.h>
 
@@ -48,17 +50,20 @@ int main(int argc, char** argv) {
   const int rounds = std::atoi(argv[2]);
   const uint64_t seed = std::strtoull(argv[3], nullptr, 10);
   const int hold_ms = argc > 4 ? std::atoi(argv[4]) : 0;
+  const bool alloc_under_lock = argc > 5;
 
   std::unique_ptr<device_session> session;
   check(device_session::open(0, &session), "opening the session");
   backend& be = session->get_backend();
-  // Allocated before the first acquire: backed only when the lock is taken.
+  // Allocated before the first acquire (backed only when the lock is taken), or under the lock.
+  if (alloc_under_lock) check(session->acquire(), "acquire (to allocate)");
   std::vector<block> blocks;
   for (uint64_t size : {bytes / 2, bytes / 3, bytes - bytes / 2 - bytes / 3 - 1000, uint64_t{1000}}) {
     device_ptr p = 0;
     check(session->memory().malloc(size, &p), "malloc");
     blocks.push_back({p, size});
   }
+  if (alloc_under_lock) check(session->release(), "release (after allocating)");
   uint64_t largest = 0;
   for (const block& b : blocks) largest = std::max(largest, b.size);
   void* staging = nullptr;
