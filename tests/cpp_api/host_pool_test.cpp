@@ -199,10 +199,12 @@ TEST_F(HostPool, HostPoolTooSmallForTheProcessesIsAClearError) {
   ASSERT_NO_FATAL_FAILURE(start(48 * MiB, 34 * MiB, 2));  // 24 frames + 17 slots < 42 pages
   const std::string err0 = deploy_.dir() + "/w0.err", err1 = deploy_.dir() + "/w1.err";
   std::vector<pid_t> workers;
-  workers.push_back(spawn_worker(40 * MiB, 3, 800, err0));
+  // Enough rounds that the two overlap: a first worker that finished before the second
+  // started would have shared nothing (seen under a loaded CI machine with 3 rounds).
+  workers.push_back(spawn_worker(40 * MiB, 40, 800, err0));
   std::unique_ptr<pool_segment> pool;
   ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
-  workers.push_back(spawn_worker(40 * MiB, 3, 801, err1));
+  workers.push_back(spawn_worker(40 * MiB, 40, 801, err1));
   int failed = 0;
   const std::string errs[2] = {err0, err1};
   for (int i = 0; i < 2; ++i) {
