@@ -14,18 +14,10 @@ lending_frame_source::lending_frame_source(backend& be, pool_segment& pool, uint
 }
 
 bool lending_frame_source::take_pool_frame(frame_id* out) {
-  const uint32_t n = pool_.frame_count();
-  for (uint32_t k = 0; k < n; ++k) {
-    const uint32_t f = (scan_hint_ + k) % n;
-    uint64_t raw = pool_.read(f);
-    if (frame_word::decode(raw).state != frame_free) continue;
-    if (pool_.move(f, raw, frame_lent, me_, k_no_member)) {
-      scan_hint_ = (f + 1) % n;
-      *out = local_[f];
-      return true;
-    }
-  }
-  return false;
+  uint32_t f = 0;
+  if (!pool_.take_free(frame_lent, me_, &scan_hint_, &f)) return false;
+  *out = local_[f];
+  return true;
 }
 
 int lending_frame_source::take_host_frame(int device, size_t size, frame_id* out) {
@@ -59,18 +51,7 @@ int lending_frame_source::give_back(frame_id frame) {
     host_bytes_.fetch_sub(size, std::memory_order_relaxed);
     return ok;
   }
-  const uint32_t f = it->second;
-  for (;;) {
-    uint64_t raw = pool_.read(f);
-    const frame_word w = frame_word::decode(raw);
-    if (w.owner != me_ || w.state == frame_free) {
-      return fail(err_internal, "pool: giving back frame %u that this process (member %u) does not own (state %d, owner %u)", f, me_,
-                  static_cast<int>(w.state), w.owner);
-    }
-    if (pool_.move(f, raw, frame_free, k_no_member, k_no_member)) break;  // lost a race with a requester: retry
-  }
-  pool_.notify_freed();
-  return ok;
+  return pool_.give_back(it->second, me_);
 }
 
 std::vector<frame_id> lending_frame_source::requested_of_me() const {

@@ -21,20 +21,7 @@ pool_frame_source::pool_frame_source(pool_segment& pool, uint32_t me, std::vecto
   for (uint32_t i = 0; i < local_.size(); ++i) index_of_.emplace(local_[i], i);
 }
 
-bool pool_frame_source::try_take_free(uint32_t* index) {
-  const uint32_t n = pool_.frame_count();
-  for (uint32_t k = 0; k < n; ++k) {
-    const uint32_t f = (scan_hint_ + k) % n;
-    uint64_t raw = pool_.read(f);
-    if (frame_word::decode(raw).state != frame_free) continue;
-    if (pool_.move(f, raw, frame_active, me_, k_no_member)) {
-      scan_hint_ = (f + 1) % n;
-      *index = f;
-      return true;
-    }
-  }
-  return false;
-}
+bool pool_frame_source::try_take_free(uint32_t* index) { return pool_.take_free(frame_active, me_, &scan_hint_, index); }
 
 int pool_frame_source::prepare(int, size_t count) {
   const uint32_t n = pool_.frame_count();
@@ -149,18 +136,7 @@ int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
 int pool_frame_source::give_back(frame_id frame) {
   auto it = index_of_.find(frame);
   if (it == index_of_.end()) return fail(err_invalid_argument, "pool: frame %" PRIu64 " is not a pool frame", frame);
-  const uint32_t f = it->second;
-  for (;;) {
-    uint64_t raw = pool_.read(f);
-    const frame_word w = frame_word::decode(raw);
-    if (w.owner != me_ || w.state == frame_free) {
-      return fail(err_internal, "pool: giving back frame %u that this process (member %u) does not own (state %d, owner %u)", f, me_,
-                  static_cast<int>(w.state), w.owner);
-    }
-    if (pool_.move(f, raw, frame_free, k_no_member, k_no_member)) break;  // lost a race with a requester: retry
-  }
-  pool_.notify_freed();
-  return ok;
+  return pool_.give_back(it->second, me_);
 }
 
 void pool_frame_source::reclaim_own() {

@@ -137,6 +137,35 @@ void pool_segment::notify_freed() noexcept {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header()->frames_freed), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
+bool pool_segment::take_free(frame_state state, uint32_t owner, uint32_t* scan_hint, uint32_t* out) noexcept {
+  const uint32_t n = frame_count();
+  for (uint32_t k = 0; k < n; ++k) {
+    const uint32_t f = (*scan_hint + k) % n;
+    uint64_t raw = read(f);
+    if (frame_word::decode(raw).state != frame_free) continue;
+    if (move(f, raw, state, owner, k_no_member)) {
+      *scan_hint = (f + 1) % n;
+      *out = f;
+      return true;
+    }
+  }
+  return false;
+}
+
+int pool_segment::give_back(uint32_t f, uint32_t owner) noexcept {
+  for (;;) {
+    uint64_t raw = read(f);
+    const frame_word w = frame_word::decode(raw);
+    if (w.owner != owner || w.state == frame_free) {
+      return fail(err_internal, "pool: giving back frame %u that this process (member %u) does not own (state %d, owner %u)", f, owner,
+                  static_cast<int>(w.state), w.owner);
+    }
+    if (move(f, raw, frame_free, k_no_member, k_no_member)) break;  // lost a race with a requester: retry
+  }
+  notify_freed();
+  return ok;
+}
+
 bool pool_segment::move_slot(uint32_t s, uint64_t seen, slot_state state, uint32_t owner) noexcept {
   const slot_word old = slot_word::decode(seen);
   const uint64_t next = slot_word{state, owner, old.generation + 1}.encode();

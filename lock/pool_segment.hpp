@@ -51,6 +51,12 @@ class pool_segment {
   bool move(uint32_t f, uint64_t seen, pool_layout::frame_state state, uint32_t owner, uint32_t requester) noexcept;
   // Bump the "a frame became free" futex and wake every waiter.
   void notify_freed() noexcept;
+  // The first free frame from *scan_hint on, moved to (state, owner); false when none is free.
+  // *scan_hint advances past it, so successive takes spread over the table.
+  bool take_free(pool_layout::frame_state state, uint32_t owner, uint32_t* scan_hint, uint32_t* out) noexcept;
+  // Frame `f`, owned by `owner`, back to free (retrying a lost race with a requester), then
+  // every waiter woken. err_internal, naming the frame's state, when `owner` does not own it.
+  int give_back(uint32_t f, uint32_t owner) noexcept;
   // Bump member `m`'s request futex and wake its pager thread.
   void notify_member(uint32_t m) noexcept;
   // Count frames in `state` (any owner when owner == k_no_member).

@@ -27,7 +27,10 @@ using namespace vramswap;
 namespace {
 [[noreturn]] void die(int code, const char* what) {
   std::fprintf(stderr, "oversub_worker[%d]: %s: %s\n", static_cast<int>(getpid()), what, last_error());
-  std::exit(code);
+  // _Exit: no static destructors while the session's threads still run (the backend would
+  // go first, under them). The exit status is the point.
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
 void check(int rc, const char* what) {
   if (rc != ok) die(2, what);

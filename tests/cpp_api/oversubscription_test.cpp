@@ -11,16 +11,15 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 
 #include "core/backend.hpp"
 #include "core/status.hpp"
 #include "lock/pool_segment.hpp"
+#include "support/child_output.hpp"
 #include "support/deployment.hpp"
 
 namespace vramswap {
@@ -50,22 +49,10 @@ class Oversubscription : public ::testing::Test {
   }
   std::string out_file() const { return deploy_.dir() + "/job.out"; }
   std::string err_file() const { return deploy_.dir() + "/job.err"; }
-  static std::string slurp(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+  static std::string slurp(const std::string& path) { return test::slurp(path); }
   // The job's summary line, key=value pairs.
   std::map<std::string, double> job_numbers() const {
-    std::map<std::string, double> out;
-    std::istringstream in(slurp(out_file()));
-    std::string kv;
-    while (in >> kv) {
-      const size_t eq = kv.find('=');
-      if (eq != std::string::npos) out[kv.substr(0, eq)] = std::atof(kv.c_str() + eq + 1);
-    }
-    return out;
+    return test::key_values(out_file());
   }
   static int wait_status(pid_t pid) {
     int status = 0;

@@ -13,10 +13,8 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -24,6 +22,7 @@
 #include "core/status.hpp"
 #include "lock/pool_segment.hpp"
 #include "support/backends.hpp"
+#include "support/child_output.hpp"
 #include "support/deployment.hpp"
 
 namespace vramswap {
@@ -49,21 +48,9 @@ class Preload : public ::testing::Test {
     return deploy_.spawn(std::move(args), env, file(tag, "out"), file(tag, "err"));
   }
   std::string file(const std::string& tag, const char* kind) const { return deploy_.dir() + "/" + tag + "." + kind; }
-  static std::string slurp(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+  static std::string slurp(const std::string& path) { return test::slurp(path); }
   std::map<std::string, double> numbers(const std::string& tag) const {
-    std::map<std::string, double> out;
-    std::istringstream in(slurp(file(tag, "out")));
-    std::string kv;
-    while (in >> kv) {
-      const size_t eq = kv.find('=');
-      if (eq != std::string::npos) out[kv.substr(0, eq)] = std::atof(kv.c_str() + eq + 1);
-    }
-    return out;
+    return test::key_values(file(tag, "out"));
   }
   static int wait_status(pid_t pid) {
     int status = 0;
