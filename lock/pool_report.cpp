@@ -138,6 +138,9 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
   d.frame_size = h->frame_size;
   d.frame_count = h->frame_count;
   d.now_ns = monotonic_ns();
+  d.host_slots = pool.host_slot_count();
+  d.host_slot_size = pool.host_slot_size();
+  d.host_slots_used = d.host_slots != 0 ? pool.count_slots(slot_used) : 0;
   std::vector<uint32_t> owned(k_member_count, 0);
   for (uint32_t f = 0; f < d.frame_count; ++f) {
     const frame_word w = frame_word::decode(pool.read(f));
@@ -224,6 +227,10 @@ std::string render_text(const std::vector<device_report>& devices) {
              bytes_text(uint64_t{d.frame_count} * d.frame_size).c_str(), d.frame_count, bytes_text(d.frame_size).c_str(), d.frames_free,
              bytes_text(uint64_t{d.frames_free} * d.frame_size).c_str(), d.frames_active, d.frames_idle, d.frames_requested,
              d.frames_lent);
+    if (d.host_slots != 0) {
+      t += fmt("  host pool %s = %u slots; used %u (%s)\n", bytes_text(uint64_t{d.host_slots} * d.host_slot_size).c_str(),
+               d.host_slots, d.host_slots_used, bytes_text(uint64_t{d.host_slots_used} * d.host_slot_size).c_str());
+    }
     t += fmt("  server pid %d", static_cast<int>(d.server_pid));
     if (d.metrics_port != 0) t += fmt(", metrics http://127.0.0.1:%u/metrics", d.metrics_port);
     t += "\n";
@@ -281,6 +288,8 @@ std::string render_json(const std::vector<device_report>& devices) {
              d.frame_count, uint64_t{d.frame_count} * d.frame_size, uint64_t{d.frames_free} * d.frame_size);
     j += fmt("\"frames\": {\"free\": %u, \"active\": %u, \"idle\": %u, \"requested\": %u, \"lent\": %u},\n   ", d.frames_free,
              d.frames_active, d.frames_idle, d.frames_requested, d.frames_lent);
+    j += fmt("\"host_pool\": {\"slots\": %u, \"used\": %u, \"slot_bytes\": %" PRIu64 "},\n   ", d.host_slots, d.host_slots_used,
+             d.host_slot_size);
     const process_report* holder = nullptr;
     for (const process_report& p : d.processes) {
       if (p.pid == d.holder_pid) holder = &p;
@@ -344,6 +353,9 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
   device_gauge("vramswap_pool_free_frames", "Frames owned by no process", [](const device_report& d) { return d.frames_free; });
   device_gauge("vramswap_pool_idle_frames", "Frames of processes that do not hold the lock (evictable)",
                [](const device_report& d) { return d.frames_idle + d.frames_requested; });
+  device_gauge("vramswap_host_pool_slots", "Slots of the shared host pool (0: none)", [](const device_report& d) { return d.host_slots; });
+  device_gauge("vramswap_host_pool_used_slots", "Slots of the shared host pool holding saved pages",
+               [](const device_report& d) { return d.host_slots_used; });
   device_gauge("vramswap_pool_lent_frames", "Frames lent to oversubscribed (low-priority) processes",
                [](const device_report& d) { return d.frames_lent; });
   device_gauge("vramswap_pool_processes", "Processes attached to the pool", [](const device_report& d) { return d.processes.size(); });

@@ -67,6 +67,8 @@ struct device_report {
   uint32_t frame_count = 0;
   uint32_t frames_free = 0, frames_active = 0, frames_idle = 0, frames_requested = 0;
   uint32_t frames_lent = 0;  // to oversubscribed processes (lent, not yet requested)
+  uint32_t host_slots = 0, host_slots_used = 0;  // the shared host pool (VRAMSWAP_HOST_POOL); 0: none
+  uint64_t host_slot_size = 0;
   uint64_t now_ns = 0;       // CLOCK_MONOTONIC when the report was taken
   bool have_queue = false;   // the lock segment was readable
   std::string queue_error;   // why not

@@ -183,7 +183,12 @@ TEST_F(Cli, StatusShowsPoolHolderQueueAndPerProcessBytes) {
   EXPECT_EQ(num(s, "devices.0.frame_size"), 2 * MiB);
   EXPECT_EQ(num(s, "devices.0.frame_count"), 32u);
   const uint64_t free_frames = num(s, "devices.0.frames.free");
-  EXPECT_EQ(free_frames + num(s, "devices.0.frames.active") + num(s, "devices.0.frames.idle") + num(s, "devices.0.frames.requested"), 32u);
+  EXPECT_EQ(free_frames + num(s, "devices.0.frames.active") + num(s, "devices.0.frames.idle") + num(s, "devices.0.frames.requested") +
+                num(s, "devices.0.frames.lent"),
+            32u);
+  EXPECT_EQ(num(s, "devices.0.frames.lent"), 0u);       // nobody oversubscribed here
+  EXPECT_EQ(num(s, "devices.0.host_pool.slots"), 0u);   // no shared host pool either
+  EXPECT_EQ(num(s, "devices.0.host_pool.used"), 0u);
   EXPECT_EQ(num(s, "devices.0.free_bytes"), free_frames * 2 * MiB);
   const std::string holder = s["devices.0.holder.pid"];
   EXPECT_TRUE(pids.count(holder)) << holder;

@@ -25,6 +25,7 @@
 
 #include "core/backend.hpp"
 #include "core/status.hpp"
+#include "lock/pool_report.hpp"
 #include "lock/pool_segment.hpp"
 #include "support/deployment.hpp"
 
@@ -124,6 +125,16 @@ TEST_F(HostPool, TwoProcessesTakeTurnsThroughAHostPoolOfOneProcessesSize) {
   ASSERT_EQ(pool->host_slot_count(), 20u);
   watch(*pool);
   workers.push_back(spawn_worker(40 * MiB, 10, 501));
+  // `vramswap status` shows the host pool's occupancy (the same report the CLI renders).
+  device_report report;
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_EQ(collect_report(deploy_.key(), *pool, nullptr, &report), ok) << last_error();
+    if (report.host_slots_used > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(report.host_slots, 20u);
+  EXPECT_GT(report.host_slots_used, 0u) << "status never saw a used host slot";
+  EXPECT_NE(render_text({report}).find("host pool"), std::string::npos) << render_text({report});
   for (pid_t w : workers) {
     const int status = wait_status(w);
     EXPECT_TRUE(exited_ok(status)) << "worker " << w << " status " << status;
