@@ -1,5 +1,7 @@
 #include "core/options.hpp"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -107,6 +109,12 @@ int option_uint(option_id id, uint64_t* out, uint64_t min_value, uint64_t max_va
   }
   *out = v;
   return ok;
+}
+
+uint64_t physical_ram() noexcept {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
 }  // namespace vramswap

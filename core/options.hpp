@@ -95,6 +95,9 @@ int parse_size(const char* text, uint64_t* out, const char* what, uint64_t perce
 
 // Typed accessors: the detail of a failure names the variable and the bad value.
 int option_size(option_id id, uint64_t* out, uint64_t percent_base = 0);
+// The machine's physical memory in bytes (0 when unknown): the base of the options given as a
+// percent of RAM (VRAMSWAP_HOST_LIMIT, VRAMSWAP_HOST_POOL, VRAMSWAP_OVERSUBSCRIBE_LIMIT).
+uint64_t physical_ram() noexcept;
 int option_uint(option_id id, uint64_t* out, uint64_t min_value, uint64_t max_value);
 
 }  // namespace vramswap

@@ -14,7 +14,6 @@
 // recognises it by the caller's address and gives it the real functions, so the pager's own
 // copies never wait at the gate its migration thread has closed.
 #include <dlfcn.h>
-#include <link.h>
 
 #include <cstdlib>
 #include <cstring>

@@ -76,12 +76,6 @@ void close_fd(int* fd) {
   *fd = -1;
 }
 
-uint64_t physical_ram() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page = ::sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-}
-
 // MemAvailable from /proc/meminfo (bytes); 0 when it cannot be read.
 uint64_t available_ram() {
   std::ifstream in("/proc/meminfo");

@@ -18,14 +18,6 @@
 
 namespace vramswap {
 
-namespace {
-uint64_t physical_ram() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page = ::sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-}
-}  // namespace
-
 tiered_store::tiered_store(backend& be, const tiered_config& cfg)
     : be_(be),
       slot_size_(cfg.slot_size),

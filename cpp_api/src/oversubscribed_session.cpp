@@ -19,11 +19,6 @@ namespace {
 constexpr uint64_t k_service_poll_ns = 50'000'000;    // the service thread also wakes this often
 constexpr uint64_t k_promote_quiet_ns = 1'000'000'000;  // no request for this long before promoting
 
-uint64_t physical_ram() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page = ::sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
-}
 }  // namespace
 
 int oversubscribed_session::open(int device, std::unique_ptr<oversubscribed_session>* out) {
