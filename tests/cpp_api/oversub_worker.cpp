@@ -21,20 +21,13 @@
 #include "core/status.hpp"
 #include "cpp_api/src/oversubscribed_session.hpp"
 #include "support/random_bytes.hpp"
+#include "support/worker_exit.hpp"
 
 using namespace vramswap;
 
 namespace {
-[[noreturn]] void die(int code, const char* what) {
-  std::fprintf(stderr, "oversub_worker[%d]: %s: %s\n", static_cast<int>(getpid()), what, last_error());
-  // _Exit: no static destructors while the session's threads still run (the backend would
-  // go first, under them). The exit status is the point.
-  std::fflush(nullptr);
-  std::_Exit(code);
-}
-void check(int rc, const char* what) {
-  if (rc != ok) die(2, what);
-}
+constexpr const char* k_program = "oversub_worker";
+void check(int rc, const char* what) { test::worker_check(k_program, rc, what); }
 struct block {
   device_ptr ptr;
   uint64_t size;
