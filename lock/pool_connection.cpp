@@ -207,6 +207,31 @@ void raise_fd_limit(uint64_t frames) {
   ::setrlimit(RLIMIT_NOFILE, &lim);
 }
 
+// VRAMSWAP_POOL_SIZE is read by the server when it starts; a client that set it and found a
+// server already running with another size says so, since otherwise its request is silently
+// not what it gets (the old size stays until that server exits idle).
+void note_pool_size_differs(backend& be, int device, uint64_t frames, uint64_t frame_size, int server_pid) {
+  if (option_is_default(option_id::pool_size)) return;
+  const std::string text = option_text(option_id::pool_size);
+  device_info info;
+  if (text.empty() || be.get_device_info(device, &info) != ok) return;
+  const uint64_t have = frames * frame_size;
+  uint64_t want = 0;
+  if (parse_size(text.c_str(), &want, "VRAMSWAP_POOL_SIZE", info.total_bytes) != ok) {
+    log(log_level::warn, "pool: %s; the pool server of %s already running (pid %d) has %" PRIu64 " MiB, which this process uses",
+        last_error(), info.uuid.c_str(), server_pid, (frames * frame_size) >> 20);
+    clear_error();
+    return;
+  }
+  want = want / frame_size * frame_size;
+  if (want == have) return;
+  log(log_level::warn,
+      "pool: VRAMSWAP_POOL_SIZE=%s asks for %" PRIu64 " MiB, but the pool server of %s already running (pid %d) has %" PRIu64
+      " MiB: the size applies when a server starts; this process uses the running pool (stop that server, or let it exit "
+      "idle, for a new size; or use another VRAMSWAP_SHM_PREFIX for a pool of its own)",
+      text.c_str(), want >> 20, info.uuid.c_str(), server_pid, have >> 20);
+}
+
 }  // namespace
 
 int pool_paths::make(const std::string& device_key, bool create_dir, pool_paths* out) noexcept {
@@ -222,10 +247,13 @@ int pool_paths::make(const std::string& device_key, bool create_dir, pool_paths*
       p.dir = group ? "/tmp/vramswap-g" + std::to_string(gid) : "/tmp/vramswap-" + std::to_string(::getuid());
     }
     while (p.dir.size() > 1 && p.dir.back() == '/') p.dir.pop_back();
-    p.socket = p.dir + "/" + device_key + ".sock";
-    p.server_lock = p.dir + "/" + device_key + ".server.lock";
-    p.start_lock = p.dir + "/" + device_key + ".start.lock";
-    p.log = p.dir + "/" + device_key + ".log";
+    // The prefix names the files as it names the segments: pools under two prefixes are two
+    // pools, each with its own server, even in one runtime dir.
+    const std::string base = p.dir + "/" + option_text(option_id::shm_prefix) + device_key;
+    p.socket = base + ".sock";
+    p.server_lock = base + ".server.lock";
+    p.start_lock = base + ".start.lock";
+    p.log = base + ".log";
     if (create_dir) {
       const mode_t mode = group ? 0770 : 0700;
       if (::mkdir(p.dir.c_str(), mode) == 0) {
@@ -429,6 +457,7 @@ int pool_connection::handshake() noexcept {
                 w.segment_name, segment_->host_slot_count(), segment_->host_slot_size(), host_slot_count_);
   }
   VS_TRY(set_timeouts(fd_, 0));
+  note_pool_size_differs(be_, device_, frames_.size(), frame_size_, static_cast<int>(server_pid_));
   log(log_level::debug, "pool: member %u of %s: %zu frames of %" PRIu64 " bytes from server pid %d", member_, key_.c_str(),
       frames_.size(), frame_size_, static_cast<int>(server_pid_));
   return ok;

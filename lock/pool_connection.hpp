@@ -2,11 +2,12 @@
 //
 // What it does (protocol: lock/pool_protocol.hpp; server: server/pool_server.hpp; the whole
 // story: docs/pool_server.md):
-//   1. Finds the server's socket, <runtime dir>/<device key>.sock, the key being the
-//      device's UUID (device_info::uuid: "GPU-..." on cuda, "host-N" on the host backend).
+//   1. Finds the server's socket, <runtime dir>/<prefix><device key>.sock, the prefix being
+//      VRAMSWAP_SHM_PREFIX (usually empty) and the key the device's UUID
+//      (device_info::uuid: "GPU-..." on cuda, "host-N" on the host backend).
 //   2. When nobody listens there and `autostart` is set, starts vramswapd itself, race-free:
-//      under an flock on <runtime dir>/<key>.start.lock it tries once more (another client
-//      may have just started one), else spawns the server detached (its own session; the
+//      under an flock on <runtime dir>/<prefix><key>.start.lock it tries once more (another
+//      client may have just started one), else spawns the server detached (its own session; the
 //      server forks once more so that it is nobody's child), waits until the server says it
 //      is ready on a pipe (at most k_start_timeout_s) and connects.
 //   3. hello -> welcome; then receives every frame's descriptor in batches, imports each
@@ -44,12 +45,13 @@ class pool_segment;
 // Where a device's pool server keeps its files. The runtime dir is VRAMSWAP_RUNTIME_DIR,
 // else /tmp/vramswap-<uid> (or /tmp/vramswap-g<gid> with VRAMSWAP_GROUP, so that the
 // group's users meet in one place). Mode 0700, or 0770 and owned by VRAMSWAP_GROUP.
+// <p> below is VRAMSWAP_SHM_PREFIX (usually empty): one server per device and prefix.
 struct pool_paths {
   std::string dir;          // the runtime dir
-  std::string socket;       // <dir>/<key>.sock         the server's listening socket
-  std::string server_lock;  // <dir>/<key>.server.lock  flock held by the one server of the device
-  std::string start_lock;   // <dir>/<key>.start.lock   flock held by a client while it starts one
-  std::string log;          // <dir>/<key>.log          a server started on demand logs here
+  std::string socket;       // <dir>/<p><key>.sock         the server's listening socket
+  std::string server_lock;  // <dir>/<p><key>.server.lock  flock held by the one server of the device
+  std::string start_lock;   // <dir>/<p><key>.start.lock   flock held by a client while it starts one
+  std::string log;          // <dir>/<p><key>.log          a server started on demand logs here
 
   // The paths for `device_key`. With `create_dir`, creates the runtime dir when missing
   // (mode as above) and checks an existing one: it must be a directory, not a symlink, owned

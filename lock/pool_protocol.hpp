@@ -1,7 +1,8 @@
 // The pool server's socket protocol (version 2), shared by vramswapd and its clients.
 //
-// Socket: <runtime dir>/<device key>.sock, a SOCK_SEQPACKET Unix socket (message
-// boundaries kept, so each struct below is one message of exactly its size). Runtime dir:
+// Socket: <runtime dir>/<VRAMSWAP_SHM_PREFIX><device key>.sock, a SOCK_SEQPACKET Unix
+// socket (message boundaries kept, so each struct below is one message of exactly its
+// size). Runtime dir:
 // VRAMSWAP_RUNTIME_DIR, default /tmp/vramswap-<uid> (/tmp/vramswap-g<gid> with
 // VRAMSWAP_GROUP), mode 0700 (0770 with VRAMSWAP_GROUP); see lock/pool_connection.hpp
 // (pool_paths) and docs/pool_server.md. The server checks the peer with SO_PEERCRED: the

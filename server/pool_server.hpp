@@ -1,14 +1,15 @@
 // pool_server: the per-device pool server behind vramswapd.
 //
-// One per device (an exclusive flock on <runtime dir>/<key>.server.lock, held for the
-// server's lifetime, makes sure of it). It owns the device's pool:
+// One per device and VRAMSWAP_SHM_PREFIX (an exclusive flock on <runtime
+// dir>/<prefix><key>.server.lock, held for the server's lifetime, makes sure of it). It owns
+// the device's pool:
 //
 //   start  creates every frame of the pool (size below), scrubs each (maps it at a scratch
 //          reservation and sets it to zero), exports each ONCE and keeps the descriptors
 //          (the soft RLIMIT_NOFILE is raised to the hard limit first: a 140 GiB pool of
 //          32 MiB frames is ~4,500 descriptors), creates the pool segment (frame table and
 //          member table, lock/pool_layout.hpp), opens the device lock, and listens on
-//          <runtime dir>/<key>.sock (mode 0600, 0660 with VRAMSWAP_GROUP).
+//          <runtime dir>/<prefix><key>.sock (mode 0600, 0660 with VRAMSWAP_GROUP).
 //   run    a poll() loop. A new connection: SO_PEERCRED must show the server's uid, root,
 //          or (with VRAMSWAP_GROUP) a member of that group; the hello must carry the
 //          protocol's magic and version and the peer's own pid; else an error welcome with

@@ -45,11 +45,6 @@ def run(args, shim=False, env=None, timeout=600):
     return p.returncode, {k: float(v) for k, v in nums.items()}, p.stderr
 
 
-def server_gone(prefix_tag):
-    # Each configuration gets its own pool (its own prefix); wait for the last one's server to go.
-    time.sleep(2.5)
-
-
 def kernel_table(pool):
     print(f"## Memory-bound kernel (plain_cuda: read + write every word; 3 passes), pool {pool // GiB} GiB\n")
     print("| working set | x pool | device memory GB/s | oversubscribed GB/s | host-mapped GB/s | oversub / device | oversub / host-mapped | words wrong |")

@@ -251,7 +251,7 @@ TEST_F(PoolServer, ServesZeroedFramesSharedBetweenClients) {
   const pid_t server = start_server();
   ASSERT_GT(server, 0);
   struct stat st {};
-  ASSERT_EQ(::stat((dir_ + "/host-0.sock").c_str(), &st), 0);
+  ASSERT_EQ(::stat((dir_ + "/" + prefix_ + "host-0.sock").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   ASSERT_EQ(::stat(dir_.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
@@ -265,7 +265,7 @@ TEST_F(PoolServer, ServesZeroedFramesSharedBetweenClients) {
   EXPECT_EQ(run_client({"connect-noauto", "check", "5", "42", "check", "126", "7", "zero", "0", "5"}), 0);
 
   EXPECT_EQ(stop_server(server), 0);
-  EXPECT_NE(::access((dir_ + "/host-0.sock").c_str(), F_OK), 0) << "socket left behind";
+  EXPECT_NE(::access((dir_ + "/" + prefix_ + "host-0.sock").c_str(), F_OK), 0) << "socket left behind";
   std::string name;
   ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
   EXPECT_NE(::access(("/dev/shm" + name).c_str(), F_OK), 0) << "pool segment left behind";
@@ -288,13 +288,71 @@ TEST_F(PoolServer, EightClientsStartingAtOnceGetExactlyOneServer) {
   }
   EXPECT_EQ(servers.size(), 1u);
   EXPECT_EQ(members.size(), 8u);
-  const std::string log = read_file(dir_ + "/host-0.log");
+  const std::string log = read_file(dir_ + "/" + prefix_ + "host-0.log");
   EXPECT_EQ(count_of(log, "vramswapd: serving device"), 1u) << log;
   EXPECT_EQ(count_of(log, "cannot start"), 0u) << log;
   // All leave; the server (adopted by this subreaper) exits idle, with status 0.
   for (proc* c : clients) ::close(c->in), c->in = -1;
   for (proc* c : clients) EXPECT_EQ(reap(c->pid), 0), c->pid = -1;
   EXPECT_EQ(reap(static_cast<pid_t>(*servers.begin()), 20s), 0);
+}
+
+TEST_F(PoolServer, TwoPrefixesInOneRuntimeDirAreTwoPools) {
+  // The prefix names the server's files as it names the segments: a client under another
+  // prefix starts its own server with its own size, and never joins the first one's pool.
+  ::unsetenv("VRAMSWAP_SERVER");
+  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
+  ::setenv("VRAMSWAP_POOL_SIZE", "64MiB", 1);
+  proc& a = client({"connect", "ready", "hold"});
+  const std::vector<long> fa = fields(read_line(a, 60s));
+  ASSERT_EQ(fa.size(), 3u);
+  EXPECT_EQ(fa[1], 32);
+
+  const std::string other = prefix_ + "b-";
+  ::setenv("VRAMSWAP_SHM_PREFIX", other.c_str(), 1);
+  ::setenv("VRAMSWAP_POOL_SIZE", "32MiB", 1);
+  proc& b = client({"connect", "ready", "hold"});
+  const std::vector<long> fb = fields(read_line(b, 60s));
+  ::setenv("VRAMSWAP_SHM_PREFIX", prefix_.c_str(), 1);
+  ASSERT_EQ(fb.size(), 3u);
+  EXPECT_EQ(fb[1], 16);
+  EXPECT_NE(fb[2], fa[2]) << "the second prefix joined the first prefix's server";
+  struct stat st {};
+  EXPECT_EQ(::stat((dir_ + "/" + prefix_ + "host-0.sock").c_str(), &st), 0);
+  EXPECT_EQ(::stat((dir_ + "/" + other + "host-0.sock").c_str(), &st), 0);
+
+  // Both leave; both servers exit idle, each removing its own segment.
+  for (proc* c : {&a, &b}) ::close(c->in), c->in = -1;
+  for (proc* c : {&a, &b}) EXPECT_EQ(reap(c->pid), 0), c->pid = -1;
+  EXPECT_EQ(reap(static_cast<pid_t>(fa[2]), 20s), 0);
+  EXPECT_EQ(reap(static_cast<pid_t>(fb[2]), 20s), 0);
+  EXPECT_NE(::access(("/dev/shm/" + other + "vramswap-pool-host-0").c_str(), F_OK), 0) << "segment left behind";
+}
+
+TEST_F(PoolServer, ClientAskingForAnotherSizeIsToldTheRunningPoolsSize) {
+  ::setenv("VRAMSWAP_POOL_SIZE", "64MiB", 1);
+  const pid_t server = start_server();
+  ASSERT_GT(server, 0);
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  ::setenv("VRAMSWAP_POOL_SIZE", "32MiB", 1);
+  std::unique_ptr<pool_connection> c;
+  ::testing::internal::CaptureStderr();  // the log writes to fd 2; its level is at least warn
+  const int rc = pool_connection::connect(*be, 0, false, &c);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(rc, ok) << last_error();
+  EXPECT_EQ(c->frame_count(), 32u) << "the running pool's size, not the client's";
+  EXPECT_NE(said.find("VRAMSWAP_POOL_SIZE=32MiB asks for 32 MiB, but the pool server of host-0 already running (pid " +
+                      std::to_string(server) + ") has 64 MiB"),
+            std::string::npos)
+      << said;
+  c.reset();
+
+  // Asking for what runs says nothing.
+  ::setenv("VRAMSWAP_POOL_SIZE", "64MiB", 1);
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(pool_connection::connect(*be, 0, false, &c), ok) << last_error();
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("VRAMSWAP_POOL_SIZE"), std::string::npos);
 }
 
 TEST_F(PoolServer, KilledClientsFramesAreScrubbedAndFreed) {
@@ -354,7 +412,7 @@ TEST_F(PoolServer, ExitsAfterTheIdleTimeout) {
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(waited, 0.9);
   EXPECT_LT(waited, 10.0);
-  EXPECT_NE(count_of(read_file(dir_ + "/host-0.log"), "no client for 1 s"), 0u);
+  EXPECT_NE(count_of(read_file(dir_ + "/" + prefix_ + "host-0.log"), "no client for 1 s"), 0u);
 }
 
 TEST_F(PoolServer, KilledServerIsNoticedAndReplaced) {
@@ -396,7 +454,7 @@ TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
     const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
-    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/host-0.sock", dir_.c_str());
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%shost-0.sock", dir_.c_str(), prefix_.c_str());
     EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
     EXPECT_EQ(send_fds(fd, nullptr, 0, msg, len), ok);
     size_t got = 0;
@@ -448,7 +506,7 @@ TEST_F(PoolServer, PeerOfAnotherUserIsRefused) {
   ASSERT_GT(start_server(), 0);
   // Let uid 65534 reach the socket at all, so that the server's own check is what refuses.
   ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
-  ASSERT_EQ(::chmod((dir_ + "/host-0.sock").c_str(), 0666), 0);
+  ASSERT_EQ(::chmod((dir_ + "/" + prefix_ + "host-0.sock").c_str(), 0666), 0);
   int result[2];
   ASSERT_EQ(::pipe(result), 0);
   const pid_t child = ::fork();
@@ -461,7 +519,7 @@ TEST_F(PoolServer, PeerOfAnotherUserIsRefused) {
       const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
       sockaddr_un addr{};
       addr.sun_family = AF_UNIX;
-      std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/host-0.sock", dir_.c_str());
+      std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%shost-0.sock", dir_.c_str(), prefix_.c_str());
       pool_protocol::hello h{pool_protocol::k_magic, pool_protocol::k_version, ::getpid(), 0, 0};
       if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
         // The server may refuse before it reads the hello: the send may fail; read anyway.
@@ -490,7 +548,7 @@ TEST_F(PoolServer, NoServerAndNoAutostartIsAClearError) {
   std::unique_ptr<pool_connection> c;
   clear_error();
   EXPECT_EQ(pool_connection::connect(*be, 0, false, &c), err_unavailable);
-  EXPECT_NE(std::string(last_error()).find("no pool server listens on " + dir_ + "/host-0.sock"), std::string::npos) << last_error();
+  EXPECT_NE(std::string(last_error()).find("no pool server listens on " + dir_ + "/" + prefix_ + "host-0.sock"), std::string::npos) << last_error();
 
   ::setenv("VRAMSWAP_SERVER", "/nonexistent/vramswapd", 1);
   EXPECT_EQ(pool_connection::connect(*be, 0, true, &c), err_unavailable);
