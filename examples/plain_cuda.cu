@@ -1,8 +1,9 @@
 // plain_cuda: an ordinary CUDA program that knows nothing of vramswap (plain cudaMalloc,
 // kernels, cudaMemcpy), for running under the preload shim.
 //
-//   build: part of the CMake build where nvcc is found (target vramswap_plain_cuda; the CUDA
-//          runtime linked as a shared library: nvcc -cudart shared)
+//   build: part of the CMake build where nvcc is found: target vramswap_plain_cuda (the CUDA
+//          runtime linked as a shared library: nvcc -cudart shared) and
+//          vramswap_plain_cuda_static (nvcc's default, the static runtime)
 //   run:   VRAMSWAP_OVERSUBSCRIBE=1 VRAMSWAP_POOL_SIZE=4GiB \
 //            LD_PRELOAD=build/preload/libvramswap_preload.so build/examples/vramswap_plain_cuda 6GiB 10
 //
