@@ -100,10 +100,19 @@ class pager {
   // kept (oversubscription: demotion into host frames, promotion back into pool frames;
   // core/pager_migrate.cpp). `new_frame` gives each new frame; when it fails the pages not
   // yet moved stay where they are and its error is returned. Each old frame is scrubbed if
-  // the frame source says so, then given back. *moved (optional): pages moved.
+  // the frame source says so, then given back. *moved (optional): pages moved; *timing
+  // (optional): where the time went.
   // The caller guarantees that no work of this process touches the memory meanwhile (the
   // launch gate, core/launch_gate.hpp, closed); the device is synchronized first.
-  int remap_pages(const std::vector<frame_id>& old_frames, const std::function<int(frame_id*)>& new_frame, size_t* moved = nullptr);
+  struct remap_timing {
+    double new_frames_s = 0;  // in new_frame()
+    double fill_s = 0;        // mapping new frames at scratch slots and queueing their copies
+    double copy_wait_s = 0;   // waiting for the device: work queued before, then the copies
+    double switch_s = 0;      // remapping the pages' addresses, mapping old frames to scrub
+    double scrub_wait_s = 0;  // waiting for the scrubs, unmapping, giving old frames back
+  };
+  int remap_pages(const std::vector<frame_id>& old_frames, const std::function<int(frame_id*)>& new_frame, size_t* moved = nullptr,
+                  remap_timing* timing = nullptr);
   // The frames backing resident pages now.
   std::vector<frame_id> resident_frames() const;
   // Leave pages where they are, but back new allocations only at the next restore_all():

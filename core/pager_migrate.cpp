@@ -14,6 +14,7 @@
 //   4. wait for the scrubs, unmap the slots, give each A back.
 // A is scrubbed only after B is the page's home, so a failure at any step leaves every page
 // with its bytes in the frame mapped at its address.
+#include <chrono>
 #include <cinttypes>
 
 #include "core/log.hpp"
@@ -31,8 +32,15 @@ std::vector<frame_id> pager::resident_frames() const {
   return out;
 }
 
-int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::function<int(frame_id*)>& new_frame, size_t* moved) {
+int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::function<int(frame_id*)>& new_frame, size_t* moved,
+                       remap_timing* timing) {
   std::lock_guard<std::mutex> lock(mutex_);
+  remap_timing spent;
+  auto lap = [last = std::chrono::steady_clock::now()](double* into) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    *into += std::chrono::duration<double>(now - last).count();
+    last = now;
+  };
   size_t done = 0;
   if (moved != nullptr) *moved = 0;
   std::vector<uint64_t> pages;
@@ -53,6 +61,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   }
   // Work queued earlier by this process may still be writing these pages.
   VS_TRY(add_context(be_.device_synchronize(device_), "remap_pages: synchronizing device %d: ", device_));
+  lap(&spent.copy_wait_s);
 
   struct move {
     uint64_t page;
@@ -75,7 +84,10 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     for (size_t i = 0; i < batch && first + i < pages.size(); ++i) {
       const uint64_t p = pages[first + i];
       frame_id nf = 0;
-      if (note(new_frame(&nf)) != ok) break;
+      lap(&spent.fill_s);
+      const int got = new_frame(&nf);
+      lap(&spent.new_frames_s);
+      if (note(got) != ok) break;
       const device_ptr slot = scratch_ + i * frame_size_;
       int rc = be_.map(slot, frame_size_, nf, 0);
       if (rc == ok && (rc = be_.set_access(slot, frame_size_, access_flags::read_write)) != ok) be_.unmap(slot, frame_size_);
@@ -87,7 +99,10 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
       moves.push_back({p, table_[p].frame, nf});
     }
     // 2. The copies must be complete before any page changes frames.
-    if (const int rc = be_.stream_synchronize(out_stream_); rc != ok) {
+    lap(&spent.fill_s);
+    const int copied = be_.stream_synchronize(out_stream_);
+    lap(&spent.copy_wait_s);
+    if (const int rc = copied; rc != ok) {
       note(rc);
       for (size_t i = 0; i < moves.size(); ++i) {
         be_.unmap(scratch_ + i * frame_size_, frame_size_);
@@ -137,6 +152,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
       }
     }
     // 4. Scrubs done: unmap the slots, give the old frames back.
+    lap(&spent.switch_s);
     const int scrubbed = note(be_.stream_synchronize(out_stream_));
     for (size_t i = 0; i < moves.size(); ++i) {
       const move& m = moves[i];
@@ -149,7 +165,9 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
         if (const int rc = frames_.give_back(m.from); rc != ok) log(log_level::warn, "remap_pages: giving back a frame: %s", last_error());
       }
     }
+    lap(&spent.scrub_wait_s);
   }
+  if (timing != nullptr) *timing = spent;
   stats_.pages_remapped += done;
   if (moved != nullptr) *moved = done;
   if (failure != ok) {

@@ -1,6 +1,10 @@
 #include "lock/lending_frame_source.hpp"
 
+#include <algorithm>
 #include <cinttypes>
+#include <mutex>
+#include <string>
+#include <thread>
 
 #include "core/status.hpp"
 
@@ -21,16 +25,53 @@ bool lending_frame_source::take_pool_frame(frame_id* out) {
 }
 
 int lending_frame_source::take_host_frame(int device, size_t size, frame_id* out) {
-  const uint64_t held = host_bytes_.load(std::memory_order_relaxed);
-  if (held + size > host_limit_) {
-    return fail(err_out_of_memory,
-                "oversubscription: the pool has no free frame and this process already holds %" PRIu64 " MiB of host frames; "
-                "%zu MiB more would pass VRAMSWAP_OVERSUBSCRIBE_LIMIT (%" PRIu64 " MiB). Raise the limit, or free memory",
-                held >> 20, size >> 20, host_limit_ >> 20);
+  // Reserve the bytes first, so that threads creating frames at once never pass the limit.
+  uint64_t held = host_bytes_.load(std::memory_order_relaxed);
+  do {
+    if (held + size > host_limit_) {
+      return fail(err_out_of_memory,
+                  "oversubscription: the pool has no free frame and this process already holds %" PRIu64 " MiB of host frames; "
+                  "%zu MiB more would pass VRAMSWAP_OVERSUBSCRIBE_LIMIT (%" PRIu64 " MiB). Raise the limit, or free memory",
+                  held >> 20, size >> 20, host_limit_ >> 20);
+    }
+  } while (!host_bytes_.compare_exchange_weak(held, held + size, std::memory_order_relaxed));
+  const int rc = be_.create_host_frame(device, size, out);
+  if (rc != ok) {
+    host_bytes_.fetch_sub(size, std::memory_order_relaxed);
+    return add_context(rc, "oversubscription: a host frame for a page that has no pool frame: ");
   }
-  VS_TRY(add_context(be_.create_host_frame(device, size, out), "oversubscription: a host frame for a page that has no pool frame: "));
-  host_bytes_.fetch_add(size, std::memory_order_relaxed);
   return ok;
+}
+
+int lending_frame_source::take_host_frames(int device, size_t size, size_t count, unsigned threads, std::vector<frame_id>* out) {
+  std::mutex m;
+  size_t next = 0;
+  int first_error = ok;
+  std::string detail;
+  auto work = [&] {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> guard(m);
+        if (next == count || first_error != ok) return;
+        ++next;
+      }
+      frame_id f = 0;
+      const int rc = take_host_frame(device, size, &f);
+      std::lock_guard<std::mutex> guard(m);
+      if (rc == ok) {
+        out->push_back(f);
+      } else if (first_error == ok) {
+        first_error = rc;
+        detail = last_error();  // the detail is per thread: carry it to the caller's
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  const size_t extra = std::min<size_t>(threads, count) > 0 ? std::min<size_t>(threads, count) - 1 : 0;
+  for (size_t i = 0; i < extra; ++i) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
+  return first_error == ok ? ok : fail(first_error, "%s", detail.c_str());
 }
 
 int lending_frame_source::take(int device, size_t size, frame_id* out) {

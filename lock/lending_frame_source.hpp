@@ -14,7 +14,8 @@
 // moves their pages into host frames (pager::demote_frames) and gives them back (-> free).
 // When the pool has free frames again, take_pool_frame() hands one out for a promotion.
 //
-// Thread-safety: take/give_back run under the pager's mutex, the rest under the session's.
+// Thread-safety: take/give_back run under the pager's mutex, the rest under the session's;
+// host frames may be taken from several threads at once (the limit is reserved with a CAS).
 // The byte count of host frames is atomic (read by the memory-info view without locks).
 #pragma once
 
@@ -42,8 +43,13 @@ class lending_frame_source final : public frame_source {
 
   // A free pool frame, lent to this member, or false when none is free (never waits).
   bool take_pool_frame(frame_id* out);
-  // A new host frame within the limit (err_out_of_memory beyond it).
+  // A new host frame within the limit (err_out_of_memory beyond it). Thread-safe.
   int take_host_frame(int device, size_t size, frame_id* out);
+  // `count` new host frames, created by up to `threads` threads at once (creating one means
+  // allocating and pinning its host memory: milliseconds each, and the driver does several
+  // at once). Appends what it made to *out, all of them on success; on a failure (the limit,
+  // host memory) returns the first error, and *out holds the frames made before it.
+  int take_host_frames(int device, size_t size, size_t count, unsigned threads, std::vector<frame_id>* out);
   bool is_pool_frame(frame_id frame) const { return index_of_.count(frame) != 0; }
   // Pool frames lock holders asked this process to give back (local handles).
   std::vector<frame_id> requested_of_me() const;

@@ -104,6 +104,17 @@ def reclaim(pool):
     print(f"| lock user's allocation, frames taken back from the job | {user.get('alloc_s', 0):.3f} s |")
     print(f"| job: pages moved to host frames (32 MiB each) | {pages} ({pages * 32 / 1024:.1f} GiB) |")
     print(f"| job: time with its launch gate closed for that | {secs:.3f} s ({pages * 32 / 1024 / secs if secs else 0:.1f} GiB/s) |")
+    # Where the job's time went, summed over its reclaims (one log line each).
+    parts = re.findall(r"reclaim: \d+ page\(s\) \(\d+ MiB\) moved to host frames in ([\d.]+) ms: host frames made ahead ([\d.]+) ms; "
+                       r"gate closed ([\d.]+) ms \(closing it, waiting for running launches and the device: ([\d.]+) ms; new frames "
+                       r"([\d.]+), filling ([\d.]+), copies ([\d.]+), remapping ([\d.]+), scrubbing ([\d.]+)\)", err)
+    sums = [sum(float(p[i]) for p in parts) for i in range(9)] if parts else [0.0] * 9
+    print(f"| job: reclaims (requests served) | {len(parts)} |")
+    print(f"| job: all of its reclaims | {sums[0]:.1f} ms |")
+    print(f"| - host frames made ahead, 4 threads, its kernels still running | {sums[1]:.1f} ms |")
+    print(f"| - launch gate closed | {sums[2]:.1f} ms |")
+    print(f"| -- closing it (running launches finish, device synchronized) | {sums[3]:.1f} ms |")
+    print(f"| -- new frames / filling / copies / remapping / scrubbing | {sums[4]:.1f} / {sums[5]:.1f} / {sums[6]:.1f} / {sums[7]:.1f} / {sums[8]:.1f} ms |")
     print(f"| job: pages moved back into the pool after the lock user left | {back} |")
     print(f"| words wrong (job, lock user) | {int(jn.get('wrong', -1))}, {int(user.get('wrong', -1))} |")
     print(f"| exit status (job, lock user) | {job.returncode}, {rc_u} |")

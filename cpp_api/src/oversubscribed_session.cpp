@@ -18,6 +18,7 @@ namespace vramswap {
 namespace {
 constexpr uint64_t k_service_poll_ns = 50'000'000;    // the service thread also wakes this often
 constexpr uint64_t k_promote_quiet_ns = 1'000'000'000;  // no request for this long before promoting
+constexpr unsigned k_host_frame_threads = 4;            // threads creating a reclaim's host frames
 
 }  // namespace
 
@@ -66,24 +67,56 @@ oversubscribed_session::~oversubscribed_session() {
 
 int oversubscribed_session::demote(const std::vector<frame_id>& wanted) {
   const auto t0 = std::chrono::steady_clock::now();
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  // The host frames first, while this process's kernels still run: creating one pins its
+  // memory (milliseconds each), which need not hold the gate, and several threads do it at
+  // once. A shortfall (the limit) is not final here: remap_pages asks again for each page
+  // that lacks one and reports the limit's error.
+  std::vector<frame_id> prepared;
+  prepared.reserve(wanted.size());
+  if (frames_->take_host_frames(device_, pager_->frame_size(), wanted.size(), k_host_frame_threads, &prepared) != ok) {
+    log(log_level::debug, "device %d: reclaim: %zu of %zu host frame(s) made ahead: %s", device_, prepared.size(), wanted.size(),
+        last_error());
+  }
+  const double prepare_s = since(t0);
   size_t moved = 0;
   int rc = ok;
+  double close_s = 0;
+  pager::remap_timing timing;
+  const auto t_close = std::chrono::steady_clock::now();
   {
     launch_gate::closed gate;  // no device work of ours runs while pages change frames
-    rc = pager_->remap_pages(wanted, [this](frame_id* f) { return frames_->take_host_frame(device_, pager_->frame_size(), f); },
-                             &moved);
+    close_s = since(t_close);
+    rc = pager_->remap_pages(
+        wanted,
+        [&](frame_id* f) -> int {
+          if (prepared.empty()) return frames_->take_host_frame(device_, pager_->frame_size(), f);
+          *f = prepared.back();
+          prepared.pop_back();
+          return ok;
+        },
+        &moved, &timing);
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double closed_s = since(t_close);
+  for (frame_id f : prepared) frames_->give_back(f);  // pages that did not move (an error below)
+  const double s = since(t0);
   {
     std::lock_guard<std::mutex> guard(mutex_);
     ++stats_.demotions;
     stats_.pages_demoted += moved;
-    stats_.demote_seconds += s;
-    stats_.last_demote_seconds = s;
+    stats_.demote_seconds += closed_s;
+    stats_.last_demote_seconds = closed_s;
   }
   const uint64_t bytes = uint64_t(moved) * pager_->frame_size();
   observe_->evicted(monotonic_ns() - uint64_t(s * 1e9), monotonic_ns(), bytes, moved);
-  log(log_level::debug, "device %d: reclaim: %zu page(s) moved to host frames in %.3f ms", device_, moved, s * 1e3);
+  log(log_level::info,
+      "device %d: reclaim: %zu page(s) (%" PRIu64 " MiB) moved to host frames in %.1f ms: host frames made ahead %.1f ms; gate "
+      "closed %.1f ms (closing it, waiting for running launches and the device: %.1f ms; new frames %.1f, filling %.1f, copies "
+      "%.1f, remapping %.1f, scrubbing %.1f)",
+      device_, moved, bytes >> 20, s * 1e3, prepare_s * 1e3, closed_s * 1e3, close_s * 1e3, timing.new_frames_s * 1e3,
+      timing.fill_s * 1e3, timing.copy_wait_s * 1e3, timing.switch_s * 1e3, timing.scrub_wait_s * 1e3);
   return rc;
 }
 

@@ -1,0 +1,109 @@
+// lending_frame_source (lock/lending_frame_source.hpp), an oversubscribed process's frames, in
+// one process on the host backend: pool frames first, then host frames up to the limit; host
+// frames made by several threads at once never pass the limit, and a shortfall keeps what
+// was made. The multi-process story is in tests/cpp_api/oversubscription_test.cpp.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/options.hpp"
+#include "core/status.hpp"
+#include "lock/lending_frame_source.hpp"
+#include "lock/pool_segment.hpp"
+
+namespace vramswap {
+namespace {
+using namespace pool_layout;
+
+constexpr uint32_t k_pool_frames = 2;
+
+class LendingFrameSource : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = "vslfs" + std::to_string(::getpid()) + "-";
+    option_set(option_id::shm_prefix, prefix_.c_str());
+    ASSERT_EQ(make_backend(backend_kind::host, &be_), ok) << last_error();
+    device_info info;
+    ASSERT_EQ(be_->get_device_info(0, &info), ok) << last_error();
+    frame_ = info.granularity;
+    ASSERT_EQ(pool_segment::create("host-78", k_pool_frames, frame_, 0, ::getpid(), 0, &pool_), ok) << last_error();
+    for (uint32_t i = 0; i < k_pool_frames; ++i) {
+      frame_id f = 0;
+      ASSERT_EQ(be_->create_frame(0, frame_, &f), ok) << last_error();
+      local_.push_back(f);
+    }
+  }
+  void TearDown() override {
+    source_.reset();
+    for (frame_id f : local_) be_->release_frame(f);
+    pool_.reset();
+    pool_segment::remove("host-78");
+    option_set(option_id::shm_prefix, nullptr);
+  }
+  lending_frame_source& source(uint64_t host_frames_allowed) {
+    source_ = std::make_unique<lending_frame_source>(*be_, *pool_, /*me=*/3, local_, host_frames_allowed * frame_);
+    return *source_;
+  }
+
+  std::string prefix_;
+  std::unique_ptr<backend> be_;
+  size_t frame_ = 0;
+  std::unique_ptr<pool_segment> pool_;
+  std::vector<frame_id> local_;
+  std::unique_ptr<lending_frame_source> source_;
+};
+
+TEST_F(LendingFrameSource, GivesFreePoolFramesFirstThenHostFramesThenTheLimitsError) {
+  lending_frame_source& s = source(1);
+  std::vector<frame_id> got(4);
+  ASSERT_EQ(s.take(0, frame_, &got[0]), ok) << last_error();
+  ASSERT_EQ(s.take(0, frame_, &got[1]), ok) << last_error();
+  EXPECT_TRUE(s.is_pool_frame(got[0]) && s.is_pool_frame(got[1]));
+  EXPECT_EQ(pool_->count(frame_lent), k_pool_frames) << "pool frames taken by an oversubscribed process are lent";
+  ASSERT_EQ(s.take(0, frame_, &got[2]), ok) << last_error();
+  EXPECT_FALSE(s.is_pool_frame(got[2]));
+  EXPECT_EQ(s.host_bytes(), frame_);
+  EXPECT_EQ(s.take(0, frame_, &got[3]), err_out_of_memory);
+  EXPECT_NE(std::string(last_error()).find("VRAMSWAP_OVERSUBSCRIBE_LIMIT"), std::string::npos) << last_error();
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(s.give_back(got[i]), ok) << last_error();
+  EXPECT_EQ(s.host_bytes(), 0u);
+  EXPECT_EQ(pool_->count(frame_free), k_pool_frames);
+}
+
+TEST_F(LendingFrameSource, HostFramesMadeByFourThreadsAreDistinctAndCounted) {
+  lending_frame_source& s = source(64);
+  std::vector<frame_id> made = {777};  // appended to, never replaced
+  ASSERT_EQ(s.take_host_frames(0, frame_, 24, 4, &made), ok) << last_error();
+  ASSERT_EQ(made.size(), 25u);
+  EXPECT_EQ(made[0], 777u);
+  EXPECT_EQ(std::set<frame_id>(made.begin() + 1, made.end()).size(), 24u);
+  EXPECT_EQ(s.host_bytes(), 24 * frame_);
+  for (size_t i = 1; i < made.size(); ++i) {
+    size_t size = 0;
+    ASSERT_EQ(be_->frame_size(made[i], &size), ok) << last_error();
+    EXPECT_EQ(size, frame_);
+    ASSERT_EQ(s.give_back(made[i]), ok) << last_error();
+  }
+  EXPECT_EQ(s.host_bytes(), 0u);
+}
+
+TEST_F(LendingFrameSource, ThreadsMakingHostFramesAtOnceStopAtTheLimitAndKeepWhatTheyMade) {
+  for (int round = 0; round < 20; ++round) {
+    lending_frame_source& s = source(10);
+    std::vector<frame_id> made;
+    EXPECT_EQ(s.take_host_frames(0, frame_, 16, 4, &made), err_out_of_memory);
+    EXPECT_NE(std::string(last_error()).find("VRAMSWAP_OVERSUBSCRIBE_LIMIT"), std::string::npos) << last_error();
+    ASSERT_EQ(made.size(), 10u) << "round " << round;
+    EXPECT_EQ(s.host_bytes(), 10 * frame_);
+    for (frame_id f : made) ASSERT_EQ(s.give_back(f), ok) << last_error();
+    EXPECT_EQ(s.host_bytes(), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace vramswap
