@@ -105,9 +105,10 @@ class pager {
   // The caller guarantees that no work of this process touches the memory meanwhile (the
   // launch gate, core/launch_gate.hpp, closed); the device is synchronized first.
   struct remap_timing {
+    double drain_s = 0;       // waiting for this process's work queued before (synchronize)
     double new_frames_s = 0;  // in new_frame()
     double fill_s = 0;        // mapping new frames at scratch slots and queueing their copies
-    double copy_wait_s = 0;   // waiting for the device: work queued before, then the copies
+    double copy_wait_s = 0;   // waiting for the copies
     double switch_s = 0;      // remapping the pages' addresses, mapping old frames to scrub
     double scrub_wait_s = 0;  // waiting for the scrubs, unmapping, giving old frames back
   };

@@ -60,8 +60,9 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     scratch_size_ = batch * frame_size_;
   }
   // Work queued earlier by this process may still be writing these pages.
+  lap(&spent.fill_s);  // the scratch reservation, once per pager
   VS_TRY(add_context(be_.device_synchronize(device_), "remap_pages: synchronizing device %d: ", device_));
-  lap(&spent.copy_wait_s);
+  lap(&spent.drain_s);
 
   struct move {
     uint64_t page;

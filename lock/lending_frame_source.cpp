@@ -1,10 +1,7 @@
 #include "lock/lending_frame_source.hpp"
 
-#include <algorithm>
 #include <cinttypes>
 #include <mutex>
-#include <string>
-#include <thread>
 
 #include "core/status.hpp"
 
@@ -24,7 +21,19 @@ bool lending_frame_source::take_pool_frame(frame_id* out) {
   return true;
 }
 
+lending_frame_source::~lending_frame_source() { release_spares(); }
+
 int lending_frame_source::take_host_frame(int device, size_t size, frame_id* out) {
+  {
+    std::lock_guard<std::mutex> guard(spare_mutex_);
+    if (!spares_.empty()) {
+      *out = spares_.back();
+      spares_.pop_back();
+      spare_bytes_.fetch_sub(size, std::memory_order_relaxed);
+      host_bytes_.fetch_add(size, std::memory_order_relaxed);
+      return ok;
+    }
+  }
   // Reserve the bytes first, so that threads creating frames at once never pass the limit.
   uint64_t held = host_bytes_.load(std::memory_order_relaxed);
   do {
@@ -43,35 +52,34 @@ int lending_frame_source::take_host_frame(int device, size_t size, frame_id* out
   return ok;
 }
 
-int lending_frame_source::take_host_frames(int device, size_t size, size_t count, unsigned threads, std::vector<frame_id>* out) {
-  std::mutex m;
-  size_t next = 0;
-  int first_error = ok;
-  std::string detail;
-  auto work = [&] {
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> guard(m);
-        if (next == count || first_error != ok) return;
-        ++next;
-      }
-      frame_id f = 0;
-      const int rc = take_host_frame(device, size, &f);
-      std::lock_guard<std::mutex> guard(m);
-      if (rc == ok) {
-        out->push_back(f);
-      } else if (first_error == ok) {
-        first_error = rc;
-        detail = last_error();  // the detail is per thread: carry it to the caller's
-      }
+int lending_frame_source::take_host_frames(int device, size_t size, size_t count, std::vector<frame_id>* out, size_t* spares_used) {
+  size_t reused = 0;
+  int rc = ok;
+  for (size_t i = 0; i < count && rc == ok; ++i) {
+    const bool spare = spare_bytes_.load(std::memory_order_relaxed) > 0;
+    frame_id f = 0;
+    rc = take_host_frame(device, size, &f);
+    if (rc == ok) {
+      out->push_back(f);
+      reused += spare;
     }
-  };
-  std::vector<std::thread> helpers;
-  const size_t extra = std::min<size_t>(threads, count) > 0 ? std::min<size_t>(threads, count) - 1 : 0;
-  for (size_t i = 0; i < extra; ++i) helpers.emplace_back(work);
-  work();
-  for (std::thread& t : helpers) t.join();
-  return first_error == ok ? ok : fail(first_error, "%s", detail.c_str());
+  }
+  if (spares_used != nullptr) *spares_used = reused;
+  return rc;
+}
+
+size_t lending_frame_source::release_spares() {
+  std::vector<frame_id> spares;
+  {
+    std::lock_guard<std::mutex> guard(spare_mutex_);
+    spares.swap(spares_);
+  }
+  for (frame_id f : spares) {
+    size_t size = 0;
+    if (be_.frame_size(f, &size) == ok) spare_bytes_.fetch_sub(size, std::memory_order_relaxed);
+    be_.release_frame(f);
+  }
+  return spares.size();
 }
 
 int lending_frame_source::take(int device, size_t size, frame_id* out) {
@@ -86,9 +94,13 @@ int lending_frame_source::take(int device, size_t size, frame_id* out) {
 int lending_frame_source::give_back(frame_id frame) {
   auto it = index_of_.find(frame);
   if (it == index_of_.end()) {
+    // A host frame: kept as a spare. Its bytes are this process's own and only this
+    // process takes it again, so it needs no scrub.
     size_t size = 0;
     VS_TRY(be_.frame_size(frame, &size));
-    VS_TRY(be_.release_frame(frame));
+    std::lock_guard<std::mutex> guard(spare_mutex_);
+    spares_.push_back(frame);
+    spare_bytes_.fetch_add(size, std::memory_order_relaxed);
     host_bytes_.fetch_sub(size, std::memory_order_relaxed);
     return ok;
   }

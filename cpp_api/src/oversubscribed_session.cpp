@@ -18,7 +18,8 @@ namespace vramswap {
 namespace {
 constexpr uint64_t k_service_poll_ns = 50'000'000;    // the service thread also wakes this often
 constexpr uint64_t k_promote_quiet_ns = 1'000'000'000;  // no request for this long before promoting
-constexpr unsigned k_host_frame_threads = 4;            // threads creating a reclaim's host frames
+constexpr uint64_t k_burst_linger_ns = 20'000'000;      // the gate stays closed this long for a next request
+constexpr uint64_t k_spare_keep_ns = 30'000'000'000;    // spare host frames kept this long after a reclaim
 
 }  // namespace
 
@@ -65,46 +66,80 @@ oversubscribed_session::~oversubscribed_session() {
   conn_.reset();
 }
 
-int oversubscribed_session::demote(const std::vector<frame_id>& wanted) {
+void oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
+  pool_layout::member_slot& me = conn_->segment().member(conn_->member());
   const auto t0 = std::chrono::steady_clock::now();
   auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
-  // The host frames first, while this process's kernels still run: creating one pins its
-  // memory (milliseconds each), which need not hold the gate, and several threads do it at
-  // once. A shortfall (the limit) is not final here: remap_pages asks again for each page
-  // that lacks one and reports the limit's error.
-  std::vector<frame_id> prepared;
-  prepared.reserve(wanted.size());
-  if (frames_->take_host_frames(device_, pager_->frame_size(), wanted.size(), k_host_frame_threads, &prepared) != ok) {
-    log(log_level::debug, "device %d: reclaim: %zu of %zu host frame(s) made ahead: %s", device_, prepared.size(), wanted.size(),
+  // The first request's host frames before the gate closes, while this process's kernels
+  // still run: spares, else new ones (creating one pins its memory: milliseconds each). A
+  // shortfall (the limit) is not final here: remap_pages asks again for each page that
+  // lacks one, and reports the limit's error.
+  std::vector<frame_id> ready;
+  size_t spares = 0;
+  if (frames_->take_host_frames(device_, pager_->frame_size(), wanted.size(), &ready, &spares) != ok) {
+    log(log_level::debug, "device %d: reclaim: %zu of %zu host frame(s) ready ahead: %s", device_, ready.size(), wanted.size(),
         last_error());
   }
-  const double prepare_s = since(t0);
-  size_t moved = 0;
-  int rc = ok;
-  double close_s = 0;
-  pager::remap_timing timing;
+  const double ready_s = since(t0);
+  const size_t made_ahead = ready.size();
   const auto t_close = std::chrono::steady_clock::now();
+  size_t moved = 0;
+  unsigned requests = 0;
+  double close_s = 0;
+  double linger_s = 0;
+  pager::remap_timing spent;
   {
     launch_gate::closed gate;  // no device work of ours runs while pages change frames
     close_s = since(t_close);
-    rc = pager_->remap_pages(
-        wanted,
-        [&](frame_id* f) -> int {
-          if (prepared.empty()) return frames_->take_host_frame(device_, pager_->frame_size(), f);
-          *f = prepared.back();
-          prepared.pop_back();
-          return ok;
-        },
-        &moved, &timing);
+    // A lock holder asks once per allocation, and allocations come in bursts (a model's
+    // tensors one after another). Each reopening of the gate lets this process launch work
+    // that the next request must wait for, so the gate stays closed while requests keep
+    // coming, k_burst_linger_ns at most after the last.
+    for (;;) {
+      size_t n = 0;
+      pager::remap_timing t;
+      const int rc = pager_->remap_pages(
+          wanted,
+          [&](frame_id* f) -> int {
+            if (ready.empty()) return frames_->take_host_frame(device_, pager_->frame_size(), f);
+            *f = ready.back();
+            ready.pop_back();
+            return ok;
+          },
+          &n, &t);
+      if (rc != ok) {
+        log(log_level::error, "device %d: giving back %zu pool frame(s) a lock holder asked for: %s", device_, wanted.size(),
+            last_error());
+      }
+      ++requests;
+      moved += n;
+      spent.drain_s += t.drain_s;
+      spent.new_frames_s += t.new_frames_s;
+      spent.fill_s += t.fill_s;
+      spent.copy_wait_s += t.copy_wait_s;
+      spent.switch_s += t.switch_s;
+      spent.scrub_wait_s += t.scrub_wait_s;
+      if (stop_.load()) break;
+      const auto t_linger = std::chrono::steady_clock::now();
+      const uint32_t seen = me.requests.load(std::memory_order_acquire);
+      wanted = frames_->requested_of_me();
+      if (wanted.empty()) {
+        futex_wait(&me.requests, seen, k_burst_linger_ns);
+        wanted = frames_->requested_of_me();
+      }
+      linger_s += since(t_linger);
+      if (wanted.empty()) break;
+    }
   }
   const double closed_s = since(t_close);
-  for (frame_id f : prepared) frames_->give_back(f);  // pages that did not move (an error below)
+  for (frame_id f : ready) frames_->give_back(f);  // not needed after all: spares
   const double s = since(t0);
   {
     std::lock_guard<std::mutex> guard(mutex_);
-    ++stats_.demotions;
+    stats_.demotions += requests;
+    ++stats_.bursts;
     stats_.pages_demoted += moved;
     stats_.demote_seconds += closed_s;
     stats_.last_demote_seconds = closed_s;
@@ -112,12 +147,12 @@ int oversubscribed_session::demote(const std::vector<frame_id>& wanted) {
   const uint64_t bytes = uint64_t(moved) * pager_->frame_size();
   observe_->evicted(monotonic_ns() - uint64_t(s * 1e9), monotonic_ns(), bytes, moved);
   log(log_level::info,
-      "device %d: reclaim: %zu page(s) (%" PRIu64 " MiB) moved to host frames in %.1f ms: host frames made ahead %.1f ms; gate "
-      "closed %.1f ms (closing it, waiting for running launches and the device: %.1f ms; new frames %.1f, filling %.1f, copies "
-      "%.1f, remapping %.1f, scrubbing %.1f)",
-      device_, moved, bytes >> 20, s * 1e3, prepare_s * 1e3, closed_s * 1e3, close_s * 1e3, timing.new_frames_s * 1e3,
-      timing.fill_s * 1e3, timing.copy_wait_s * 1e3, timing.switch_s * 1e3, timing.scrub_wait_s * 1e3);
-  return rc;
+      "device %d: reclaim: %zu page(s) (%" PRIu64 " MiB) for %u request(s) moved to host frames in %.1f ms: host frames "
+      "ready ahead in %.1f ms (%zu, %zu of them spares); gate closed %.1f ms (closing it %.1f, running work %.1f, new frames %.1f, "
+      "filling %.1f, copies %.1f, remapping %.1f, scrubbing %.1f, waiting for more requests %.1f)",
+      device_, moved, bytes >> 20, requests, s * 1e3, ready_s * 1e3, made_ahead, spares,
+      closed_s * 1e3, close_s * 1e3, spent.drain_s * 1e3, spent.new_frames_s * 1e3, spent.fill_s * 1e3,
+      spent.copy_wait_s * 1e3, spent.switch_s * 1e3, spent.scrub_wait_s * 1e3, linger_s * 1e3);
 }
 
 int oversubscribed_session::promote(uint32_t at_most) {
@@ -149,17 +184,20 @@ void oversubscribed_session::serve() {
   uint64_t last_request_ns = monotonic_ns();
   while (!stop_.load()) {
     const uint32_t seen = me.requests.load(std::memory_order_acquire);
-    const std::vector<frame_id> wanted = frames_->requested_of_me();
+    std::vector<frame_id> wanted = frames_->requested_of_me();
     if (!wanted.empty()) {
+      serve_requests(std::move(wanted));
       last_request_ns = monotonic_ns();
-      if (demote(wanted) != ok) {
-        log(log_level::error, "device %d: giving back %zu pool frame(s) a lock holder asked for: %s", device_, wanted.size(),
-            last_error());
-      }
     } else if (monotonic_ns() - last_request_ns >= k_promote_quiet_ns) {
       const uint32_t free_frames = frames_->free_pool_frames();
       if (free_frames > 0 && frames_->host_bytes() > 0 && promote(free_frames) != ok) {
         log(log_level::warn, "device %d: moving pages back into free pool frames: %s", device_, last_error());
+      }
+      if (frames_->spare_bytes() > 0 && monotonic_ns() - last_request_ns >= k_spare_keep_ns) {
+        const uint64_t spare = frames_->spare_bytes();
+        const size_t n = frames_->release_spares();
+        log(log_level::info, "device %d: released %zu spare host frame(s) (%" PRIu64 " MiB): no reclaim for %.0f s", device_, n,
+            spare >> 20, k_spare_keep_ns / 1e9);
       }
     }
     observe_->stored(frames_->host_bytes(), 0);
@@ -172,6 +210,7 @@ oversubscribed_stats oversubscribed_session::stats() const {
   std::lock_guard<std::mutex> guard(mutex_);
   oversubscribed_stats s = stats_;
   s.host_frame_bytes = frames_->host_bytes();
+  s.spare_host_bytes = frames_->spare_bytes();
   const uint64_t resident = pager_->stats().resident_bytes;
   s.pool_frame_bytes = resident - std::min(resident, s.host_frame_bytes);
   return s;

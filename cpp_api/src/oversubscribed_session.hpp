@@ -8,15 +8,19 @@
 // Allocations therefore succeed while host memory lasts, however small the pool.
 //
 // Reclaim (demotion): a lock holder that needs frames asks for lent frames first. This
-// session's service thread wakes, closes the launch gate (core/launch_gate.hpp: no new
-// device work of this process starts, and the work inside drains), synchronizes the device,
-// and moves each asked-for page into a host frame (pager::remap_pages), scrubbing and
-// freeing its pool frame at once. The process's kernels then run on at the same addresses,
-// slower, reading host memory.
+// session's service thread wakes, takes host frames for them (spares first: host frames
+// are kept for reuse, lock/lending_frame_source.hpp), closes the launch gate
+// (core/launch_gate.hpp: no new device work of this process starts, and the work inside
+// drains), synchronizes the device, and moves each asked-for page into a host frame
+// (pager::remap_pages), scrubbing and freeing its pool frame at once. It keeps the gate
+// closed while further requests follow within k_burst_linger_ns (a lock holder asks once
+// per allocation), so that a burst waits for this process's running kernels once. The
+// process's kernels then run on at the same addresses, slower, reading host memory.
 //
 // Promotion: when the pool has had free frames for k_promote_quiet_ns with no request for
 // ours (no lock holder is short of frames), pages in host frames move back into free pool
-// frames the same way, up to the number free.
+// frames the same way, up to the number free. Their host frames become spares, released
+// when no reclaim came for k_spare_keep_ns.
 //
 // Both need the gate: the preload shim (libvramswap_preload.so) brackets the process's
 // device work with it. Without the shim nothing does, and the session says so once.
@@ -38,13 +42,15 @@
 namespace vramswap {
 
 struct oversubscribed_stats {
-  uint64_t demotions = 0;        // reclaims served (batches of pages moved to host frames)
+  uint64_t demotions = 0;        // requests served (batches of pages moved to host frames)
+  uint64_t bursts = 0;           // closings of the gate for them (a burst serves requests that follow closely)
   uint64_t pages_demoted = 0;
   uint64_t pages_promoted = 0;
-  double demote_seconds = 0;     // total time the gate was closed for demotions
+  double demote_seconds = 0;     // total time the gate was closed for demotions (bursts of requests)
   double last_demote_seconds = 0;
   uint64_t host_frame_bytes = 0;  // pages in host frames now
   uint64_t pool_frame_bytes = 0;  // pages in lent pool frames now
+  uint64_t spare_host_bytes = 0;  // host frames kept for the next reclaim
 };
 
 class oversubscribed_session {
@@ -64,7 +70,9 @@ class oversubscribed_session {
  private:
   oversubscribed_session() = default;
   void serve();
-  int demote(const std::vector<frame_id>& wanted);
+  // Demotion: serve `wanted` and the requests that follow it closely, under one closing of
+  // the gate.
+  void serve_requests(std::vector<frame_id> wanted);
   int promote(uint32_t at_most);
 
   backend* be_ = nullptr;

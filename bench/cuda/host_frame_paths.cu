@@ -1,0 +1,148 @@
+// host_frame_paths: how fast the primitives under oversubscription's reclaim run on this
+// machine, side by side: creating host frames (cuMemCreate in host memory), and moving a
+// page between a device frame and a host frame by the copy engine (cuMemcpyDtoDAsync) and by
+// a copy kernel, against the pinned cudaMemcpy baseline.
+//
+//   build: nvcc -O2 -arch=native -o host_frame_paths bench/cuda/host_frame_paths.cu -lcuda
+//   run:   ./host_frame_paths [frames (default 64)] [frame MiB (default 32)]
+// Prints key=value lines; GB/s are one-way bytes moved per second.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+#define CU(x)                                                                   \
+  do {                                                                          \
+    CUresult r_ = (x);                                                          \
+    if (r_ != CUDA_SUCCESS) {                                                   \
+      const char* s_ = nullptr;                                                 \
+      cuGetErrorString(r_, &s_);                                                \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_);     \
+      std::exit(2);                                                             \
+    }                                                                           \
+  } while (0)
+#define RT(x)                                                                   \
+  do {                                                                          \
+    cudaError_t r_ = (x);                                                       \
+    if (r_ != cudaSuccess) {                                                    \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(r_)); \
+      std::exit(2);                                                             \
+    }                                                                           \
+  } while (0)
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+__global__ void copy16(int4* dst, const int4* src, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] = src[i];
+}
+
+CUmemAllocationProp host_prop() {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  p.location.id = 0;
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int frames = argc > 1 ? std::atoi(argv[1]) : 64;
+  const size_t frame = size_t(argc > 2 ? std::atoi(argv[2]) : 32) << 20;
+  const size_t bytes = frames * frame;
+  RT(cudaSetDevice(0));
+  RT(cudaFree(nullptr));
+  CUcontext ctx;
+  CU(cuCtxGetCurrent(&ctx));
+  const CUmemAllocationProp prop = host_prop();
+
+  // 1. Creating host frames: one thread, then four.
+  std::vector<CUmemGenericAllocationHandle> h(frames), h4(frames);
+  double t = now();
+  for (int i = 0; i < frames; ++i) CU(cuMemCreate(&h[i], frame, &prop, 0));
+  const double create1 = now() - t;
+  t = now();
+  {
+    std::vector<std::thread> ts;
+    for (int k = 0; k < 4; ++k) {
+      ts.emplace_back([&, k] {
+        CU(cuCtxSetCurrent(ctx));
+        for (int i = k; i < frames; i += 4) CU(cuMemCreate(&h4[i], frame, &prop, 0));
+      });
+    }
+    for (auto& x : ts) x.join();
+  }
+  const double create4 = now() - t;
+  t = now();
+  for (int i = 0; i < frames; ++i) CU(cuMemRelease(h4[i]));
+  const double release = now() - t;
+  std::printf("create_host_frame_ms=%.3f create_host_frame_4threads_ms=%.3f release_ms=%.3f frame_mib=%zu frames=%d\n",
+              create1 * 1e3 / frames, create4 * 1e3 / frames, release * 1e3 / frames, frame >> 20, frames);
+
+  // 2. The host frames mapped contiguously; device memory of the same size.
+  CUdeviceptr host_va = 0;
+  CU(cuMemAddressReserve(&host_va, bytes, frame, 0, 0));
+  t = now();
+  for (int i = 0; i < frames; ++i) CU(cuMemMap(host_va + i * frame, frame, 0, h[i], 0));
+  const double map_s = now() - t;
+  CUmemAccessDesc acc{};
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = 0;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  t = now();
+  for (int i = 0; i < frames; ++i) CU(cuMemSetAccess(host_va + i * frame, frame, &acc, 1));
+  const double access_s = now() - t;
+  std::printf("map_ms=%.3f set_access_ms=%.3f\n", map_s * 1e3 / frames, access_s * 1e3 / frames);
+  void* dev = nullptr;
+  RT(cudaMalloc(&dev, bytes));
+  RT(cudaMemset(dev, 0x5a, bytes));
+  void* pinned = nullptr;
+  RT(cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault));
+  std::memset(pinned, 0, bytes);
+  cudaStream_t s;
+  RT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto rate = [&](const char* name, auto&& body) {
+    body();  // warm
+    RT(cudaStreamSynchronize(s));
+    const double t0 = now();
+    for (int r = 0; r < 3; ++r) body();
+    RT(cudaStreamSynchronize(s));
+    std::printf("%s_gbps=%.2f\n", name, 3.0 * bytes / (now() - t0) / 1e9);
+  };
+  const CUdeviceptr d = reinterpret_cast<CUdeviceptr>(dev);
+  // 3. Copy engine, page by page (as remap_pages does) and as one copy.
+  rate("ce_dev_to_hostframe_per_page", [&] {
+    for (int i = 0; i < frames; ++i) CU(cuMemcpyDtoDAsync(host_va + i * frame, d + i * frame, frame, s));
+  });
+  rate("ce_hostframe_to_dev_per_page", [&] {
+    for (int i = 0; i < frames; ++i) CU(cuMemcpyDtoDAsync(d + i * frame, host_va + i * frame, frame, s));
+  });
+  rate("ce_dev_to_hostframe_whole", [&] { CU(cuMemcpyDtoDAsync(host_va, d, bytes, s)); });
+  // 4. A copy kernel (SMs).
+  rate("kernel_dev_to_hostframe", [&] {
+    copy16<<<264, 1024, 0, s>>>(reinterpret_cast<int4*>(host_va), static_cast<const int4*>(dev), bytes / 16);
+  });
+  rate("kernel_hostframe_to_dev", [&] {
+    copy16<<<264, 1024, 0, s>>>(static_cast<int4*>(dev), reinterpret_cast<const int4*>(host_va), bytes / 16);
+  });
+  // 5. The baseline: pinned cudaMemcpy.
+  rate("pinned_d2h", [&] { RT(cudaMemcpyAsync(pinned, dev, bytes, cudaMemcpyDeviceToHost, s)); });
+  rate("pinned_h2d", [&] { RT(cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, s)); });
+
+  // Every byte made it through (the last copy into host frames was the kernel's).
+  std::vector<unsigned char> back(frame);
+  bool right = true;
+  for (int i = 0; i < frames && right; ++i) {
+    RT(cudaMemcpy(back.data(), reinterpret_cast<void*>(host_va + i * frame), frame, cudaMemcpyDefault));
+    for (size_t b = 0; b < frame; ++b) right = right && back[b] == 0x5a;
+  }
+  std::printf("bytes_right=%d\n", right ? 1 : 0);
+  return right ? 0 : 1;
+}
