@@ -1,11 +1,13 @@
-// host_frame_paths: how fast the primitives under oversubscription's reclaim run on this
+// bench_host_frame_paths: how fast the primitives under oversubscription's reclaim run on this
 // machine, side by side: creating host frames (cuMemCreate in host memory), and moving a
 // page between a device frame and a host frame by the copy engine (cuMemcpyDtoDAsync) and by
 // a copy kernel, against the pinned cudaMemcpy baseline.
 //
-//   build: nvcc -O2 -arch=native -o host_frame_paths bench/cuda/host_frame_paths.cu -lcuda
-//   run:   ./host_frame_paths [frames (default 64)] [frame MiB (default 32)]
-// Prints key=value lines; GB/s are one-way bytes moved per second.
+//   build: part of the CMake build where nvcc is found (target bench_host_frame_paths), or
+//          nvcc -O2 -arch=native -o bench_host_frame_paths bench/cuda/bench_host_frame_paths.cu -lcuda
+//   run:   bench_host_frame_paths [frames (default 64)] [frame MiB (default 32)]
+// Prints a markdown table; GB/s are one-way bytes moved per second. Exit 1 when a byte that
+// went through host frames came back wrong, 2 on a CUDA error.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -83,8 +85,11 @@ int main(int argc, char** argv) {
   t = now();
   for (int i = 0; i < frames; ++i) CU(cuMemRelease(h4[i]));
   const double release = now() - t;
-  std::printf("create_host_frame_ms=%.3f create_host_frame_4threads_ms=%.3f release_ms=%.3f frame_mib=%zu frames=%d\n",
-              create1 * 1e3 / frames, create4 * 1e3 / frames, release * 1e3 / frames, frame >> 20, frames);
+  std::printf("# Host frames: the primitives under a reclaim (%d frames of %zu MiB)\n\n| what | value |\n| --- | ---: |\n", frames,
+              frame >> 20);
+  std::printf("| create a host frame (cuMemCreate, HOST_NUMA), one thread | %.3f ms |\n", create1 * 1e3 / frames);
+  std::printf("| the same, four threads at once (wall time per frame) | %.3f ms |\n", create4 * 1e3 / frames);
+  std::printf("| release one (cuMemRelease) | %.3f ms |\n", release * 1e3 / frames);
 
   // 2. The host frames mapped contiguously; device memory of the same size.
   CUdeviceptr host_va = 0;
@@ -99,7 +104,8 @@ int main(int argc, char** argv) {
   t = now();
   for (int i = 0; i < frames; ++i) CU(cuMemSetAccess(host_va + i * frame, frame, &acc, 1));
   const double access_s = now() - t;
-  std::printf("map_ms=%.3f set_access_ms=%.3f\n", map_s * 1e3 / frames, access_s * 1e3 / frames);
+  std::printf("| map one (cuMemMap) | %.3f ms |\n| grant the device access to one (cuMemSetAccess) | %.3f ms |\n",
+              map_s * 1e3 / frames, access_s * 1e3 / frames);
   void* dev = nullptr;
   RT(cudaMalloc(&dev, bytes));
   RT(cudaMemset(dev, 0x5a, bytes));
@@ -114,27 +120,27 @@ int main(int argc, char** argv) {
     const double t0 = now();
     for (int r = 0; r < 3; ++r) body();
     RT(cudaStreamSynchronize(s));
-    std::printf("%s_gbps=%.2f\n", name, 3.0 * bytes / (now() - t0) / 1e9);
+    std::printf("| %s | %.2f GB/s |\n", name, 3.0 * bytes / (now() - t0) / 1e9);
   };
   const CUdeviceptr d = reinterpret_cast<CUdeviceptr>(dev);
   // 3. Copy engine, page by page (as remap_pages does) and as one copy.
-  rate("ce_dev_to_hostframe_per_page", [&] {
+  rate("copy engine, device -> host frames, a copy per frame", [&] {
     for (int i = 0; i < frames; ++i) CU(cuMemcpyDtoDAsync(host_va + i * frame, d + i * frame, frame, s));
   });
-  rate("ce_hostframe_to_dev_per_page", [&] {
+  rate("copy engine, host frames -> device, a copy per frame", [&] {
     for (int i = 0; i < frames; ++i) CU(cuMemcpyDtoDAsync(d + i * frame, host_va + i * frame, frame, s));
   });
-  rate("ce_dev_to_hostframe_whole", [&] { CU(cuMemcpyDtoDAsync(host_va, d, bytes, s)); });
+  rate("copy engine, device -> host frames, one copy", [&] { CU(cuMemcpyDtoDAsync(host_va, d, bytes, s)); });
   // 4. A copy kernel (SMs).
-  rate("kernel_dev_to_hostframe", [&] {
+  rate("copy kernel, device -> host frames", [&] {
     copy16<<<264, 1024, 0, s>>>(reinterpret_cast<int4*>(host_va), static_cast<const int4*>(dev), bytes / 16);
   });
-  rate("kernel_hostframe_to_dev", [&] {
+  rate("copy kernel, host frames -> device", [&] {
     copy16<<<264, 1024, 0, s>>>(static_cast<int4*>(dev), reinterpret_cast<const int4*>(host_va), bytes / 16);
   });
   // 5. The baseline: pinned cudaMemcpy.
-  rate("pinned_d2h", [&] { RT(cudaMemcpyAsync(pinned, dev, bytes, cudaMemcpyDeviceToHost, s)); });
-  rate("pinned_h2d", [&] { RT(cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, s)); });
+  rate("baseline: cudaMemcpy device -> pinned host", [&] { RT(cudaMemcpyAsync(pinned, dev, bytes, cudaMemcpyDeviceToHost, s)); });
+  rate("baseline: cudaMemcpy pinned host -> device", [&] { RT(cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, s)); });
 
   // Every byte made it through (the last copy into host frames was the kernel's).
   std::vector<unsigned char> back(frame);
@@ -143,6 +149,6 @@ int main(int argc, char** argv) {
     RT(cudaMemcpy(back.data(), reinterpret_cast<void*>(host_va + i * frame), frame, cudaMemcpyDefault));
     for (size_t b = 0; b < frame; ++b) right = right && back[b] == 0x5a;
   }
-  std::printf("bytes_right=%d\n", right ? 1 : 0);
+  std::printf("| every byte through host frames right | %s |\n", right ? "yes" : "NO");
   return right ? 0 : 1;
 }
