@@ -27,7 +27,7 @@ namespace vramswap {
   X(group, "VRAMSWAP_GROUP", "",                                                                 \
     "group allowed to share the per-device segments (mode 0660); empty: owner only (0600)")     \
   X(shm_prefix, "VRAMSWAP_SHM_PREFIX", "",                                                       \
-    "prefix of the per-device segment names, so separate deployments or test runs never collide") \
+    "prefix of the per-device segment names and the pool server's files: each prefix is a pool of its own") \
   X(runtime_dir, "VRAMSWAP_RUNTIME_DIR", "",                                                     \
     "directory of the pool servers' sockets; empty: /tmp/vramswap-<uid> (-g<gid> with VRAMSWAP_GROUP)")                        \
   X(pool_size, "VRAMSWAP_POOL_SIZE", "",                                                         \
