@@ -20,6 +20,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/cuda/declared_abi.hpp"
 #include "core/launch_gate.hpp"
 #include "core/log.hpp"
 #include "cpp_api/src/runtime.hpp"
@@ -216,7 +217,8 @@ void* real_driver(const char* name, int version) {
   get_proc_v2_fn get = real_get_proc_address();
   void* p = nullptr;
   CUdriverProcAddressQueryResult st{};
-  if (get == nullptr || get(name, &p, version, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS) return nullptr;
+  const int asked = cuda::declared_abi_version(name, version);
+  if (get == nullptr || get(name, &p, asked, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS) return nullptr;
   return p;
 }
 

@@ -35,10 +35,8 @@ Fn driver(const char* name, int version = CUDA_VERSION) {
 }
 
 CUresult current_device(int* out) {
-  // At 12000: CUDA 13 gave cuCtxGetDevice a new ABI (cuCtxGetDevice_v2, with a context
-  // argument) without changing the header's one-argument declaration; fetched at 13000 it
-  // crashes libcuda when called the old way (seen on the H200 machine).
-  static auto ctx_get_device = driver<CUresult (*)(CUdevice*)>("cuCtxGetDevice", 12000);
+  // The one-argument ABI cuda.h declares, not CUDA 13's (core/cuda/declared_abi.hpp).
+  static auto ctx_get_device = driver<CUresult (*)(CUdevice*)>("cuCtxGetDevice");
   if (ctx_get_device == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUdevice d = 0;
   const CUresult r = ctx_get_device(&d);
@@ -112,8 +110,7 @@ CUresult mem_free(CUdeviceptr dptr) {
     return real != nullptr ? real(dptr) : CUDA_ERROR_INVALID_VALUE;
   }
   // cuMemFree waits for the device's work first; so must we: a kernel may still use it.
-  // At 12000: CUDA 13 gave cuCtxSynchronize a new ABI (with a context argument).
-  static auto ctx_sync = driver<CUresult (*)()>("cuCtxSynchronize", 12000);
+  static auto ctx_sync = driver<CUresult (*)()>("cuCtxSynchronize");  // the declared ABI, as above
   if (ctx_sync != nullptr) ctx_sync();
   if (const int rc = rt::free(device, dptr); rc != ok) return as_cuda(rc, "cuMemFree");
   return CUDA_SUCCESS;

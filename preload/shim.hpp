@@ -29,7 +29,8 @@ using dlsym_fn = void* (*)(void*, const char*);
 dlsym_fn real_dlsym_function();
 get_proc_v2_fn real_get_proc_address();
 void* real_dlsym(void* handle, const char* symbol);
-// A real driver function, with the ABI of `version` (nullptr if the driver lacks it).
+// A real driver function, with the ABI of `version` (nullptr if the driver lacks it); for
+// the functions of core/cuda/declared_abi.hpp, the ABI cuda.h declares.
 void* real_driver(const char* name, int version = CUDA_VERSION);
 
 // lookup.cpp: the shim's function for the real driver function `real` (itself when the

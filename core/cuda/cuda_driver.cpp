@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "core/log.hpp"
+#include "core/cuda/declared_abi.hpp"
 #include "core/status.hpp"
 
 namespace vramswap::cuda {
@@ -20,11 +21,8 @@ namespace {
 // --- compile-time proof that the table's names and types came out right -----------------
 // `#name` must give the base name cuGetProcAddress expects, never a versioned symbol.
 #define VRAMSWAP_CUDA_NAME(name) #name,
-#define VRAMSWAP_CUDA_NAME_V(name, version) #name,
-constexpr const char* k_function_names[] = {
-    VRAMSWAP_CUDA_DRIVER_FUNCTIONS(VRAMSWAP_CUDA_NAME, VRAMSWAP_CUDA_NAME_V)};
+constexpr const char* k_function_names[] = {VRAMSWAP_CUDA_DRIVER_FUNCTIONS(VRAMSWAP_CUDA_NAME)};
 #undef VRAMSWAP_CUDA_NAME
-#undef VRAMSWAP_CUDA_NAME_V
 constexpr bool names_unversioned() {
   for (std::string_view name : k_function_names) {
     if (name.find("_v") != std::string_view::npos || name.find("_pt") != std::string_view::npos) return false;
@@ -38,7 +36,7 @@ static_assert(std::is_same_v<decltype(driver::cuMemGetInfo), decltype(&::cuMemGe
 static_assert(std::is_same_v<decltype(driver::cuMemcpyDtoHAsync), decltype(&::cuMemcpyDtoHAsync_v2)>);
 static_assert(std::is_same_v<decltype(driver::cuStreamDestroy), decltype(&::cuStreamDestroy_v2)>);
 static_assert(std::is_same_v<decltype(driver::cuDeviceGetUuid), decltype(&::cuDeviceGetUuid_v2)>);
-// The argument-less cuCtxSynchronize, fetched at 12000 (see the header).
+// The argument-less cuCtxSynchronize cuda.h declares, fetched at 12000 (declared_abi.hpp).
 static_assert(std::is_same_v<decltype(driver::cuCtxSynchronize), CUresult(CUDAAPI*)(void)>);
 
 // cuGetProcAddress before CUDA 12.0 had no symbolStatus argument.
@@ -151,21 +149,14 @@ int load(load_state* s) {
 
   // `name` is used unexpanded only by #name; everywhere else it is the (possibly
   // versioned) member name, consistently.
-#define VRAMSWAP_CUDA_LOAD(name)                                                     \
-  {                                                                                  \
-    void* pfn = nullptr;                                                             \
-    if (const int rc = lookup.fetch(s, #name, api, &pfn); rc != 0) return rc;        \
-    s->table.name = reinterpret_cast<decltype(s->table.name)>(pfn);                  \
+#define VRAMSWAP_CUDA_LOAD(name)                                                                       \
+  {                                                                                                    \
+    void* pfn = nullptr;                                                                               \
+    if (const int rc = lookup.fetch(s, #name, declared_abi_version(#name, api), &pfn); rc != 0) return rc; \
+    s->table.name = reinterpret_cast<decltype(s->table.name)>(pfn);                                    \
   }
-#define VRAMSWAP_CUDA_LOAD_V(name, pinned)                                                        \
-  {                                                                                               \
-    void* pfn = nullptr;                                                                          \
-    if (const int rc = lookup.fetch(s, #name, std::min(pinned, api), &pfn); rc != 0) return rc; \
-    s->table.name = reinterpret_cast<decltype(s->table.name)>(pfn);                               \
-  }
-  VRAMSWAP_CUDA_DRIVER_FUNCTIONS(VRAMSWAP_CUDA_LOAD, VRAMSWAP_CUDA_LOAD_V)
+  VRAMSWAP_CUDA_DRIVER_FUNCTIONS(VRAMSWAP_CUDA_LOAD)
 #undef VRAMSWAP_CUDA_LOAD
-#undef VRAMSWAP_CUDA_LOAD_V
 
   g_driver.store(&s->table, std::memory_order_release);
   if (log_enabled(log_level::debug)) {

@@ -17,23 +17,20 @@
 // 11.4 (checked against cudaTypedefs.h), so the lowered request returns the same ABI;
 // older drivers are refused.
 //
-// One exception, pinned by XV(name, version): CUDA 13.0 gave cuCtxSynchronize a new ABI
-// (PFN_cuCtxSynchronize_v13000 takes a CUcontext) without #defining the name to it: cuda.h
-// still declares `cuCtxSynchronize(void)`. Fetched at 13000 the pointer would be the
-// one-argument function called with none. We fetch it at 12000, which returns the
-// argument-less ABI the header declares.
+// Exceptions: functions whose name cuda.h declares with an older ABI than the newest
+// (cuCtxSynchronize in CUDA 13) are fetched at the version of the declared ABI
+// (core/cuda/declared_abi.hpp).
 #pragma once
 
 #include <cuda.h>
 
 namespace vramswap::cuda {
 
-// X(name): fetched at the header's CUDA_VERSION (or the driver's, if older).
-// XV(name, version): fetched at `version`, for names whose header declaration is not the
-// newest ABI (see above).
+// X(name): fetched at the header's CUDA_VERSION (or the driver's, if older), capped by
+// declared_abi_version (see above).
 // The names must appear here literally (not passed through another macro's argument), so
-// that `#name` in X/XV sees them unexpanded.
-#define VRAMSWAP_CUDA_DRIVER_FUNCTIONS(X, XV)                  \
+// that `#name` in X sees them unexpanded.
+#define VRAMSWAP_CUDA_DRIVER_FUNCTIONS(X)                      \
   X(cuGetErrorName)                                            \
   X(cuGetErrorString)                                          \
   X(cuInit)                                                    \
@@ -47,7 +44,7 @@ namespace vramswap::cuda {
   X(cuDevicePrimaryCtxRelease)                                 \
   X(cuCtxGetCurrent)                                           \
   X(cuCtxSetCurrent)                                           \
-  XV(cuCtxSynchronize, 12000)                                  \
+  X(cuCtxSynchronize)                                          \
   X(cuMemGetInfo)                                              \
   X(cuMemGetAllocationGranularity)                             \
   X(cuMemGetAllocationPropertiesFromHandle)                    \
@@ -87,13 +84,11 @@ inline constexpr int min_driver_version = 11040;
 struct driver {
 // (::name, qualified: an unqualified name would change meaning inside the class.)
 #define VRAMSWAP_CUDA_FIELD(name) decltype(&::name) name = nullptr;
-#define VRAMSWAP_CUDA_FIELD_V(name, version) decltype(&::name) name = nullptr;
-  VRAMSWAP_CUDA_DRIVER_FUNCTIONS(VRAMSWAP_CUDA_FIELD, VRAMSWAP_CUDA_FIELD_V)
+  VRAMSWAP_CUDA_DRIVER_FUNCTIONS(VRAMSWAP_CUDA_FIELD)
 #undef VRAMSWAP_CUDA_FIELD
-#undef VRAMSWAP_CUDA_FIELD_V
 
   int driver_version = 0;  // cuDriverGetVersion: 1000 * major + 10 * minor
-  int api_version = 0;     // the version the X() pointers were requested at
+  int api_version = 0;     // the version the pointers were requested at (see declared_abi_version)
 };
 
 // The process-wide driver table: loaded on the first call (thread-safe), never unloaded
