@@ -111,6 +111,15 @@ class pager {
     double copy_wait_s = 0;   // waiting for the copies
     double switch_s = 0;      // remapping the pages' addresses, mapping old frames to scrub
     double scrub_wait_s = 0;  // waiting for the scrubs, unmapping, giving old frames back
+    remap_timing& operator+=(const remap_timing& o) {
+      drain_s += o.drain_s;
+      new_frames_s += o.new_frames_s;
+      fill_s += o.fill_s;
+      copy_wait_s += o.copy_wait_s;
+      switch_s += o.switch_s;
+      scrub_wait_s += o.scrub_wait_s;
+      return *this;
+    }
   };
   int remap_pages(const std::vector<frame_id>& old_frames, const std::function<int(frame_id*)>& new_frame, size_t* moved = nullptr,
                   remap_timing* timing = nullptr);

@@ -109,18 +109,16 @@ void oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
             return ok;
           },
           &n, &t);
-      if (rc != ok) {
-        log(log_level::error, "device %d: giving back %zu pool frame(s) a lock holder asked for: %s", device_, wanted.size(),
-            last_error());
-      }
       ++requests;
       moved += n;
-      spent.drain_s += t.drain_s;
-      spent.new_frames_s += t.new_frames_s;
-      spent.fill_s += t.fill_s;
-      spent.copy_wait_s += t.copy_wait_s;
-      spent.switch_s += t.switch_s;
-      spent.scrub_wait_s += t.scrub_wait_s;
+      spent += t;
+      if (rc != ok) {
+        // The frames stay requested; the service loop tries again after reopening the gate
+        // (a retry here would hold this process's work back for as long as it fails).
+        log(log_level::error, "device %d: giving back %zu pool frame(s) a lock holder asked for: %s", device_, wanted.size(),
+            last_error());
+        break;
+      }
       if (stop_.load()) break;
       const auto t_linger = std::chrono::steady_clock::now();
       const uint32_t seen = me.requests.load(std::memory_order_acquire);
