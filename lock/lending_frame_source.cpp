@@ -116,6 +116,19 @@ std::vector<frame_id> lending_frame_source::requested_of_me() const {
   return out;
 }
 
+uint32_t lending_frame_source::withdraw_abandoned_requests() {
+  uint32_t n = 0;
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
+    const uint64_t raw = pool_.read(f);
+    const frame_word w = frame_word::decode(raw);
+    if (w.state != frame_requested || w.owner != me_) continue;
+    const bool requester_gone =
+        w.requester >= k_member_count || pool_.member(w.requester).state.load(std::memory_order_acquire) != member_live;
+    if (requester_gone && pool_.move(f, raw, frame_lent, me_, k_no_member)) ++n;
+  }
+  return n;
+}
+
 uint32_t lending_frame_source::free_pool_frames() const {
   uint32_t n = 0;
   for (uint32_t f = 0; f < pool_.frame_count(); ++f) n += frame_word::decode(pool_.read(f)).state == frame_free;

@@ -67,6 +67,10 @@ class lending_frame_source final : public frame_source {
   bool is_pool_frame(frame_id frame) const { return index_of_.count(frame) != 0; }
   // Pool frames lock holders asked this process to give back (local handles).
   std::vector<frame_id> requested_of_me() const;
+  // Requests whose requester is no longer a member of the pool (it exited or died while it
+  // waited, e.g. after VRAMSWAP_EVICT_TIMEOUT) are taken back: requested -> lent(me), so
+  // that nobody's pages move for a process that is gone. Returns how many.
+  uint32_t withdraw_abandoned_requests();
   uint32_t free_pool_frames() const;
   // Bytes of host frames backing pages now (spares not counted).
   uint64_t host_bytes() const noexcept { return host_bytes_.load(std::memory_order_relaxed); }

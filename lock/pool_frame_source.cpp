@@ -122,6 +122,17 @@ int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
     const frame_word w = frame_word::decode(pool_.read(f));
     if (w.state == frame_requested && w.requester == me_) {
       const member_slot& owner = pool_.member(w.owner);
+      // Only a low-priority member holds lent frames, and it never holds idle or active ones.
+      const bool low_priority = pool_.count(frame_lent, w.owner) > 0 ||
+                                pool_.count(frame_idle, w.owner) + pool_.count(frame_active, w.owner) == 0;
+      if (low_priority && host_pool.empty()) {
+        return fail(err_timeout,
+                    "pool: process %d (pool member %u), a low-priority job (VRAMSWAP_OVERSUBSCRIBE=1), did not move the pages "
+                    "of frame %u to host memory within %.1f s (VRAMSWAP_EVICT_TIMEOUT); its frames were not taken. It is "
+                    "probably at its VRAMSWAP_OVERSUBSCRIBE_LIMIT or out of host memory (its log says which): raise its limit, "
+                    "or run this job when it has ended",
+                    owner.pid, w.owner, f, waited_ns / 1e9);
+      }
       return fail(err_timeout,
                   "pool: process %d (pool member %u) did not evict frame %u within %.1f s (VRAMSWAP_EVICT_TIMEOUT); its frames "
                   "were not taken. %s",

@@ -20,6 +20,7 @@ constexpr uint64_t k_service_poll_ns = 50'000'000;    // the service thread also
 constexpr uint64_t k_promote_quiet_ns = 1'000'000'000;  // no request for this long before promoting
 constexpr uint64_t k_burst_linger_ns = 20'000'000;      // the gate stays closed this long for a next request
 constexpr uint64_t k_spare_keep_ns = 30'000'000'000;    // spare host frames kept this long after a reclaim
+constexpr uint64_t k_retry_after_failure_ns = 1'000'000'000;  // a failed demotion is tried again after this
 
 }  // namespace
 
@@ -66,7 +67,7 @@ oversubscribed_session::~oversubscribed_session() {
   conn_.reset();
 }
 
-void oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
+int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
   pool_layout::member_slot& me = conn_->segment().member(conn_->member());
   const auto t0 = std::chrono::steady_clock::now();
   auto since = [](std::chrono::steady_clock::time_point t) {
@@ -87,6 +88,7 @@ void oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
   const auto t_close = std::chrono::steady_clock::now();
   size_t moved = 0;
   unsigned requests = 0;
+  int failure = ok;
   double close_s = 0;
   double linger_s = 0;
   pager::remap_timing spent;
@@ -113,10 +115,9 @@ void oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
       moved += n;
       spent += t;
       if (rc != ok) {
-        // The frames stay requested; the service loop tries again after reopening the gate
-        // (a retry here would hold this process's work back for as long as it fails).
-        log(log_level::error, "device %d: giving back %zu pool frame(s) a lock holder asked for: %s", device_, wanted.size(),
-            last_error());
+        // The frames stay requested; the service loop tries again later, with the gate
+        // open (a retry here would hold this process's work back for as long as it fails).
+        failure = fail(rc, "giving back %zu pool frame(s) a lock holder asked for: %s", wanted.size(), last_error());
         break;
       }
       if (stop_.load()) break;
@@ -144,13 +145,16 @@ void oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
   }
   const uint64_t bytes = uint64_t(moved) * pager_->frame_size();
   observe_->evicted(monotonic_ns() - uint64_t(s * 1e9), monotonic_ns(), bytes, moved);
-  log(log_level::info,
+  // (A retry that moved nothing, at the limit, says so at debug level: the failure itself
+  // was logged once.)
+  log(moved > 0 ? log_level::info : log_level::debug,
       "device %d: reclaim: %zu page(s) (%" PRIu64 " MiB) for %u request(s) moved to host frames in %.1f ms: host frames "
       "ready ahead in %.1f ms (%zu, %zu of them spares); gate closed %.1f ms (closing it %.1f, running work %.1f, new frames %.1f, "
       "filling %.1f, copies %.1f, remapping %.1f, scrubbing %.1f, waiting for more requests %.1f)",
       device_, moved, bytes >> 20, requests, s * 1e3, ready_s * 1e3, made_ahead, spares,
       closed_s * 1e3, close_s * 1e3, spent.drain_s * 1e3, spent.new_frames_s * 1e3, spent.fill_s * 1e3,
       spent.copy_wait_s * 1e3, spent.switch_s * 1e3, spent.scrub_wait_s * 1e3, linger_s * 1e3);
+  return failure;
 }
 
 int oversubscribed_session::promote(uint32_t at_most) {
@@ -180,13 +184,31 @@ int oversubscribed_session::promote(uint32_t at_most) {
 void oversubscribed_session::serve() {
   pool_layout::member_slot& me = conn_->segment().member(conn_->member());
   uint64_t last_request_ns = monotonic_ns();
+  // After a demotion fails (host memory or VRAMSWAP_OVERSUBSCRIBE_LIMIT exhausted), the same
+  // requests are tried again only after k_retry_after_failure_ns, or at once on a new
+  // request; the failure is logged once until a demotion succeeds again.
+  bool failing = false;
+  uint64_t retry_at_ns = 0;
+  uint32_t failed_at_requests = 0;
   while (!stop_.load()) {
     const uint32_t seen = me.requests.load(std::memory_order_acquire);
+    if (const uint32_t n = frames_->withdraw_abandoned_requests(); n > 0) {
+      log(log_level::info, "device %d: %u request(s) for pool frames withdrawn: the lock holder that asked is gone", device_, n);
+    }
     std::vector<frame_id> wanted = frames_->requested_of_me();
-    if (!wanted.empty()) {
-      serve_requests(std::move(wanted));
+    if (!wanted.empty() && (!failing || seen != failed_at_requests || monotonic_ns() >= retry_at_ns)) {
+      const int rc = serve_requests(std::move(wanted));
       last_request_ns = monotonic_ns();
-    } else if (monotonic_ns() - last_request_ns >= k_promote_quiet_ns) {
+      if (rc != ok) {
+        log(failing ? log_level::debug : log_level::error, "device %d: %s%s", device_, last_error(),
+            failing ? "" : "; the lock holder waits until VRAMSWAP_EVICT_TIMEOUT (tried again every second)");
+        retry_at_ns = last_request_ns + k_retry_after_failure_ns;
+        failed_at_requests = seen;
+      } else if (failing) {
+        log(log_level::info, "device %d: pool frames given back again", device_);
+      }
+      failing = rc != ok;
+    } else if (wanted.empty() && monotonic_ns() - last_request_ns >= k_promote_quiet_ns) {
       const uint32_t free_frames = frames_->free_pool_frames();
       if (free_frames > 0 && frames_->host_bytes() > 0 && promote(free_frames) != ok) {
         log(log_level::warn, "device %d: moving pages back into free pool frames: %s", device_, last_error());

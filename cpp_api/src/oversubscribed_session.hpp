@@ -71,8 +71,8 @@ class oversubscribed_session {
   oversubscribed_session() = default;
   void serve();
   // Demotion: serve `wanted` and the requests that follow it closely, under one closing of
-  // the gate.
-  void serve_requests(std::vector<frame_id> wanted);
+  // the gate. Returns the first failure (its pages stay where they are, still requested).
+  int serve_requests(std::vector<frame_id> wanted);
   int promote(uint32_t at_most);
 
   backend* be_ = nullptr;

@@ -135,6 +135,44 @@ TEST_F(Oversubscription, AllocationUnderTheLockReclaimsInOneRequest) {
   expect_no_frame_leaked(*pool);
 }
 
+// A job at its VRAMSWAP_OVERSUBSCRIBE_LIMIT cannot move its pages to host memory: the lock
+// user that asked for its frames fails at VRAMSWAP_EVICT_TIMEOUT with an error that says so,
+// the job logs the failure once (not at every retry) and runs on with its bytes intact, and
+// the request of the user that left is withdrawn, so that nobody's pages move for it.
+TEST_F(Oversubscription, LockUserFacingAJobAtItsHostLimitFailsClearlyAndTheJobRunsOn) {
+  const pid_t job = spawn_job(48 * MiB, 6.0, 81, {"VRAMSWAP_OVERSUBSCRIBE_LIMIT=4MiB", "VRAMSWAP_LOG=info"});
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
+  ASSERT_EQ(wait_lent(*pool, 24, 10000), 24u) << "the job never took its 24 frames";
+  // 56 MiB needs 28 of the 32 frames: 8 are free, 20 must come from the job, which can move
+  // only 2 pages (4 MiB) to host memory.
+  const std::string user_err = deploy_.dir() + "/user.err";
+  const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "2", "91", "20"},
+                                   {"VRAMSWAP_EVICT_TIMEOUT=2"}, deploy_.dir() + "/user.out", user_err);
+  const int user_status = wait_status(user);
+  EXPECT_TRUE(WIFEXITED(user_status) && WEXITSTATUS(user_status) == 2) << user_status << slurp(user_err);
+  const std::string said = slurp(user_err);
+  EXPECT_NE(said.find("a low-priority job (VRAMSWAP_OVERSUBSCRIBE=1)"), std::string::npos) << said;
+  EXPECT_NE(said.find("VRAMSWAP_OVERSUBSCRIBE_LIMIT"), std::string::npos) << said;
+  EXPECT_NE(said.find(std::to_string(job)), std::string::npos) << "the error should name the job's pid: " << said;
+  // The user is gone: its requests are withdrawn (the frames are the job's again).
+  uint32_t requested = 0;
+  for (int i = 0; i < 300; ++i) {
+    if ((requested = pool->count(frame_requested)) == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(requested, 0u) << "requests of a lock user that left were not withdrawn";
+
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  const std::string err = slurp(err_file());
+  size_t failures = 0;
+  for (size_t at = 0; (at = err.find("giving back", at)) != std::string::npos; ++at) ++failures;
+  EXPECT_EQ(failures, 1u) << "the failure should be logged once, not at every retry: " << err;
+  EXPECT_NE(err.find("withdrawn"), std::string::npos) << err;
+  expect_no_frame_leaked(*pool);
+}
+
 // SIGKILL of a running job: the pool server frees its lent frames, scrubbed.
 TEST_F(Oversubscription, KilledJobsFramesAreFreed) {
   const pid_t job = spawn_job(96 * MiB, 30.0, 41);

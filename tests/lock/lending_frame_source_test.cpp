@@ -1,7 +1,8 @@
 // lending_frame_source (lock/lending_frame_source.hpp), an oversubscribed process's frames, in
 // one process on the host backend: pool frames first, then host frames up to the limit; host
 // frames given back are spares, taken before new ones and counted against the limit;
-// threads taking host frames at once never pass the limit. The multi-process story is in tests/cpp_api/oversubscription_test.cpp.
+// threads taking host frames at once never pass the limit; requests of members that left
+// are withdrawn. The multi-process story is in tests/cpp_api/oversubscription_test.cpp.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -138,6 +139,32 @@ TEST_F(LendingFrameSource, FourThreadsTakingHostFramesAtOnceStopExactlyAtTheLimi
     for (frame_id f : made) ASSERT_EQ(s.give_back(f), ok) << last_error();
     EXPECT_EQ(s.host_bytes(), 0u);
   }
+}
+
+TEST_F(LendingFrameSource, RequestsOfAMemberThatLeftAreWithdrawnAndLiveOnesKept) {
+  lending_frame_source& s = source(0);
+  frame_id a = 0, b = 0;
+  ASSERT_EQ(s.take(0, frame_, &a), ok) << last_error();  // pool frames 0 and 1, lent to member 3
+  ASSERT_EQ(s.take(0, frame_, &b), ok) << last_error();
+  uint32_t live = 0, gone = 0;
+  ASSERT_EQ(pool_->add_member(::getpid(), 1, &live), ok) << last_error();
+  ASSERT_EQ(pool_->add_member(::getpid(), 2, &gone), ok) << last_error();
+  ASSERT_TRUE(pool_->move(0, pool_->read(0), frame_requested, 3, live));
+  ASSERT_TRUE(pool_->move(1, pool_->read(1), frame_requested, 3, gone));
+  pool_->remove_member(gone);
+  EXPECT_EQ(s.requested_of_me().size(), 2u);
+  EXPECT_EQ(s.withdraw_abandoned_requests(), 1u);
+  const frame_word f0 = frame_word::decode(pool_->read(0));
+  const frame_word f1 = frame_word::decode(pool_->read(1));
+  EXPECT_EQ(f0.state, frame_requested) << "a live member's request stays";
+  EXPECT_EQ(f0.requester, live);
+  EXPECT_EQ(f1.state, frame_lent) << "the request of a member that left is withdrawn";
+  EXPECT_EQ(f1.owner, 3u);
+  EXPECT_EQ(s.requested_of_me(), std::vector<frame_id>{local_[0]});
+  EXPECT_EQ(s.withdraw_abandoned_requests(), 0u);
+  ASSERT_EQ(s.give_back(a), ok) << last_error();
+  ASSERT_EQ(s.give_back(b), ok) << last_error();
+  EXPECT_EQ(pool_->count(frame_free), k_pool_frames);
 }
 
 }  // namespace
