@@ -30,7 +30,9 @@ GiB = 1 << 30
 PREFIX = os.environ.get("VRAMSWAP_SHM_PREFIX", "vsbench-")
 
 
-def run(args, shim=False, env=None, timeout=600):
+def environment(shim, env):
+    """This process's environment for a child: vramswap's log at info (the shim's summaries),
+    pools that go soon after their last client, the shim preloaded or not, then `env`."""
     e = dict(os.environ)
     e.pop("LD_PRELOAD", None)
     e["VRAMSWAP_LOG"] = "info"
@@ -38,7 +40,11 @@ def run(args, shim=False, env=None, timeout=600):
     if shim:
         e["LD_PRELOAD"] = SHIM
     e.update(env or {})
-    p = subprocess.run(args, env=e, capture_output=True, text=True, timeout=timeout)
+    return e
+
+
+def run(args, shim=False, env=None, timeout=600):
+    p = subprocess.run(args, env=environment(shim, env), capture_output=True, text=True, timeout=timeout)
     nums = dict(re.findall(r"(\w+)=([-\d.e+]+)", p.stdout))
     if p.returncode != 0:
         sys.stderr.write(f"FAILED ({p.returncode}): {' '.join(args)}\n{p.stdout}\n{p.stderr[-3000:]}\n")
@@ -94,10 +100,7 @@ def reclaim(pool):
     print(f"## Reclaim: a lock user takes 3/4 of the pool ({pool // GiB} GiB) from a running oversubscribed job, twice\n")
     user_bytes = str(pool * 3 // 4)
     rc_i, idle, _ = run([PLAIN, user_bytes, "0"], shim=True, env={"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}ri-"})
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
-    env.update({"LD_PRELOAD": SHIM, "VRAMSWAP_LOG": "info", "VRAMSWAP_POOL_IDLE_EXIT": "2", "VRAMSWAP_OVERSUBSCRIBE": "1",
-                "VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}rj-"})
+    env = environment(True, {"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}rj-"})
     job = subprocess.Popen([PLAIN, str(pool * 3 // 2), "45"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(12)  # its memory allocated and filled, passes running
     users = []

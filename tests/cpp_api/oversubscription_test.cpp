@@ -47,6 +47,21 @@ class Oversubscription : public ::testing::Test {
     return deploy_.spawn({VRAMSWAP_OVERSUB_WORKER, std::to_string(bytes), std::to_string(seconds), std::to_string(seed)},
                          env, out_file(), err_file());
   }
+  // A job on 3/4 of the pool (48 MiB: 24 of its 32 frames, lent), running `seconds`; *pool
+  // opened once the job holds them. -1 (after a test failure) if it never did.
+  pid_t spawn_job_on_three_quarters(double seconds, uint64_t seed, std::unique_ptr<pool_segment>* pool,
+                                    const std::vector<std::string>& env = {}) {
+    const pid_t job = spawn_job(48 * MiB, seconds, seed, env);
+    if (!deploy_.open_pool(pool, 10000)) {
+      ADD_FAILURE() << "the job's pool never appeared";
+      return -1;
+    }
+    if (const uint32_t lent = wait_lent(**pool, 24, 10000); lent != 24) {
+      ADD_FAILURE() << "the job never took its 24 frames (" << lent << " lent)";
+      return -1;
+    }
+    return job;
+  }
   std::string out_file() const { return deploy_.dir() + "/job.out"; }
   std::string err_file() const { return deploy_.dir() + "/job.err"; }
   static std::string slurp(const std::string& path) { return test::slurp(path); }
@@ -99,10 +114,9 @@ TEST_F(Oversubscription, JobRunsOnOneAndAHalfPoolsWithEveryByteIntact) {
 // A job runs on 3/4 of the pool; a lock user needing 7/8 of it takes frames back while the
 // job's rounds go on; when the lock user is gone the job's pages move back into the pool.
 TEST_F(Oversubscription, LockUserReclaimsFramesFromARunningJobAndTheJobGetsThemBack) {
-  const pid_t job = spawn_job(48 * MiB, 4.0, 21);
   std::unique_ptr<pool_segment> pool;
-  ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
-  ASSERT_EQ(wait_lent(*pool, 24, 10000), 24u) << "the job never took its 24 frames";
+  const pid_t job = spawn_job_on_three_quarters(4.0, 21, &pool);
+  ASSERT_GT(job, 0);
   const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "6", "31", "20"});
   EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed";
   ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
@@ -121,10 +135,9 @@ TEST_F(Oversubscription, LockUserReclaimsFramesFromARunningJobAndTheJobGetsThemB
 // shim does) asks for all the frames it needs at once: the job serves them in one or two
 // reclaims, not one per page (each reclaim drains the job's device work).
 TEST_F(Oversubscription, AllocationUnderTheLockReclaimsInOneRequest) {
-  const pid_t job = spawn_job(48 * MiB, 3.0, 61);
   std::unique_ptr<pool_segment> pool;
-  ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
-  ASSERT_EQ(wait_lent(*pool, 24, 10000), 24u) << "the job never took its 24 frames";
+  const pid_t job = spawn_job_on_three_quarters(3.0, 61, &pool);
+  ASSERT_GT(job, 0);
   const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "3", "71", "20", "alloc-under-lock"});
   EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed";
   ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
@@ -140,10 +153,9 @@ TEST_F(Oversubscription, AllocationUnderTheLockReclaimsInOneRequest) {
 // the job logs the failure once (not at every retry) and runs on with its bytes intact, and
 // the request of the user that left is withdrawn, so that nobody's pages move for it.
 TEST_F(Oversubscription, LockUserFacingAJobAtItsHostLimitFailsClearlyAndTheJobRunsOn) {
-  const pid_t job = spawn_job(48 * MiB, 6.0, 81, {"VRAMSWAP_OVERSUBSCRIBE_LIMIT=4MiB", "VRAMSWAP_LOG=info"});
   std::unique_ptr<pool_segment> pool;
-  ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
-  ASSERT_EQ(wait_lent(*pool, 24, 10000), 24u) << "the job never took its 24 frames";
+  const pid_t job = spawn_job_on_three_quarters(6.0, 81, &pool, {"VRAMSWAP_OVERSUBSCRIBE_LIMIT=4MiB", "VRAMSWAP_LOG=info"});
+  ASSERT_GT(job, 0);
   // 56 MiB needs 28 of the 32 frames: 8 are free, 20 must come from the job, which can move
   // only 2 pages (4 MiB) to host memory.
   const std::string user_err = deploy_.dir() + "/user.err";
