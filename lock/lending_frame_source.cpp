@@ -23,9 +23,10 @@ bool lending_frame_source::take_pool_frame(frame_id* out) {
 
 lending_frame_source::~lending_frame_source() { release_spares(); }
 
-int lending_frame_source::take_host_frame(int device, size_t size, frame_id* out) {
+int lending_frame_source::take_host_frame(int device, size_t size, frame_id* out, bool* was_spare) {
   {
     std::lock_guard<std::mutex> guard(spare_mutex_);
+    if (was_spare != nullptr) *was_spare = !spares_.empty();
     if (!spares_.empty()) {
       *out = spares_.back();
       spares_.pop_back();
@@ -56,9 +57,9 @@ int lending_frame_source::take_host_frames(int device, size_t size, size_t count
   size_t reused = 0;
   int rc = ok;
   for (size_t i = 0; i < count && rc == ok; ++i) {
-    const bool spare = spare_bytes_.load(std::memory_order_relaxed) > 0;
+    bool spare = false;
     frame_id f = 0;
-    rc = take_host_frame(device, size, &f);
+    rc = take_host_frame(device, size, &f, &spare);
     if (rc == ok) {
       out->push_back(f);
       reused += spare;

@@ -55,8 +55,8 @@ class lending_frame_source final : public frame_source {
   // A free pool frame, lent to this member, or false when none is free (never waits).
   bool take_pool_frame(frame_id* out);
   // A host frame: a spare one when there is one, else a new one within the limit
-  // (err_out_of_memory beyond it). Thread-safe.
-  int take_host_frame(int device, size_t size, frame_id* out);
+  // (err_out_of_memory beyond it). *was_spare (optional): which it was. Thread-safe.
+  int take_host_frame(int device, size_t size, frame_id* out, bool* was_spare = nullptr);
   // `count` host frames (spares first), appended to *out: all of them on success; on a
   // failure (the limit, host memory) the first error, and *out holds those taken before it.
   // *spares_used (optional): how many were spares.

@@ -219,7 +219,7 @@ void note_pool_size_differs(backend& be, int device, uint64_t frames, uint64_t f
   uint64_t want = 0;
   if (parse_size(text.c_str(), &want, "VRAMSWAP_POOL_SIZE", info.total_bytes) != ok) {
     log(log_level::warn, "pool: %s; the pool server of %s already running (pid %d) has %" PRIu64 " MiB, which this process uses",
-        last_error(), info.uuid.c_str(), server_pid, (frames * frame_size) >> 20);
+        last_error(), info.uuid.c_str(), server_pid, have >> 20);
     clear_error();
     return;
   }
