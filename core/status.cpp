@@ -62,6 +62,9 @@ int fail_errno(int errnum, const char* fmt, ...) noexcept {
 }
 
 int add_context(int code, const char* fmt, ...) noexcept {
+  // Success leaves the detail alone: it belongs to the last failure, and a hot path that
+  // wraps every call (the stream allocator's) would otherwise grow it without bound.
+  if (code == ok) return ok;
   char buf[512];
   va_list ap;
   va_start(ap, fmt);

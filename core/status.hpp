@@ -49,6 +49,7 @@ int vfail(int code, const char* fmt, va_list ap) noexcept;
 int fail_errno(int errnum, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
 
 // Prefix the current thread's detail with more context ("pager: " + detail), keep `code`.
+// When `code` is ok nothing is recorded: the detail stays that of the last failure.
 int add_context(int code, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
 
 // Clear the current thread's detail (so a later last_error() does not show a stale one).

@@ -210,4 +210,20 @@ TEST_F(StreamAllocator, EvictionCopiesLiveBlocksAndDropsCachedOnes) {
   ::unsetenv("VRAMSWAP_EAGER_RELEASE");
 }
 
+// The path vramswap.torch takes for every tensor: a success must not leave anything behind
+// in the thread's error detail (it once grew by a prefix per call, to megabytes).
+TEST_F(StreamAllocator, ManySuccessfulPairsLeaveTheErrorDetailAlone) {
+  vramswap::free_async(vramswap::malloc_async(4096, s1), s1);  // the session is open (starting a server records details)
+  ASSERT_EQ(vramswap_malloc_async(nullptr, MiB, 0, s1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  const std::string failure = vramswap_last_error();
+  ASSERT_FALSE(failure.empty());
+  for (int i = 0; i < 50000; ++i) {
+    void* p = vramswap::malloc_async(4096, s1);
+    ASSERT_NE(p, nullptr);
+    vramswap::free_async(p, s1);
+  }
+  EXPECT_EQ(std::string(vramswap_last_error()), failure) << "successful calls changed the last error's text";
+  vramswap::release_cached(0);
+}
+
 }  // namespace
