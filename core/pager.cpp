@@ -61,6 +61,7 @@ int pager::create(backend& be, int device, page_store& store, frame_source& fram
   p->table_ = page_table(p->arena_.page_count());
   VS_TRY(be.stream_create(device, &p->out_stream_));
   VS_TRY(be.stream_create(device, &p->in_stream_));
+  VS_TRY(be.stream_create(device, &p->scrub_stream_));
   p->events_.resize(cfg.copies_in_flight);
   for (event_id& e : p->events_) VS_TRY(be.event_create(device, &e));
   log(log_level::debug, "pager: device %d, arena 0x%" PRIxPTR " + %" PRIu64 " bytes, frames of %" PRIu64 " bytes", device,
@@ -73,6 +74,7 @@ pager::~pager() {
   // Teardown tolerates failures (the driver may be shutting down): give back what we can.
   if (in_stream_ != 0) be_.stream_synchronize(in_stream_);
   if (out_stream_ != 0) be_.stream_synchronize(out_stream_);
+  if (scrub_stream_ != 0) be_.stream_synchronize(scrub_stream_);
   for (uint64_t p = 0; p < table_.size(); ++p) {
     if (table_[p].state == page_state::resident) unback_page(p, page_state::unbacked);
     drop_saved_copy(p);
@@ -83,6 +85,7 @@ pager::~pager() {
   if (scratch_ != 0) be_.unreserve(scratch_, scratch_size_);
   if (in_stream_ != 0) be_.stream_destroy(in_stream_);
   if (out_stream_ != 0) be_.stream_destroy(out_stream_);
+  if (scrub_stream_ != 0) be_.stream_destroy(scrub_stream_);
 }
 
 // --- page moves -------------------------------------------------------------------------
@@ -111,13 +114,15 @@ int pager::map_frame(uint64_t page, frame_id f) {
   return ok;
 }
 
-int pager::unback_page(uint64_t page, page_state now, bool scrubbed) {
+int pager::unback_page(uint64_t page, page_state now) {
   page_entry& e = table_[page];
   const device_ptr va = arena_.page_address(page);
-  if (!scrubbed && frames_.scrub_before_give_back(e.frame)) {
-    // The frame goes to another process next: zero it while it is still ours to write.
-    VS_TRY(be_.memset_d8(va, 0, frame_size_, out_stream_));
-    VS_TRY(be_.stream_synchronize(out_stream_));
+  if (frames_.scrub_before_give_back(e.frame)) {
+    // The frame goes to another process next: zero it while it is still ours to write. On
+    // a stream of its own, so that waiting for the scrub never waits for the copies out
+    // queued behind this page's.
+    VS_TRY(be_.memset_d8(va, 0, frame_size_, scrub_stream_));
+    VS_TRY(be_.stream_synchronize(scrub_stream_));
   }
   VS_TRY(be_.unmap(va, frame_size_));
   const int rc = frames_.give_back(e.frame);
@@ -239,7 +244,7 @@ void pager::set_not_resident() {
 
 int pager::evict_locked(const std::vector<bool>* chosen) {
   // The caller's kernels may still be writing the memory we are about to copy.
-  VS_TRY(add_context(be_.device_synchronize(device_), "evict_all: synchronizing device %d: ", device_));
+  VS_TRY(add_context(be_.device_synchronize(device_), "evict: synchronizing device %d failed before any page moved, nothing lost: ", device_));
 
   struct in_flight {
     uint64_t page;
@@ -249,24 +254,34 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
   size_t next_event = 0;
   int failure = ok;
   std::string failure_detail;
-
-  // Completes the oldest queued copy: the page's bytes are saved, so it can be unmapped.
-  auto finish_oldest = [&]() {
-    const in_flight f = pending.front();
-    pending.pop_front();
-    int rc = failure == ok ? be_.event_synchronize(f.event) : failure;
-    if (rc == ok) rc = unback_page(f.page, page_state::host, /*scrubbed=*/true);
-    if (rc == ok) {
-      stats_.bytes_out += frame_size_;
-      ++stats_.pages_evicted;
-      return;
-    }
-    // The copy (or the unmap) failed: the page stays resident and its partial copy is dropped.
-    store_.release(f.page);
+  auto note_failure = [&](int rc) {
     if (failure == ok) {
       failure = rc;
       failure_detail = last_error();
     }
+  };
+
+  // Completes the oldest queued copy. Its event is waited for even after another page
+  // failed: a copy that completed saved the page, which then leaves its frame like any
+  // other (a page whose copy completed and that stayed mapped would hold its only good
+  // bytes in a slot that the failure path must not drop). Only then is the frame scrubbed:
+  // a scrub never runs before its page's bytes are known to be saved.
+  auto finish_oldest = [&]() {
+    const in_flight f = pending.front();
+    pending.pop_front();
+    int rc = be_.event_synchronize(f.event);
+    if (rc == ok) {
+      rc = unback_saved_page(f.page);
+      if (rc == ok) {
+        stats_.bytes_out += frame_size_;
+        ++stats_.pages_evicted;
+      }
+    } else {
+      // The copy did not complete: the frame, never scrubbed, still holds the page's
+      // bytes; the partial copy is dropped.
+      store_.release(f.page);
+    }
+    if (rc != ok) note_failure(rc);
   };
 
   // Tell the store how many pages will be saved, so a store with a disk tier reserves the
@@ -287,13 +302,21 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     const advice adv = arena_.page_advice(p);
     if (adv == advice::discardable) {
       drop_saved_copy(p);
-      if ((failure = unback_page(p, page_state::discarded)) != ok) failure_detail = last_error();
+      const int rc = unback_page(p, page_state::discarded);
+      if (rc != ok) {
+        note_failure(rc);
+        break;
+      }
       ++stats_.pages_discarded;
       ++stats_.pages_evicted;
       continue;
     }
     if (e.host_copy_valid && adv == advice::read_mostly) {
-      if ((failure = unback_page(p, page_state::host)) != ok) failure_detail = last_error();
+      const int rc = unback_saved_page(p);
+      if (rc != ok) {
+        note_failure(rc);
+        break;
+      }
       e.host_copy_valid = false;  // the copy is now the page's only home, not a spare
       ++stats_.pages_clean;
       ++stats_.pages_evicted;
@@ -316,22 +339,19 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     }
     if (failure != ok) break;  // rc is err_busy: no slot was taken for p
     if (rc == err_busy) rc = store_.slot_for_write(p, frame_size_, &host);
-    if (rc == ok) {
-      rc = be_.copy_d2h(host, arena_.page_address(p), frame_size_, out_stream_);
-      // Scrub behind the copy on the same stream: the event then covers both.
-      if (rc == ok && frames_.scrub_before_give_back(e.frame)) rc = be_.memset_d8(arena_.page_address(p), 0, frame_size_, out_stream_);
-      if (rc == ok) rc = be_.event_record(events_[next_event], out_stream_);
-      if (rc != ok) {
-        const std::string why = last_error();
-        be_.stream_synchronize(out_stream_);  // nothing may still be writing into the slot
-        store_.release(p);
-        failure = fail(rc, "%s", why.c_str());
-      }
-    } else {
-      failure = rc;
+    if (rc != ok) {
+      note_failure(rc);  // p keeps its frame, untouched
+      break;
     }
-    if (failure != ok) {
-      failure_detail = last_error();
+    rc = be_.copy_d2h(host, arena_.page_address(p), frame_size_, out_stream_);
+    if (rc == ok) rc = be_.event_record(events_[next_event], out_stream_);
+    if (rc != ok) {
+      // Nothing may still be writing into the slot when it is dropped; the copy only read
+      // the frame, so the page is whole where it is.
+      const std::string why = last_error();
+      be_.stream_synchronize(out_stream_);
+      store_.release(p);
+      note_failure(fail(rc, "%s", why.c_str()));
       break;
     }
     pending.push_back({p, events_[next_event]});
@@ -343,6 +363,34 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
                 table_.count(page_state::resident), failure_detail.c_str());
   }
   return ok;
+}
+
+int pager::unback_saved_page(uint64_t page) {
+  const int rc = unback_page(page, page_state::host);
+  if (rc == ok || table_[page].state != page_state::resident) return rc;
+  // The page is still mapped, but the scrub that precedes the unmap may have zeroed its
+  // frame: its saved copy holds the only sure bytes. Copy them back so that the page is
+  // whole where it is, then drop the copy (a read_mostly copy stays, as it was).
+  const std::string why = last_error();
+  void* host = nullptr;
+  const device_ptr va = arena_.page_address(page);
+  int back = store_.slot_for_read(page, &host);
+  if (back == ok) back = be_.copy_h2d(va, host, frame_size_, in_stream_);
+  if (back == ok) back = be_.stream_synchronize(in_stream_);
+  if (back != ok) {
+    // Both the frame and the way back failed: keep the saved copy, the page's only sure
+    // bytes, marked valid so that nothing drops it before the page is saved again.
+    log(log_level::error, "pager: page %" PRIu64 " (0x%" PRIxPTR ") could not leave its frame (%s) nor get its bytes back (%s); its saved copy is kept",
+        page, va, why.c_str(), last_error());
+    table_[page].host_copy_valid = true;
+    return fail(rc, "page %" PRIu64 " (0x%" PRIxPTR "): %s; putting its saved bytes back failed too: %s", page, va, why.c_str(), last_error());
+  }
+  if (table_[page].host_copy_valid && arena_.page_advice(page) == advice::read_mostly) {
+    store_.read_done(page);
+  } else {
+    drop_saved_copy(page);
+  }
+  return fail(rc, "page %" PRIu64 " (0x%" PRIxPTR ") stays resident, its bytes put back from its saved copy: %s", page, va, why.c_str());
 }
 
 // --- restore ----------------------------------------------------------------------------
@@ -433,6 +481,12 @@ int pager::restore_all() {
       next_event = (next_event + 1) % events_.size();
     } else if (was == page_state::discarded) {
       failure = be_.memset_d8(va, 0, frame_size_, in_stream_);
+      if (failure != ok) {
+        // Not zero-filled: the page goes back to discarded (restored zero-filled later).
+        failure_detail = last_error();
+        be_.stream_synchronize(in_stream_);
+        unback_page(p, page_state::discarded);
+      }
     }
     if (failure != ok) break;
   }
@@ -448,7 +502,20 @@ int pager::restore_all() {
     // Copies in not known to be complete: their saved copies stay the pages' home. Pages
     // whose copy in completed keep their frames (they are resident and whole).
     for (const in_flight& c : copying) {
-      if (table_[c.page].state == page_state::resident) unback_page(c.page, page_state::host);
+      if (table_[c.page].state != page_state::resident || unback_page(c.page, page_state::host) == ok) continue;
+      // The frame could not be left (and its scrub may have run): complete the copy in
+      // instead, so that the page is whole where it is.
+      void* host = nullptr;
+      int back = store_.slot_for_read(c.page, &host);
+      if (back == ok) back = be_.copy_h2d(arena_.page_address(c.page), host, frame_size_, in_stream_);
+      if (back == ok) back = be_.stream_synchronize(in_stream_);
+      if (back == ok) {
+        copied_in(c.page);
+      } else {
+        log(log_level::error, "pager: page %" PRIu64 " could neither leave its frame nor get its bytes in (%s); its saved copy is kept",
+            c.page, last_error());
+        table_[c.page].host_copy_valid = true;
+      }
     }
     stats_.restore_seconds += since(t0);
     return fail(failure, "restore_all: stopped, nothing lost (pages not restored keep their saved copies): %s", failure_detail.c_str());

@@ -9,10 +9,12 @@
 // evict_all(): synchronize the device, then for every resident page
 //   - discardable advice: unmap, give the frame back, copy nothing (restored zero-filled);
 //   - a still-valid saved copy (read_mostly pages restored earlier): unmap, copy nothing;
-//   - otherwise: copy out into a pinned slot of the page store, and unmap and give the frame
-//     back as soon as that page's copy completes.
+//   - otherwise: copy out into a pinned slot of the page store, and scrub (when the frame
+//     source asks for it), unmap and give the frame back as soon as that page's copy is
+//     known to have completed.
 // Copies are queued on one stream, up to `copies_in_flight` ahead, each followed by an
-// event; unmapping page i overlaps the copies of pages i+1.. still on the wire.
+// event; scrubbing and unmapping page i overlap the copies of pages i+1.. still on the
+// wire (scrubs run on a stream of their own).
 //
 // restore_all(): for every live page that is not resident, take a frame, map it at the
 // page's address, grant access and queue the copy in (or a zero fill); mapping page i+1
@@ -26,10 +28,11 @@
 // shared frame pool and a shared host pool never wait on each other while each holds what
 // the other needs (docs/swap.md, "Shared host pool").
 //
-// Failure never loses data: a page is unmapped only after its bytes are known to be in the
-// store, and a saved copy is released only after the page is resident again and its copy
-// in completed. A failed evict_all()/restore_all() leaves every page either resident or
-// saved, and can simply be called again.
+// Failure never loses data: a page's frame is scrubbed and unmapped only after its bytes are
+// known to be in the store (a page whose copy completed leaves its frame even when a later
+// page failed), and a saved copy is released only after the page is resident again and its
+// copy in completed. A failed evict_all()/restore_all() leaves every page's bytes in
+// exactly one place, resident or saved, and can simply be called again.
 //
 // Thread-safe: one mutex serializes every call (they are rare and long, or cheap).
 #pragma once
@@ -143,7 +146,11 @@ class pager {
 
   int back_page(uint64_t page);                   // take a frame, map, grant access
   int map_frame(uint64_t page, frame_id f);       // map f at the page, grant access (f given back on failure)
-  int unback_page(uint64_t page, page_state now, bool scrubbed = false);  // unmap, give the frame back
+  int unback_page(uint64_t page, page_state now);  // scrub if the source says so, unmap, give the frame back
+  // unback_page(page, host) for a page whose saved copy holds its bytes; when the frame
+  // cannot be left (the scrub may already have zeroed it), the bytes are put back from the
+  // saved copy and the page stays resident and whole.
+  int unback_saved_page(uint64_t page);
   void drop_saved_copy(uint64_t page);            // release the store's copy, if any
   void invalidate_saved_copies(page_range pages);
   // Evict the resident pages for which `chosen(page)` is true (all when it is null).
@@ -165,6 +172,7 @@ class pager {
   uint64_t resident_pages_ = 0;  // pages mapped in a frame
   stream_id out_stream_ = 0;
   stream_id in_stream_ = 0;
+  stream_id scrub_stream_ = 0;  // frames zeroed before they are given back
   std::vector<event_id> events_;  // ring for eviction copies
   device_ptr scratch_ = 0;        // remap_pages: where new frames are filled before they swap in
   size_t scratch_size_ = 0;

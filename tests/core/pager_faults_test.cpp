@@ -1,0 +1,264 @@
+// A failure at any step of an eviction or a restore leaves every page's bytes intact in
+// exactly one place. The pager runs over a fault layer (support/faulty_backend.hpp) and a
+// page store that can refuse the n-th slot, with frames that are scrubbed before they are
+// given back, as a shared pool's are (a scrub that runs too early zeroes a page for good),
+// and random bytes in every page. For every operation an eviction or a restore makes, the
+// n-th call fails, for every n that a clean run reaches; after each failure the pager's
+// invariants hold, every live page is resident or saved, and once the fault is gone the
+// next restore brings back every byte, and the next eviction and restore work.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/pager.hpp"
+#include "core/status.hpp"
+#include "support/backends.hpp"
+#include "support/faulty_backend.hpp"
+#include "support/random_bytes.hpp"
+#include "swap/host_tier.hpp"
+
+namespace vramswap {
+namespace {
+
+using test::fault_op;
+
+constexpr uint64_t MiB = 1ull << 20;
+constexpr uint64_t k_page = 2 * MiB;
+constexpr uint64_t k_normal_pages = 6;   // rewritten with new random bytes before every round
+constexpr uint64_t k_kept_pages = 2;     // read_mostly: written once, their saved copies kept
+
+// Frames made and released on demand, zeroed before they are given back.
+class scrubbing_frames final : public frame_source {
+ public:
+  explicit scrubbing_frames(backend& be) : be_(be) {}
+  int take(int device, size_t size, frame_id* out) override { return be_.create_frame(device, size, out); }
+  int give_back(frame_id frame) override { return be_.release_frame(frame); }
+  bool scrub_before_give_back(frame_id) const override { return true; }
+
+ private:
+  backend& be_;
+};
+
+// A host tier whose n-th slot_for_write or slot_for_read fails, as a full disk or a failed
+// read would make a store with a disk tier fail.
+class faulty_store final : public page_store {
+ public:
+  explicit faulty_store(backend& be) : tier_(be, k_page, 4) {}
+  enum class op { write, read };
+  void fail_at(op o, uint64_t n) {
+    writes_ = reads_ = 0;
+    armed_ = true;
+    op_ = o;
+    n_ = n;
+  }
+  void disarm() { armed_ = false; }
+  uint64_t writes() const { return writes_; }
+  uint64_t reads() const { return reads_; }
+  void count_calls() {
+    writes_ = reads_ = 0;
+    armed_ = false;
+  }
+
+  int slot_for_write(uint64_t key, size_t size, void** host) override {
+    if (armed_ && op_ == op::write && writes_ == n_) {
+      ++writes_;
+      return fail(err_no_space, "injected fault: no space for page %llu", static_cast<unsigned long long>(key));
+    }
+    ++writes_;
+    return tier_.slot_for_write(key, size, host);
+  }
+  int slot_for_read(uint64_t key, void** host) override {
+    if (armed_ && op_ == op::read && reads_ == n_) {
+      ++reads_;
+      return fail(err_io, "injected fault: reading page %llu failed", static_cast<unsigned long long>(key));
+    }
+    ++reads_;
+    return tier_.slot_for_read(key, host);
+  }
+  int release(uint64_t key) override { return tier_.release(key); }
+  bool holds(uint64_t key) const override { return tier_.holds(key); }
+  uint64_t bytes_held() const override { return tier_.bytes_held(); }
+
+ private:
+  host_tier tier_;
+  bool armed_ = false;
+  op op_ = op::write;
+  uint64_t n_ = 0;
+  uint64_t writes_ = 0;
+  uint64_t reads_ = 0;
+};
+
+class PagerFaults : public ::testing::TestWithParam<backend_kind> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    backend* real = test::shared_backend(GetParam(), &why);
+    if (real == nullptr) GTEST_SKIP() << "backend " << backend_kind_name(GetParam()) << " unavailable here: " << why;
+    be = std::make_unique<test::faulty_backend>(*real);
+    store = std::make_unique<faulty_store>(*be);
+    frames = std::make_unique<scrubbing_frames>(*be);
+    pager_config cfg;
+    cfg.frame_size = k_page;
+    cfg.arena_size = 64 * MiB;
+    cfg.copies_in_flight = 4;
+    ASSERT_EQ(pager::create(*be, 0, *store, *frames, cfg, &pg), ok) << last_error();
+    ASSERT_EQ(be->stream_create(0, &stream), ok) << last_error();
+    ASSERT_EQ(be->host_alloc(k_page, &staging), ok) << last_error();
+    ASSERT_EQ(pg->malloc(k_normal_pages * k_page, &normal), ok) << last_error();
+    ASSERT_EQ(pg->malloc(k_kept_pages * k_page, &kept), ok) << last_error();
+    write(kept, k_kept_pages, 7777);
+    ASSERT_EQ(pg->advise(kept, k_kept_pages * k_page, advice::read_mostly), ok) << last_error();
+  }
+  void TearDown() override {
+    if (be == nullptr) return;
+    pg.reset();
+    store.reset();
+    if (staging != nullptr) be->host_free(staging);
+    if (stream != 0) be->stream_destroy(stream);
+  }
+
+  // Pages of [ptr, +pages) get fill_random(seed * 1000 + page).
+  void write(device_ptr ptr, uint64_t pages, uint64_t seed) {
+    for (uint64_t i = 0; i < pages; ++i) {
+      test::fill_random(staging, k_page, seed * 1000 + i);
+      ASSERT_EQ(be->copy_h2d(ptr + i * k_page, staging, k_page, stream), ok) << last_error();
+      ASSERT_EQ(be->stream_synchronize(stream), ok) << last_error();
+    }
+  }
+  ::testing::AssertionResult holds(device_ptr ptr, uint64_t pages, uint64_t seed) {
+    for (uint64_t i = 0; i < pages; ++i) {
+      std::memset(staging, 0x5A, k_page);
+      if (be->copy_d2h(staging, ptr + i * k_page, k_page, stream) != ok || be->stream_synchronize(stream) != ok) {
+        return ::testing::AssertionFailure() << "reading page " << i << ": " << last_error();
+      }
+      const size_t at = test::first_mismatch(staging, k_page, seed * 1000 + i);
+      if (at != k_page) {
+        return ::testing::AssertionFailure() << "page " << i << " of 0x" << std::hex << ptr << std::dec << " differs at byte " << at
+                                             << (static_cast<unsigned char*>(staging)[at] == 0 ? " (zero: scrubbed)" : "");
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+  // Every live page is resident or saved, never nowhere; resident pages of normal memory
+  // hold no saved copy (the invariants say the rest).
+  ::testing::AssertionResult every_page_in_one_place() {
+    if (pg->check_invariants() != ok) return ::testing::AssertionFailure() << last_error();
+    for (uint64_t i = 0; i < k_normal_pages + k_kept_pages; ++i) {
+      const device_ptr p = (i < k_normal_pages ? normal + i * k_page : kept + (i - k_normal_pages) * k_page);
+      const page_state s = pg->state_of(p);
+      if (s != page_state::resident && s != page_state::host) {
+        return ::testing::AssertionFailure() << "page at 0x" << std::hex << p << " is " << page_state_name(s);
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+  // After a failure: fault gone, restore, every byte back; then a whole round works.
+  void recover_and_verify(uint64_t seed, const std::string& where) {
+    be->disarm();
+    store->disarm();
+    ASSERT_EQ(pg->restore_all(), ok) << where << ": " << last_error();
+    ASSERT_TRUE(holds(normal, k_normal_pages, seed)) << where;
+    ASSERT_TRUE(holds(kept, k_kept_pages, 7777)) << where;
+    ASSERT_EQ(pg->evict_all(), ok) << where << ": " << last_error();
+    ASSERT_EQ(pg->restore_all(), ok) << where << ": " << last_error();
+    ASSERT_TRUE(holds(normal, k_normal_pages, seed)) << where << ", after a clean round";
+    ASSERT_TRUE(holds(kept, k_kept_pages, 7777)) << where << ", after a clean round";
+  }
+  // How many calls of each kind a clean eviction (restore: false) or restore makes.
+  std::vector<uint64_t> clean_counts(bool restore) {
+    std::vector<uint64_t> n;
+    if (restore) {
+      EXPECT_EQ(pg->evict_all(), ok) << last_error();
+    }
+    be->count_calls();
+    store->count_calls();
+    EXPECT_EQ(restore ? pg->restore_all() : pg->evict_all(), ok) << last_error();
+    for (unsigned op = 0; op < static_cast<unsigned>(fault_op::count_); ++op) n.push_back(be->calls(static_cast<fault_op>(op)));
+    n.push_back(store->writes());
+    n.push_back(store->reads());
+    if (!restore) {
+      EXPECT_EQ(pg->restore_all(), ok) << last_error();
+    }
+    return n;
+  }
+
+  // One failure at every position: arm(n) for n in [0, count), then `step`, then check.
+  template <typename Arm>
+  void sweep(bool restore, const char* name, uint64_t count, Arm arm) {
+    for (uint64_t n = 0; n < count; ++n) {
+      const std::string where = std::string(restore ? "restore" : "eviction") + ", " + name + " call #" + std::to_string(n) + " failing";
+      const uint64_t seed = 100 + ++round_;
+      write(normal, k_normal_pages, seed);
+      if (restore) {
+        ASSERT_EQ(pg->evict_all(), ok) << where << ": " << last_error();
+      }
+      arm(n);
+      clear_error();
+      const int rc = restore ? pg->restore_all() : pg->evict_all();
+      if (rc != ok) {
+        ++failures_;
+        EXPECT_NE(std::string(last_error()).find("nothing lost"), std::string::npos) << where << ": " << last_error();
+      }
+      ASSERT_TRUE(every_page_in_one_place()) << where;
+      recover_and_verify(seed, where);
+      if (HasFatalFailure()) return;
+    }
+  }
+
+  void sweep_all(bool restore) {
+    const std::vector<uint64_t> counts = clean_counts(restore);
+    for (unsigned op = 0; op < static_cast<unsigned>(fault_op::count_); ++op) {
+      const auto o = static_cast<fault_op>(op);
+      sweep(restore, test::fault_op_name(o), counts[op], [&](uint64_t n) { be->fail_at(o, n); });
+      if (HasFatalFailure()) return;
+    }
+    const size_t w = static_cast<size_t>(fault_op::count_);
+    sweep(restore, "slot_for_write", counts[w], [&](uint64_t n) { store->fail_at(faulty_store::op::write, n); });
+    sweep(restore, "slot_for_read", counts[w + 1], [&](uint64_t n) { store->fail_at(faulty_store::op::read, n); });
+  }
+
+  std::unique_ptr<test::faulty_backend> be;
+  std::unique_ptr<faulty_store> store;
+  std::unique_ptr<scrubbing_frames> frames;
+  std::unique_ptr<pager> pg;
+  stream_id stream = 0;
+  void* staging = nullptr;
+  device_ptr normal = 0;
+  device_ptr kept = 0;
+  uint64_t round_ = 0;
+  uint64_t failures_ = 0;
+};
+
+TEST_P(PagerFaults, AFailureAtAnyStepOfAnEvictionLosesNoByte) {
+  sweep_all(/*restore=*/false);
+  EXPECT_GT(failures_, 20u) << "the sweep must have made evictions fail";
+}
+
+TEST_P(PagerFaults, AFailureAtAnyStepOfARestoreLosesNoByte) {
+  sweep_all(/*restore=*/true);
+  EXPECT_GT(failures_, 20u) << "the sweep must have made restores fail";
+}
+
+// The case seen in the field: the store runs out of space part-way through an eviction
+// while copies of earlier pages are still in flight behind it.
+TEST_P(PagerFaults, AStoreThatFillsUpMidEvictionKeepsThePagesInFlightWhole) {
+  for (uint64_t n : {1u, 3u, 5u}) {
+    const uint64_t seed = 900 + n;
+    write(normal, k_normal_pages, seed);
+    const uint64_t evicted_before = pg->stats().pages_evicted;
+    store->fail_at(faulty_store::op::write, n);
+    EXPECT_EQ(pg->evict_all(), err_no_space);
+    ASSERT_TRUE(every_page_in_one_place());
+    EXPECT_EQ(pg->stats().pages_evicted - evicted_before, n) << "the pages whose copies completed (all those with a slot) left their frames";
+    recover_and_verify(seed, "slot " + std::to_string(n) + " refused");
+    if (HasFatalFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, PagerFaults, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
+
+}  // namespace
+}  // namespace vramswap
