@@ -23,6 +23,7 @@
 #include "core/log.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
+#include "lock/ownership.hpp"
 #include "lock/pool_protocol.hpp"
 #include "lock/pool_segment.hpp"
 #include "lock/process_identity.hpp"
@@ -72,6 +73,25 @@ int try_connect(const std::string& path, int* fd_out) {
   }
   *fd_out = fd.release();
   return ok;
+}
+
+// The server at the other end of `fd` (connected to `path`) must be ours: this user's, or in
+// group mode a member of VRAMSWAP_GROUP. Anyone else's would see and write this process's
+// memory through the frames it hands out.
+int check_server_peer(int fd, const std::string& path) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return fail_errno(errno, "pool: SO_PEERCRED on %s", path.c_str());
+  sharing who;
+  VS_TRY(current_sharing(&who));
+  if (cred.uid == ::geteuid()) return ok;
+  if (who.group && (cred.gid == who.gid || process_in_group(cred.pid, who.gid))) return ok;
+  return fail(err_not_owner,
+              "pool: the pool server listening on %s (pid %d) runs as %s, not as you (%s)%s: another user's server is never "
+              "used (its frames would expose this process's memory to it); have its owner stop it, or use another "
+              "VRAMSWAP_RUNTIME_DIR",
+              path.c_str(), static_cast<int>(cred.pid), describe_uid(cred.uid).c_str(), describe_uid(::geteuid()).c_str(),
+              who.group ? (" and is not in group " + describe_gid(who.gid) + " (VRAMSWAP_GROUP)").c_str() : "");
 }
 
 int set_timeouts(int fd, int seconds) {
@@ -266,24 +286,26 @@ int pool_paths::make(const std::string& device_key, bool create_dir, pool_paths*
       } else if (errno != EEXIST) {
         return fail_errno(errno, "pool: cannot create the runtime dir %s (VRAMSWAP_RUNTIME_DIR)", p.dir.c_str());
       }
+      // Checked on the opened directory, never by a path looked at first (a symlink is refused).
+      const int dir_fd = ::open(p.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (dir_fd < 0) {
+        const int e = errno;
+        struct stat st {};
+        if ((e == ENOTDIR || e == ELOOP) && ::lstat(p.dir.c_str(), &st) == 0) {
+          return fail(err_not_owner, "pool: the runtime dir %s is not a directory (a symlink or file is refused); remove it or set "
+                      "VRAMSWAP_RUNTIME_DIR to a directory of your own", p.dir.c_str());
+        }
+        return fail_errno(e, "pool: cannot open the runtime dir %s", p.dir.c_str());
+      }
       struct stat st {};
-      if (::lstat(p.dir.c_str(), &st) != 0) return fail_errno(errno, "pool: lstat %s", p.dir.c_str());
-      if (!S_ISDIR(st.st_mode)) {
-        return fail(err_not_owner, "pool: the runtime dir %s is not a directory (a symlink or file is refused)", p.dir.c_str());
-      }
-      const bool mine = st.st_uid == ::geteuid();
-      const bool groups = group && st.st_gid == gid && (st.st_mode & 0777) == 0770;
-      if (!mine && !groups) {
-        return fail(err_not_owner,
-                    "pool: the runtime dir %s belongs to uid %u (mode %03o), not to you (uid %u)%s; remove it or set "
-                    "VRAMSWAP_RUNTIME_DIR to a directory of your own",
-                    p.dir.c_str(), static_cast<unsigned>(st.st_uid), static_cast<unsigned>(st.st_mode & 0777),
-                    static_cast<unsigned>(::geteuid()), group ? " and is not shared with VRAMSWAP_GROUP (mode 0770)" : "");
-      }
-      if ((st.st_mode & 0007) != 0) {
-        return fail(err_not_owner, "pool: the runtime dir %s is open to every user (mode %03o); make it 0700 (or 0770)",
-                    p.dir.c_str(), static_cast<unsigned>(st.st_mode & 0777));
-      }
+      const int src = ::fstat(dir_fd, &st);
+      const int e = errno;
+      ::close(dir_fd);
+      if (src != 0) return fail_errno(e, "pool: fstat the runtime dir %s", p.dir.c_str());
+      sharing who;
+      who.group = group;
+      who.gid = gid;
+      VS_TRY(check_owned(st, S_IFDIR, p.dir, "pool: the runtime dir", who, "or set VRAMSWAP_RUNTIME_DIR to a directory of your own"));
     }
     *out = std::move(p);
     return ok;
@@ -343,8 +365,8 @@ int pool_connection::connect(backend& be, int device, bool autostart, std::uniqu
     int rc = try_connect(paths.socket, &c->fd_);
     if (rc == err_unavailable && autostart) {
       // One starter at a time: the others wait here and then find the server it started.
-      fd_guard lock(::open(paths.start_lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-      if (lock.fd < 0) return fail_errno(errno, "pool: open %s", paths.start_lock.c_str());
+      fd_guard lock;
+      VS_TRY(open_owned(paths.start_lock, O_RDWR | O_CREAT, "pool: the start lock", "or use another VRAMSWAP_RUNTIME_DIR", &lock.fd));
       int lrc;
       while ((lrc = ::flock(lock.fd, LOCK_EX)) != 0 && errno == EINTR) {
       }
@@ -368,6 +390,7 @@ int pool_connection::connect(backend& be, int device, bool autostart, std::uniqu
       }
       return rc;
     }
+    VS_TRY(check_server_peer(c->fd_, paths.socket));
     VS_TRY(c->handshake());
     *out = std::move(c);
     return ok;
@@ -448,6 +471,14 @@ int pool_connection::handshake() noexcept {
   }
   if (w.host_slot_count > 0) VS_TRY(attach_host_pool(w.host_slot_count, w.host_pool_bytes));
   VS_TRY(pool_segment::open(w.segment_name, &segment_));
+  // The segment at that name must be this server's: a frame table of another pool would
+  // have this process write into frames that other processes own.
+  if (segment_->header()->server_pid != static_cast<int32_t>(server_pid_)) {
+    return fail(err_version_mismatch,
+                "pool: the pool segment /dev/shm%s belongs to the pool server pid %d, not to pid %d that welcomed this "
+                "process; the device's pool changed hands while connecting: connect again",
+                w.segment_name, static_cast<int>(segment_->header()->server_pid), static_cast<int>(server_pid_));
+  }
   if (segment_->frame_count() != frames_.size() || segment_->frame_size() != frame_size_ || member_ >= pool_layout::k_member_count) {
     return fail(err_version_mismatch, "pool: segment %s describes %u frames of %" PRIu64 " bytes, the server sent %zu of %" PRIu64,
                 w.segment_name, segment_->frame_count(), segment_->frame_size(), frames_.size(), frame_size_);

@@ -1,8 +1,16 @@
 // The byte layout of a device's pool segment: the frame table and the member table that
 // every process sharing the pool maps. Created by the pool server (vramswapd) when it
-// starts, named "/<VRAMSWAP_SHM_PREFIX>vramswap-pool-<device key>", mode 0600 (0660 with
-// VRAMSWAP_GROUP). A new server replaces the segment; clients of the old one notice the
-// server's death on their socket and stop using theirs.
+// starts, named "/<VRAMSWAP_SHM_PREFIX>vramswap-<owner>-pool-<device key>" (owner "u<uid>",
+// or "g<gid>" with VRAMSWAP_GROUP), mode 0600 (0660 with VRAMSWAP_GROUP).
+//
+// The segment is also the pool's identity: whatever runtime dir a server uses, every server
+// of the device meets at this one name. The server that holds an exclusive flock on it (for
+// its whole life) is the device's one server, and its header says who it is (pid, start
+// time, runtime dir, socket) before anything else is built. A segment whose flock is held
+// is never removed or written by anyone else; a new server replaces (unlinks, then creates
+// anew) only a segment whose flock nobody holds: a dead server's. Clients of the dead one
+// keep their mapping of the old inode, notice the server's death on their socket and stop
+// using it.
 //
 // Glossary
 //   frame   one physical allocation of the pool; index 0..frame_count-1 here, the same
@@ -62,7 +70,8 @@ constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-end
 //    ring between the member table and the frame table, the metrics port in the header.
 // 3: the header is two cache lines (host pool: slot count, slot size, slots_freed futex);
 //    the host slot table follows the frame table; frame state lent (oversubscribed members).
-constexpr uint64_t k_layout_version = 3;
+// 4: the header holds the server's identity (claimed, runtime dir, socket): ten lines.
+constexpr uint64_t k_layout_version = 4;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;
 constexpr uint32_t k_no_member = 0xFFFF;
@@ -191,6 +200,12 @@ struct alignas(k_cache_line) trace_ring {
   trace_record records[k_trace_records];
 };
 
+constexpr size_t k_server_path_bytes = 256;
+
+// Written in two steps by the server. Claim: it holds the flock and writes server_pid,
+// server_start_time, server_runtime_dir and server_socket, then stores claimed = 1 (release):
+// from then on a second server can name it. Initialize: everything else, magic last. Clients
+// and observers use a segment only once they see the magic.
 struct alignas(k_cache_line) pool_header {
   std::atomic<uint64_t> magic;  // published last by the creator
   uint64_t format;              // format_word()
@@ -207,9 +222,13 @@ struct alignas(k_cache_line) pool_header {
   uint32_t reserved_;
   uint64_t host_slot_size;              // bytes per slot (the frame size)
   std::atomic<uint32_t> slots_freed;    // futex: bumped whenever a host slot becomes free
-  uint32_t reserved2_[9];
+  std::atomic<uint32_t> claimed;        // 1 once the server's identity below (and pid, start time) is written
+  uint32_t reserved2_[8];
+  // --- lines 3-10: where the server serves (for the message of a second server) ---
+  char server_runtime_dir[k_server_path_bytes];  // NUL-terminated, truncated if longer
+  char server_socket[k_server_path_bytes];
 };
-static_assert(sizeof(pool_header) == 2 * k_cache_line);
+static_assert(sizeof(pool_header) == 10 * k_cache_line);
 
 constexpr size_t k_members_offset = sizeof(pool_header);
 constexpr size_t k_traces_offset = k_members_offset + k_member_count * sizeof(member_slot);

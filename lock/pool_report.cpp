@@ -110,8 +110,8 @@ std::string command_for(const device_report& d, pid_t pid) {
 int discover_devices(std::vector<std::string>* keys) noexcept {
   try {
     std::string marker;
-    VS_TRY(pool_segment::name_for("x", &marker));  // "/<prefix>vramswap-pool-x"
-    marker = marker.substr(1, marker.size() - 2);  // "<prefix>vramswap-pool-"
+    VS_TRY(pool_segment::name_for("x", &marker));  // "/<prefix>vramswap-<owner>-pool-x"
+    marker = marker.substr(1, marker.size() - 2);  // "<prefix>vramswap-<owner>-pool-"
     keys->clear();
     DIR* d = ::opendir("/dev/shm");
     if (d == nullptr) return fail_errno(errno, "status: cannot list /dev/shm");

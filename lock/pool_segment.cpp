@@ -1,32 +1,104 @@
 #include "lock/pool_segment.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <climits>
+#include <cstring>
 #include <new>
 
+#include "core/log.hpp"
 #include "core/status.hpp"
 #include "lock/futex.hpp"
+#include "lock/ownership.hpp"
+#include "lock/process_identity.hpp"
 #include "lock/shared_segment.hpp"
 
 namespace vramswap {
 using namespace pool_layout;
 
+namespace {
+
+// How long a second server waits for the holder of a segment to say who it is (a server
+// replacing a dead one's segment, or one between its flock and its identity) before it
+// reports what it knows.
+constexpr uint64_t k_claim_wait_ns = 3'000'000'000;
+
+std::string path_of(const std::string& name) { return "/dev/shm" + name; }
+
+std::string bounded(const char* text, size_t max) { return std::string(text, ::strnlen(text, max)); }
+
+// The identity published in the segment open on `fd`; false when it is not (yet) there.
+bool read_identity(int fd, pool_segment::server_identity* who) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(pool_header)) return false;
+  void* p = ::mmap(nullptr, sizeof(pool_header), PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return false;
+  const pool_header* h = header_of(p);
+  const bool published = h->claimed.load(std::memory_order_acquire) == 1;
+  if (published) {
+    who->pid = h->server_pid;
+    who->start_time = h->server_start_time;
+    who->runtime_dir = bounded(h->server_runtime_dir, sizeof h->server_runtime_dir);
+    who->socket = bounded(h->server_socket, sizeof h->server_socket);
+  }
+  ::munmap(p, sizeof(pool_header));
+  return published;
+}
+
+// "pool server pid 12 (runtime dir /run/vramswap, socket /run/vramswap/GPU-1.sock)".
+std::string describe(const pool_segment::server_identity& who) {
+  std::string text = "pool server pid " + std::to_string(who.pid) + " (runtime dir " +
+                     (who.runtime_dir.empty() ? std::string("unknown") : who.runtime_dir);
+  if (!who.socket.empty()) text += ", socket " + who.socket;
+  return text + ")";
+}
+
+void copy_path(char* to, const std::string& from) {
+  const size_t n = std::min(from.size(), k_server_path_bytes - 1);
+  std::memcpy(to, from.data(), n);
+  to[n] = '\0';
+}
+
+}  // namespace
+
 int pool_segment::name_for(const std::string& device_key, std::string* out) noexcept {
-  // The lock's naming rules (prefix, allowed characters) with a "pool-" marker.
+  // The lock's naming rules (prefix, owner, allowed characters) with a "pool-" marker.
   return shared_segment::name_for("pool-" + device_key, out);
 }
 
 int pool_segment::remove(const std::string& device_key) noexcept {
-  std::string name;
-  VS_TRY(name_for(device_key, &name));
-  if (::shm_unlink(name.c_str()) != 0 && errno != ENOENT) return fail_errno(errno, "pool: shm_unlink %s", name.c_str());
-  return ok;
+  try {
+    std::string name;
+    VS_TRY(name_for(device_key, &name));
+    const int fd = ::open(path_of(name).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? ok : fail_errno(errno, "pool: open /dev/shm%s to remove it", name.c_str());
+    // Only a segment whose flock nobody holds is removed, by the one who holds it now: the
+    // rule every remover and every server follows (lock/pool_layout.hpp).
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      server_identity who;
+      const bool known = read_identity(fd, &who);
+      ::close(fd);
+      return fail(err_busy, "pool: /dev/shm%s is held by %s; a live pool is never removed: stop that server first%s", name.c_str(),
+                  known ? describe(who).c_str() : "a pool server that is starting",
+                  known ? (" (kill -TERM " + std::to_string(who.pid) + ")").c_str() : "");
+    }
+    struct stat st {};
+    int rc = ok;
+    if (::fstat(fd, &st) == 0 && st.st_nlink > 0 && ::shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
+      rc = fail_errno(errno, "pool: shm_unlink %s", name.c_str());
+    }
+    ::close(fd);
+    return rc;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
 }
 
 int pool_segment::adopt(void* base, size_t size, const std::string& name, std::unique_ptr<pool_segment>* out) noexcept {
@@ -42,40 +114,113 @@ int pool_segment::adopt(void* base, size_t size, const std::string& name, std::u
   return ok;
 }
 
-int pool_segment::create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, uint32_t host_slots,
-                         pid_t server_pid, uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept {
-  std::string name;
-  VS_TRY(name_for(device_key, &name));
-  gid_t gid = 0;
-  bool group = false;
-  VS_TRY(configured_group(&gid, &group));
-  // A stale segment (a dead server's) is replaced, never reused: its frames are gone.
-  ::shm_unlink(name.c_str());
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return fail_errno(errno, "pool: creating /dev/shm%s (is another pool server starting?)", name.c_str());
+int pool_segment::claim(const std::string& device_key, const server_identity& who, std::unique_ptr<pool_segment>* out) noexcept {
+  try {
+    std::string name;
+    VS_TRY(name_for(device_key, &name));
+    const std::string path = path_of(name);
+    const uint64_t deadline = monotonic_ns() + k_claim_wait_ns;
+    for (;;) {
+      int fd = -1;
+      VS_TRY(open_owned(path, O_RDWR | O_CREAT, "pool: the pool segment", "or use another VRAMSWAP_SHM_PREFIX", &fd));
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int e = errno;
+        server_identity other;
+        const bool known = e == EWOULDBLOCK && read_identity(fd, &other);
+        struct stat st {};
+        const bool linked = ::fstat(fd, &st) == 0 && st.st_nlink > 0;
+        ::close(fd);
+        if (e == EINTR) continue;
+        if (e != EWOULDBLOCK) return fail_errno(e, "pool: flock %s", path.c_str());
+        const bool alive = known && check_liveness({other.pid, other.start_time}) == liveness::alive;
+        const bool late = monotonic_ns() >= deadline;
+        if ((alive && linked) || late) {
+          std::string whom = known ? describe(other) : "a pool server that has not yet said who it is (still starting?)";
+          if (known && !alive) whom += ", which this PID namespace does not show as running";
+          return fail(err_busy,
+                      "pool: device %s already has a pool: %s holds its pool segment %s. One device has one pool, whatever "
+                      "the runtime dir: use that server (its clients set VRAMSWAP_RUNTIME_DIR=%s), or stop it first%s",
+                      device_key.c_str(), whom.c_str(), path.c_str(),
+                      known && !other.runtime_dir.empty() ? other.runtime_dir.c_str() : "<its runtime dir>",
+                      known ? (" (kill -TERM " + std::to_string(other.pid) + ")").c_str() : "");
+        }
+        // A server replacing a dead one's segment, or one between its flock and its identity:
+        // look again shortly (it either publishes itself or unlinks this one).
+        ::usleep(10'000);
+        continue;
+      }
+      struct stat st {};
+      if (::fstat(fd, &st) != 0) {
+        const int e = errno;
+        ::close(fd);
+        return fail_errno(e, "pool: fstat %s", path.c_str());
+      }
+      if (st.st_nlink == 0) {  // its holder replaced it before we got its flock: the name is another one's now
+        ::close(fd);
+        continue;
+      }
+      if (st.st_size != 0) {
+        // A dead server's segment (nobody holds its flock). Its clients may still map it and
+        // write into it until they notice the death: never reuse it, replace it.
+        server_identity dead;
+        const bool known = read_identity(fd, &dead);
+        log(log_level::info, "pool: replacing the stale pool segment %s of %s", path.c_str(),
+            known ? (describe(dead) + ", no longer running").c_str() : "a pool server that died while starting");
+        const int urc = ::shm_unlink(name.c_str());
+        const int e = errno;
+        ::close(fd);
+        if (urc != 0 && e != ENOENT) return fail_errno(e, "pool: removing the stale pool segment %s", path.c_str());
+        continue;
+      }
+      // Empty and ours: say who we are before anything else.
+      const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      void* base = MAP_FAILED;
+      if (::ftruncate(fd, static_cast<off_t>(size)) == 0) base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED) {
+        const int e = errno;
+        ::shm_unlink(name.c_str());
+        ::close(fd);
+        return fail_errno(e, "pool: sizing and mapping %s (is /dev/shm full?)", path.c_str());
+      }
+      pool_header* h = header_of(base);
+      h->server_pid = who.pid;
+      h->server_start_time = who.start_time;
+      copy_path(h->server_runtime_dir, who.runtime_dir);
+      copy_path(h->server_socket, who.socket);
+      h->claimed.store(1, std::memory_order_release);
+      const int rc = adopt(base, size, name, out);
+      if (rc != ok) {
+        ::shm_unlink(name.c_str());
+        ::close(fd);
+        return rc;
+      }
+      (*out)->claim_fd_ = fd;
+      return ok;
+    }
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+}
+
+int pool_segment::initialize(uint32_t frame_count, uint64_t frame_size, uint32_t host_slots) noexcept {
+  if (claim_fd_ < 0 || header()->magic.load(std::memory_order_relaxed) != 0) {
+    return fail(err_internal, "pool: initialize of %s, which this process has not claimed or has initialized already", name_.c_str());
+  }
   const size_t size = segment_size_for(frame_count, host_slots);
-  int rc = ok;
-  if (group && ::fchown(fd, static_cast<uid_t>(-1), gid) != 0) rc = fail_errno(errno, "pool: fchown /dev/shm%s to VRAMSWAP_GROUP", name.c_str());
-  if (rc == ok && ::fchmod(fd, group ? 0660 : 0600) != 0) rc = fail_errno(errno, "pool: fchmod /dev/shm%s", name.c_str());
-  if (rc == ok && ::ftruncate(fd, static_cast<off_t>(size)) != 0) rc = fail_errno(errno, "pool: ftruncate /dev/shm%s", name.c_str());
-  void* base = MAP_FAILED;
-  if (rc == ok) {
-    base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) rc = fail_errno(errno, "pool: mmap /dev/shm%s", name.c_str());
+  if (::ftruncate(claim_fd_, static_cast<off_t>(size)) != 0) {
+    return fail_errno(errno, "pool: sizing /dev/shm%s to %zu bytes (is /dev/shm full?)", name_.c_str(), size);
   }
-  ::close(fd);
-  if (rc != ok) {
-    ::shm_unlink(name.c_str());
-    return rc;
-  }
-  // ftruncate gave zeros: every frame free with owner 0... set the owners explicitly.
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, claim_fd_, 0);
+  if (base == MAP_FAILED) return fail_errno(errno, "pool: mmap /dev/shm%s", name_.c_str());
+  ::munmap(base_, size_);
+  base_ = base;
+  size_ = size;
+  // ftruncate gave zeros past the identity: every frame free with owner 0... set the owners explicitly.
   pool_header* h = header_of(base);
   h->format = format_word();
   h->segment_size = size;
   h->frame_size = frame_size;
   h->frame_count = frame_count;
-  h->server_pid = server_pid;
-  h->server_start_time = server_start_time;
   h->host_slot_count = host_slots;
   h->host_slot_size = host_slots > 0 ? frame_size : 0;
   frame_entry* frames = frames_of(base);
@@ -87,12 +232,24 @@ int pool_segment::create(const std::string& device_key, uint32_t frame_count, ui
     slots[i].word.store(slot_word{slot_free, k_no_member, 0}.encode(), std::memory_order_relaxed);
   }
   h->magic.store(k_magic, std::memory_order_release);  // published last
-  return adopt(base, size, name, out);
+  return ok;
+}
+
+int pool_segment::create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, uint32_t host_slots,
+                         pid_t server_pid, uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept {
+  server_identity who;
+  who.pid = server_pid;
+  who.start_time = server_start_time;
+  std::unique_ptr<pool_segment> seg;
+  VS_TRY(claim(device_key, who, &seg));
+  VS_TRY(seg->initialize(frame_count, frame_size, host_slots));
+  *out = std::move(seg);
+  return ok;
 }
 
 int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* out, bool read_only) noexcept {
-  const int fd = ::shm_open(name.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC, 0);
-  if (fd < 0) return fail_errno(errno, "pool: opening /dev/shm%s named by the pool server", name.c_str());
+  int fd = -1;
+  VS_TRY(open_owned(path_of(name), read_only ? O_RDONLY : O_RDWR, "pool: the pool segment", "", &fd));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(pool_header)) {
     ::close(fd);
@@ -124,6 +281,12 @@ int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* o
 
 pool_segment::~pool_segment() {
   if (base_ != nullptr) ::munmap(base_, size_);
+  if (claim_fd_ >= 0) {
+    // The server's own segment: its name goes while the flock is still held, so nobody
+    // can have replaced it in between (lock/pool_layout.hpp).
+    ::shm_unlink(name_.c_str());
+    ::close(claim_fd_);
+  }
 }
 
 bool pool_segment::move(uint32_t f, uint64_t seen, frame_state state, uint32_t owner, uint32_t requester) noexcept {

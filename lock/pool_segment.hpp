@@ -22,16 +22,36 @@ class pool_segment {
   // The shm name of `device_key`'s pool under the current VRAMSWAP_SHM_PREFIX.
   static int name_for(const std::string& device_key, std::string* out) noexcept;
 
-  // Server: create a fresh segment for `frame_count` frames of `frame_size` bytes and
-  // `host_slots` host slots of the same size (0: no shared host pool), replacing any stale
-  // one of that name (its users keep their mapping). All frames, host slots and member slots
-  // free. Mode 0600, or 0660 with VRAMSWAP_GROUP.
+  // Where a server serves, for the message that a second server of the device gets.
+  struct server_identity {
+    pid_t pid = 0;
+    uint64_t start_time = 0;
+    std::string runtime_dir;
+    std::string socket;
+  };
+
+  // Server, first thing: become the one server of `device_key` (lock/pool_layout.hpp): take
+  // the exclusive flock of its pool segment, kept until this object is destroyed, and
+  // publish `who` in its header. A stale segment (nobody holds its flock: its server is
+  // dead) is replaced by a new one; its users keep their mapping. Then initialize() it.
+  // Returns 0; err_busy when another server holds it (the detail names its pid, runtime dir
+  // and socket); err_not_owner when an object of that name belongs to another user or is
+  // open to others (named, with its owner); err_invalid_argument; err_system.
+  static int claim(const std::string& device_key, const server_identity& who, std::unique_ptr<pool_segment>* out) noexcept;
+  // Server, on a claimed segment: size it for `frame_count` frames of `frame_size` bytes and
+  // `host_slots` host slots of the same size (0: no shared host pool), all frames, host slots
+  // and member slots free, and publish it. Mode 0600, or 0660 with VRAMSWAP_GROUP.
+  int initialize(uint32_t frame_count, uint64_t frame_size, uint32_t host_slots) noexcept;
+  // claim, then initialize (tests, tools).
   static int create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, uint32_t host_slots,
                     pid_t server_pid, uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept;
   // Client: map the segment named by the server. err_version_mismatch when its magic,
-  // format or size are not what this build expects. read_only: map it PROT_READ (observers
-  // such as `vramswap status`); then only the const readers below may be used.
+  // format or size are not what this build expects; err_not_owner when it belongs to another
+  // user or is open to others. read_only: map it PROT_READ (observers such as `vramswap
+  // status`); then only the const readers below may be used.
   static int open(const std::string& name, std::unique_ptr<pool_segment>* out, bool read_only = false) noexcept;
+  // Remove the name of a dead server's segment: 0 when removed or absent; err_busy (naming
+  // the server) when a server holds it: a live pool is never removed.
   static int remove(const std::string& device_key) noexcept;
 
   ~pool_segment();
@@ -105,6 +125,7 @@ class pool_segment {
   void* base_ = nullptr;
   size_t size_ = 0;
   std::string name_;
+  int claim_fd_ = -1;  // the server's flock on the segment (claim); -1 in clients
 };
 
 }  // namespace vramswap

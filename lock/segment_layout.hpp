@@ -1,7 +1,7 @@
 // The byte layout of a per-device shared segment, as every participating process sees it.
 //
 // Glossary
-//   segment   one POSIX shared-memory object per device (/dev/shm/<prefix>vramswap-<key>)
+//   segment   one POSIX shared-memory object per device (/dev/shm/<prefix>vramswap-<owner>-<key>)
 //   header    the first bytes: magic + format word, checked before anything else is read
 //   slot      one cache line describing one participant thread of the lock: waiting or holding
 //   ticket    a 64-bit counter value taken at enqueue; lower ticket = earlier = served first

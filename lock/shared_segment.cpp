@@ -15,6 +15,7 @@
 #include "core/log.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
+#include "lock/ownership.hpp"
 #include "lock/robust_mutex.hpp"
 #include "lock/segment_layout.hpp"
 
@@ -163,7 +164,9 @@ int shared_segment::name_for(const std::string& device_key, std::string* out) no
     const std::string prefix = option_text(option_id::shm_prefix);
     VS_TRY(check_name_part(prefix, "VRAMSWAP_SHM_PREFIX", true));
     VS_TRY(check_name_part(device_key, "device key", false));
-    *out = "/" + prefix + "vramswap-" + device_key;
+    sharing who;
+    VS_TRY(current_sharing(&who));
+    *out = "/" + prefix + "vramswap-" + owner_tag(who) + "-" + device_key;
   } catch (const std::bad_alloc&) {
     return fail(err_out_of_memory, "lock: out of memory building a segment name");
   }
@@ -173,22 +176,10 @@ int shared_segment::name_for(const std::string& device_key, std::string* out) no
 int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_segment>* out) noexcept {
   std::string name;
   VS_TRY(name_for(device_key, &name));
-  {  // A bad VRAMSWAP_GROUP is reported before anything is created.
-    gid_t gid = 0;
-    bool shared_with_group = false;
-    VS_TRY(configured_group(&gid, &shared_with_group));
-  }
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    const int e = errno;
-    if (e == EACCES) {
-      return fail_errno(e,
-                        "lock: cannot open /dev/shm%s: it belongs to another user or group; share it through "
-                        "VRAMSWAP_GROUP, or use another VRAMSWAP_SHM_PREFIX",
-                        name.c_str());
-    }
-    return fail_errno(e, "lock: shm_open %s", name.c_str());
-  }
+  // Never another user's, never one open to others (lock/ownership.hpp): a squatter could
+  // forge a holder or leave the internal mutex "held" by a thread of theirs.
+  int fd = -1;
+  VS_TRY(open_owned("/dev/shm" + name, O_RDWR | O_CREAT, "lock: the lock segment", "or use another VRAMSWAP_SHM_PREFIX", &fd));
   int rc = ok;
   void* base = nullptr;
   size_t size = 0;

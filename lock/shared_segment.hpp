@@ -1,8 +1,10 @@
 // One per-device shared segment: create or open, check its version, map it.
 //
-// Name: "/<VRAMSWAP_SHM_PREFIX>vramswap-<device key>" (the key is the GPU UUID, or
-// "host-N" for the host backend's emulated devices); it appears as /dev/shm/<name>.
-// Mode 0600; with VRAMSWAP_GROUP set, 0660 and owned by that group.
+// Name: "/<VRAMSWAP_SHM_PREFIX>vramswap-<owner>-<device key>": the owner is "u<uid>", or
+// "g<gid>" with VRAMSWAP_GROUP (lock/ownership.hpp: owner_tag), the key the GPU UUID, or
+// "host-N" for the host backend's emulated devices; it appears as /dev/shm/<name>.
+// Mode 0600; with VRAMSWAP_GROUP set, 0660 and owned by that group. An existing segment
+// owned by anyone else, or open to others, is refused (err_not_owner) and left alone.
 //
 // Creation race and creator death: every opener takes flock(LOCK_EX) on the object while
 // it looks at the header. The first one finds it empty (size 0 or magic 0), initializes
@@ -32,7 +34,9 @@ int configured_group(gid_t* gid, bool* is_set);
 class shared_segment {
  public:
   // Open the segment of `device_key`, creating and initializing it when absent.
-  // Returns 0; err_invalid_argument (bad key, prefix or VRAMSWAP_GROUP);
+  // Returns 0; err_invalid_argument (bad key, prefix or VRAMSWAP_GROUP); err_not_owner (the
+  // segment belongs to another user or group, or its mode lets others in: the detail names
+  // it, its owner and mode);
   // err_version_mismatch (corrupt, foreign, or incompatible segment: nothing was changed);
   // err_system (an OS call failed, e.g. permission denied on the segment).
   static int open(const std::string& device_key, std::unique_ptr<shared_segment>* out) noexcept;
@@ -41,7 +45,8 @@ class shared_segment {
   // removed or did not exist.
   static int remove(const std::string& device_key) noexcept;
 
-  // The shm_open name for `device_key` under the current VRAMSWAP_SHM_PREFIX.
+  // The shm_open name for `device_key` under the current VRAMSWAP_SHM_PREFIX and owner
+  // (this user, or VRAMSWAP_GROUP). The one place that builds vramswap's segment names.
   static int name_for(const std::string& device_key, std::string* out) noexcept;
 
   ~shared_segment();

@@ -25,7 +25,7 @@ fi
 ROUNDS=${ROUNDS:-3}
 "$BUILD/vramswapd" --foreground --pool-size "$POOL" --metrics-port 0 2>"$OUT/run.log" &
 server=$!
-for i in $(seq 100); do ls /dev/shm/${VRAMSWAP_SHM_PREFIX}vramswap-pool-* >/dev/null 2>&1 && break; sleep 0.1; done
+for i in $(seq 100); do ls /dev/shm/${VRAMSWAP_SHM_PREFIX}vramswap-*-pool-* >/dev/null 2>&1 && break; sleep 0.1; done
 "$BUILD/vramswap" trace --out "$OUT/trace.json" 2>>"$OUT/run.log" &
 tracer=$!
 sleep 0.3

@@ -28,6 +28,7 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "lock/device_lock.hpp"
+#include "lock/ownership.hpp"
 #include "lock/pool_connection.hpp"
 #include "lock/pool_protocol.hpp"
 #include "lock/pool_report.hpp"
@@ -54,21 +55,6 @@ std::string human(uint64_t bytes) {
     std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
   }
   return buf;
-}
-
-// Is `gid` among the groups of process `pid` (its /proc/<pid>/status Groups line)?
-bool process_in_group(pid_t pid, gid_t gid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Groups:", 0) != 0) continue;
-    std::istringstream groups(line.substr(7));
-    unsigned long g;
-    while (groups >> g) {
-      if (g == gid) return true;
-    }
-  }
-  return false;
 }
 
 void close_fd(int* fd) {
@@ -108,11 +94,8 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
     s->log_path_ = paths.log;
 
     // --- one server per device -------------------------------------------------------------
-    gid_t gid = 0;
-    bool group = false;
-    VS_TRY(configured_group(&gid, &group));
-    s->server_lock_fd_ = ::open(paths.server_lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, group ? 0660 : 0600);
-    if (s->server_lock_fd_ < 0) return fail_errno(errno, "vramswapd: open %s", paths.server_lock.c_str());
+    VS_TRY(open_owned(paths.server_lock, O_RDWR | O_CREAT, "vramswapd: the one-server lock", "or use another VRAMSWAP_RUNTIME_DIR",
+                      &s->server_lock_fd_));
     if (::flock(s->server_lock_fd_, LOCK_EX | LOCK_NB) != 0) {
       const int e = errno;
       if (e != EWOULDBLOCK) return fail_errno(e, "vramswapd: flock %s", paths.server_lock.c_str());
@@ -131,10 +114,22 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
     if (::ftruncate(s->server_lock_fd_, 0) != 0 || ::pwrite(s->server_lock_fd_, pid_text, static_cast<size_t>(pid_len), 0) != pid_len) {
       log(log_level::warn, "vramswapd: cannot write the pid into %s: %s", paths.server_lock.c_str(), std::strerror(errno));
     }
+    // The lock above is per runtime dir; the pool segment's name is the same for every
+    // server of the device whatever its runtime dir, so its flock makes the one server.
+    process_identity me{};
+    VS_TRY(current_process(&me));
+    {
+      pool_segment::server_identity who;
+      who.pid = me.pid;
+      who.start_time = me.start_time;
+      who.runtime_dir = paths.dir;
+      who.socket = paths.socket;
+      VS_TRY(add_context(pool_segment::claim(info.uuid, who, &s->segment_), "vramswapd: device %d: ", options.device));
+    }
 
     if (options.log_to_file) {
-      const int log_fd = ::open(paths.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, group ? 0660 : 0600);
-      if (log_fd < 0) return fail_errno(errno, "vramswapd: open the log %s", paths.log.c_str());
+      int log_fd = -1;
+      VS_TRY(open_owned(paths.log, O_WRONLY | O_CREAT | O_APPEND, "vramswapd: the log", "or use another VRAMSWAP_RUNTIME_DIR", &log_fd));
       ::dup2(log_fd, STDOUT_FILENO);
       ::dup2(log_fd, STDERR_FILENO);
       ::close(log_fd);
@@ -204,10 +199,7 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
     const uint64_t t0 = monotonic_ns();
     VS_TRY(s->build_pool(pool_bytes));
     if (host_slots > 0) VS_TRY(s->build_host_pool(host_slots * frame_size));
-    process_identity me{};
-    VS_TRY(current_process(&me));
-    VS_TRY(pool_segment::create(info.uuid, s->frame_count(), frame_size, s->host_slots_, me.pid, me.start_time, &s->segment_));
-    s->segment_created_ = true;
+    VS_TRY(s->segment_->initialize(s->frame_count(), frame_size, s->host_slots_));
     s->lock_.reset(new device_lock());
     VS_TRY(device_lock::open(info.uuid, s->lock_.get()));
     if (::pipe2(s->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return fail_errno(errno, "vramswapd: pipe2");
@@ -702,8 +694,7 @@ void pool_server::teardown() noexcept {
   close_fd(&metrics_fd_);
   close_fd(&host_pool_fd_);  // its memory goes when the last client unmaps it
   if (socket_bound_) ::unlink(socket_path_.c_str());
-  segment_.reset();
-  if (segment_created_) pool_segment::remove(key_);
+  segment_.reset();  // a claimed segment's name goes with it (pool_segment::~pool_segment)
   lock_.reset();
   for (int& fd : exported_) close_fd(&fd);
   exported_.clear();

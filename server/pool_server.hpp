@@ -158,7 +158,6 @@ class pool_server {
   std::vector<client> clients_;
   uint64_t frames_repaired_ = 0;
   bool socket_bound_ = false;
-  bool segment_created_ = false;
 };
 
 }  // namespace vramswap

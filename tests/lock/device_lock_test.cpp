@@ -52,10 +52,14 @@ TEST_F(DeviceLock, GroupOptionGivesGroupAccess) {
   option_set(option_id::group, std::to_string(::getegid()).c_str());
   device_lock lock;
   const int rc = device_lock::open(key_, &lock);
+  const std::string path = segment_path();  // the group's name ("vramswap-g<gid>-...")
+  struct stat st {};
+  const int src = ::stat(path.c_str(), &st);
+  device_lock::remove(key_);
   option_set(option_id::group, nullptr);
   ASSERT_EQ(rc, ok) << last_error();
-  struct stat st {};
-  ASSERT_EQ(::stat(segment_path().c_str(), &st), 0);
+  EXPECT_NE(path.find("vramswap-g" + std::to_string(::getegid()) + "-"), std::string::npos) << path;
+  ASSERT_EQ(src, 0) << path;
   EXPECT_EQ(st.st_mode & 0777, 0660u);
   EXPECT_EQ(st.st_gid, ::getegid());
 }

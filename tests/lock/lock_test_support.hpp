@@ -20,6 +20,7 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "lock/device_lock.hpp"
+#include "lock/shared_segment.hpp"
 #include "lock/process_identity.hpp"
 
 namespace vramswap::lock_test {
@@ -39,7 +40,11 @@ class lock_fixture : public ::testing::Test {
     device_lock::remove(key_);
     option_set(option_id::shm_prefix, nullptr);
   }
-  std::string segment_path() const { return "/dev/shm/" + prefix_ + "vramswap-" + key_; }
+  std::string segment_path() const {
+    std::string name;
+    EXPECT_EQ(shared_segment::name_for(key_, &name), ok) << last_error();
+    return "/dev/shm" + name;
+  }
 
   std::string prefix_;
   std::string key_;

@@ -326,7 +326,11 @@ TEST_F(PoolServer, TwoPrefixesInOneRuntimeDirAreTwoPools) {
   for (proc* c : {&a, &b}) EXPECT_EQ(reap(c->pid), 0), c->pid = -1;
   EXPECT_EQ(reap(static_cast<pid_t>(fa[2]), 20s), 0);
   EXPECT_EQ(reap(static_cast<pid_t>(fb[2]), 20s), 0);
-  EXPECT_NE(::access(("/dev/shm/" + other + "vramswap-pool-host-0").c_str(), F_OK), 0) << "segment left behind";
+  ::setenv("VRAMSWAP_SHM_PREFIX", other.c_str(), 1);
+  std::string other_name;
+  ASSERT_EQ(pool_segment::name_for("host-0", &other_name), ok);
+  ::setenv("VRAMSWAP_SHM_PREFIX", prefix_.c_str(), 1);
+  EXPECT_NE(::access(("/dev/shm" + other_name).c_str(), F_OK), 0) << "segment left behind";
 }
 
 TEST_F(PoolServer, ClientAskingForAnotherSizeIsToldTheRunningPoolsSize) {
@@ -446,6 +450,139 @@ TEST_F(PoolServer, SecondServerForTheDeviceRefuses) {
   EXPECT_NE(text.find("another pool server (pid " + std::to_string(first) + ") already serves device 0"), std::string::npos) << text;
   // The first one is unharmed.
   EXPECT_EQ(run_client({"connect-noauto", "zero", "0", "1"}), 0);
+}
+
+TEST_F(PoolServer, ASecondRuntimeDirGetsNoSecondPool) {
+  // One device has one pool whatever the runtime dir: a service manager's server with a
+  // runtime dir of its own, or a client with another VRAMSWAP_RUNTIME_DIR, meets the first
+  // server at the pool segment and is refused, by the first server's pid and runtime dir.
+  const pid_t first = start_server();
+  ASSERT_GT(first, 0);
+  proc& a = client({"connect-noauto", "own", "3", "write", "3", "11", "ready", "hold"});
+  ASSERT_EQ(fields(read_line(a)).size(), 3u);
+
+  const std::string other = dir_ + "-b";
+  ::setenv("VRAMSWAP_RUNTIME_DIR", other.c_str(), 1);
+  proc second = spawn({VRAMSWAP_SERVER_BINARY, "--foreground", "--ready-fd", "1"});
+  const std::string report = read_line(second, 30s);
+  ::close(second.in);
+  ::close(second.out);
+  if (report.rfind("ready", 0) == 0) {
+    ::kill(second.pid, SIGTERM);
+    servers_.push_back(second.pid);
+    ADD_FAILURE() << "a second server started for the device: " << report;
+  } else {
+    EXPECT_EQ(reap(second.pid), 1);
+    EXPECT_NE(report.find("pool server pid " + std::to_string(first) + " (runtime dir " + dir_ + ","), std::string::npos) << report;
+    EXPECT_NE(report.find("kill -TERM " + std::to_string(first)), std::string::npos) << report;
+  }
+  // A client there starting a server on demand is told the same (and hangs on to nothing).
+  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
+  proc& b = client({"connect", "ready", "hold"});
+  const std::string b_ready = read_line(b, 60s);
+  EXPECT_TRUE(b_ready.empty()) << "a client of the second runtime dir got a pool: " << b_ready;
+  ::setenv("VRAMSWAP_RUNTIME_DIR", dir_.c_str(), 1);
+  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "0", 1);
+
+  // Clients of the first server still see its frame table: frame 3 is A's, so another
+  // client can neither take it nor have written into it.
+  EXPECT_NE(run_client({"connect-noauto", "own", "3", "write", "3", "99"}), 0) << "a client took a frame that A owns";
+  EXPECT_EQ(run_client({"connect-noauto", "check", "3", "11", "zero", "0", "3", "zero", "4", std::to_string(k_frames)}), 0)
+      << "A's bytes or the free frames changed";
+  auto seg = open_segment();
+  ASSERT_TRUE(seg);
+  EXPECT_EQ(seg->header()->server_pid, first);
+  EXPECT_EQ(std::system(("rm -rf " + other).c_str()), 0);
+}
+
+TEST_F(PoolServer, PoolSegmentOfAnotherUserIsRefusedByOwner) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to give a file to uid 65534";
+  std::string name;
+  ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
+  const std::string path = "/dev/shm" + name;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::fchown(fd, 65534, 65534), 0);
+  ASSERT_EQ(::fchmod(fd, 0600), 0);
+  ::close(fd);
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  pool_server_options o;
+  o.be = be.get();
+  std::unique_ptr<pool_server> server;
+  clear_error();
+  EXPECT_EQ(pool_server::start(o, &server), err_not_owner);
+  const std::string said = last_error();
+  EXPECT_NE(said.find("the pool segment " + path + " belongs to uid 65534"), std::string::npos) << said;
+  EXPECT_NE(said.find("rm " + path), std::string::npos) << said;
+  EXPECT_NE(said.find("VRAMSWAP_SHM_PREFIX"), std::string::npos) << said;
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << "the foreign segment was removed";
+  EXPECT_EQ(st.st_uid, 65534u);
+  ::unlink(path.c_str());
+}
+
+TEST_F(PoolServer, RuntimeFilesOfAnotherUserOrOpenToOthersAreRefused) {
+  pool_paths paths;
+  ASSERT_EQ(pool_paths::make("host-0", true, &paths), ok) << last_error();
+  ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+  clear_error();
+  EXPECT_EQ(pool_paths::make("host-0", true, &paths), err_not_owner);
+  EXPECT_NE(std::string(last_error()).find("the runtime dir " + dir_ + " is open to other users"), std::string::npos) << last_error();
+  ASSERT_EQ(::chmod(dir_.c_str(), 0700), 0);
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to give a file to uid 65534";
+  const int fd = ::open(paths.server_lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::fchown(fd, 65534, 65534), 0);
+  ::close(fd);
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  pool_server_options o;
+  o.be = be.get();
+  std::unique_ptr<pool_server> server;
+  clear_error();
+  EXPECT_EQ(pool_server::start(o, &server), err_not_owner);
+  EXPECT_NE(std::string(last_error()).find("the one-server lock " + paths.server_lock + " belongs to uid 65534"), std::string::npos)
+      << last_error();
+}
+
+TEST_F(PoolServer, ServerOfAnotherUserIsNotUsed) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to listen as uid 65534";
+  pool_paths paths;
+  ASSERT_EQ(pool_paths::make("host-0", true, &paths), ok) << last_error();
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Bound at our socket's path, listening as uid 65534 (SO_PEERCRED is taken at listen).
+    const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", paths.socket.c_str());
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0 ||
+        ::listen(fd, 4) != 0) {
+      ::_exit(1);
+    }
+    [[maybe_unused]] const ssize_t n = ::write(ready[1], "x", 1);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  std::unique_ptr<pool_connection> conn;
+  clear_error();
+  EXPECT_EQ(pool_connection::connect(*be, 0, false, &conn), err_not_owner);
+  const std::string said = last_error();
+  EXPECT_NE(said.find("the pool server listening on " + paths.socket + " (pid " + std::to_string(child) + ") runs as uid 65534"),
+            std::string::npos)
+      << said;
+  ::kill(child, SIGKILL);
+  reap(child);
 }
 
 TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {

@@ -1,0 +1,163 @@
+#include "lock/ownership.hpp"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <new>
+
+#include "core/status.hpp"
+#include "lock/shared_segment.hpp"
+
+namespace vramswap {
+
+int current_sharing(sharing* out) noexcept {
+  sharing s;
+  VS_TRY(configured_group(&s.gid, &s.group));
+  *out = s;
+  return ok;
+}
+
+std::string owner_tag(const sharing& s) {
+  return s.group ? "g" + std::to_string(s.gid) : "u" + std::to_string(::geteuid());
+}
+
+std::string describe_uid(uid_t uid) {
+  std::string text = "uid " + std::to_string(uid);
+  char buf[4096];
+  passwd entry{};
+  passwd* found = nullptr;
+  if (::getpwuid_r(uid, &entry, buf, sizeof buf, &found) == 0 && found != nullptr) text += std::string(" (") + found->pw_name + ")";
+  return text;
+}
+
+std::string describe_gid(gid_t gid) {
+  std::string text = "gid " + std::to_string(gid);
+  char buf[4096];
+  group entry{};
+  group* found = nullptr;
+  if (::getgrgid_r(gid, &entry, buf, sizeof buf, &found) == 0 && found != nullptr) text += std::string(" (") + found->gr_name + ")";
+  return text;
+}
+
+bool process_in_group(pid_t pid, gid_t gid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Groups:", 0) != 0) continue;
+    std::istringstream groups(line.substr(7));
+    unsigned long g;
+    while (groups >> g) {
+      if (g == gid) return true;
+    }
+  }
+  return false;
+}
+
+int check_owned(const struct stat& st, mode_t kind, const std::string& path, const char* what, const sharing& s,
+                const char* remedy) noexcept {
+  try {
+    const bool dir = kind == S_IFDIR;
+    const mode_t mode = st.st_mode & 07777;
+    const mode_t allowed = (s.group ? 0660 : 0600) | (dir ? (s.group ? 0110 : 0100) : 0);
+    const char* rm = dir ? "rm -r" : "rm";
+    const bool mine = st.st_uid == ::geteuid();
+    const bool groups = s.group && st.st_gid == s.gid;
+    char mode_text[8];
+    std::snprintf(mode_text, sizeof mode_text, "%04o", static_cast<unsigned>(mode));
+    const std::string owner = describe_uid(st.st_uid) + ", group " + describe_gid(st.st_gid) + ", mode " + mode_text;
+    const std::string you = s.group ? "you (" + describe_uid(::geteuid()) + ") or group " + describe_gid(s.gid) + " (VRAMSWAP_GROUP)"
+                                    : "you (" + describe_uid(::geteuid()) + ")";
+    if (!mine && !groups) {
+      return fail(err_not_owner,
+                  "%s %s belongs to %s, not to %s: another user made it, and using it would let them block or spy on "
+                  "this process; it is left alone. Have its owner or root remove it (%s %s)%s%s",
+                  what, path.c_str(), owner.c_str(), you.c_str(), rm, path.c_str(), *remedy != '\0' ? ", " : "", remedy);
+    }
+    if ((st.st_mode & S_IFMT) != kind) {
+      return fail(err_not_owner, "%s %s is not a %s (%s); remove it (rm %s)%s%s", what, path.c_str(),
+                  dir ? "directory" : "regular file", owner.c_str(), path.c_str(), *remedy != '\0' ? ", " : "", remedy);
+    }
+    // Group bits are only for VRAMSWAP_GROUP: a file of ours whose group is another one is
+    // open to that group's users.
+    if ((mode & ~allowed) != 0 || ((mode & 0070) != 0 && !groups)) {
+      char want[8];
+      std::snprintf(want, sizeof want, "%04o", static_cast<unsigned>(allowed));
+      return fail(err_not_owner,
+                  "%s %s is open to other users (%s; at most %s%s): anyone could have written into it; it is left "
+                  "alone. Remove it (%s %s) and start again%s%s",
+                  what, path.c_str(), owner.c_str(), want,
+                  s.group ? (", group bits for " + describe_gid(s.gid)).c_str() : "", rm, path.c_str(),
+                  *remedy != '\0' ? ", " : "", remedy);
+    }
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "ownership: out of host memory");
+  }
+}
+
+int open_owned(const std::string& path, int flags, const char* what, const char* remedy, int* fd_out, bool* created) noexcept {
+  sharing s;
+  VS_TRY(current_sharing(&s));
+  const bool create = (flags & O_CREAT) != 0;
+  const int base = (flags & ~(O_CREAT | O_EXCL)) | O_NOFOLLOW | O_CLOEXEC;
+  for (int attempt = 0;; ++attempt) {
+    if (create) {
+      const int fd = ::open(path.c_str(), base | O_CREAT | O_EXCL, 0600);
+      if (fd >= 0) {
+        // Ours from birth: set group and mode past the umask before anyone else can open it
+        // (0600 under any umask until the fchmod).
+        if (s.group && ::fchown(fd, static_cast<uid_t>(-1), s.gid) != 0) {
+          const int e = errno;
+          ::close(fd);
+          ::unlink(path.c_str());
+          return fail_errno(e, "%s %s: cannot give it to group %s (VRAMSWAP_GROUP); are you a member of it?", what, path.c_str(),
+                            describe_gid(s.gid).c_str());
+        }
+        if (::fchmod(fd, s.group ? 0660 : 0600) != 0) {
+          const int e = errno;
+          ::close(fd);
+          ::unlink(path.c_str());
+          return fail_errno(e, "%s %s: fchmod", what, path.c_str());
+        }
+        if (created != nullptr) *created = true;
+        *fd_out = fd;
+        return ok;
+      }
+      if (errno != EEXIST) return fail_errno(errno, "%s %s: cannot create it", what, path.c_str());
+    }
+    const int fd = ::open(path.c_str(), base);
+    if (fd < 0) {
+      const int e = errno;
+      if (e == ENOENT && create && attempt < 100) continue;  // removed between the two opens
+      struct stat st {};
+      if ((e == EACCES || e == ELOOP || e == EPERM) && ::lstat(path.c_str(), &st) == 0) {
+        // Only for the message: the decision was the kernel's.
+        const int rc = check_owned(st, S_IFREG, path, what, s, remedy);
+        if (rc != ok) return rc;
+      }
+      return fail_errno(e, "%s %s: cannot open it", what, path.c_str());
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int e = errno;
+      ::close(fd);
+      return fail_errno(e, "%s %s: fstat", what, path.c_str());
+    }
+    const int rc = check_owned(st, S_IFREG, path, what, s, remedy);
+    if (rc != ok) {
+      ::close(fd);
+      return rc;
+    }
+    if (created != nullptr) *created = false;
+    *fd_out = fd;
+    return ok;
+  }
+}
+
+}  // namespace vramswap

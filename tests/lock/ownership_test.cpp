@@ -1,0 +1,138 @@
+// Description: whose segments vramswap uses. Names carry the owner (u<uid>, g<gid> in group
+// mode); a lock or pool segment that another user made first at our name, or one of ours
+// that is open to others, is refused with err_not_owner, naming it and its owner, and left
+// alone. The foreign objects are real files in /dev/shm given to uid 65534 (nobody) with
+// fchown, so those cases need root (CI runs as root) and skip otherwise.
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <string>
+
+#include "lock/pool_segment.hpp"
+#include "lock_test_support.hpp"
+
+namespace vramswap::lock_test {
+namespace {
+
+constexpr uid_t k_nobody = 65534;
+
+class Ownership : public lock_fixture {
+ protected:
+  void TearDown() override {
+    for (const std::string& p : made_) ::unlink(p.c_str());
+    pool_segment::remove(key_);
+    lock_fixture::TearDown();
+  }
+  // A file at `path` owned by `uid` with `mode`, as a squatter would leave it.
+  void make_file(const std::string& path, uid_t uid, mode_t mode) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+    made_.push_back(path);
+    ASSERT_EQ(::fchown(fd, uid, uid), 0) << std::strerror(errno);
+    ASSERT_EQ(::fchmod(fd, mode), 0);
+    ::close(fd);
+  }
+  std::string pool_path() const {
+    std::string name;
+    EXPECT_EQ(pool_segment::name_for(key_, &name), ok) << last_error();
+    return "/dev/shm" + name;
+  }
+  std::vector<std::string> made_;
+};
+
+TEST_F(Ownership, NamesCarryTheOwner) {
+  std::string lock_name, pool_name;
+  ASSERT_EQ(shared_segment::name_for(key_, &lock_name), ok);
+  ASSERT_EQ(pool_segment::name_for(key_, &pool_name), ok);
+  const std::string user = "u" + std::to_string(::geteuid());
+  EXPECT_EQ(lock_name, "/" + prefix_ + "vramswap-" + user + "-" + key_);
+  EXPECT_EQ(pool_name, "/" + prefix_ + "vramswap-" + user + "-pool-" + key_);
+  option_set(option_id::group, std::to_string(::getegid()).c_str());
+  const int rc = shared_segment::name_for(key_, &lock_name);
+  option_set(option_id::group, nullptr);
+  ASSERT_EQ(rc, ok);
+  EXPECT_EQ(lock_name, "/" + prefix_ + "vramswap-g" + std::to_string(::getegid()) + "-" + key_);
+}
+
+TEST_F(Ownership, AnotherUsersLockSegmentIsRefusedAndLeftAlone) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to give a file to uid 65534";
+  // What a squatter leaves: the victim's name, made first, open to everyone. Used, it would
+  // let them forge a holder or hold the internal mutex.
+  make_file(segment_path(), k_nobody, 0666);
+  device_lock lock;
+  clear_error();
+  EXPECT_EQ(device_lock::open(key_, &lock), err_not_owner);
+  const std::string said = last_error();
+  EXPECT_NE(said.find("the lock segment " + segment_path()), std::string::npos) << said;
+  EXPECT_NE(said.find("belongs to uid 65534"), std::string::npos) << said;
+  EXPECT_NE(said.find("rm " + segment_path()), std::string::npos) << said;
+  struct stat st {};
+  ASSERT_EQ(::stat(segment_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, k_nobody) << "the foreign segment was touched";
+  EXPECT_EQ(st.st_size, 0) << "the foreign segment was initialized";
+}
+
+TEST_F(Ownership, OwnLockSegmentOpenToOthersIsRefused) {
+  {
+    device_lock lock;
+    ASSERT_EQ(device_lock::open(key_, &lock), ok) << last_error();
+  }
+  ASSERT_EQ(::chmod(segment_path().c_str(), 0666), 0);
+  device_lock lock;
+  clear_error();
+  EXPECT_EQ(device_lock::open(key_, &lock), err_not_owner);
+  const std::string said = last_error();
+  EXPECT_NE(said.find(segment_path() + " is open to other users"), std::string::npos) << said;
+  EXPECT_NE(said.find("mode 0666"), std::string::npos) << said;
+}
+
+TEST_F(Ownership, AnotherUsersPoolSegmentIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to give a file to uid 65534";
+  make_file(pool_path(), k_nobody, 0644);
+  std::string name;
+  ASSERT_EQ(pool_segment::name_for(key_, &name), ok);
+  std::unique_ptr<pool_segment> seg;
+  clear_error();
+  EXPECT_EQ(pool_segment::open(name, &seg, /*read_only=*/true), err_not_owner);
+  EXPECT_NE(std::string(last_error()).find("belongs to uid 65534"), std::string::npos) << last_error();
+  // A server never takes it over either: the name is refused, by owner, not replaced.
+  clear_error();
+  EXPECT_EQ(pool_segment::create(key_, 4, 2 << 20, 0, ::getpid(), 0, &seg), err_not_owner);
+  const std::string said = last_error();
+  EXPECT_NE(said.find("the pool segment " + pool_path() + " belongs to uid 65534"), std::string::npos) << said;
+  struct stat st {};
+  ASSERT_EQ(::stat(pool_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, k_nobody);
+}
+
+TEST_F(Ownership, LivePoolSegmentIsNeverRemovedOrReplaced) {
+  process_identity me{};
+  ASSERT_EQ(current_process(&me), ok);
+  std::unique_ptr<pool_segment> first;
+  ASSERT_EQ(pool_segment::create(key_, 4, 2 << 20, 0, me.pid, me.start_time, &first), ok) << last_error();
+  struct stat before {};
+  ASSERT_EQ(::stat(pool_path().c_str(), &before), 0);
+  clear_error();
+  EXPECT_EQ(pool_segment::remove(key_), err_busy);
+  EXPECT_NE(std::string(last_error()).find("pool server pid " + std::to_string(::getpid())), std::string::npos) << last_error();
+  // A second claimant in another process (flocks are per open file, so it must be one).
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::unique_ptr<pool_segment> second;
+    ::_exit(pool_segment::create(key_, 4, 2 << 20, 0, ::getpid(), 0, &second) == err_busy ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a second server took a live pool segment";
+  struct stat after {};
+  ASSERT_EQ(::stat(pool_path().c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino) << "the live segment was replaced";
+  EXPECT_EQ(first->header()->magic.load(), pool_layout::k_magic);
+  // Its server gone, the name goes with it.
+  first.reset();
+  EXPECT_NE(::access(pool_path().c_str(), F_OK), 0);
+}
+
+}  // namespace
+}  // namespace vramswap::lock_test
