@@ -8,7 +8,9 @@
 // page. Debug-level log lines go with the events (one comparison when debug is off).
 #pragma once
 
+#include <atomic>
 #include <cinttypes>
+#include <cstdio>
 #include <cstdint>
 
 #include "core/log.hpp"
@@ -76,6 +78,16 @@ class member_observer {
     log(log_level::debug, "evicted %" PRIu64 " frame(s) for another process: %" PRIu64 " bytes in %.3f ms", frames, bytes_out,
         (end_ns - start_ns) / 1e6);
   }
+  // An eviction other processes asked for failed with `status`: published for the lock
+  // holder that waits on it (its timeout error quotes it), until evict_succeeded().
+  void evict_failed(int status, const char* detail, uint64_t ns) noexcept {
+    slot_.evict_status.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    std::snprintf(slot_.evict_error, sizeof slot_.evict_error, "%s", detail);
+    slot_.evict_failed_ns.store(ns, std::memory_order_relaxed);
+    slot_.evict_status.store(status, std::memory_order_release);
+  }
+  void evict_succeeded() noexcept { slot_.evict_status.store(0, std::memory_order_release); }
   // Where this process's saved pages are now.
   void stored(uint64_t host_bytes, uint64_t disk_bytes) noexcept {
     slot_.host_bytes.store(host_bytes, std::memory_order_relaxed);

@@ -1,5 +1,7 @@
 #include "lock/pool_frame_source.hpp"
 
+#include <cstring>
+
 #include <algorithm>
 #include <cinttypes>
 #include <string>
@@ -132,6 +134,22 @@ int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
                     "probably at its VRAMSWAP_OVERSUBSCRIBE_LIMIT or out of host memory (its log says which): raise its limit, "
                     "or run this job when it has ended",
                     owner.pid, w.owner, f, waited_ns / 1e9);
+      }
+      // An owner whose eviction failed says why in its slot.
+      const int32_t failed = owner.evict_status.load(std::memory_order_acquire);
+      if (failed != ok) {
+        char why[sizeof owner.evict_error];
+        std::memcpy(why, owner.evict_error, sizeof why);
+        why[sizeof why - 1] = '\0';
+        const uint64_t at = owner.evict_failed_ns.load(std::memory_order_relaxed);
+        const uint64_t now = monotonic_ns();
+        return fail(err_timeout,
+                    "pool: process %d (pool member %u) could not evict frame %u: its eviction failed %.1f s ago (%s: %s); it "
+                    "keeps its pages resident and tries again every second, and no frame of it was taken in %.1f s "
+                    "(VRAMSWAP_EVICT_TIMEOUT). Fix what its error names (for a full swap disk: free space in its "
+                    "VRAMSWAP_SWAP_DIR, or give it more VRAMSWAP_HOST_LIMIT), or ask again when it has exited; its log has the "
+                    "whole error",
+                    owner.pid, w.owner, f, now > at ? (now - at) / 1e9 : 0.0, status_name(failed), why, waited_ns / 1e9);
       }
       return fail(err_timeout,
                   "pool: process %d (pool member %u) did not evict frame %u within %.1f s (VRAMSWAP_EVICT_TIMEOUT); its frames "

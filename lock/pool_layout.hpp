@@ -71,7 +71,8 @@ constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-end
 // 3: the header is two cache lines (host pool: slot count, slot size, slots_freed futex);
 //    the host slot table follows the frame table; frame state lent (oversubscribed members).
 // 4: the header holds the server's identity (claimed, runtime dir, socket): ten lines.
-constexpr uint64_t k_layout_version = 4;
+// 5: a member slot is six lines: the last failure of an eviction asked of it.
+constexpr uint64_t k_layout_version = 5;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;
 constexpr uint32_t k_no_member = 0xFFFF;
@@ -164,8 +165,17 @@ struct alignas(k_cache_line) member_slot {
   std::atomic<uint64_t> lock_wait_ns;      // total time queued for the lock
   std::atomic<uint64_t> restore_ns;        // total time bringing memory in after the grant
   std::atomic<uint64_t> evict_ns;          // total time evicting (served requests and eager releases)
+  // --- third to sixth lines: why this member could not evict for another (a hint) ---
+  // Written by the member after an eviction it was asked for failed: the detail first,
+  // then the status (release); cleared (status 0) by its next eviction that succeeds. A lock
+  // holder waiting on this member's frames reads the status (acquire), then the detail, and
+  // puts both in its timeout error.
+  std::atomic<int32_t> evict_status;        // 0, or the vramswap status of the failure
+  uint32_t reserved2_;
+  std::atomic<uint64_t> evict_failed_ns;    // CLOCK_MONOTONIC of the failure
+  char evict_error[k_cache_line * 4 - 16];  // its detail, NUL-terminated, cut to fit
 };
-static_assert(sizeof(member_slot) == 2 * k_cache_line);
+static_assert(sizeof(member_slot) == 6 * k_cache_line);
 
 // Trace events (`vramswap trace`). Each member has a ring of k_trace_records records in the
 // segment; its session appends, any reader polls. Writers of one member (its acquiring
@@ -238,10 +248,11 @@ constexpr size_t segment_size_for(uint32_t frames, uint32_t host_slots) {
   return slots_offset_for(frames) + size_t{host_slots} * sizeof(slot_entry);
 }
 
-// version:16 | sizeof(frame_entry):8 | sizeof(member_slot):8 | k_member_count:16 | k_trace_records:16
+// version:16 | sizeof(frame_entry):8 | sizeof(member_slot) in cache lines:8 | k_member_count:16 | k_trace_records:16
 // (sizeof(pool_header) and sizeof(slot_entry) are fixed by the version.)
+static_assert(sizeof(frame_entry) < 256 && sizeof(member_slot) / k_cache_line < 256);
 constexpr uint64_t format_word() {
-  return (k_layout_version << 48) | (uint64_t{sizeof(frame_entry)} << 40) | (uint64_t{sizeof(member_slot)} << 32) |
+  return (k_layout_version << 48) | (uint64_t{sizeof(frame_entry)} << 40) | (uint64_t{sizeof(member_slot) / k_cache_line} << 32) |
          (uint64_t{k_member_count} << 16) | uint64_t{k_trace_records};
 }
 

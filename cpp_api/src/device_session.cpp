@@ -17,6 +17,7 @@ namespace vramswap {
 
 namespace {
 constexpr uint64_t k_service_poll_ns = 50'000'000;  // the eviction thread also wakes this often
+constexpr uint64_t k_evict_retry_ns = 1'000'000'000;  // a failed eviction is tried again after this
 
 double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -202,20 +203,39 @@ void device_session::hand_on(uint64_t called_ns, uint64_t evict_start_ns, uint64
 
 void device_session::serve_evictions() {
   pool_layout::member_slot& me = conn_->segment().member(conn_->member());
+  // After an eviction fails (a full swap disk, a failing device), the same requests are
+  // tried again only after k_evict_retry_ns, or at once on a new request; the failure is
+  // logged once and published for the lock holder waiting on it until an eviction succeeds.
+  bool failing = false;
+  uint64_t retry_at_ns = 0;
+  uint32_t failed_at_requests = 0;
   while (!stop_.load()) {
     const uint32_t seen = me.requests.load(std::memory_order_acquire);
     {
       std::lock_guard<std::mutex> guard(mutex_);
       const std::vector<frame_id> wanted = frames_->requested_of_me();
-      if (!wanted.empty()) {
+      if (!wanted.empty() && (!failing || seen != failed_at_requests || monotonic_ns() >= retry_at_ns)) {
         const pager_stats before = pager_->stats();
         const uint64_t start_ns = monotonic_ns();
         const int rc = pager_->evict_frames(wanted);
         const pager_stats after = pager_->stats();
-        stats_.evictions_served += wanted.size();
-        observe_->evicted(start_ns, monotonic_ns(), after.bytes_out - before.bytes_out, wanted.size());  // observability
+        const uint64_t end_ns = monotonic_ns();
+        stats_.evictions_served += after.pages_evicted - before.pages_evicted;
+        observe_->evicted(start_ns, end_ns, after.bytes_out - before.bytes_out, after.pages_evicted - before.pages_evicted);
         publish_store();
-        if (rc != ok) log(log_level::error, "device %d: evicting %zu frame(s) another process asked for: %s", device_, wanted.size(), last_error());
+        if (rc != ok) {
+          observe_->evict_failed(rc, last_error(), end_ns);
+          log(failing ? log_level::debug : log_level::error,
+              "device %d: evicting %zu frame(s) another process asked for: %s%s", device_, wanted.size(), last_error(),
+              failing ? "" : "; the pages stay resident here, the process that asked waits until its VRAMSWAP_EVICT_TIMEOUT "
+                             "(tried again every second, and at each new request)");
+          retry_at_ns = end_ns + k_evict_retry_ns;
+          failed_at_requests = seen;
+        } else if (failing) {
+          observe_->evict_succeeded();
+          log(log_level::info, "device %d: evicting for other processes works again", device_);
+        }
+        failing = rc != ok;
       }
     }
     if (stop_.load()) break;

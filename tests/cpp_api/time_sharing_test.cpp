@@ -27,6 +27,8 @@
 #include "lock/process_identity.hpp"
 #include "lock/shared_segment.hpp"
 #include "support/deployment.hpp"
+#include "support/child_output.hpp"
+#include "support/scratch_fs.hpp"
 
 extern char** environ;
 
@@ -179,6 +181,58 @@ TEST_F(TimeSharing, MemoryLargerThanThePoolIsAClearError) {
   const pid_t ok_worker = spawn_worker(20 * MiB, 2, 401, 0);
   const int status2 = wait_status(ok_worker);
   EXPECT_TRUE(WIFEXITED(status2) && WEXITSTATUS(status2) == 0) << "the lock must not stay with the failed process";
+}
+
+// The owner of the frames a lock holder needs runs out of swap space part-way through the
+// eviction (its disk tier on a small real filesystem, its host tier nearly none): every page
+// it saved before the disk filled, and every page still in flight then, comes back intact at
+// its next turn; the holder's timeout says which process could not evict and why; and the
+// owner logs the failure once, not at every retry.
+class TimeSharingPastTheHostTier : public TimeSharing {
+ protected:
+  // A host tier holds at least 50 pages (100 MiB of 2 MiB frames): processes larger than
+  // that, on a pool that holds one of them.
+  TimeSharingPastTheHostTier() { pool_bytes_ = 200 * MiB; }
+};
+
+TEST_F(TimeSharingPastTheHostTier, AFullSwapDiskInTheOwnerLosesNoByteAndTheWaiterIsToldWhy) {
+  test::scratch_image img;
+  test::scratch_mount disk;
+  std::string why;
+  if (!test::mount_small_ext4(disk, img, &why)) GTEST_SKIP() << why;
+  const std::string owner_err = deploy_.dir() + "/owner.err";
+  const std::string taker_err = deploy_.dir() + "/taker.err";
+  // 180 MiB each on a 200 MiB pool: the taker needs 80 of the owner's frames; the owner has
+  // 100 MiB of host tier (the least it takes) and about 20 MiB of disk for them.
+  const pid_t owner = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(180 * MiB), "2", "500", "1500"},
+                                    {"VRAMSWAP_SWAP_DIR=" + disk.dir(), "VRAMSWAP_HOST_LIMIT=8MiB"}, "", owner_err);
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(open_pool(&pool, 10000));
+  // The owner holds its first turn; the taker queues behind it.
+  for (int i = 0; i < 1000; ++i) {
+    const uint32_t m = member_of(*pool, owner);
+    if (m != k_no_member && pool->member(m).holding.load() != 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const pid_t taker = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(180 * MiB), "1", "501", "0"},
+                                    {"VRAMSWAP_EVICT_TIMEOUT=3"}, "", taker_err);
+  const int taker_status = wait_status(taker);
+  const int owner_status = wait_status(owner);
+  const std::string owner_log = test::slurp(owner_err);
+  const std::string taker_log = test::slurp(taker_err);
+  EXPECT_TRUE(WIFEXITED(owner_status) && WEXITSTATUS(owner_status) == 0)
+      << "the owner must find every byte at its next turn; status " << owner_status << ", its stderr:\n" << owner_log;
+  EXPECT_TRUE(WIFEXITED(taker_status) && WEXITSTATUS(taker_status) == 2) << "status " << taker_status << "\n" << taker_log;
+  EXPECT_NE(taker_log.find("process " + std::to_string(owner) + " (pool member"), std::string::npos) << taker_log;
+  EXPECT_NE(taker_log.find("could not evict"), std::string::npos) << taker_log;
+  EXPECT_NE(taker_log.find("no_space"), std::string::npos) << "the waiter must be told the owner's disk is full:\n" << taker_log;
+  EXPECT_EQ(taker_log.find("SIGSTOP"), std::string::npos) << "a full disk is not a stopped process:\n" << taker_log;
+  size_t lines = 0;
+  for (size_t at = owner_log.find("another process asked for"); at != std::string::npos;
+       at = owner_log.find("another process asked for", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 1u) << "the owner logs the failed eviction once, not at every retry:\n" << owner_log;
 }
 
 }  // namespace
