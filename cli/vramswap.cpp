@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/options.hpp"
 #include "core/status.hpp"
 #include "lock/pool_layout.hpp"
 #include "lock/pool_report.hpp"
@@ -351,6 +352,14 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  if (cmd == "status" || cmd == "trace") {
+    // The same settings as the library's (VRAMSWAP_SHM_PREFIX picks the deployment): a bad
+    // one is an error here too, rather than a report on some other deployment.
+    if (vramswap::validate_options() != vramswap::ok) {
+      std::fprintf(stderr, "vramswap %s: %s\n", cmd.c_str(), vramswap::last_error());
+      return 1;
+    }
+  }
   if (cmd == "status") return cmd_status(argc - 2, argv + 2);
   if (cmd == "trace") return cmd_trace(argc - 2, argv + 2);
   std::fprintf(stderr, "vramswap: unknown command \"%s\"\n\n", cmd.c_str());

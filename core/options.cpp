@@ -2,31 +2,229 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <vector>
 
+#include "core/log.hpp"
 #include "core/status.hpp"
+
+extern char** environ;
 
 namespace vramswap {
 namespace {
 
 constexpr option_desc k_table[] = {
-#define VRAMSWAP_OPTION_DESC(id, env, def, help) {env, def, help},
+#define VRAMSWAP_OPTION_DESC(id, env, def, form, help) {env, def, form, help},
     VRAMSWAP_OPTIONS(VRAMSWAP_OPTION_DESC)
 #undef VRAMSWAP_OPTION_DESC
 };
 static_assert(sizeof k_table / sizeof k_table[0] == static_cast<size_t>(option_id::count_));
 
+constexpr other_variable k_other[] = {
+    {"VRAMSWAP_TORCH", "the Python package (1: vramswap.torch.enable() at import)"},
+    {"VRAMSWAP_PRELOAD_BACKTRACE", "libvramswap_preload.so (1: print the native stack on a crash)"},
+    {"VRAMSWAP_TEST_SERVER", "the Python tests (the vramswapd they start)"},
+    {"VRAMSWAP_TEST_BACKEND", "the multi-process C++ tests (cuda on a GPU run)"},
+    {"VRAMSWAP_FUZZ_SEED", "the range allocator's fuzz test"},
+    {"VRAMSWAP_FUZZ_STEPS", "the range allocator's and the pager's fuzz tests"},
+    {"VRAMSWAP_TORTURE_ROUNDS", "the lock's SIGKILL torture test"},
+    {"VRAMSWAP_TORTURE_SEED", "the lock's SIGKILL torture test"},
+    {"VRAMSWAP_BENCH_PARTS", "bench/python/bench_oversubscribe.py"},
+    {"VRAMSWAP_BUILD_DIR", "bench/python/bench_oversubscribe.py"},
+};
+
 std::mutex g_override_mutex;
 std::optional<std::string> g_override[static_cast<size_t>(option_id::count_)];
+
+constexpr const char* k_size_forms = "bytes, or a number with a K/M/G/T suffix (\"4096\", \"32MiB\", \"1.5G\")";
+
+// "4 KiB" for whole binary units, else the bytes.
+std::string human(uint64_t bytes) {
+  static const char* const units[] = {"KiB", "MiB", "GiB", "TiB"};
+  std::string unit;
+  uint64_t v = bytes;
+  for (const char* u : units) {
+    if (v == 0 || v % 1024 != 0) break;
+    v /= 1024;
+    unit = u;
+  }
+  return unit.empty() ? std::to_string(bytes) + " bytes" : std::to_string(v) + " " + unit;
+}
+
+// Why `text` is not a size (nullptr when it is one; then *out and *percent are set). A
+// number is decimal digits with an optional fraction, directly followed by an optional suffix
+// (one space before a suffix is allowed): no sign, exponent, hex or surrounding blanks.
+const char* size_problem(const char* text, uint64_t percent_base, uint64_t* out, bool* percent) {
+  if (text == nullptr || *text == '\0') return "is empty";
+  const char* p = text;
+  while (std::isdigit(static_cast<unsigned char>(*p))) ++p;
+  if (p == text) return "is not a size";
+  if (*p == '.') {
+    const char* frac = ++p;
+    while (std::isdigit(static_cast<unsigned char>(*p))) ++p;
+    if (p == frac) return "is not a size";
+  }
+  errno = 0;
+  const double number = std::strtod(std::string(text, p).c_str(), nullptr);
+  if (errno == ERANGE || std::isinf(number)) return "is too large";
+  if (*p == ' ' && p[1] != '\0' && std::strchr("kKmMgGtT%", p[1]) != nullptr) ++p;
+  double scale = 1;
+  bool is_percent = false;
+  switch (*p) {
+    case 'k': case 'K': scale = 1024.0; ++p; break;
+    case 'm': case 'M': scale = 1024.0 * 1024; ++p; break;
+    case 'g': case 'G': scale = 1024.0 * 1024 * 1024; ++p; break;
+    case 't': case 'T': scale = 1024.0 * 1024 * 1024 * 1024; ++p; break;
+    case '%': is_percent = true; ++p; break;
+    default: break;
+  }
+  if (!is_percent && scale != 1 && (*p == 'i' || *p == 'I')) ++p;
+  if (!is_percent && (*p == 'b' || *p == 'B')) ++p;
+  if (*p != '\0') return *p == ' ' ? "has trailing blanks" : "has trailing characters";
+  if (is_percent && percent_base == 0) return "is a percentage, which this setting does not take";
+  const double bytes = is_percent ? number / 100.0 * static_cast<double>(percent_base) : number * scale;
+  if (bytes >= 18446744073709551615.0) return "is too large";
+  if (!is_percent && scale == 1 && bytes != std::floor(bytes)) return "is a fraction of a byte";
+  *out = static_cast<uint64_t>(bytes);
+  *percent = is_percent;
+  return nullptr;
+}
+
+// Why `text` is not a whole number in [min, max] (nullptr when it is one).
+const char* count_problem(const char* text, uint64_t min, uint64_t max, uint64_t* out) {
+  if (*text == '\0') return "is empty";
+  for (const char* p = text; *p != '\0'; ++p) {
+    if (!std::isdigit(static_cast<unsigned char>(*p))) return *p == ' ' ? "has blanks" : "is not a whole number";
+  }
+  errno = 0;
+  const unsigned long long v = std::strtoull(text, nullptr, 10);
+  if (errno == ERANGE || v < min || v > max) return "is out of range";
+  *out = v;
+  return nullptr;
+}
+
+std::string accepted(const option_form& f) {
+  switch (f.kind) {
+    case option_kind::text: return "any text";
+    case option_kind::name: return "letters, digits, '-', '_' and '.' (at most 128)";
+    case option_kind::flag: return "0 or 1";
+    case option_kind::choice: {
+      std::string s = "one of ";
+      for (const char* c = f.choices; *c != '\0'; ++c) s += *c == '|' ? std::string(", ") : std::string(1, *c);
+      return s;
+    }
+    case option_kind::count: return "a whole number from " + std::to_string(f.min) + " to " + std::to_string(f.max);
+    case option_kind::size: {
+      std::string s = std::string("a size: ") + k_size_forms;
+      if (f.multiple > 1) s += ", a multiple of " + human(f.multiple);
+      if (f.max != UINT64_MAX) {
+        s += ", from " + human(f.min) + " to " + human(f.max);
+      } else if (f.min > 1) {
+        s += ", at least " + human(f.min);
+      } else if (f.min == 1) {
+        s += ", not 0";
+      }
+      if (f.percent_of != nullptr) s += std::string("; or a percentage of ") + f.percent_of + " (\"50%\")";
+      return s;
+    }
+  }
+  return "?";
+}
+
+// The detail of a bad value: what, the value, why, what is accepted, the way out.
+int bad_value(option_id id, const char* text, const char* why) {
+  const option_desc& d = describe(id);
+  const std::string expected = accepted(d.form);
+  const std::string fallback = *d.default_text == '\0' ? std::string("not set") : "\"" + std::string(d.default_text) + "\"";
+  return fail(err_invalid_argument, "%s=\"%s\" %s; expected %s. Correct it, or unset %s for the default (%s)", d.env_name, text, why,
+              expected.c_str(), d.env_name, fallback.c_str());
+}
+
+// The size `text` of option `id`, checked against its form.
+int check_size(option_id id, const char* text, uint64_t percent_base, uint64_t* out) {
+  const option_form& f = describe(id).form;
+  bool percent = false;
+  uint64_t v = 0;
+  if (const char* why = size_problem(text, f.percent_of != nullptr ? percent_base : 0, &v, &percent)) return bad_value(id, text, why);
+  if (!percent) {
+    if (v < f.min || v > f.max) return bad_value(id, text, ("is " + human(v) + ", out of range").c_str());
+    if (f.multiple > 1 && v % f.multiple != 0) return bad_value(id, text, ("is not a multiple of " + human(f.multiple)).c_str());
+  }
+  *out = v;
+  return ok;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      const bool same = std::toupper(static_cast<unsigned char>(a[i - 1])) == std::toupper(static_cast<unsigned char>(b[j - 1]));
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (same ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+bool is_known_name(const std::string& name) {
+  for (const option_desc& d : k_table) {
+    if (name == d.env_name) return true;
+  }
+  for (const other_variable& v : k_other) {
+    if (name == v.env_name) return true;
+  }
+  return false;
+}
+
+std::mutex g_warned_mutex;
+std::set<std::string> g_warned;  // unknown names already reported by this process
+
+void warn_unknown_names() {
+  std::vector<std::string> unknown;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (std::strncmp(*e, "VRAMSWAP_", 9) != 0) continue;
+    const char* eq = std::strchr(*e, '=');
+    std::string name = eq != nullptr ? std::string(*e, static_cast<size_t>(eq - *e)) : std::string(*e);
+    if (!is_known_name(name)) unknown.push_back(std::move(name));
+  }
+  for (const std::string& name : unknown) {
+    {
+      std::lock_guard<std::mutex> guard(g_warned_mutex);
+      if (!g_warned.insert(name).second) continue;
+    }
+    const std::string near = closest_known_name(name);
+    if (!near.empty()) {
+      log(log_level::warn, "%s is set, but vramswap has no such setting, so it has no effect; did you mean %s?", name.c_str(),
+          near.c_str());
+    } else {
+      log(log_level::warn,
+          "%s is set, but vramswap has no such setting, so it has no effect (the settings: core/options.hpp, or the "
+          "README's Configuration)",
+          name.c_str());
+    }
+  }
+}
 
 }  // namespace
 
 const option_desc& describe(option_id id) noexcept { return k_table[static_cast<size_t>(id)]; }
+
+const other_variable* other_variables(size_t* count) noexcept {
+  *count = sizeof k_other / sizeof k_other[0];
+  return k_other;
+}
 
 std::string option_text(option_id id) {
   {
@@ -57,58 +255,127 @@ void option_set(option_id id, const char* value) {
 }
 
 int parse_size(const char* text, uint64_t* out, const char* what, uint64_t percent_base) noexcept {
-  const char* accepted = percent_base != 0 ? "bytes with an optional K/M/G/T suffix (\"32MiB\", \"1.5G\") or a percentage (\"50%\")"
-                                           : "bytes with an optional K/M/G/T suffix (\"32MiB\", \"1.5G\")";
-  if (text == nullptr || *text == '\0') return fail(err_invalid_argument, "%s: empty value; expected %s", what, accepted);
-  errno = 0;
-  char* end = nullptr;
-  const double number = std::strtod(text, &end);
-  if (end == text || errno == ERANGE || !(number >= 0) || std::isinf(number)) {
-    return fail(err_invalid_argument, "%s: \"%s\" is not a size; expected %s", what, text, accepted);
+  try {
+    uint64_t v = 0;
+    bool percent = false;
+    if (const char* why = size_problem(text, percent_base, &v, &percent)) {
+      return fail(err_invalid_argument, "%s: \"%s\" %s; expected %s%s", what, text == nullptr ? "" : text, why, k_size_forms,
+                  percent_base != 0 ? ", or a percentage (\"50%\")" : "");
+    }
+    *out = v;
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "%s: out of host memory", what);
   }
-  while (*end == ' ') ++end;
-  double scale = 1;
-  bool percent = false;
-  switch (*end) {
-    case 'k': case 'K': scale = 1024.0; ++end; break;
-    case 'm': case 'M': scale = 1024.0 * 1024; ++end; break;
-    case 'g': case 'G': scale = 1024.0 * 1024 * 1024; ++end; break;
-    case 't': case 'T': scale = 1024.0 * 1024 * 1024 * 1024; ++end; break;
-    case '%': percent = true; ++end; break;
-    default: break;
-  }
-  if (!percent && scale != 1 && (*end == 'i' || *end == 'I')) ++end;
-  if (!percent && (*end == 'b' || *end == 'B')) ++end;
-  if (*end != '\0') return fail(err_invalid_argument, "%s: \"%s\" has trailing characters; expected %s", what, text, accepted);
-  if (percent && percent_base == 0) {
-    return fail(err_invalid_argument, "%s: \"%s\": a percentage is not accepted here; expected %s", what, text, accepted);
-  }
-  const double bytes = percent ? number / 100.0 * static_cast<double>(percent_base) : number * scale;
-  if (bytes >= 18446744073709551615.0) return fail(err_invalid_argument, "%s: \"%s\" is too large", what, text);
-  if (!percent && scale == 1 && bytes != std::floor(bytes)) {
-    return fail(err_invalid_argument, "%s: \"%s\" is a fraction of a byte", what, text);
-  }
-  *out = static_cast<uint64_t>(bytes);
-  return ok;
 }
 
 int option_size(option_id id, uint64_t* out, uint64_t percent_base) {
   const std::string text = option_text(id);
-  return parse_size(text.c_str(), out, describe(id).env_name, percent_base);
+  return check_size(id, text.c_str(), percent_base, out);
+}
+
+int option_uint(option_id id, uint64_t* out) {
+  const option_form& f = describe(id).form;
+  return option_uint(id, out, f.min, f.max);
 }
 
 int option_uint(option_id id, uint64_t* out, uint64_t min_value, uint64_t max_value) {
   const std::string text = option_text(id);
-  const char* name = describe(id).env_name;
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE || text[0] == '-' || v < min_value || v > max_value) {
-    return fail(err_invalid_argument, "%s: \"%s\" is not a whole number in [%llu, %llu]", name, text.c_str(),
-                static_cast<unsigned long long>(min_value), static_cast<unsigned long long>(max_value));
+  const option_form& f = describe(id).form;
+  uint64_t v = 0;
+  if (const char* why = count_problem(text.c_str(), f.min, f.max, &v)) return bad_value(id, text.c_str(), why);
+  if (v < min_value || v > max_value) {
+    return fail(err_invalid_argument, "%s=\"%s\" is out of range; expected a whole number from %llu to %llu", describe(id).env_name,
+                text.c_str(), static_cast<unsigned long long>(min_value), static_cast<unsigned long long>(max_value));
   }
   *out = v;
   return ok;
+}
+
+std::string option_accepted(option_id id) { return accepted(describe(id).form); }
+
+int option_check(option_id id, const char* text) {
+  const option_desc& d = describe(id);
+  if (*text == '\0') return *d.default_text == '\0' ? ok : bad_value(id, text, "is empty");
+  uint64_t v = 0;
+  switch (d.form.kind) {
+    case option_kind::text: return ok;
+    case option_kind::name: {
+      if (std::strlen(text) > 128) return bad_value(id, text, "is longer than 128 characters");
+      for (const char* p = text; *p != '\0'; ++p) {
+        if (!std::isalnum(static_cast<unsigned char>(*p)) && *p != '-' && *p != '_' && *p != '.') {
+          return bad_value(id, text, *p == ' ' ? "has blanks" : "has a character not allowed in a file name");
+        }
+      }
+      return ok;
+    }
+    case option_kind::choice: {
+      const size_t n = std::strlen(text);
+      for (const char* c = d.form.choices;;) {
+        const char* bar = std::strchr(c, '|');
+        const size_t len = bar != nullptr ? static_cast<size_t>(bar - c) : std::strlen(c);
+        if (len == n && std::strncmp(c, text, n) == 0) return ok;
+        if (bar == nullptr) break;
+        c = bar + 1;
+      }
+      return bad_value(id, text, "is none of the choices");
+    }
+    case option_kind::flag:
+    case option_kind::count:
+      if (const char* why = count_problem(text, d.form.min, d.form.max, &v)) return bad_value(id, text, why);
+      return ok;
+    case option_kind::size: return check_size(id, text, 1, &v);
+  }
+  return ok;
+}
+
+std::string closest_known_name(const std::string& name) {
+  std::vector<const char*> names;
+  for (const option_desc& d : k_table) names.push_back(d.env_name);
+  for (const other_variable& v : k_other) names.push_back(v.env_name);
+  std::string best;
+  size_t best_distance = SIZE_MAX;
+  for (const char* candidate : names) {
+    const size_t d = edit_distance(name, candidate);
+    if (d < best_distance) {
+      best_distance = d;
+      best = candidate;
+    }
+  }
+  // A typo changes a few characters of the part after VRAMSWAP_; beyond that a suggestion
+  // would be a guess.
+  const size_t rest = name.size() > 9 ? name.size() - 9 : 0;
+  return best_distance <= std::max<size_t>(1, rest / 3) ? best : std::string();
+}
+
+int validate_options() {
+  try {
+    warn_unknown_names();
+    std::vector<std::string> problems;
+    std::vector<const char*> names;
+    for (size_t i = 0; i < static_cast<size_t>(option_id::count_); ++i) {
+      const auto id = static_cast<option_id>(i);
+      if (option_is_default(id)) continue;
+      if (option_check(id, option_text(id).c_str()) != ok) {
+        problems.emplace_back(last_error());
+        names.push_back(describe(id).env_name);
+      }
+    }
+    if (problems.empty()) return ok;
+    // Every bad one in full while the detail has room, then the rest by name.
+    std::string text = problems.size() == 1 ? std::string() : std::to_string(problems.size()) + " bad settings: ";
+    size_t shown = 0;
+    for (; shown < problems.size() && (shown == 0 || text.size() + problems[shown].size() < 800); ++shown) {
+      text += (shown > 0 ? ". " : "") + problems[shown];
+    }
+    if (shown < problems.size()) {
+      text += ". And";
+      for (size_t i = shown; i < problems.size(); ++i) text += std::string(i > shown ? ", " : " ") + names[i];
+    }
+    return fail(err_invalid_argument, "%s", text.c_str());
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "checking the VRAMSWAP_* settings: out of host memory");
+  }
 }
 
 uint64_t physical_ram() noexcept {

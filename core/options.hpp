@@ -7,67 +7,105 @@
 // by the default.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace vramswap {
 
-// X(id, ENV_NAME, default text, help)
+// How an option's value is checked, by validate_options() at start and by the typed accessors
+// when it is read, so the two never disagree; also the "expected ..." of its error.
+enum class option_kind : uint8_t {
+  text,    // anything (a path, a group name)
+  name,    // letters, digits, '-', '_', '.' (part of a file or segment name), at most 128
+  choice,  // one of `choices`, separated by '|'
+  flag,    // 0 or 1
+  count,   // a whole number in [min, max]
+  size,    // bytes with an optional K/M/G/T suffix (or a percentage of `percent_of`)
+};
+
+struct option_form {
+  option_kind kind = option_kind::text;
+  const char* choices = nullptr;     // choice: "host|cuda|auto"
+  uint64_t min = 0;                  // count: the range; size: the range of sizes given in bytes
+  uint64_t max = UINT64_MAX;
+  uint64_t multiple = 0;             // size: a multiple of this (0: any)
+  const char* percent_of = nullptr;  // size: what a percentage is of ("RAM"); nullptr: none accepted
+};
+
+constexpr option_form text_form() { return {}; }
+constexpr option_form name_form() { return {option_kind::name}; }
+constexpr option_form choice_form(const char* choices) { return {option_kind::choice, choices}; }
+constexpr option_form flag_form() { return {option_kind::flag, nullptr, 0, 1}; }
+constexpr option_form count_form(uint64_t min, uint64_t max) { return {option_kind::count, nullptr, min, max}; }
+constexpr option_form size_form(uint64_t min = 0, uint64_t max = UINT64_MAX, uint64_t multiple = 0) {
+  return {option_kind::size, nullptr, min, max, multiple};
+}
+constexpr option_form percent_form(const char* percent_of) {
+  return {option_kind::size, nullptr, 0, UINT64_MAX, 0, percent_of};
+}
+
+// X(id, ENV_NAME, default text, form, help). An empty default means "not set": the help says
+// what happens then, and an empty value is accepted.
 #define VRAMSWAP_OPTIONS(X)                                                                     \
-  X(backend, "VRAMSWAP_BACKEND", "auto",                                                         \
+  X(backend, "VRAMSWAP_BACKEND", "auto", choice_form("host|cuda|auto"),                          \
     "backend: host | cuda | auto (cuda where a GPU is usable, else host)")                       \
-  X(log_level, "VRAMSWAP_LOG", "info", "log level: error | warn | info | debug")                 \
-  X(host_devices, "VRAMSWAP_HOST_DEVICES", "1", "number of emulated devices of the host backend") \
-  X(host_device_memory, "VRAMSWAP_HOST_DEVICE_MEMORY", "4GiB",                                   \
+  X(log_level, "VRAMSWAP_LOG", "info", choice_form("error|warn|info|debug"),                     \
+    "log level: error | warn | info | debug")                                                    \
+  X(host_devices, "VRAMSWAP_HOST_DEVICES", "1", count_form(1, 64),                               \
+    "number of emulated devices of the host backend")                                           \
+  X(host_device_memory, "VRAMSWAP_HOST_DEVICE_MEMORY", "4GiB", size_form(1),                     \
     "memory of each emulated device of the host backend (size)")                                 \
-  X(frame_size, "VRAMSWAP_FRAME_SIZE", "32MiB",                                                  \
+  X(frame_size, "VRAMSWAP_FRAME_SIZE", "32MiB", size_form(1),                                    \
     "frame size: a multiple of the device's allocation granularity (2 MiB on CUDA)")             \
-  X(arena_size, "VRAMSWAP_ARENA_SIZE", "200%",                                                   \
+  X(arena_size, "VRAMSWAP_ARENA_SIZE", "200%", percent_form("device memory"),                    \
     "virtual reservation per process and device: size, or percent of device memory")           \
-  X(group, "VRAMSWAP_GROUP", "",                                                                 \
+  X(group, "VRAMSWAP_GROUP", "", text_form(),                                                    \
     "group allowed to share the per-device segments (mode 0660); empty: owner only (0600)")     \
-  X(shm_prefix, "VRAMSWAP_SHM_PREFIX", "",                                                       \
+  X(shm_prefix, "VRAMSWAP_SHM_PREFIX", "", name_form(),                                          \
     "prefix of the per-device segment names and the pool server's files: each prefix is a pool of its own") \
-  X(runtime_dir, "VRAMSWAP_RUNTIME_DIR", "",                                                     \
+  X(runtime_dir, "VRAMSWAP_RUNTIME_DIR", "", text_form(),                                        \
     "directory of the pool servers' sockets; empty: /tmp/vramswap-<uid> (-g<gid> with VRAMSWAP_GROUP)")                        \
-  X(pool_size, "VRAMSWAP_POOL_SIZE", "",                                                         \
+  X(pool_size, "VRAMSWAP_POOL_SIZE", "", percent_form("device memory"),                          \
     "pool size: bytes or percent of device memory; empty: free memory less a reserve")           \
-  X(pool_idle_exit, "VRAMSWAP_POOL_IDLE_EXIT", "60",                                             \
+  X(pool_idle_exit, "VRAMSWAP_POOL_IDLE_EXIT", "60", count_form(0, 365ull * 24 * 3600),          \
     "seconds a pool server started on demand waits with no client before it exits")              \
-  X(server_path, "VRAMSWAP_SERVER", "",                                                          \
+  X(server_path, "VRAMSWAP_SERVER", "", text_form(),                                             \
     "path of vramswapd, for starting it on demand; empty: next to libvramswap")                  \
-  X(metrics_port, "VRAMSWAP_METRICS_PORT", "",                                                  \
+  X(metrics_port, "VRAMSWAP_METRICS_PORT", "", count_form(0, 65535),                             \
     "the pool server serves Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port, " \
     "shown by `vramswap status`); empty: no metrics endpoint")                                   \
-  X(evict_timeout, "VRAMSWAP_EVICT_TIMEOUT", "30",                                               \
+  X(evict_timeout, "VRAMSWAP_EVICT_TIMEOUT", "30", count_form(1, 86400),                         \
     "seconds an acquirer waits for another process to evict frames it asked for")                \
-  X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", "1: evict this process's memory at every release") \
-  X(strict, "VRAMSWAP_STRICT", "0",                                                              \
+  X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", flag_form(),                                   \
+    "1: evict this process's memory at every release")                                           \
+  X(strict, "VRAMSWAP_STRICT", "0", flag_form(),                                                 \
     "1: evict and unmap at every release, so device access outside the lock faults (debugging)") \
-  X(host_limit, "VRAMSWAP_HOST_LIMIT", "50%",                                                    \
+  X(host_limit, "VRAMSWAP_HOST_LIMIT", "50%", percent_form("RAM"),                               \
     "pinned host memory for saved pages, per process and device: size, or percent of RAM; "     \
     "past it, least recently used pages go to the swap file")                                    \
-  X(host_pool, "VRAMSWAP_HOST_POOL", "0",                                                        \
+  X(host_pool, "VRAMSWAP_HOST_POOL", "0", percent_form("RAM"),                                   \
     "pinned host memory for saved pages shared by all processes of a device, made by vramswapd: " \
     "size, or percent of RAM; 0: none (each process keeps its own host tier, VRAMSWAP_HOST_LIMIT)") \
-  X(swap_dir, "VRAMSWAP_SWAP_DIR", "/var/tmp",                                                   \
+  X(swap_dir, "VRAMSWAP_SWAP_DIR", "/var/tmp", text_form(),                                      \
     "directory of the swap files (one per process and device, unlinked, O_DIRECT); "             \
     "its filesystem must support O_TMPFILE and O_DIRECT (ext4, xfs, btrfs, tmpfs >= 6.6)")      \
-  X(swap_queue_depth, "VRAMSWAP_SWAP_QUEUE_DEPTH", "32", "disk requests in flight per swap file (1..4096)") \
-  X(swap_block, "VRAMSWAP_SWAP_BLOCK", "1MiB",                                                   \
-    "bytes per disk request (a multiple of 4 KiB; a page is split into blocks)")                 \
-  X(swap_extent, "VRAMSWAP_SWAP_EXTENT", "1GiB",                                                 \
+  X(swap_queue_depth, "VRAMSWAP_SWAP_QUEUE_DEPTH", "32", count_form(1, 4096),                    \
+    "disk requests in flight per swap file (1..4096)")                                           \
+  X(swap_block, "VRAMSWAP_SWAP_BLOCK", "1MiB", size_form(4096, 1ull << 30, 4096),                \
+    "bytes per disk request (a multiple of 4 KiB, at most 1 GiB; a page is split into blocks)")  \
+  X(swap_extent, "VRAMSWAP_SWAP_EXTENT", "1GiB", size_form(1),                                   \
     "the least the swap file grows by (fallocate), and the unit its reservations are rounded "   \
     "up to (whole pages); a spill reserves all it needs in one piece before writing")          \
-  X(oversubscribe, "VRAMSWAP_OVERSUBSCRIBE", "0",                                                \
+  X(oversubscribe, "VRAMSWAP_OVERSUBSCRIBE", "0", flag_form(),                                   \
     "1: low priority, no lock: allocations take free pool frames, then host memory, and "       \
     "lock holders take the pool frames back (run under libvramswap_preload.so)")               \
-  X(oversubscribe_limit, "VRAMSWAP_OVERSUBSCRIBE_LIMIT", "50%",                                  \
+  X(oversubscribe_limit, "VRAMSWAP_OVERSUBSCRIBE_LIMIT", "50%", percent_form("RAM"),             \
     "host memory an oversubscribed process may use for what does not fit the pool: size, or "  \
     "percent of RAM")
 
 enum class option_id {
-#define VRAMSWAP_OPTION_ENUM(id, env, def, help) id,
+#define VRAMSWAP_OPTION_ENUM(id, env, def, form, help) id,
   VRAMSWAP_OPTIONS(VRAMSWAP_OPTION_ENUM)
 #undef VRAMSWAP_OPTION_ENUM
       count_
@@ -76,6 +114,7 @@ enum class option_id {
 struct option_desc {
   const char* env_name;
   const char* default_text;
+  option_form form;
   const char* help;
 };
 
@@ -93,11 +132,42 @@ void option_set(option_id id, const char* value);
 // half of percent_base. Returns err_invalid_argument with a detail naming `what`.
 int parse_size(const char* text, uint64_t* out, const char* what, uint64_t percent_base = 0) noexcept;
 
-// Typed accessors: the detail of a failure names the variable and the bad value.
+// Typed accessors: the detail of a failure names the variable, the bad value and what the
+// option accepts. option_size applies the option's form (range, multiple; a percentage of
+// percent_base only where the option takes one).
 int option_size(option_id id, uint64_t* out, uint64_t percent_base = 0);
 // The machine's physical memory in bytes (0 when unknown): the base of the options given as a
 // percent of RAM (VRAMSWAP_HOST_LIMIT, VRAMSWAP_HOST_POOL, VRAMSWAP_OVERSUBSCRIBE_LIMIT).
 uint64_t physical_ram() noexcept;
+// A count or flag option, in the range of its form.
+int option_uint(option_id id, uint64_t* out);
+// The same, further limited to [min_value, max_value].
 int option_uint(option_id id, uint64_t* out, uint64_t min_value, uint64_t max_value);
+
+// What the option accepts, in words ("a whole number from 1 to 4096"), as its errors say it.
+std::string option_accepted(option_id id);
+// Check `text` as a value of the option: ok, or err_invalid_argument whose detail names the
+// variable, the value and what is accepted.
+int option_check(option_id id, const char* text);
+
+// VRAMSWAP_* variables that are not options of the library but are read by another part of
+// vramswap (the Python package, the preload shim, the tests and benchmarks): known names, so
+// that they are never reported as unknown. The one list of them.
+struct other_variable {
+  const char* env_name;
+  const char* read_by;
+};
+const other_variable* other_variables(size_t* count) noexcept;
+
+// The known VRAMSWAP_* name (an option or an other_variable) closest to `name` by edit
+// distance, ignoring case; empty when none is close enough to be a likely typo.
+std::string closest_known_name(const std::string& name);
+
+// The one check of the settings at start (the runtime's first session, vramswapd, the CLI):
+// every option's value (override or environment) against its form. Returns
+// err_invalid_argument naming every bad variable, its value and what it accepts, and changes
+// nothing. Each VRAMSWAP_* variable of the environment that is neither an option nor an
+// other_variable gets one warning per process, naming it and the closest known name.
+int validate_options();
 
 }  // namespace vramswap

@@ -34,15 +34,12 @@ int tiered_store::create(backend& be, tiered_config cfg, std::unique_ptr<tiered_
   if (cfg.swap_dir.empty()) cfg.swap_dir = option_text(option_id::swap_dir);
   if (cfg.queue_depth == 0) {
     uint64_t v = 0;
-    VS_TRY(option_uint(option_id::swap_queue_depth, &v, 1, 4096));
+    VS_TRY(option_uint(option_id::swap_queue_depth, &v));
     cfg.queue_depth = static_cast<unsigned>(v);
   }
   if (cfg.block_size == 0) {
     uint64_t v = 0;
-    VS_TRY(option_size(option_id::swap_block, &v));
-    if (v == 0 || v % 4096 != 0 || v > (1u << 30)) {
-      return fail(err_invalid_argument, "VRAMSWAP_SWAP_BLOCK: %" PRIu64 " bytes is not a multiple of 4 KiB in 4 KiB..1 GiB", v);
-    }
+    VS_TRY(option_size(option_id::swap_block, &v));  // its form: a multiple of 4 KiB, 4 KiB..1 GiB
     cfg.block_size = static_cast<size_t>(v);
   }
   if (cfg.grow_step == 0) VS_TRY(option_size(option_id::swap_extent, &cfg.grow_step));

@@ -341,7 +341,7 @@ class host_backend final : public backend {
 int make_host_backend(std::unique_ptr<backend>* out) {
   uint64_t devices = 0;
   uint64_t memory = 0;
-  VS_TRY(option_uint(option_id::host_devices, &devices, 1, 64));
+  VS_TRY(option_uint(option_id::host_devices, &devices));
   VS_TRY(option_size(option_id::host_device_memory, &memory));
   if (memory < k_host_granularity || memory % k_host_granularity != 0) {
     return fail(err_invalid_argument, "VRAMSWAP_HOST_DEVICE_MEMORY: %" PRIu64 " bytes is not a positive multiple of 2 MiB", memory);

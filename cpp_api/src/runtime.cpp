@@ -84,6 +84,10 @@ int state_for(const char* fn, int device, device_state** out) {
     *out = g_devices[device].get();
     return ok;
   }
+  // Every VRAMSWAP_* setting is checked before anything is made, so a bad one fails this
+  // first call whole (and every later one until it is corrected) instead of surfacing as a
+  // fallback halfway through a session.
+  VS_TRY(add_context(validate_options(), "%s(device %d): ", fn, device));
   backend* be = nullptr;
   VS_TRY(add_context(default_backend(&be), "%s(device %d): ", fn, device));
   int count = 0;
@@ -95,7 +99,7 @@ int state_for(const char* fn, int device, device_state** out) {
                 fn, device, be->name(), count);
   }
   uint64_t oversubscribe = 0;
-  VS_TRY(option_uint(option_id::oversubscribe, &oversubscribe, 0, 1));
+  VS_TRY(option_uint(option_id::oversubscribe, &oversubscribe));
   auto st = std::make_unique<device_state>();
   if (oversubscribe == 1) {
     VS_TRY(add_context(oversubscribed_session::open(device, &st->over), "%s(device %d): opening the device's oversubscribed session: ",

@@ -1,10 +1,22 @@
 #include "core/options.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
+#include "core/log.hpp"
 #include "core/status.hpp"
 
 namespace vramswap {
@@ -70,6 +82,284 @@ TEST(Options, UintRangeIsChecked) {
   ASSERT_EQ(option_uint(option_id::host_devices, &v, 1, 64), ok);
   EXPECT_EQ(v, 3u);
   option_set(option_id::host_devices, nullptr);
+}
+
+// Every option, from the table: a new one is covered without touching this file.
+std::vector<option_id> all_options() {
+  std::vector<option_id> ids;
+  for (size_t i = 0; i < static_cast<size_t>(option_id::count_); ++i) ids.push_back(static_cast<option_id>(i));
+  return ids;
+}
+
+// Values that the option's form must refuse.
+std::vector<std::string> bad_values(option_id id) {
+  const option_form& f = describe(id).form;
+  std::vector<std::string> bad;
+  switch (f.kind) {
+    case option_kind::text: break;
+    case option_kind::name: bad = {"a b", "a/b", "pre fix", "x\t", std::string(129, 'a')}; break;
+    case option_kind::choice: {
+      const std::string first(f.choices, std::strcspn(f.choices, "|"));
+      bad = {"abc", first + " ", " " + first, first + "x", "1.5"};
+      for (char& c : bad.emplace_back(first)) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      break;
+    }
+    case option_kind::flag: bad = {"abc", "1.5", "2", "yes", "true", "1 ", " 1", "-1", "+1", "0x1"}; break;
+    case option_kind::count:
+      bad = {"abc", "1.5", "-1", "+1", " 5", "5 ", "0x10", "1e3", std::to_string(f.max) + "0", "99999999999999999999999"};
+      if (f.min > 0) bad.push_back(std::to_string(f.min - 1));
+      break;
+    case option_kind::size:
+      bad = {"abc", "1.5", "1GiB ", " 1GiB", "1 GiB ", "-1", "1e3", "0x10", "12Q", "nan", "inf", "1.5.5", "1GiBs", "%", "abc%"};
+      if (f.percent_of == nullptr) bad.push_back("50%");
+      if (f.min > 0) bad.push_back("0");
+      if (f.multiple > 1) bad.push_back(std::to_string(f.multiple + 1));
+      if (f.max != UINT64_MAX) bad.push_back(std::to_string(f.max + f.multiple));
+      break;
+  }
+  return bad;
+}
+
+// Values that the option's form must accept.
+std::vector<std::string> good_values(option_id id) {
+  const option_form& f = describe(id).form;
+  switch (f.kind) {
+    case option_kind::text: return {"anything at all", "/a/path", "x=y"};
+    case option_kind::name: return {"abc", "run-1_a.b", std::string(128, 'a')};
+    case option_kind::choice: {
+      std::vector<std::string> all;
+      std::stringstream in(f.choices);
+      for (std::string c; std::getline(in, c, '|');) all.push_back(c);
+      return all;
+    }
+    case option_kind::flag: return {"0", "1"};
+    case option_kind::count: return {std::to_string(f.min), std::to_string(f.max)};
+    case option_kind::size: {
+      std::vector<std::string> good = {"1MiB", "1M", "1 MiB", "1mb", "1048576", "0.5GiB"};
+      if (f.percent_of != nullptr) good.insert(good.end(), {"50%", "12.5%", "200%"});
+      return good;
+    }
+  }
+  return {};
+}
+
+// Sets an environment variable for the scope of one test.
+struct scoped_env {
+  std::string name;
+  scoped_env(std::string n, const std::string& value) : name(std::move(n)) { ::setenv(name.c_str(), value.c_str(), 1); }
+  ~scoped_env() { ::unsetenv(name.c_str()); }
+};
+
+// What this process writes to stderr (the log) while it lives.
+class stderr_capture {
+ public:
+  stderr_capture() : path_("/tmp/vramswap-options-test-" + std::to_string(::getpid()) + ".err") {
+    saved_ = ::dup(STDERR_FILENO);
+    const int fd = ::open(path_.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    ::dup2(fd, STDERR_FILENO);
+    ::close(fd);
+  }
+  ~stderr_capture() {
+    restore();
+    ::unlink(path_.c_str());
+  }
+  std::string text() {
+    restore();
+    std::ifstream in(path_);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  void restore() {
+    if (saved_ < 0) return;
+    ::dup2(saved_, STDERR_FILENO);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  std::string path_;
+  int saved_ = -1;
+};
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(OptionForms, EveryDefaultIsAcceptedByItsOwnForm) {
+  for (option_id id : all_options()) {
+    EXPECT_EQ(option_check(id, describe(id).default_text), ok) << describe(id).env_name << ": " << last_error();
+  }
+}
+
+TEST(OptionForms, EveryOptionRefusesEveryKindOfBadValueNamingItAndWhatItAccepts) {
+  for (option_id id : all_options()) {
+    const char* name = describe(id).env_name;
+    const std::string accepted = option_accepted(id);
+    for (const std::string& bad : bad_values(id)) {
+      SCOPED_TRACE(std::string(name) + "=\"" + bad + "\"");
+      ASSERT_EQ(option_check(id, bad.c_str()), err_invalid_argument);
+      const std::string detail = last_error();
+      EXPECT_NE(detail.find(name), std::string::npos) << detail;
+      EXPECT_NE(detail.find("\"" + bad + "\""), std::string::npos) << detail;
+      EXPECT_NE(detail.find(accepted), std::string::npos) << detail;
+
+      // The same from the environment, through the check at start and through the typed
+      // accessors that the readers use.
+      scoped_env env(name, bad);
+      ASSERT_EQ(validate_options(), err_invalid_argument);
+      EXPECT_NE(std::string(last_error()).find(name), std::string::npos) << last_error();
+      EXPECT_NE(std::string(last_error()).find(accepted), std::string::npos) << last_error();
+      uint64_t v = 77;
+      const option_form& f = describe(id).form;
+      if (f.kind == option_kind::size) {
+        EXPECT_EQ(option_size(id, &v, f.percent_of != nullptr ? 1000 : 0), err_invalid_argument) << "option_size took it";
+      } else if (f.kind == option_kind::count || f.kind == option_kind::flag) {
+        EXPECT_EQ(option_uint(id, &v), err_invalid_argument) << "option_uint took it";
+      }
+      EXPECT_EQ(v, 77u) << "a refused value must not be written";
+    }
+  }
+}
+
+TEST(OptionForms, EveryOptionAcceptsTheDocumentedForms) {
+  for (option_id id : all_options()) {
+    for (const std::string& good : good_values(id)) {
+      SCOPED_TRACE(std::string(describe(id).env_name) + "=\"" + good + "\"");
+      EXPECT_EQ(option_check(id, good.c_str()), ok) << last_error();
+      scoped_env env(describe(id).env_name, good);
+      EXPECT_EQ(validate_options(), ok) << last_error();
+    }
+  }
+}
+
+TEST(OptionForms, AnEmptyValueIsTheDefault) {
+  // An empty variable is an unset one (option_text); an empty override is a value, and only
+  // the options whose default is empty take it.
+  for (option_id id : all_options()) {
+    scoped_env env(describe(id).env_name, "");
+    EXPECT_EQ(validate_options(), ok) << describe(id).env_name << ": " << last_error();
+    EXPECT_EQ(option_check(id, ""), *describe(id).default_text == '\0' ? ok : err_invalid_argument) << describe(id).env_name;
+  }
+}
+
+TEST(OptionForms, TheSizesReadAreTheOnesChecked) {
+  uint64_t v = 0;
+  option_set(option_id::swap_block, "64KiB");
+  ASSERT_EQ(option_size(option_id::swap_block, &v), ok) << last_error();
+  EXPECT_EQ(v, 64u << 10);
+  option_set(option_id::swap_block, "6000");  // not a multiple of 4 KiB
+  EXPECT_EQ(option_size(option_id::swap_block, &v), err_invalid_argument);
+  EXPECT_NE(std::string(last_error()).find("multiple of 4 KiB"), std::string::npos) << last_error();
+  option_set(option_id::swap_block, nullptr);
+  option_set(option_id::host_limit, "25%");
+  ASSERT_EQ(option_size(option_id::host_limit, &v, 1000), ok);
+  EXPECT_EQ(v, 250u);
+  option_set(option_id::host_limit, nullptr);
+}
+
+TEST(ValidateOptions, NamesEveryBadSettingAtOnce) {
+  scoped_env a("VRAMSWAP_HOST_LIMIT", "abc");
+  scoped_env b("VRAMSWAP_SWAP_QUEUE_DEPTH", "1.5");
+  scoped_env c("VRAMSWAP_SWAP_EXTENT", "1GiB ");
+  scoped_env d("VRAMSWAP_SWAP_BLOCK", "1.5");
+  ASSERT_EQ(validate_options(), err_invalid_argument);
+  const std::string detail = last_error();
+  for (const char* name : {"VRAMSWAP_HOST_LIMIT", "VRAMSWAP_SWAP_QUEUE_DEPTH", "VRAMSWAP_SWAP_EXTENT", "VRAMSWAP_SWAP_BLOCK"}) {
+    EXPECT_NE(detail.find(name), std::string::npos) << name << " missing from: " << detail;
+  }
+  EXPECT_NE(detail.find("4 bad settings"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("percentage of RAM"), std::string::npos) << detail;
+}
+
+TEST(ValidateOptions, AnOverrideIsCheckedToo) {
+  option_set(option_id::evict_timeout, "0");
+  EXPECT_EQ(validate_options(), err_invalid_argument);
+  EXPECT_NE(std::string(last_error()).find("VRAMSWAP_EVICT_TIMEOUT=\"0\" is out of range; expected a whole number from 1 to 86400"),
+            std::string::npos)
+      << last_error();
+  option_set(option_id::evict_timeout, nullptr);
+  EXPECT_EQ(validate_options(), ok) << last_error();
+}
+
+TEST(UnknownNames, AClosestKnownNameIsSuggestedForATypo) {
+  EXPECT_EQ(closest_known_name("VRAMSWAP_POOLSIZE"), "VRAMSWAP_POOL_SIZE");
+  EXPECT_EQ(closest_known_name("VRAMSWAP_host_limit"), "VRAMSWAP_HOST_LIMIT");
+  EXPECT_EQ(closest_known_name("VRAMSWAP_SWAPDIR"), "VRAMSWAP_SWAP_DIR");
+  EXPECT_EQ(closest_known_name("VRAMSWAP_EVICT_TIMOUT"), "VRAMSWAP_EVICT_TIMEOUT");
+  EXPECT_EQ(closest_known_name("VRAMSWAP_SOMETHING_ELSE_ENTIRELY"), "");
+}
+
+TEST(UnknownNames, AnUnknownNameGetsOneWarningPerProcess) {
+  if (!log_enabled(log_level::warn)) GTEST_SKIP() << "VRAMSWAP_LOG hides warnings";
+  scoped_env typo("VRAMSWAP_POOLSIZE", "1");
+  scoped_env odd("VRAMSWAP_NOTHING_LIKE_ANY_SETTING", "1");
+  stderr_capture err;
+  EXPECT_EQ(validate_options(), ok) << "an unknown name is a warning, not an error: " << last_error();
+  EXPECT_EQ(validate_options(), ok);
+  EXPECT_EQ(validate_options(), ok);
+  const std::string text = err.text();
+  EXPECT_EQ(count_of(text, "VRAMSWAP_POOLSIZE"), 1u) << text;
+  EXPECT_EQ(count_of(text, "did you mean VRAMSWAP_POOL_SIZE?"), 1u) << text;
+  EXPECT_EQ(count_of(text, "VRAMSWAP_NOTHING_LIKE_ANY_SETTING"), 1u) << text;
+  EXPECT_EQ(count_of(text, "warn:"), 2u) << text;
+}
+
+TEST(UnknownNames, OptionsAndTheOtherKnownVariablesNeverWarn) {
+  if (!log_enabled(log_level::warn)) GTEST_SKIP() << "VRAMSWAP_LOG hides warnings";
+  std::vector<std::unique_ptr<scoped_env>> set;
+  size_t n = 0;
+  const other_variable* others = other_variables(&n);
+  for (size_t i = 0; i < n; ++i) set.push_back(std::make_unique<scoped_env>(others[i].env_name, "1"));
+  for (option_id id : all_options()) {
+    if (std::getenv(describe(id).env_name) == nullptr) set.push_back(std::make_unique<scoped_env>(describe(id).env_name, ""));
+  }
+  stderr_capture err;
+  EXPECT_EQ(validate_options(), ok) << last_error();
+  EXPECT_EQ(err.text(), "");
+}
+
+// The names that any part of vramswap reads from the environment (C++ getenv and the tests'
+// helpers around it, Python os.environ) must be options or other_variables, or a user who
+// sets them gets a warning that they have no effect. A new reader helper goes in `readers`.
+TEST(UnknownNames, EveryVariableTheSourcesReadIsKnown) {
+  namespace fs = std::filesystem;
+  const std::vector<std::string> readers = {"getenv(\"", "env_or(\"", "env_u64(\"", "environ.get(\"", "environ[\""};
+  std::set<std::string> read;
+  size_t files = 0;
+  for (auto it = fs::recursive_directory_iterator(VRAMSWAP_SOURCE_DIR); it != fs::recursive_directory_iterator(); ++it) {
+    const std::string leaf = it->path().filename().string();
+    if (it->is_directory() && (leaf.rfind("build", 0) == 0 || leaf[0] == '.')) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    const std::string ext = it->path().extension().string();
+    if (!it->is_regular_file() || (ext != ".cpp" && ext != ".hpp" && ext != ".c" && ext != ".h" && ext != ".py")) continue;
+    ++files;
+    std::ifstream in(it->path());
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    for (const std::string& r : readers) {
+      for (size_t at = text.find(r + "VRAMSWAP_"); at != std::string::npos; at = text.find(r + "VRAMSWAP_", at + 1)) {
+        const size_t begin = at + r.size();
+        const size_t end = text.find('"', begin);
+        if (end != std::string::npos) read.insert(text.substr(begin, end - begin) + " (" + it->path().string() + ")");
+      }
+    }
+  }
+  ASSERT_GT(files, 50u) << "the source tree was not found at " << VRAMSWAP_SOURCE_DIR;
+  ASSERT_FALSE(read.empty());
+  bool torch = false;
+  for (const std::string& entry : read) {
+    const std::string name = entry.substr(0, entry.find(' '));
+    torch |= name == "VRAMSWAP_TORCH";
+    bool known = false;
+    for (option_id id : all_options()) known |= name == describe(id).env_name;
+    size_t n = 0;
+    const other_variable* others = other_variables(&n);
+    for (size_t i = 0; i < n; ++i) known |= name == others[i].env_name;
+    EXPECT_TRUE(known) << entry << " is read from the environment but is neither an option nor an other_variable (core/options.cpp)";
+  }
+  EXPECT_TRUE(torch) << "the scan missed the Python package's VRAMSWAP_TORCH";
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 //
 // usage: api_worker hold <device> <hold-ms> <ready-file>
 //   take gpu_lock(device), create <ready-file>, hold the lock <hold-ms>, release, exit 0.
+//        api_worker each <devices>
+//   lock and unlock devices 0..<devices>-1 in turn, twice (a session opened on each), exit 0.
 // Exit: 0 ok, 2 a vramswap::error (printed), 64 bad usage.
 #include <fcntl.h>
 #include <unistd.h>
@@ -15,8 +17,19 @@
 #include "vramswap/vramswap.hpp"
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::strcmp(argv[1], "each") == 0) {
+    try {
+      for (int round = 0; round < 2; ++round) {
+        for (int d = 0; d < std::atoi(argv[2]); ++d) vramswap::gpu_lock lock(d);
+      }
+    } catch (const vramswap::error& e) {
+      std::fprintf(stderr, "api_worker: %s\n", e.what());
+      return 2;
+    }
+    return 0;
+  }
   if (argc != 5 || std::strcmp(argv[1], "hold") != 0) {
-    std::fprintf(stderr, "usage: %s hold <device> <hold-ms> <ready-file>\n", argv[0]);
+    std::fprintf(stderr, "usage: %s hold <device> <hold-ms> <ready-file> | each <devices>\n", argv[0]);
     return 64;
   }
   try {

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -49,6 +50,40 @@ class PublicApi : public ::testing::Test {
     for (int i = 0; i < 2000 && ::stat(ready.c_str(), &st) != 0; ++i) std::this_thread::sleep_for(5ms);
     EXPECT_EQ(::stat(ready.c_str(), &st), 0) << "the holder never took the lock";
     return pid;
+  }
+  // Runs api_worker with `args` and `extra_env` (NAME=VALUE) added to this environment; its
+  // exit code, and its stderr in *err.
+  int run_worker(const std::vector<std::string>& args, const std::vector<std::string>& extra_env, std::string* err) {
+    const std::string err_path = env_.runtime_dir() + "/worker.err";
+    std::vector<std::string> all = {VRAMSWAP_API_WORKER};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_text(extra_env);
+    for (char** e = environ; *e != nullptr; ++e) env_text.emplace_back(*e);
+    std::vector<char*> envp;
+    for (auto& e : env_text) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    pid_t pid = -1;
+    EXPECT_EQ(::posix_spawn(&pid, VRAMSWAP_API_WORKER, &actions, nullptr, argv.data(), envp.data()), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    const int code = wait_exit(pid);
+    err->clear();
+    if (FILE* f = std::fopen(err_path.c_str(), "r")) {
+      char buf[4096];
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) err->append(buf, n);
+      std::fclose(f);
+    }
+    return code;
+  }
+  static size_t count_of(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
   }
   static int wait_exit(pid_t pid) {
     int status = 0;
@@ -327,6 +362,67 @@ TEST_F(PublicApi, DevicesAreLockedInIncreasingOrder) {
   vramswap::gpu_lock a(1, std::defer_lock), b(0, std::defer_lock);
   std::lock(a, b);
   EXPECT_TRUE(a.owns_lock() && b.owns_lock());
+}
+
+TEST_F(PublicApi, AMalformedSettingStopsAProcessAtItsFirstCall) {
+  // Each of these used to run with a warning ("no disk tier") and no pinned-memory limit.
+  for (const char* setting : {"VRAMSWAP_HOST_LIMIT=abc", "VRAMSWAP_SWAP_BLOCK=1.5", "VRAMSWAP_SWAP_EXTENT=1GiB ",
+                              "VRAMSWAP_SWAP_QUEUE_DEPTH=abc"}) {
+    SCOPED_TRACE(setting);
+    std::string err;
+    EXPECT_EQ(run_worker({"each", "1"}, {setting}, &err), 2) << err;
+    const std::string name(setting, std::strchr(setting, '='));
+    const std::string value(std::strchr(setting, '=') + 1);
+    EXPECT_NE(err.find("lock(device 0): " + name + "=\"" + value + "\""), std::string::npos) << err;
+    EXPECT_NE(err.find("expected a "), std::string::npos) << "the accepted forms: " << err;
+    EXPECT_EQ(err.find("no disk tier"), std::string::npos) << err;
+  }
+  std::string err;
+  EXPECT_EQ(run_worker({"each", "1"}, {"VRAMSWAP_HOST_LIMIT=abc"}, &err), 2);
+  EXPECT_NE(err.find("VRAMSWAP_HOST_LIMIT=\"abc\" is not a size; expected a size: bytes, or a number with a K/M/G/T suffix "
+                     "(\"4096\", \"32MiB\", \"1.5G\"); or a percentage of RAM (\"50%\")"),
+            std::string::npos)
+      << err;
+}
+
+TEST_F(PublicApi, AnUnknownSettingGetsOneWarningNamingTheClosestOne) {
+  std::string err;
+  // Two devices, each locked twice: the settings are checked at each session's opening.
+  ASSERT_EQ(run_worker({"each", "2"}, {"VRAMSWAP_POOLSIZE=1", "VRAMSWAP_LOG=warn"}, &err), 0) << err;
+  EXPECT_EQ(count_of(err, "VRAMSWAP_POOLSIZE"), 1u) << err;
+  EXPECT_NE(err.find("warn: VRAMSWAP_POOLSIZE is set, but vramswap has no such setting, so it has no effect; did you mean "
+                     "VRAMSWAP_POOL_SIZE?"),
+            std::string::npos)
+      << err;
+  // The variables of the Python package, the preload shim and the tests are known.
+  ASSERT_EQ(run_worker({"each", "1"}, {"VRAMSWAP_TORCH=1", "VRAMSWAP_PRELOAD_BACKTRACE=1", "VRAMSWAP_TEST_SERVER=x", "VRAMSWAP_LOG=warn"},
+                       &err),
+            0)
+      << err;
+  EXPECT_EQ(err.find("no such setting"), std::string::npos) << err;
+}
+
+TEST_F(PublicApi, AMalformedSettingFailsEveryCallUntilCorrected) {
+  ::setenv("VRAMSWAP_EVICT_TIMEOUT", "30s", 1);
+  EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, -1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(vramswap_last_error()).find("VRAMSWAP_EVICT_TIMEOUT=\"30s\" is not a whole number; expected a whole number "
+                                                    "from 1 to 86400"),
+            std::string::npos)
+      << vramswap_last_error();
+  try {
+    vramswap::gpu_lock g(0);
+    FAIL() << "a malformed setting must throw";
+  } catch (const vramswap::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("VRAMSWAP_EVICT_TIMEOUT"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+  // Nothing was left half made: once corrected, the same process opens its session.
+  ::unsetenv("VRAMSWAP_EVICT_TIMEOUT");
+  {
+    vramswap::gpu_lock g(0);
+    EXPECT_TRUE(g.owns_lock());
+  }
+  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
 }
 
 TEST_F(PublicApi, AForkedChildGetsAClearError) {

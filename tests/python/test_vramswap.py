@@ -263,3 +263,19 @@ def test_torch_allocator_entry_points_on_the_host_backend():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
     assert r.stderr.count("while this process does not hold the device's lock") == 1, r.stderr
     assert "freeing a PyTorch block failed" in r.stderr and "double free" in r.stderr, r.stderr
+
+
+def test_a_malformed_setting_raises_at_the_first_lock_and_a_typo_warns_once():
+    code = "import vramswap\nwith vramswap.gpu_lock(0):\n    pass\nwith vramswap.gpu_lock(0):\n    pass\n"
+    env = dict(os.environ, VRAMSWAP_HOST_LIMIT="abc", VRAMSWAP_LOG="warn")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0, r.stderr
+    assert "ValueError" in r.stderr, r.stderr
+    assert 'VRAMSWAP_HOST_LIMIT="abc" is not a size; expected a size' in r.stderr, r.stderr
+    assert 'percentage of RAM ("50%")' in r.stderr, r.stderr
+
+    env = dict(os.environ, VRAMSWAP_POOLSIZE="1", VRAMSWAP_LOG="warn")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("VRAMSWAP_POOLSIZE") == 1, r.stderr
+    assert "did you mean VRAMSWAP_POOL_SIZE?" in r.stderr, r.stderr
