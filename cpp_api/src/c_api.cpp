@@ -16,7 +16,8 @@ static_assert(VRAMSWAP_ERR_INVALID_ARGUMENT == err_invalid_argument && VRAMSWAP_
               VRAMSWAP_ERR_SYSTEM == err_system && VRAMSWAP_ERR_OWNER_DIED == err_owner_died &&
               VRAMSWAP_ERR_VERSION_MISMATCH == err_version_mismatch && VRAMSWAP_ERR_TIMEOUT == err_timeout &&
               VRAMSWAP_ERR_NOT_OWNER == err_not_owner && VRAMSWAP_ERR_BUSY == err_busy && VRAMSWAP_ERR_IO == err_io &&
-              VRAMSWAP_ERR_NO_SPACE == err_no_space && VRAMSWAP_ERR_INTERNAL == err_internal);
+              VRAMSWAP_ERR_NO_SPACE == err_no_space &&
+              VRAMSWAP_ERR_INTERRUPTED == err_interrupted && VRAMSWAP_ERR_INTERNAL == err_internal);
 static_assert(offsetof(vramswap_stats_t, size) == 0 && offsetof(vramswap_stats_t, allocated_bytes) == 8);
 
 extern "C" {

@@ -41,6 +41,7 @@ extern "C" {
 #define VRAMSWAP_ERR_BUSY (-1011)              /* [busy] a try (timeout 0) found the lock taken */
 #define VRAMSWAP_ERR_IO (-1012)                /* [io_error] a swap read/write failed; data stayed where it was */
 #define VRAMSWAP_ERR_NO_SPACE (-1013)          /* [no_space] the swap tier is full; data stayed where it was */
+#define VRAMSWAP_ERR_INTERRUPTED (-1014)       /* [interrupted] vramswap_lock_interruptible: a signal handler ran */
 #define VRAMSWAP_ERR_INTERNAL (-1099)          /* [internal_error] a bug in vramswap: please report */
 
 /* Lock priorities: high waiters are served before normal ones, FIFO within a class. */
