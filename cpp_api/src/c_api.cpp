@@ -6,6 +6,7 @@
 
 #include "core/status.hpp"
 #include "cpp_api/src/runtime.hpp"
+#include "lock/device_lock.hpp"
 
 using namespace vramswap;
 
@@ -24,6 +25,14 @@ extern "C" {
 
 int vramswap_lock(int device, int priority, int64_t timeout_ns) {
   if (priority < 0) return fail(err_invalid_argument, "vramswap_lock(device %d): priority %d is negative", device, priority);
+  return rt::lock(device, static_cast<uint32_t>(priority), timeout_ns, nullptr);
+}
+
+int vramswap_lock_interruptible(int device, int priority, int64_t timeout_ns) {
+  if (priority < 0) {
+    return fail(err_invalid_argument, "vramswap_lock_interruptible(device %d): priority %d is negative", device, priority);
+  }
+  const scoped_wait_interrupt on_signal({[](void*, bool signal_ran) noexcept { return signal_ran; }, nullptr});
   return rt::lock(device, static_cast<uint32_t>(priority), timeout_ns, nullptr);
 }
 
