@@ -27,6 +27,7 @@ const char* status_name(int code) noexcept {
     case err_busy: return "busy";
     case err_io: return "io_error";
     case err_no_space: return "no_space";
+    case err_interrupted: return "interrupted";
     case err_internal: return "internal_error";
     default: return "unknown";
   }

@@ -31,6 +31,7 @@ enum status : int {
   err_busy = -1011,               // resource in use (e.g. a frame still mapped)
   err_io = -1012,                 // a swap-tier read or write failed; data stayed where it was
   err_no_space = -1013,           // a swap tier is full; data stayed where it was
+  err_interrupted = -1014,        // an interruptible wait was interrupted (a signal); nothing is held
   err_internal = -1099,           // a broken invariant inside vramswap: a bug, please report
 };
 

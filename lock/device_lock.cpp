@@ -1,6 +1,8 @@
 #include "lock/device_lock.hpp"
 
 #include <algorithm>
+#include <cstdarg>
+#include <cstdio>
 #include <limits>
 
 #include "core/log.hpp"
@@ -42,7 +44,34 @@ void record_hold(lock_state* st, uint64_t now) {
   st->hold_jitter_ns.store(static_cast<uint64_t>(jitter + (dev - jitter) / 4), std::memory_order_relaxed);
 }
 
+thread_local wait_interrupt t_interrupt;
+
+// Should this thread's wait stop? (device_lock.hpp, Interruption)
+bool interrupted(bool signal_ran) noexcept {
+  return t_interrupt.should_stop != nullptr && t_interrupt.should_stop(t_interrupt.context, signal_ran);
+}
+
+constexpr uint64_t k_forever = std::numeric_limits<uint64_t>::max();
+
+uint64_t deadline_after(uint64_t now, int64_t wait_ns) {
+  return wait_ns < 0 ? k_forever : now + static_cast<uint64_t>(wait_ns);
+}
+
+// Append printf-style to buf (size bytes, *used of them taken); truncates quietly.
+void appendf(char* buf, size_t size, size_t* used, const char* fmt, ...) __attribute__((format(printf, 4, 5)));
+void appendf(char* buf, size_t size, size_t* used, const char* fmt, ...) {
+  if (*used + 1 >= size) return;
+  va_list ap;
+  va_start(ap, fmt);
+  const int n = std::vsnprintf(buf + *used, size - *used, fmt, ap);
+  va_end(ap);
+  if (n > 0) *used = std::min(size - 1, *used + static_cast<size_t>(n));
+}
+
 }  // namespace
+
+scoped_wait_interrupt::scoped_wait_interrupt(wait_interrupt check) noexcept : previous_(t_interrupt) { t_interrupt = check; }
+scoped_wait_interrupt::~scoped_wait_interrupt() { t_interrupt = previous_; }
 
 device_lock::device_lock() noexcept = default;
 
@@ -108,17 +137,114 @@ uint64_t device_lock::recoveries() const noexcept {
 
 // --- the internal mutex and the one recovery function ------------------------------------
 
-int device_lock::lock_mutex() noexcept {
+int device_lock::lock_mutex(uint64_t deadline_ns, bool interruptible) noexcept {
   lock_state* st = lock_state_of(segment_->base());
-  VS_TRY(lock_robust(&st->mutex, &device_lock::recover_after_owner_death, this));
+  const uint64_t started = monotonic_ns();
+  for (;;) {
+    // An interruptible take waits in slices, asking the thread's wait_interrupt between them.
+    const uint64_t slice_end =
+        interruptible ? std::min(deadline_ns, monotonic_ns() + static_cast<uint64_t>(k_liveness_poll_ns)) : deadline_ns;
+    const int rc = slice_end == k_forever ? lock_robust(&st->mutex, &device_lock::recover_after_owner_death, this)
+                                          : lock_robust_until(&st->mutex, slice_end, &device_lock::recover_after_owner_death, this);
+    if (rc == ok) break;
+    if (rc != err_timeout) return rc;
+    if (slice_end >= deadline_ns) return mutex_timeout(monotonic_ns() - started);
+    if (interrupted(false)) {
+      return fail(err_interrupted, "device_lock::acquire: interrupted while waiting for the internal mutex of /dev/shm%s; not queued",
+                  segment_->name().c_str());
+    }
+  }
   if (st->broken != 0) {
-    unlock_robust(&st->mutex);
+    unlock_mutex();
     return fail(err_internal,
                 "lock: /dev/shm%s is marked broken (two holders were found: memory corruption); stop every process "
                 "using this device and remove the segment",
                 segment_->name().c_str());
   }
   return ok;
+}
+
+void device_lock::unlock_mutex() noexcept { unlock_robust(&lock_state_of(segment_->base())->mutex); }
+
+int device_lock::mutex_timeout(uint64_t waited_ns) const noexcept {
+  const lock_state* st = lock_state_of(segment_->base());
+  const pid_t tid = robust_mutex_owner(&st->mutex);
+  const pid_t pid = process_of_thread(tid);
+  if (tid == 0 || pid == 0) {
+    return fail(err_timeout, "lock: the internal mutex of /dev/shm%s stayed taken for %.3f s (its owner has just let go); retry",
+                segment_->name().c_str(), static_cast<double>(waited_ns) / 1e9);
+  }
+  char who[192];
+  describe_process(pid, who, sizeof who);
+  char advice[160];
+  if (is_stopped_state(process_state(tid))) {
+    std::snprintf(advice, sizeof advice, "resume it (kill -CONT %d) or end it (kill %d: a dead owner is repaired at once)",
+                  static_cast<int>(pid), static_cast<int>(pid));
+  } else {
+    std::snprintf(advice, sizeof advice, "if that lasts, end it (kill %d: a dead owner is repaired at once)", static_cast<int>(pid));
+  }
+  return fail(err_timeout,
+              "lock: the internal mutex of /dev/shm%s has been held for over %.3f s by thread %d of %s, which it holds for "
+              "microseconds when running; nobody can take, leave or hand on this device's lock meanwhile: %s",
+              segment_->name().c_str(), static_cast<double>(waited_ns) / 1e9, static_cast<int>(tid), who, advice);
+}
+
+void device_lock::describe_queue(uint32_t priority, uint64_t ticket, char* buf, size_t size) const noexcept {
+  // Without the mutex (it may be the thing that is stuck): a diagnostic, read word by word.
+  const lock_state* st = lock_state_of(segment_->base());
+  const waiter_slot* slots = slots_of(segment_->base());
+  size_t used = 0;
+  buf[0] = '\0';
+  const uint64_t now = monotonic_ns();
+  char who[192];
+  uint32_t holder = k_no_slot;
+  for (uint32_t i = 0; i < k_slot_count && holder == k_no_slot; ++i) {
+    if (slots[i].state.load(std::memory_order_acquire) == slot_holding) holder = i;
+  }
+  if (holder == k_no_slot) {
+    appendf(buf, size, &used, "nobody holds it now");
+  } else {
+    const pid_t pid = __atomic_load_n(&slots[holder].pid, __ATOMIC_RELAXED);
+    describe_process(pid, who, sizeof who);
+    appendf(buf, size, &used, "held by %s", who);
+    const uint64_t granted = st->holder_slot.load(std::memory_order_relaxed) == holder
+                                 ? st->holder_granted_ns.load(std::memory_order_relaxed) : 0;
+    if (granted != 0 && granted < now) appendf(buf, size, &used, " for %.3f s", static_cast<double>(now - granted) / 1e9);
+    if (is_stopped_state(process_state(pid))) appendf(buf, size, &used, " (kill -CONT %d resumes it)", static_cast<int>(pid));
+  }
+  if (ticket != 0) {
+    uint32_t ahead = 0;
+    for (uint32_t i = 0; i < k_slot_count; ++i) {
+      if (slots[i].state.load(std::memory_order_acquire) != slot_waiting) continue;
+      const uint32_t p = slots[i].priority.load(std::memory_order_relaxed);
+      const uint64_t t = slots[i].ticket.load(std::memory_order_relaxed);
+      if (t == ticket || !(p > priority || (p == priority && t < ticket))) continue;
+      if (ahead++ < 4) {
+        describe_process(__atomic_load_n(&slots[i].pid, __ATOMIC_RELAXED), who, sizeof who);
+        appendf(buf, size, &used, "%s%s", ahead == 1 ? "; waiters ahead: " : ", ", who);
+      }
+    }
+    if (ahead > 4) appendf(buf, size, &used, " and %u more", ahead - 4);
+    if (ahead == 0) appendf(buf, size, &used, "; no waiter ahead");
+  }
+  const pid_t tid = robust_mutex_owner(&st->mutex);
+  if (tid != 0 && is_stopped_state(process_state(tid))) {
+    describe_process(process_of_thread(tid), who, sizeof who);
+    appendf(buf, size, &used, "; its internal mutex is held by thread %d of %s", static_cast<int>(tid), who);
+  }
+}
+
+bool device_lock::withdraw(uint32_t mine) noexcept {
+  lock_state* st = lock_state_of(segment_->base());
+  waiter_slot& slot = slots_of(segment_->base())[mine];
+  uint32_t expected = slot_waiting;
+  if (!slot.state.compare_exchange_strong(expected, slot_free, std::memory_order_acq_rel)) return false;
+  at_crash_point(crash_point::timeout_slot_freed);
+  // A hint: never below zero; a death before this leaves it one high until the next repair.
+  uint32_t n = st->waiter_count.load(std::memory_order_relaxed);
+  while (n > 0 && !st->waiter_count.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) {
+  }
+  return true;
 }
 
 int device_lock::recover_after_owner_death(void* self) noexcept {
@@ -197,17 +323,22 @@ uint32_t device_lock::dispatch_locked() noexcept {
   lock_state* st = lock_state_of(segment_->base());
   waiter_slot* slots = slots_of(segment_->base());
   uint32_t best = k_no_slot;
-  const uint32_t end = std::min(st->slot_high_water.load(), k_slot_count);
-  for (uint32_t i = 0; i < end; ++i) {
-    if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
-    if (best == k_no_slot || served_before(slots[i], slots[best])) best = i;
+  for (;;) {
+    best = k_no_slot;
+    const uint32_t end = std::min(st->slot_high_water.load(), k_slot_count);
+    for (uint32_t i = 0; i < end; ++i) {
+      if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
+      if (best == k_no_slot || served_before(slots[i], slots[best])) best = i;
+    }
+    if (best == k_no_slot) return k_no_slot;
+    // Order: tell the grantee about a dead predecessor, then grant (the state change is the
+    // grant), then fix the hints, then forget the death. A compare-and-swap, because a
+    // waiter leaves without the mutex (withdraw): if it just left, choose again.
+    slots[best].dead_holder_pid = st->dead_holder_pid;
+    uint32_t expected = slot_waiting;
+    if (slots[best].state.compare_exchange_strong(expected, slot_holding, std::memory_order_acq_rel)) break;
   }
-  if (best == k_no_slot) return k_no_slot;
   waiter_slot& next = slots[best];
-  // Order: tell the grantee about a dead predecessor, then grant (the state store is the
-  // grant), then fix the hints, then forget the death.
-  next.dead_holder_pid = st->dead_holder_pid;
-  next.state.store(slot_holding, std::memory_order_release);
   at_crash_point(crash_point::grant_state_stored);
   st->holder_slot = best;
   st->holder_granted_ns.store(monotonic_ns(), std::memory_order_relaxed);
@@ -249,7 +380,14 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
 
   lock_state* st = lock_state_of(segment_->base());
   waiter_slot* slots = slots_of(segment_->base());
-  VS_TRY(lock_mutex());
+  const uint64_t deadline = deadline_after(start_ns, timeout_ns);
+  // The internal mutex is held for microseconds; a try or a short timeout still waits a
+  // little for it rather than fail against a running owner.
+  const uint64_t mutex_deadline = std::max(deadline, start_ns + static_cast<uint64_t>(k_mutex_try_ns));
+  if (const int mrc = lock_mutex(mutex_deadline, /*interruptible=*/true); mrc != ok) {
+    if (mrc == err_timeout && timeout_ns == 0) return add_context(err_busy, "device_lock::try_acquire: ");
+    return mrc;
+  }
   uint32_t mine = k_no_slot;
   for (uint32_t i = 0; i < k_slot_count; ++i) {
     if (slots[i].state.load(std::memory_order_relaxed) == slot_free) {
@@ -258,7 +396,7 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
     }
   }
   if (mine == k_no_slot) {
-    unlock_robust(&st->mutex);
+    unlock_mutex();
     return fail(err_busy,
                 "device_lock::acquire: all %u slots of /dev/shm%s are taken (that many threads already hold or wait "
                 "for this device); retry later",
@@ -280,18 +418,20 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
   if (mine >= st->slot_high_water) st->slot_high_water = mine + 1;
   at_crash_point(crash_point::enqueue_published);
   if (st->holder_slot == k_no_slot) dispatch_locked();
+  const uint64_t my_ticket = slot.ticket;
 
   if (slot.state.load(std::memory_order_relaxed) != slot_holding && timeout_ns == 0) {
     slot.state.store(slot_free, std::memory_order_release);
     at_crash_point(crash_point::timeout_slot_freed);
     --st->waiter_count;
-    unlock_robust(&st->mutex);
-    return fail(err_busy, "device_lock::try_acquire: /dev/shm%s is held by another thread or process",
-                segment_->name().c_str());
+    unlock_mutex();
+    char queue[768];
+    describe_queue(static_cast<uint32_t>(priority), my_ticket, queue, sizeof queue);
+    return fail(err_busy, "device_lock::try_acquire: /dev/shm%s is taken: %s", segment_->name().c_str(), queue);
   }
-  unlock_robust(&st->mutex);
+  unlock_mutex();
 
-  VS_TRY(wait_for_grant(mine, start_ns, timeout_ns));
+  VS_TRY(wait_for_grant(mine, start_ns, timeout_ns, deadline));
 
   holder_slot_ = mine;
   depth_ = 1;
@@ -309,21 +449,24 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
   return ok;
 }
 
-// Sleep until our slot is granted or the time runs out. Wakes every k_liveness_poll_ns to
-// let the liveness scan run (rate-limited across all waiters of the segment).
-int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeout_ns) noexcept {
-  lock_state* st = lock_state_of(segment_->base());
+// Sleep until our slot is granted, the time runs out, or the thread's wait_interrupt says
+// stop. Wakes every k_liveness_poll_ns to let the liveness scan run (rate-limited across all
+// waiters of the segment).
+int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeout_ns, uint64_t deadline) noexcept {
   waiter_slot& slot = slots_of(segment_->base())[mine];
-  const uint64_t deadline = timeout_ns < 0 ? std::numeric_limits<uint64_t>::max() : start_ns + static_cast<uint64_t>(timeout_ns);
+  const uint32_t my_priority = slot.priority.load(std::memory_order_relaxed);
+  const uint64_t my_ticket = slot.ticket.load(std::memory_order_relaxed);
   uint64_t last_tick = monotonic_ns();
   uint64_t spun_for = 0;  // the predicted release this waiter already spun for
+  bool stop = false;
   for (;;) {
     if (slot.state.load(std::memory_order_acquire) == slot_holding) return ok;
     const uint64_t now = monotonic_ns();
-    if (now >= deadline) break;
+    if (now >= deadline || stop) break;
     if (now - last_tick >= static_cast<uint64_t>(k_liveness_poll_ns)) {
-      liveness_tick();
+      liveness_tick(std::min(deadline, now + static_cast<uint64_t>(k_liveness_poll_ns)));
       last_tick = now;
+      stop = interrupted(false);
       continue;
     }
     uint64_t sleep_ns = std::min(last_tick + static_cast<uint64_t>(k_liveness_poll_ns) - now, deadline - now);
@@ -339,7 +482,12 @@ int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeou
       }
       sleep_ns = std::min(sleep_ns, spin_from - now);
     }
-    futex_wait(&slot.state, slot_waiting, sleep_ns);
+    const int wrc = futex_wait(&slot.state, slot_waiting, sleep_ns);
+    if (wrc == EINTR) {
+      // A signal handler ran on this thread: the caller may want to stop.
+      stop = interrupted(true);
+      continue;
+    }
     // Back well before the timeout and not granted: a heads-up (announce_release), most
     // likely. The grant follows within microseconds; spin for it rather than sleep again.
     const uint64_t woke = monotonic_ns();
@@ -348,35 +496,32 @@ int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeou
       while (slot.state.load(std::memory_order_acquire) == slot_waiting && monotonic_ns() < heads_up_until) cpu_relax();
     }
   }
-  // Timed out: leave the queue, unless the grant arrived in the meantime.
-  VS_TRY(lock_mutex());
-  const uint32_t state = slot.state.load(std::memory_order_relaxed);
-  if (state == slot_holding) {
-    unlock_robust(&st->mutex);
-    return ok;
-  }
-  if (state != slot_waiting) {
-    unlock_robust(&st->mutex);
+  // Leave the queue without the mutex (its owner may be stopped), unless the grant came.
+  if (!withdraw(mine)) {
+    const uint32_t state = slot.state.load(std::memory_order_acquire);
+    if (state == slot_holding) return ok;
     return fail(err_internal, "device_lock::acquire: our queue slot %u of /dev/shm%s was removed while we waited (state %u)",
                 mine, segment_->name().c_str(), state);
   }
-  slot.state.store(slot_free, std::memory_order_release);
-  at_crash_point(crash_point::timeout_slot_freed);
-  if (st->waiter_count > 0) --st->waiter_count;
-  unlock_robust(&st->mutex);
-  return fail(err_timeout, "device_lock::acquire: /dev/shm%s not granted within %lld ns", segment_->name().c_str(),
-              static_cast<long long>(timeout_ns));
+  char queue[768];
+  describe_queue(my_priority, my_ticket, queue, sizeof queue);
+  if (stop) {
+    return fail(err_interrupted, "device_lock::acquire: interrupted after %.3f s of waiting for /dev/shm%s (%s); this thread left the queue",
+                static_cast<double>(monotonic_ns() - start_ns) / 1e9, segment_->name().c_str(), queue);
+  }
+  return fail(err_timeout, "device_lock::acquire: /dev/shm%s not granted within %.3f s: %s. Wait longer, or see `vramswap status`",
+              segment_->name().c_str(), static_cast<double>(timeout_ns) / 1e9, queue);
 }
 
-void device_lock::liveness_tick() noexcept {
+void device_lock::liveness_tick(uint64_t deadline_ns) noexcept {
   lock_state* st = lock_state_of(segment_->base());
-  if (lock_mutex() != 0) return;  // the next wait will report it
+  if (lock_mutex(deadline_ns) != 0) return;  // the next wait (or its timeout) will report it
   const uint64_t now = monotonic_ns();
   if (now - st->last_liveness_scan_ns >= static_cast<uint64_t>(k_liveness_poll_ns)) {
     st->last_liveness_scan_ns = now;
     repair_locked();
   }
-  unlock_robust(&st->mutex);
+  unlock_mutex();
 }
 
 int device_lock::release() noexcept {
@@ -405,10 +550,25 @@ int device_lock::release() noexcept {
   }
   lock_state* st = lock_state_of(segment_->base());
   waiter_slot& slot = slots_of(segment_->base())[holder_slot_];
-  VS_TRY(lock_mutex());
-  if (slot.state.load(std::memory_order_relaxed) != slot_holding || slot.pid != me.pid || slot.tid != tid ||
-      slot.pid_start_time != me.start_time) {
-    unlock_robust(&st->mutex);
+  const bool ours = slot.pid == me.pid && slot.tid == tid && slot.pid_start_time == me.start_time;
+  const int mrc = lock_mutex(monotonic_ns() + static_cast<uint64_t>(k_release_mutex_ns));
+  if (mrc == err_timeout && ours) {
+    // The mutex's owner is stuck (stopped): free our slot without it, so that the lock is
+    // not held; the next repair (a waiter's liveness scan, once the mutex is free again)
+    // recomputes the hints and grants the next waiter.
+    const std::string why = last_error();
+    forget_holding();
+    uint32_t expected = slot_holding;
+    if (slot.state.compare_exchange_strong(expected, slot_free, std::memory_order_acq_rel)) {
+      at_crash_point(crash_point::release_slot_freed);
+    }
+    log(log_level::warn, "lock: released /dev/shm%s without handing it on (%s); the next waiter is granted once that mutex is free",
+        segment_->name().c_str(), why.c_str());
+    return ok;
+  }
+  VS_TRY(mrc);
+  if (slot.state.load(std::memory_order_relaxed) != slot_holding || !ours) {
+    unlock_mutex();
     forget_holding();
     return fail(err_internal,
                 "device_lock::release: /dev/shm%s no longer records thread %d as its holder (the segment was removed "
@@ -423,7 +583,7 @@ int device_lock::release() noexcept {
   st->holder_slot = k_no_slot;
   record_hold(st, monotonic_ns());
   if (st->waiter_count > 0) dispatch_locked();
-  unlock_robust(&st->mutex);
+  unlock_mutex();
   return ok;
 }
 
@@ -473,19 +633,20 @@ uint64_t device_lock::predicted_spin_start(uint32_t mine, uint64_t* spin_until) 
   return from;
 }
 
-int device_lock::repair_now() noexcept {
+int device_lock::repair_now(int64_t wait_ns) noexcept {
   if (segment_ == nullptr) return fail(err_invalid_argument, "device_lock::repair_now: this lock is not open");
   lock_state* st = lock_state_of(segment_->base());
-  VS_TRY(lock_mutex());
+  if (const int mrc = lock_mutex(deadline_after(monotonic_ns(), wait_ns)); mrc != ok) {
+    return add_context(mrc, "device_lock::repair_now: ");
+  }
   st->last_liveness_scan_ns = monotonic_ns();
   const int rc = repair_locked();
-  unlock_robust(&st->mutex);
+  unlock_mutex();
   return rc;
 }
 
-int device_lock::snapshot(std::vector<lock_queue_entry>* out) noexcept {
+int device_lock::snapshot(std::vector<lock_queue_entry>* out, int64_t wait_ns) noexcept {
   if (segment_ == nullptr) return fail(err_invalid_argument, "device_lock::snapshot: this lock is not open");
-  lock_state* st = lock_state_of(segment_->base());
   waiter_slot* slots = slots_of(segment_->base());
   try {
     out->clear();
@@ -493,14 +654,16 @@ int device_lock::snapshot(std::vector<lock_queue_entry>* out) noexcept {
   } catch (...) {
     return fail(err_out_of_memory, "device_lock::snapshot: out of memory");
   }
-  VS_TRY(lock_mutex());
+  if (const int mrc = lock_mutex(deadline_after(monotonic_ns(), wait_ns)); mrc != ok) {
+    return add_context(mrc, "device_lock::snapshot: ");
+  }
   for (uint32_t i = 0; i < k_slot_count; ++i) {
     const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
     if (state != slot_waiting && state != slot_holding) continue;
     out->push_back({slots[i].pid, slots[i].tid, static_cast<lock_priority>(slots[i].priority.load()), slots[i].ticket.load(),
                     state == slot_holding, slots[i].enqueue_ns});
   }
-  unlock_robust(&st->mutex);
+  unlock_mutex();
   std::sort(out->begin(), out->end(), [](const lock_queue_entry& a, const lock_queue_entry& b) {
     if (a.holding != b.holding) return a.holding;
     if (a.priority != b.priority) return a.priority > b.priority;

@@ -52,6 +52,23 @@
 //     (liveness is per process). Do not do that.
 //   - Destroying a device_lock that the calling thread holds releases it.
 //
+// Bounded waits. The internal mutex is held for microseconds, but its owner can be stopped
+// there (SIGSTOP, Ctrl-Z, a debugger) for as long as it likes. So every take of the mutex
+// has a deadline: an acquire's is its own timeout; a try waits at most k_mutex_try_ns; an
+// observer's (snapshot, repair_now) is its argument; a release waits k_release_mutex_ns.
+// A waiter leaves the queue (timeout, interruption) and a holder whose release finds the
+// mutex stuck frees its slot without the mutex: one compare-and-swap on its own slot's
+// state (waiting -> free, holding -> free), which is why dispatch grants by
+// compare-and-swap too. The hints that change then are recomputed by the next repair. An
+// error that gives up on the mutex names its owner (thread, process, and whether stopped).
+//
+// Interruption. A thread may install a wait_interrupt (scoped_wait_interrupt) around an
+// acquire: the wait calls it on every wake-up without a grant (the futex wait returning
+// early because a signal handler ran on this thread, or the periodic 10 ms wake-up); when
+// it says stop, the acquire leaves the queue at once and fails with err_interrupted. With
+// none installed (the default) a signal's handler runs and the wait goes on, as
+// pthread_mutex_lock's does.
+//
 // Return codes: 0 on success, or a negative vramswap::status with the detail in
 // last_error(); never throws.
 #pragma once
@@ -90,6 +107,25 @@ struct lock_queue_entry {
   uint64_t enqueue_ns = 0;  // CLOCK_MONOTONIC when the thread asked for the lock
 };
 
+// Asked by a waiting acquire whether to give up (see Interruption, above). signal_ran: a
+// signal handler ran on this thread since the previous call. Return true to stop waiting.
+struct wait_interrupt {
+  bool (*should_stop)(void* context, bool signal_ran) = nullptr;
+  void* context = nullptr;
+};
+
+// Install `check` for this thread's acquires until the scope ends (restoring the previous).
+class scoped_wait_interrupt {
+ public:
+  explicit scoped_wait_interrupt(wait_interrupt check) noexcept;
+  ~scoped_wait_interrupt();
+  scoped_wait_interrupt(const scoped_wait_interrupt&) = delete;
+  scoped_wait_interrupt& operator=(const scoped_wait_interrupt&) = delete;
+
+ private:
+  wait_interrupt previous_;
+};
+
 class device_lock {
  public:
   // How often a waiter wakes to check that the holder still lives, and the lower bound of
@@ -101,6 +137,12 @@ class device_lock {
   // most k_predict_spin_max_ns later.
   static constexpr int64_t k_predict_margin_ns = 150'000;
   static constexpr int64_t k_predict_spin_max_ns = 2'000'000;
+  // How long a try (timeout 0) may wait for the internal mutex, and a release before it
+  // frees its slot without it (Bounded waits, above).
+  static constexpr int64_t k_mutex_try_ns = 10'000'000;
+  static constexpr int64_t k_release_mutex_ns = 100'000'000;
+  // The default bound of snapshot() and repair_now().
+  static constexpr int64_t k_observer_wait_ns = 100'000'000;
 
   // Open (creating when absent) the lock of `device_key`: the GPU UUID, or "host-N".
   // Returns 0, err_invalid_argument, err_version_mismatch, err_unavailable, err_system.
@@ -119,7 +161,9 @@ class device_lock {
   // Wait for the lock. timeout_ns: -1 waits forever, 0 only tries, > 0 waits that long.
   // Returns 0 when this thread now holds the lock (see info->previous_holder_died);
   // err_busy (timeout 0: someone else holds it or is ahead in the queue);
-  // err_timeout (the time ran out; this thread is no longer in the queue);
+  // err_timeout (the time ran out, or the internal mutex stayed taken that long; this thread
+  // is no longer in the queue; the detail names the holder, the waiters ahead, and a stuck
+  // mutex's owner); err_interrupted (the installed wait_interrupt said stop; not queued);
   // err_invalid_argument (not open, bad priority or timeout);
   // err_busy also when all slots are in use; err_internal when the segment is broken.
   int acquire(lock_priority priority = lock_priority::normal, int64_t timeout_ns = -1,
@@ -144,10 +188,12 @@ class device_lock {
 
   // Run the liveness scan and repair now, without waiting for the periodic one: slots of
   // dead processes disappear, and a lock held by a dead process passes to the next waiter.
-  int repair_now() noexcept;
+  // Waits at most wait_ns for the internal mutex: err_timeout (naming its owner) after that.
+  int repair_now(int64_t wait_ns = k_observer_wait_ns) noexcept;
 
-  // The queue: the holder first, then waiters in grant order.
-  int snapshot(std::vector<lock_queue_entry>* out) noexcept;
+  // The queue: the holder first, then waiters in grant order. Waits at most wait_ns for the
+  // internal mutex: err_timeout (naming its owner) after that.
+  int snapshot(std::vector<lock_queue_entry>* out, int64_t wait_ns = k_observer_wait_ns) noexcept;
 
   // Times the recovery function repaired something in this segment, since it was created.
   uint64_t recoveries() const noexcept;
@@ -165,17 +211,27 @@ class device_lock {
   shared_segment* segment() const noexcept { return segment_.get(); }
 
  private:
-  int lock_mutex() noexcept;
+  // Take the internal mutex by `deadline_ns` (CLOCK_MONOTONIC); `interruptible`: also stop
+  // when the thread's wait_interrupt says so. err_timeout names the mutex's owner.
+  int lock_mutex(uint64_t deadline_ns, bool interruptible = false) noexcept;
+  void unlock_mutex() noexcept;
+  // Leave the queue without the mutex: our slot waiting -> free. False when it was granted.
+  bool withdraw(uint32_t slot) noexcept;
+  // "held by pid 12 (python3) for 3.2 s, stopped (...); 2 waiters ahead: ...", for errors.
+  // `priority` and `ticket`: those of the waiter asking (ticket 0: list no waiters).
+  void describe_queue(uint32_t priority, uint64_t ticket, char* buf, size_t size) const noexcept;
+  // err_timeout for a mutex still taken after `waited_ns`, naming its owner.
+  int mutex_timeout(uint64_t waited_ns) const noexcept;
   static int recover_after_owner_death(void* self) noexcept;
   int repair_locked() noexcept;
   uint32_t dispatch_locked() noexcept;
-  int wait_for_grant(uint32_t slot, uint64_t start_ns, int64_t timeout_ns) noexcept;
+  int wait_for_grant(uint32_t slot, uint64_t start_ns, int64_t timeout_ns, uint64_t deadline) noexcept;
   // The waiting slot that would be granted now (read without the mutex: a hint), or k_no_slot.
   uint32_t next_in_line() const noexcept;
   // When `mine`, next in line, should start spinning for a predicted release: 0 when holds
   // are not regular enough to predict, or `mine` is not next. *spin_until: when to stop.
   uint64_t predicted_spin_start(uint32_t mine, uint64_t* spin_until) const noexcept;
-  void liveness_tick() noexcept;
+  void liveness_tick(uint64_t deadline_ns) noexcept;
   bool held_by(pid_t pid, pid_t tid) const noexcept;
   void forget_holding() noexcept;
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <ctime>
 
@@ -14,9 +15,11 @@ namespace vramswap {
 
 // Sleep while *word == expected, at most timeout_ns (relative). Returns when woken, on
 // timeout, on a signal, or at once if *word != expected; the caller re-checks the word.
-inline void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, uint64_t timeout_ns) noexcept {
+// Returns 0, or the errno: EINTR when a signal handler ran on this thread meanwhile.
+inline int futex_wait(std::atomic<uint32_t>* word, uint32_t expected, uint64_t timeout_ns) noexcept {
   timespec ts{static_cast<time_t>(timeout_ns / 1000000000ull), static_cast<long>(timeout_ns % 1000000000ull)};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+  const long rc = ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+  return rc == 0 ? 0 : errno;
 }
 
 // One iteration of a spin-wait: tells the CPU (and a hypervisor) that this core is waiting.

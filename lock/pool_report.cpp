@@ -162,6 +162,7 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     p.command = command_of(s.pid);
     p.holding = s.holding.load(std::memory_order_relaxed) != 0;
     p.phase = phase_name(s.phase.load(std::memory_order_relaxed));
+    p.stopped = is_stopped_state(process_state(s.pid));
     p.holding_since_ns = p.holding ? s.holding_since_ns.load(std::memory_order_relaxed) : 0;
     p.frames = owned[m];
     p.resident_bytes = uint64_t{owned[m]} * d.frame_size;
@@ -187,7 +188,8 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     if (lock->snapshot(&q) == ok) {
       d.have_queue = true;
       for (const lock_queue_entry& e : q) {
-        d.queue.push_back({e.pid, e.tid, e.priority == lock_priority::high ? "high" : "normal", e.ticket, e.holding, e.enqueue_ns});
+        d.queue.push_back({e.pid, e.tid, e.priority == lock_priority::high ? "high" : "normal", e.ticket, e.holding, e.enqueue_ns,
+                           is_stopped_state(process_state(e.pid))});
         if (e.holding) d.holder_pid = e.pid;
       }
     } else {
@@ -242,9 +244,14 @@ std::string render_text(const std::vector<device_report>& devices) {
       t += "  holder: none\n";
     } else if (holder != nullptr) {
       t += fmt("  holder: pid %d (%s), held %.3f s, %s\n", static_cast<int>(holder->pid), holder->command.c_str(),
-               seconds_since(holder->holding_since_ns, d.now_ns), holder->phase.c_str());
+               seconds_since(holder->holding_since_ns, d.now_ns),
+               holder->stopped ? fmt("STOPPED (SIGSTOP, Ctrl-Z or a debugger; kill -CONT %d resumes it) while %s",
+                                     static_cast<int>(holder->pid), holder->phase.c_str()).c_str()
+                               : holder->phase.c_str());
     } else {
-      t += fmt("  holder: pid %d (%s), not in the pool\n", static_cast<int>(d.holder_pid), command_of(d.holder_pid).c_str());
+      const bool stopped = is_stopped_state(process_state(d.holder_pid));
+      t += fmt("  holder: pid %d (%s), not in the pool%s\n", static_cast<int>(d.holder_pid), command_of(d.holder_pid).c_str(),
+               stopped ? ", STOPPED (SIGSTOP, Ctrl-Z or a debugger)" : "");
     }
     if (!d.have_queue) {
       t += fmt("  queue: unknown (%s)\n", d.queue_error.c_str());
@@ -260,15 +267,15 @@ std::string render_text(const std::vector<device_report>& devices) {
       size_t n = 0;
       for (const queue_report& q : d.queue) {
         if (q.holding) continue;
-        t += fmt("    %zu. pid %d (%s) tid %d, %s priority, waiting %.3f s\n", ++n, static_cast<int>(q.pid), command_for(d, q.pid).c_str(),
-                 static_cast<int>(q.tid), q.priority.c_str(), seconds_since(q.enqueue_ns, d.now_ns));
+        t += fmt("    %zu. pid %d (%s) tid %d, %s priority, waiting %.3f s%s\n", ++n, static_cast<int>(q.pid), command_for(d, q.pid).c_str(),
+                 static_cast<int>(q.tid), q.priority.c_str(), seconds_since(q.enqueue_ns, d.now_ns), q.stopped ? ", stopped" : "");
       }
     }
     t += fmt("  %-8s %-15s %-9s %10s %10s %10s %6s %6s %10s %10s %8s %9s\n", "PID", "COMMAND", "PHASE", "RESIDENT", "HOST", "DISK",
              "ACQ", "SWAPS", "IN", "OUT", "EVICTED", "WAITED");
     for (const process_report& p : d.processes) {
       t += fmt("  %-8d %-15s %-9s %10s %10s %10s %6" PRIu64 " %6" PRIu64 " %10s %10s %8" PRIu64 " %8.2fs\n", static_cast<int>(p.pid),
-               p.command.c_str(), p.phase.c_str(), bytes_text(p.resident_bytes).c_str(), bytes_text(p.host_bytes).c_str(),
+               p.command.c_str(), p.stopped ? "stopped" : p.phase.c_str(), bytes_text(p.resident_bytes).c_str(), bytes_text(p.host_bytes).c_str(),
                bytes_text(p.disk_bytes).c_str(), p.acquires, p.swaps_in, bytes_text(p.bytes_in).c_str(), bytes_text(p.bytes_out).c_str(),
                p.evictions_served, p.lock_wait_ns / 1e9);
     }
@@ -297,9 +304,11 @@ std::string render_json(const std::vector<device_report>& devices) {
     if (d.holder_pid == 0) {
       j += "\"holder\": null,\n   ";
     } else {
-      j += fmt("\"holder\": {\"pid\": %d, \"command\": %s, \"held_seconds\": %.6f, \"phase\": %s},\n   ", static_cast<int>(d.holder_pid),
-               json_string(command_for(d, d.holder_pid)).c_str(), holder != nullptr ? seconds_since(holder->holding_since_ns, d.now_ns) : 0.0,
-               json_string(holder != nullptr ? holder->phase : "?").c_str());
+      j += fmt("\"holder\": {\"pid\": %d, \"command\": %s, \"held_seconds\": %.6f, \"phase\": %s, \"stopped\": %s},\n   ",
+               static_cast<int>(d.holder_pid), json_string(command_for(d, d.holder_pid)).c_str(),
+               holder != nullptr ? seconds_since(holder->holding_since_ns, d.now_ns) : 0.0,
+               json_string(holder != nullptr ? holder->phase : "?").c_str(),
+               (holder != nullptr ? holder->stopped : is_stopped_state(process_state(d.holder_pid))) ? "true" : "false");
     }
     j += fmt("\"holds\": {\"mean_seconds\": %.6f, \"jitter_seconds\": %.6f, \"predictable\": %s},\n   ", d.hold_mean_ns / 1e9,
              d.hold_jitter_ns / 1e9, d.holds_predictable ? "true" : "false");
@@ -313,9 +322,10 @@ std::string render_json(const std::vector<device_report>& devices) {
         if (q.holding) continue;
         j += first ? "\n    {" : ",\n    {";
         first = false;
-        j += fmt("\"pid\": %d, \"tid\": %d, \"command\": %s, \"priority\": %s, \"ticket\": %" PRIu64 ", \"waiting_seconds\": %.6f}",
+        j += fmt("\"pid\": %d, \"tid\": %d, \"command\": %s, \"priority\": %s, \"ticket\": %" PRIu64
+                 ", \"waiting_seconds\": %.6f, \"stopped\": %s}",
                  static_cast<int>(q.pid), static_cast<int>(q.tid), json_string(command_for(d, q.pid)).c_str(), json_string(q.priority).c_str(),
-                 q.ticket, seconds_since(q.enqueue_ns, d.now_ns));
+                 q.ticket, seconds_since(q.enqueue_ns, d.now_ns), q.stopped ? "true" : "false");
       }
       j += "]";
     }
@@ -323,9 +333,10 @@ std::string render_json(const std::vector<device_report>& devices) {
     for (size_t k = 0; k < d.processes.size(); ++k) {
       const process_report& p = d.processes[k];
       j += k == 0 ? "\n    {" : ",\n    {";
-      j += fmt("\"pid\": %d, \"command\": %s, \"member\": %u, \"phase\": %s, \"holding\": %s, \"held_seconds\": %.6f, \"frames\": %u",
-               static_cast<int>(p.pid), json_string(p.command).c_str(), p.member, json_string(p.phase).c_str(), p.holding ? "true" : "false",
-               seconds_since(p.holding_since_ns, d.now_ns), p.frames);
+      j += fmt("\"pid\": %d, \"command\": %s, \"member\": %u, \"phase\": %s, \"stopped\": %s, \"holding\": %s, \"held_seconds\": %.6f, "
+               "\"frames\": %u",
+               static_cast<int>(p.pid), json_string(p.command).c_str(), p.member, json_string(p.phase).c_str(), p.stopped ? "true" : "false",
+               p.holding ? "true" : "false", seconds_since(p.holding_since_ns, d.now_ns), p.frames);
 #define VRAMSWAP_JSON_FIELD(field, kind, prom, div, help) j += fmt(", \"" #field "\": %" PRIu64, p.field);
       VRAMSWAP_PROCESS_STATS(VRAMSWAP_JSON_FIELD)
 #undef VRAMSWAP_JSON_FIELD
@@ -371,6 +382,10 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
   family("vramswap_process_holding", "gauge", "1 while the process holds the device lock");
   for (const device_report& d : devices) {
     for (const process_report& p : d.processes) m += fmt("vramswap_process_holding{%s} %d\n", labels(d, p).c_str(), p.holding ? 1 : 0);
+  }
+  family("vramswap_process_stopped", "gauge", "1 while the process is stopped (SIGSTOP, Ctrl-Z or a debugger)");
+  for (const device_report& d : devices) {
+    for (const process_report& p : d.processes) m += fmt("vramswap_process_stopped{%s} %d\n", labels(d, p).c_str(), p.stopped ? 1 : 0);
   }
 #define VRAMSWAP_PROM_FIELD(field, kind, prom, div, help)                                                       \
   family(prom, #kind, help);                                                                                   \

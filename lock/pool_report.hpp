@@ -41,6 +41,7 @@ struct process_report {
   pid_t pid = 0;
   std::string command;           // /proc/<pid>/comm ("?" when gone)
   std::string phase;             // idle | waiting | restoring | running
+  bool stopped = false;          // SIGSTOP, Ctrl-Z or a debugger (/proc/<pid>/stat state T or t)
   bool holding = false;
   uint64_t holding_since_ns = 0;  // CLOCK_MONOTONIC of the grant; 0 when not holding
   uint32_t frames = 0;           // frames owned (active, idle or requested)
@@ -56,6 +57,7 @@ struct queue_report {
   uint64_t ticket = 0;
   bool holding = false;
   uint64_t enqueue_ns = 0;  // CLOCK_MONOTONIC
+  bool stopped = false;     // as process_report::stopped
 };
 
 struct device_report {

@@ -101,6 +101,49 @@ liveness check_liveness(const process_identity& who) noexcept {
   return liveness::alive;
 }
 
+char process_state(pid_t id) noexcept {
+  stat_fields now{};
+  if (id <= 0 || !read_stat(id, &now)) return 0;
+  return now.state;
+}
+
+pid_t process_of_thread(pid_t tid) noexcept {
+  if (tid <= 0) return 0;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/status", static_cast<int>(tid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[2048];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  const char* p = std::strstr(buf, "\nTgid:");
+  return p == nullptr ? 0 : static_cast<pid_t>(std::strtol(p + 6, nullptr, 10));
+}
+
+void describe_process(pid_t pid, char* buf, size_t size) noexcept {
+  if (size == 0) return;
+  char comm[64] = "?";
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/comm", static_cast<int>(pid));
+  const int fd = pid > 0 ? ::open(path, O_RDONLY | O_CLOEXEC) : -1;
+  if (fd >= 0) {
+    const ssize_t n = ::read(fd, comm, sizeof comm - 1);
+    ::close(fd);
+    comm[n > 0 ? n : 0] = '\0';
+    if (n > 0 && comm[n - 1] == '\n') comm[n - 1] = '\0';
+  }
+  const char state = process_state(pid);
+  if (state == 0 || state == 'Z' || state == 'X' || state == 'x') {
+    std::snprintf(buf, size, "pid %d (gone)", static_cast<int>(pid));
+  } else if (is_stopped_state(state)) {
+    std::snprintf(buf, size, "pid %d (%s), stopped (SIGSTOP, Ctrl-Z or a debugger)", static_cast<int>(pid), comm);
+  } else {
+    std::snprintf(buf, size, "pid %d (%s)", static_cast<int>(pid), comm);
+  }
+}
+
 uint64_t monotonic_ns() noexcept {
   timespec ts{};
   ::clock_gettime(CLOCK_MONOTONIC, &ts);

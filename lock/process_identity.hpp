@@ -39,6 +39,21 @@ enum class liveness { alive, dead };
 // means the process is gone.
 liveness check_liveness(const process_identity& who) noexcept;
 
+// The scheduler state of a thread or process (field 3 of /proc/<id>/stat: 'R', 'S', 'T', ...),
+// or 0 when it is gone or unreadable.
+char process_state(pid_t id) noexcept;
+
+// Stopped by a signal (SIGSTOP, SIGTSTP: Ctrl-Z) or by a debugger (state T or t): it runs no
+// instruction until someone sends SIGCONT or the debugger lets it go.
+inline bool is_stopped_state(char state) noexcept { return state == 'T' || state == 't'; }
+
+// The process a thread id belongs to (Tgid in /proc/<tid>/status); 0 when it is gone.
+pid_t process_of_thread(pid_t tid) noexcept;
+
+// For error messages: "pid 1234 (python3)", then ", stopped (SIGSTOP, Ctrl-Z or a debugger)"
+// when it is stopped, or " (gone)" when it no longer exists. Always NUL-terminates `buf`.
+void describe_process(pid_t pid, char* buf, size_t size) noexcept;
+
 // CLOCK_MONOTONIC in nanoseconds.
 uint64_t monotonic_ns() noexcept;
 

@@ -9,6 +9,9 @@
 #pragma once
 
 #include <pthread.h>
+#include <sys/types.h>
+
+#include <cstdint>
 
 namespace vramswap {
 
@@ -20,6 +23,16 @@ int robust_mutex_init(pthread_mutex_t* m) noexcept;
 // fails, the mutex is unlocked without being made consistent (so every later locker fails
 // too: the state is known broken) and its code is returned.
 int lock_robust(pthread_mutex_t* m, int (*recover)(void* context), void* context) noexcept;
+
+// lock_robust, waiting at most until `deadline_ns` (CLOCK_MONOTONIC). Returns err_timeout,
+// without a detail (the caller knows what the mutex guards and writes it, naming the owner:
+// robust_mutex_owner), when the mutex was still held then.
+int lock_robust_until(pthread_mutex_t* m, uint64_t deadline_ns, int (*recover)(void* context), void* context) noexcept;
+
+// The kernel thread id of the thread holding `m` now (0: nobody). Read from the mutex word
+// without locking: a robust mutex keeps its owner's tid there for the kernel's death
+// handling. Diagnostics only: the owner may leave it the next moment.
+pid_t robust_mutex_owner(const pthread_mutex_t* m) noexcept;
 
 void unlock_robust(pthread_mutex_t* m) noexcept;
 

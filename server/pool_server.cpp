@@ -397,6 +397,7 @@ int pool_server::run() noexcept {
       }
     }
     int timeout_ms = -1;
+    if (lock_repair_pending_) timeout_ms = k_lock_repair_retry_ms;
     if (pending) {
       timeout_ms = 10;
     } else if (idle_exit_s_ > 0 && clients_.empty()) {
@@ -432,6 +433,7 @@ int pool_server::run() noexcept {
       if (fds[1].revents != 0) accept_one();
       if (metrics_fd_ >= 0 && fds[2].revents != 0) serve_metrics();
     }
+    if (lock_repair_pending_) repair_lock();
     // Repair members whose process is gone (or that left long enough ago).
     for (size_t i = 0; i < clients_.size();) {
       const client& c = clients_[i];
@@ -678,11 +680,26 @@ void pool_server::repair(const client& c) noexcept {
   segment_->member(c.member).holding.store(0, std::memory_order_relaxed);
   segment_->remove_member(c.member);
   segment_->notify_freed();
-  const int lrc = lock_->repair_now();
+  const bool lock_repaired = repair_lock();
   const bool dead = check_liveness({c.pid, c.start_time}) == liveness::dead;
-  log(log_level::info, "vramswapd: member %u: pid %d %s; %u frames scrubbed and freed, %u host slots freed (%zu clients left)%s%s",
+  log(log_level::info, "vramswapd: member %u: pid %d %s; %u frames scrubbed and freed, %u host slots freed (%zu clients left)%s",
       c.member, static_cast<int>(c.pid), dead ? "is gone" : "closed its connection", freed, slots, clients_.size() - 1,
-      lrc == ok ? "" : "; device lock repair failed: ", lrc == ok ? "" : last_error());
+      lock_repaired ? "" : "; the device lock's repair did not run (see the warning above)");
+}
+
+bool pool_server::repair_lock() noexcept {
+  const int lrc = lock_->repair_now(k_lock_repair_wait_ns);
+  if (lrc == err_timeout) {
+    // Its internal mutex is held by a client that does not run (stopped): the waiters'
+    // own liveness scans do the same repair once it is free; retry meanwhile, and say so once.
+    if (!lock_repair_pending_) log(log_level::warn, "vramswapd: %s; the lock's repair is retried every %d ms", last_error(), k_lock_repair_retry_ms);
+    lock_repair_pending_ = true;
+    return false;
+  }
+  if (lrc != ok) log(log_level::warn, "vramswapd: device lock repair failed: %s", last_error());
+  if (lock_repair_pending_ && lrc == ok) log(log_level::info, "vramswapd: the device lock's repair ran");
+  lock_repair_pending_ = false;
+  return lrc == ok;
 }
 
 pool_server::~pool_server() { teardown(); }

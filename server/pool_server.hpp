@@ -81,6 +81,11 @@ class pool_server {
  public:
   // A client that hung up but still lives is repaired at most this long after the hang-up.
   static constexpr int k_repair_grace_ms = 2000;
+  // The server never blocks on a client: the device lock's repair waits at most this long
+  // for the lock's internal mutex (a client may be stopped inside it), and while it could
+  // not run, run() retries it every k_lock_repair_retry_ms.
+  static constexpr int64_t k_lock_repair_wait_ns = 5'000'000;
+  static constexpr int k_lock_repair_retry_ms = 100;
 
   // Build the pool and start listening. err_busy when another server serves the device (the
   // detail names its pid); err_invalid_argument for a bad size option; err_out_of_memory
@@ -131,6 +136,8 @@ class pool_server {
   void refuse(int fd, int status, const char* fmt, ...) noexcept __attribute__((format(printf, 4, 5)));
   bool peer_allowed(pid_t pid, uid_t uid, gid_t gid, std::string* why) noexcept;
   void repair(const client& c) noexcept;
+  // The device lock's repair; false (and retried from run()) while its mutex is stuck.
+  bool repair_lock() noexcept;
   void teardown() noexcept;
 
   backend* be_ = nullptr;
@@ -157,6 +164,7 @@ class pool_server {
   std::unique_ptr<device_lock> lock_;
   std::vector<client> clients_;
   uint64_t frames_repaired_ = 0;
+  bool lock_repair_pending_ = false;
   bool socket_bound_ = false;
 };
 

@@ -6,6 +6,7 @@
 
 #include "core/status.hpp"
 #include "cpp_api/src/runtime.hpp"
+#include "lock/device_lock.hpp"
 
 using namespace vramswap;
 
@@ -16,13 +17,22 @@ static_assert(VRAMSWAP_ERR_INVALID_ARGUMENT == err_invalid_argument && VRAMSWAP_
               VRAMSWAP_ERR_SYSTEM == err_system && VRAMSWAP_ERR_OWNER_DIED == err_owner_died &&
               VRAMSWAP_ERR_VERSION_MISMATCH == err_version_mismatch && VRAMSWAP_ERR_TIMEOUT == err_timeout &&
               VRAMSWAP_ERR_NOT_OWNER == err_not_owner && VRAMSWAP_ERR_BUSY == err_busy && VRAMSWAP_ERR_IO == err_io &&
-              VRAMSWAP_ERR_NO_SPACE == err_no_space && VRAMSWAP_ERR_INTERNAL == err_internal);
+              VRAMSWAP_ERR_NO_SPACE == err_no_space &&
+              VRAMSWAP_ERR_INTERRUPTED == err_interrupted && VRAMSWAP_ERR_INTERNAL == err_internal);
 static_assert(offsetof(vramswap_stats_t, size) == 0 && offsetof(vramswap_stats_t, allocated_bytes) == 8);
 
 extern "C" {
 
 int vramswap_lock(int device, int priority, int64_t timeout_ns) {
   if (priority < 0) return fail(err_invalid_argument, "vramswap_lock(device %d): priority %d is negative", device, priority);
+  return rt::lock(device, static_cast<uint32_t>(priority), timeout_ns, nullptr);
+}
+
+int vramswap_lock_interruptible(int device, int priority, int64_t timeout_ns) {
+  if (priority < 0) {
+    return fail(err_invalid_argument, "vramswap_lock_interruptible(device %d): priority %d is negative", device, priority);
+  }
+  const scoped_wait_interrupt on_signal({[](void*, bool signal_ran) noexcept { return signal_ran; }, nullptr});
   return rt::lock(device, static_cast<uint32_t>(priority), timeout_ns, nullptr);
 }
 

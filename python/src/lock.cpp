@@ -1,12 +1,23 @@
 // The device lock for Python. The package wraps these in vramswap.gpu_lock (a context
 // manager and decorator, python/vramswap/_lock.py). Waiting releases the GIL.
+//
+// Waits are interruptible as threading.Lock's are: while waiting, the lock asks Python
+// (PyErr_CheckSignals, with the GIL taken briefly) whether a signal handler raised, when a
+// signal woke the wait and at least every 50 ms; if one did, the wait leaves the queue and
+// the exception (KeyboardInterrupt for Ctrl-C) propagates. gpu_lock.__enter__ is this
+// file's C++ function, not Python code, so that no signal handler can run between the
+// grant and the with-block that releases it: a KeyboardInterrupt either cancels the wait
+// (nothing held) or arrives inside the block (__exit__ releases).
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 
 #include "cpp_api/src/runtime.hpp"
+#include "lock/device_lock.hpp"
+#include "lock/process_identity.hpp"
 #include "python/src/bindings.hpp"
 #include "vramswap/vramswap.hpp"
 
@@ -31,22 +42,65 @@ int64_t timeout_ns(const char* fn, std::optional<double> timeout) {
   return static_cast<int64_t>(*timeout * 1e9);
 }
 
+// The wait_interrupt of a Python caller's acquire.
+struct python_signals {
+  static constexpr uint64_t k_check_ns = 50'000'000;  // a signal may have woken another thread
+  uint64_t last_check_ns = 0;
+  bool raised = false;  // a handler raised: the exception is set on this thread
+
+  static bool should_stop(void* context, bool signal_ran) noexcept {
+    auto* self = static_cast<python_signals*>(context);
+    const uint64_t now = monotonic_ns();
+    if (!signal_ran && now - self->last_check_ns < k_check_ns) return false;
+    self->last_check_ns = now;
+    const PyGILState_STATE gil = PyGILState_Ensure();
+    if (PyErr_CheckSignals() != 0) self->raised = true;
+    PyGILState_Release(gil);
+    return self->raised;
+  }
+};
+
+// Take the lock, interruptibly (above). True when held; false when a timed or tried acquire
+// did not get it; raises the signal handler's exception (holding nothing), or the error.
+bool acquire_interruptibly(int device, priority p, int64_t ns) {
+  python_signals signals;
+  int rc = 0;
+  {
+    py::gil_scoped_release nogil;
+    const scoped_wait_interrupt interruptible({&python_signals::should_stop, &signals});
+    rc = rt::lock(device, static_cast<uint32_t>(p), ns, nullptr);
+    // Granted just as a handler raised: the exception wins, and the lock goes back.
+    if (rc == VRAMSWAP_OK && signals.raised) rt::unlock(device);
+  }
+  if (signals.raised) throw py::error_already_set();
+  if (rc == VRAMSWAP_OK) return true;
+  if (ns >= 0 && (rc == VRAMSWAP_ERR_BUSY || rc == VRAMSWAP_ERR_TIMEOUT)) return false;
+  throw_error(rc, vramswap_last_error());
+}
+
+// gpu_lock.__enter__ (python/vramswap/_lock.py has the class).
+py::object gpu_lock_enter(py::object self) {
+  const int device = self.attr("device").cast<int>();
+  const priority p = parse_priority("gpu_lock", self.attr("priority").cast<std::string>());
+  const py::object timeout = self.attr("timeout");
+  const int64_t ns = timeout_ns("gpu_lock", timeout.is_none() ? std::nullopt : std::optional<double>(timeout.cast<double>()));
+  if (!acquire_interruptibly(device, p, ns)) {
+    const std::string detail = vramswap_last_error();
+    char head[96];
+    std::snprintf(head, sizeof head, "gpu_lock(device %d): not acquired within %g s: ", device, static_cast<double>(ns) / 1e9);
+    PyErr_SetString(PyExc_TimeoutError, (head + detail).c_str());
+    throw py::error_already_set();
+  }
+  return self;
+}
+
 }  // namespace
 
 void init_lock(py::module_& m) {
   m.def(
       "acquire",
       [](int device, const std::string& prio, std::optional<double> timeout) {
-        const priority p = parse_priority("acquire", prio);
-        const int64_t ns = timeout_ns("acquire", timeout);
-        int rc = 0;
-        {
-          py::gil_scoped_release nogil;
-          rc = rt::lock(device, static_cast<uint32_t>(p), ns, nullptr);
-        }
-        if (rc == VRAMSWAP_OK) return true;
-        if (ns >= 0 && (rc == VRAMSWAP_ERR_BUSY || rc == VRAMSWAP_ERR_TIMEOUT)) return false;
-        throw_error(rc, vramswap_last_error());
+        return acquire_interruptibly(device, parse_priority("acquire", prio), timeout_ns("acquire", timeout));
       },
       py::arg("device") = 0, py::arg("priority") = "normal", py::arg("timeout") = py::none(),
       R"doc(Take the device's cross-process lock; when it returns True, this process's memory on
@@ -54,10 +108,19 @@ the device is resident and the device is its alone until release().
 
 timeout: None waits as long as it takes; 0 only tries; > 0 waits at most that many seconds.
 Returns False when the lock was not had in time (like threading.Lock.acquire). The GIL is
-released while waiting. A thread that holds the lock may take it again (counted: each
+released while waiting, and the wait is interruptible like threading.Lock's: when a signal
+handler raises (Ctrl-C: KeyboardInterrupt), the wait leaves the queue and the exception
+propagates, with nothing held. A thread that holds the lock may take it again (counted: each
 acquire needs its release). Several devices: take them in increasing device order; a
 waiting acquire of a device below one this thread holds raises ValueError.
 Raises ValueError (bad device, priority or timeout; device order), vramswap.Error.)doc");
+  m.def(
+      "_install_gpu_lock_enter",
+      [](py::object cls) {
+        cls.attr("__enter__") = py::cpp_function(&gpu_lock_enter, py::name("__enter__"), py::is_method(cls),
+                                                 "Wait for the lock (interruptibly); TimeoutError when not had in time.");
+      },
+      "Makes cls.__enter__ the C++ one, so a signal cannot land between the grant and the with-block.");
   m.def(
       "release",
       [](int device) {

@@ -1,9 +1,14 @@
 // vramswap._testing: what the Python tests need and users should not: copy bytes between
 // Python and device memory (through the backend's pinned copies), close this process's
 // sessions so that each test gets its own pool server.
+#include <pybind11/stl.h>
+
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "cpp_api/src/runtime.hpp"
+#include "lock/device_lock.hpp"
 #include "python/src/bindings.hpp"
 #include "vramswap/vramswap.hpp"
 
@@ -40,6 +45,23 @@ void init_testing(py::module_& m) {
       },
       py::arg("ptr"), py::arg("size"), py::arg("device") = 0,
       "Copy `size` bytes of device memory at `ptr` into a bytes object; this thread must hold the lock.");
+  t.def(
+      "lock_queue",
+      [](const std::string& key) {
+        std::vector<lock_queue_entry> q;
+        int rc = 0;
+        {
+          py::gil_scoped_release nogil;
+          device_lock lock;
+          rc = device_lock::open(key, &lock);
+          if (rc == VRAMSWAP_OK) rc = lock.snapshot(&q);
+        }
+        if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
+        std::vector<std::tuple<int, bool>> out;
+        for (const lock_queue_entry& e : q) out.emplace_back(static_cast<int>(e.pid), e.holding);
+        return out;
+      },
+      py::arg("key"), "The lock queue of device `key` (\"host-0\"): (pid, holding) pairs, the holder first.");
   t.def(
       "reset",
       [] {

@@ -2,7 +2,7 @@
 
 import functools
 
-from ._vramswap import acquire, release
+from ._vramswap import _install_gpu_lock_enter, release
 
 
 class gpu_lock:
@@ -16,7 +16,13 @@ class gpu_lock:
 
     priority: "normal" or "high" (high waiters go first; FIFO within a class).
     timeout: None waits as long as it takes; otherwise seconds, and TimeoutError when the
-    lock was not had in time (0: only try). The GIL is released while waiting.
+    lock was not had in time (0: only try); its message names the holder and the waiters
+    ahead. The GIL is released while waiting.
+
+    Interruptible like threading.Lock: Ctrl-C (any signal whose handler raises) while
+    waiting leaves the queue and raises KeyboardInterrupt, holding nothing. Once the lock
+    is granted, the block has begun: an interrupt from then on is raised inside the block
+    and __exit__ releases the lock. (__enter__ is C++, so nothing runs in between.)
 
     The object keeps no state between uses: one instance may be entered by several threads
     (each waits for the lock in turn), re-entered by the holding thread (counted), and used
@@ -38,13 +44,7 @@ class gpu_lock:
         self.priority = priority
         self.timeout = timeout
 
-    def __enter__(self):
-        if not acquire(self.device, self.priority, self.timeout):
-            raise TimeoutError(
-                f"gpu_lock(device {self.device}): not acquired within {self.timeout} s; "
-                "another process holds the lock or is ahead in the queue"
-            )
-        return self
+    # __enter__: installed below, from C++ (vramswap._vramswap._install_gpu_lock_enter).
 
     def __exit__(self, exc_type, exc, tb):
         release(self.device)
@@ -60,3 +60,6 @@ class gpu_lock:
 
     def __repr__(self):
         return f"vramswap.gpu_lock(device={self.device}, priority={self.priority!r}, timeout={self.timeout!r})"
+
+
+_install_gpu_lock_enter(gpu_lock)

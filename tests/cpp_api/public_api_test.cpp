@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -164,6 +165,45 @@ TEST_F(PublicApi, GenericLockingCodeDrivesAGpuLock) {
   EXPECT_FALSE(g.owns_lock());
   EXPECT_TRUE(g.try_lock_until(std::chrono::steady_clock::now() + 1s));
   g.unlock();
+}
+
+volatile sig_atomic_t g_usr1_handled = 0;
+void on_usr1(int) { g_usr1_handled = g_usr1_handled + 1; }
+
+// A signal handler that runs on the waiting thread ends vramswap_lock_interruptible's wait
+// (VRAMSWAP_ERR_INTERRUPTED, nothing held, out of the queue); vramswap_lock's wait goes on
+// through the same signals until the grant.
+TEST_F(PublicApi, InterruptibleCLockEndsOnASignalThePlainOneWaitsThroughIt) {
+  struct sigaction sa {}, previous{};
+  sa.sa_handler = on_usr1;
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &previous), 0);
+  const pid_t holder = spawn_holder(0, 3000);
+  const pthread_t waiting = ::pthread_self();
+  std::atomic<bool> returned{false};
+  // Signals every 20 ms until the call returns: one of them finds the thread asleep.
+  auto pester = [&] {
+    while (!returned.load()) {
+      std::this_thread::sleep_for(20ms);
+      if (!returned.load()) ::pthread_kill(waiting, SIGUSR1);
+    }
+  };
+  std::thread t1(pester);
+  const int rc = vramswap_lock_interruptible(0, VRAMSWAP_PRIORITY_NORMAL, -1);
+  returned.store(true);
+  t1.join();
+  EXPECT_EQ(rc, VRAMSWAP_ERR_INTERRUPTED) << vramswap_last_error();
+  EXPECT_STREQ(vramswap_status_name(VRAMSWAP_ERR_INTERRUPTED), "interrupted");
+  EXPECT_GT(g_usr1_handled, 0);
+  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+  returned.store(false);
+  std::thread t2(pester);
+  EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 30'000'000'000), VRAMSWAP_OK) << vramswap_last_error();
+  returned.store(true);
+  t2.join();
+  EXPECT_EQ(vramswap_unlock(0), VRAMSWAP_OK);
+  EXPECT_EQ(wait_exit(holder), 0);
+  ::sigaction(SIGUSR1, &previous, nullptr);
 }
 
 TEST_F(PublicApi, TryAndTimeoutAgainstAnotherProcess) {

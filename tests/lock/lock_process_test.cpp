@@ -207,6 +207,171 @@ TEST_F(LockProcesses, TimeoutAcrossProcesses) {
   ASSERT_EQ(lock.release(), ok);
 }
 
+// --- a process stopped inside the internal mutex; an interrupted wait --------------------
+
+struct stop_report {
+  std::atomic<int> done{0};
+  std::atomic<int> rc{0};
+  std::atomic<uint64_t> waited_ns{0};
+  std::atomic<int> try_rc{0};
+  std::atomic<uint64_t> try_ns{0};
+  char message[1024];
+};
+
+crash_point g_stop_point = crash_point::count_;
+void stop_self_at_point(crash_point point) {
+  if (point == g_stop_point) ::raise(SIGSTOP);
+}
+
+bool becomes_stopped(pid_t pid, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (is_stopped_state(process_state(pid))) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
+// Wait for `pid` at most `timeout`; -1 (and the child left running) when it did not exit.
+int reap_within(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    std::this_thread::sleep_for(2ms);
+  }
+  return -1;
+}
+
+// A process stopped (SIGSTOP) while it holds the lock's internal mutex: a 1 s timed acquire
+// still returns in about 1 s, with an error that names the stopped process; a try returns
+// at once; the holder's release does not hang either; once resumed, the stopped process
+// gets its turn.
+TEST_F(LockProcesses, StoppedInsideTheInternalMutexBoundsEveryWait) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  const pid_t victim = spawn([&] {
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok) return 10;
+    g_stop_point = crash_point::enqueue_published;
+    set_crash_hook(stop_self_at_point);
+    if (mine.acquire(lock_priority::normal, 60'000'000'000) != ok) return 11;
+    return mine.release() == ok ? 0 : 12;
+  });
+  ASSERT_TRUE(becomes_stopped(victim)) << "the victim never stopped inside the mutex";
+  auto* report = shared_object<stop_report>();
+  const pid_t waiter = spawn([&] {
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok) return 10;
+    uint64_t t0 = monotonic_ns();
+    report->try_rc.store(mine.try_acquire());
+    report->try_ns.store(monotonic_ns() - t0);
+    t0 = monotonic_ns();
+    const int rc = mine.acquire(lock_priority::normal, 1'000'000'000);
+    report->waited_ns.store(monotonic_ns() - t0);
+    report->rc.store(rc);
+    std::snprintf(report->message, sizeof report->message, "%s", last_error());
+    report->done.store(1);
+    return 0;
+  });
+  const int waiter_status = reap_within(waiter, 20s);
+  EXPECT_EQ(waiter_status, 0) << "a 1 s timed acquire did not return within 20 s while a process is stopped in the mutex";
+  if (waiter_status == 0) {
+    EXPECT_EQ(report->try_rc.load(), err_busy);
+    EXPECT_LT(report->try_ns.load(), 2'000'000'000u);
+    EXPECT_EQ(report->rc.load(), err_timeout) << report->message;
+    EXPECT_GE(report->waited_ns.load(), 1'000'000'000u);
+    EXPECT_LT(report->waited_ns.load(), 4'000'000'000u) << "a 1 s timed acquire took " << report->waited_ns.load() / 1e9 << " s";
+    const std::string message = report->message;
+    EXPECT_NE(message.find("pid " + std::to_string(victim)), std::string::npos) << message;
+    EXPECT_NE(message.find("stopped"), std::string::npos) << message;
+    EXPECT_NE(message.find("kill -CONT " + std::to_string(victim)), std::string::npos) << message;
+  }
+  // The holder's release must not hang on the stuck mutex either.
+  const uint64_t t0 = monotonic_ns();
+  EXPECT_EQ(lock.release(), ok) << last_error();
+  EXPECT_LT(monotonic_ns() - t0, 4'000'000'000u);
+  ::kill(victim, SIGCONT);
+  if (waiter_status < 0) {
+    ::kill(waiter, SIGKILL);
+    reap(waiter);
+  }
+  EXPECT_EQ(reap_within(victim, 20s), 0) << "the resumed victim did not get its turn";
+  std::vector<lock_queue_entry> q;
+  ASSERT_EQ(lock.snapshot(&q), ok) << last_error();
+  EXPECT_TRUE(q.empty());
+  ASSERT_EQ(lock.acquire(lock_priority::normal, 5'000'000'000), ok) << last_error();
+  ASSERT_EQ(lock.release(), ok);
+  free_shared_object(report);
+}
+
+// A timeout names the holder and the waiters ahead.
+TEST_F(LockProcesses, TimeoutNamesTheHolderAndTheWaitersAhead) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  const pid_t ahead = spawn([&] {
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok) return 10;
+    return mine.acquire(lock_priority::normal, 30'000'000'000) == ok && mine.release() == ok ? 0 : 11;
+  });
+  ASSERT_TRUE(wait_for_queue(lock, [](const auto& q) { return queue_has_waiters(q, 1); }));
+  device_lock other;
+  ASSERT_EQ(device_lock::open(key_, &other), ok);
+  std::string message;
+  std::thread t([&] {
+    EXPECT_EQ(other.acquire(lock_priority::normal, 50'000'000), err_timeout);
+    message = last_error();
+  });
+  t.join();
+  EXPECT_NE(message.find("held by pid " + std::to_string(::getpid())), std::string::npos) << message;
+  EXPECT_NE(message.find("waiters ahead: pid " + std::to_string(ahead)), std::string::npos) << message;
+  ASSERT_EQ(lock.release(), ok);
+  EXPECT_EQ(reap(ahead), 0);
+}
+
+volatile sig_atomic_t g_signals = 0;
+void count_signal(int) { g_signals = g_signals + 1; }
+
+// An acquire with a wait_interrupt that stops on a signal: SIGUSR1 to the waiting process
+// makes it leave the queue at once with err_interrupted; the next waiter is granted next.
+TEST_F(LockProcesses, InterruptedWaiterLeavesTheQueue) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  auto* report = shared_object<stop_report>();
+  const pid_t child = spawn([&] {
+    struct sigaction sa {};
+    sa.sa_handler = count_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // futex waits return EINTR anyway
+    ::sigaction(SIGUSR1, &sa, nullptr);
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok) return 10;
+    const scoped_wait_interrupt on_signal({[](void*, bool signal_ran) { return signal_ran; }, nullptr});
+    const int rc = mine.acquire();
+    report->rc.store(rc);
+    std::snprintf(report->message, sizeof report->message, "%s", last_error());
+    report->done.store(1);
+    return g_signals > 0 ? 0 : 20;
+  });
+  ASSERT_TRUE(wait_for_queue(lock, [](const auto& q) { return queue_has_waiters(q, 1); }));
+  ::kill(child, SIGUSR1);
+  const int status = reap_within(child, 10s);
+  EXPECT_EQ(status, 0) << "the signalled waiter did not return";
+  if (status < 0) {
+    ::kill(child, SIGKILL);
+    reap(child);
+  }
+  EXPECT_EQ(report->rc.load(), err_interrupted) << report->message;
+  std::vector<lock_queue_entry> q;
+  ASSERT_EQ(lock.snapshot(&q), ok);
+  EXPECT_EQ(q.size(), 1u) << "the interrupted waiter is still queued";
+  ASSERT_EQ(lock.release(), ok);
+  free_shared_object(report);
+}
+
 // --- a death at each named point of the lock's critical sections ----------------------
 
 crash_point g_armed_point = crash_point::count_;

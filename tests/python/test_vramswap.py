@@ -4,6 +4,7 @@ the Python exceptions a user expects, stats, and device memory round trips."""
 
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -279,3 +280,161 @@ def test_a_malformed_setting_raises_at_the_first_lock_and_a_typo_warns_once():
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("VRAMSWAP_POOLSIZE") == 1, r.stderr
     assert "did you mean VRAMSWAP_POOL_SIZE?" in r.stderr, r.stderr
+
+
+# --- interrupting a wait (Ctrl-C) ------------------------------------------------------------
+
+HOLD_UNTIL_EOF = r"""
+import sys, vramswap
+with vramswap.gpu_lock(0):
+    print("holding", flush=True)
+    sys.stdin.read()
+"""
+
+WAIT_THEN_REPORT = r"""
+import sys, vramswap
+print("ready", flush=True)
+try:
+    with vramswap.gpu_lock(0):
+        print("granted", flush=True)
+except KeyboardInterrupt:
+    print(f"interrupted {vramswap.held(0)}", flush=True)
+sys.stdin.read()
+"""
+
+
+def spawn_script(script):
+    return subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+
+
+def read_line(proc, timeout=30.0):
+    """The next line of proc's stdout, or None when none came within `timeout`."""
+    import queue
+
+    lines = getattr(proc, "_lines", None)
+    if lines is None:
+        lines = proc._lines = queue.Queue()
+
+        def pump():
+            for line in proc.stdout:
+                lines.put(line.strip())
+
+        threading.Thread(target=pump, daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        return None
+
+
+def eventually(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def queued_pids():
+    return [pid for pid, holding in vramswap._testing.lock_queue("host-0") if not holding]
+
+
+def finish(proc):
+    if proc.poll() is None:
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=20)
+        except Exception:
+            proc.kill()
+            proc.wait()
+
+
+def test_ctrl_c_while_waiting_leaves_the_queue_at_once_and_raises():
+    holder = spawn_script(HOLD_UNTIL_EOF)
+    waiter = spawn_script(WAIT_THEN_REPORT)
+    try:
+        assert read_line(holder) == "holding"
+        assert read_line(waiter) == "ready"
+        queued = eventually(lambda: waiter.pid in queued_pids())
+        assert queued, f"the waiter never queued: it said {read_line(waiter, 1)!r}; queue {vramswap._testing.lock_queue('host-0')}"
+        t0 = time.monotonic()
+        waiter.send_signal(signal.SIGINT)
+        line = read_line(waiter, timeout=10)
+        elapsed = time.monotonic() - t0
+        # Before the fix the interrupt waited for the grant, then leaked the lock ("interrupted 1").
+        assert line == "interrupted 0", f"after SIGINT the waiter said {line!r}"
+        assert elapsed < 5, f"KeyboardInterrupt took {elapsed:.1f} s"
+        assert waiter.pid not in queued_pids(), "the interrupted waiter's ticket is still queued"
+        # The holder's release grants the next waiter (this process), not the gone ticket.
+        holder.stdin.close()
+        with vramswap.gpu_lock(timeout=20):
+            assert vramswap.held(0) == 1
+        assert waiter.poll() is None  # alive, and holding nothing
+    finally:
+        finish(holder)
+        finish(waiter)
+
+
+INTERRUPTED_AROUND_THE_GRANT = r"""
+import os, random, signal, sys, threading, time, vramswap
+stop = False
+def pester():
+    while not stop:
+        time.sleep(random.uniform(0, 0.003))
+        os.kill(os.getpid(), signal.SIGINT)
+completed = interrupted = 0
+threading.Thread(target=pester, daemon=True).start()
+deadline = time.monotonic() + float(sys.argv[1])
+while True:
+    try:
+        while time.monotonic() < deadline:
+            try:
+                with vramswap.gpu_lock(0, timeout=10):
+                    completed += 1
+                    time.sleep(0.0005)
+            except KeyboardInterrupt:
+                interrupted += 1
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop = True
+        break
+    except KeyboardInterrupt:
+        interrupted += 1
+print(completed, interrupted, vramswap.held(0), flush=True)
+"""
+
+TAKE_TURNS = r"""
+import sys, time, vramswap
+deadline = time.monotonic() + float(sys.argv[1])
+turns = 0
+while time.monotonic() < deadline:
+    with vramswap.gpu_lock(0, timeout=20):
+        turns += 1
+        time.sleep(0.001)
+print(turns, flush=True)
+"""
+
+
+def test_interrupts_at_random_moments_around_the_grant_never_keep_the_lock():
+    seconds = "3"
+    env = os.environ.copy()
+    run = lambda script: subprocess.Popen(  # noqa: E731
+        [sys.executable, "-c", script, seconds], stdout=subprocess.PIPE, text=True, env=env
+    )
+    churn = run(TAKE_TURNS)
+    victim = run(INTERRUPTED_AROUND_THE_GRANT)
+    try:
+        out, _ = victim.communicate(timeout=60)
+        completed, interrupted, held = (int(x) for x in out.split())
+        assert held == 0, f"an interrupt left the lock held ({completed} turns, {interrupted} interrupts)"
+        assert interrupted > 0 and completed > 0
+        out, _ = churn.communicate(timeout=60)
+        assert churn.returncode == 0 and int(out) > 0, "the other process could not take its turns"
+        with vramswap.gpu_lock(timeout=20):
+            pass
+    finally:
+        for p in (churn, victim):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

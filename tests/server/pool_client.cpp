@@ -10,6 +10,7 @@
 //   wait-server-gone SECONDS   poll server_alive() until false; print "server-gone"
 //   hold                       wait until stdin closes (the test kills us meanwhile)
 // Exit 0 when every step worked; 1 with "pool_client: <step>: <why>" on stderr otherwise.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -23,6 +24,7 @@
 
 #include "core/backend.hpp"
 #include "core/status.hpp"
+#include "lock/crash_points.hpp"
 #include "lock/device_lock.hpp"
 #include "lock/pool_connection.hpp"
 #include "lock/pool_segment.hpp"
@@ -108,6 +110,13 @@ int main(int argc, char** argv) {
       i += 1;
     } else if (step == "lock") {
       if (!conn) return die(step, "not connected");
+      if (device_lock::open(conn->device_key(), &lock) != ok || lock.acquire() != ok) return die(step, last_error());
+    } else if (step == "lock-stop-inside") {
+      // Stops itself (SIGSTOP) inside the lock's internal mutex, in the middle of an acquire.
+      if (!conn) return die(step, "not connected");
+      set_crash_hook([](crash_point point) {
+        if (point == crash_point::enqueue_published) ::raise(SIGSTOP);
+      });
       if (device_lock::open(conn->device_key(), &lock) != ok || lock.acquire() != ok) return die(step, last_error());
     } else if (step == "ready") {
       if (need("ready")) return 1;

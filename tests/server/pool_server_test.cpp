@@ -41,6 +41,7 @@
 #include "lock/device_lock.hpp"
 #include "lock/pool_connection.hpp"
 #include "lock/pool_protocol.hpp"
+#include "lock/pool_report.hpp"
 #include "lock/pool_segment.hpp"
 #include "lock/process_identity.hpp"
 #include "server/pool_server.hpp"
@@ -395,6 +396,48 @@ TEST_F(PoolServer, KilledLockHolderPassesTheLockOn) {
   ASSERT_EQ(lock.acquire(lock_priority::normal, 5'000'000'000, &info), ok) << last_error();
   EXPECT_TRUE(info.previous_holder_died);
   EXPECT_EQ(lock.release(), ok);
+}
+
+// A stopped lock holder shows as stopped in the status report. A client stopped (SIGSTOP)
+// inside the device lock's internal mutex does not stop the server: a client that leaves
+// is repaired, a new one connects and is served, and a 1 s timed lock returns in about 1 s
+// with an error that names the stopped process.
+TEST_F(PoolServer, StoppedClientsDoNotStopTheServer) {
+  ASSERT_GT(start_server(), 0);
+  proc& holder = client({"connect-noauto", "lock", "ready", "hold"});
+  ASSERT_EQ(fields(read_line(holder)).size(), 3u);
+  ::kill(holder.pid, SIGSTOP);
+  ASSERT_TRUE(eventually([&] { return is_stopped_state(process_state(holder.pid)); }));
+  device_report report;
+  ASSERT_EQ(collect_report("host-0", &report), ok) << last_error();
+  const std::string text = render_text({report});
+  EXPECT_NE(text.find("holder: pid " + std::to_string(holder.pid)), std::string::npos) << text;
+  EXPECT_NE(text.find("STOPPED (SIGSTOP, Ctrl-Z or a debugger; kill -CONT " + std::to_string(holder.pid)), std::string::npos) << text;
+  EXPECT_NE(render_json({report}).find("\"stopped\": true"), std::string::npos);
+
+  proc& stuck = client({"connect-noauto", "ready", "lock-stop-inside", "hold"});
+  ASSERT_EQ(fields(read_line(stuck)).size(), 3u);
+  ASSERT_TRUE(eventually([&] { return is_stopped_state(process_state(stuck.pid)); })) << "the client never stopped in the mutex";
+  // A client that leaves makes the server repair the pool and the lock...
+  EXPECT_EQ(run_client({"connect-noauto", "own", "5"}), 0);
+  std::this_thread::sleep_for(100ms);
+  // ...and the server still serves the next one.
+  proc& next = client({"connect-noauto", "own", "6", "ready", "hold"});
+  const std::string line = read_line(next, 15s);
+  EXPECT_EQ(fields(line).size(), 3u) << "the server stopped serving while a client is stopped in the lock's mutex: \"" << line << "\"";
+  device_lock lock;
+  ASSERT_EQ(device_lock::open("host-0", &lock), ok) << last_error();
+  const uint64_t t0 = monotonic_ns();
+  EXPECT_EQ(lock.acquire(lock_priority::normal, 1'000'000'000), err_timeout);
+  const std::string why = last_error();
+  EXPECT_LT(monotonic_ns() - t0, 5'000'000'000u);
+  EXPECT_NE(why.find("pid " + std::to_string(stuck.pid)), std::string::npos) << why;
+  EXPECT_NE(why.find("stopped"), std::string::npos) << why;
+  ASSERT_EQ(collect_report("host-0", &report), ok) << last_error();
+  EXPECT_FALSE(report.have_queue);
+  EXPECT_NE(report.queue_error.find("pid " + std::to_string(stuck.pid)), std::string::npos) << report.queue_error;
+  ::kill(stuck.pid, SIGCONT);
+  ::kill(holder.pid, SIGCONT);
 }
 
 TEST_F(PoolServer, ExitsAfterTheIdleTimeout) {

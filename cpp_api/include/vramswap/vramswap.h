@@ -41,6 +41,7 @@ extern "C" {
 #define VRAMSWAP_ERR_BUSY (-1011)              /* [busy] a try (timeout 0) found the lock taken */
 #define VRAMSWAP_ERR_IO (-1012)                /* [io_error] a swap read/write failed; data stayed where it was */
 #define VRAMSWAP_ERR_NO_SPACE (-1013)          /* [no_space] the swap tier is full; data stayed where it was */
+#define VRAMSWAP_ERR_INTERRUPTED (-1014)       /* [interrupted] vramswap_lock_interruptible: a signal handler ran */
 #define VRAMSWAP_ERR_INTERNAL (-1099)          /* [internal_error] a bug in vramswap: please report */
 
 /* Lock priorities: high waiters are served before normal ones, FIFO within a class. */
@@ -56,8 +57,17 @@ extern "C" {
  * that would wait); > 0 waits at most that long (VRAMSWAP_ERR_TIMEOUT). Returns when this
  * process's memory on the device is resident. A thread holding the lock may take it again
  * (counted). VRAMSWAP_ERR_INVALID_ARGUMENT for a bad device or priority, or a waiting lock of
- * a device below one this thread holds (take devices in increasing order). */
+ * a device below one this thread holds (take devices in increasing order). A timeout's message
+ * names the holder (pid, command, how long, whether stopped) and the waiters ahead.
+ * Signals do not end the wait: their handlers run and it goes on (like pthread_mutex_lock). */
 VRAMSWAP_C_API int vramswap_lock(int device, int priority, int64_t timeout_ns);
+/* vramswap_lock, but a signal handler that runs on this thread while it waits ends the wait
+ * (like sem_wait's EINTR): VRAMSWAP_ERR_INTERRUPTED, with this thread out of the queue and
+ * nothing held. For a program whose SIGINT handler sets a flag and wants the wait to stop.
+ * Direct the signal at the waiting thread (pthread_kill, or block it in other threads): a
+ * handler that runs on another thread does not end the wait. When the grant and the signal
+ * cross, the grant wins: VRAMSWAP_OK, held. */
+VRAMSWAP_C_API int vramswap_lock_interruptible(int device, int priority, int64_t timeout_ns);
 /* Undo one vramswap_lock of this thread; the last one hands the lock on, then waits for this
  * process's device work to finish before it returns. VRAMSWAP_ERR_NOT_OWNER when this thread does not hold it. */
 VRAMSWAP_C_API int vramswap_unlock(int device);
