@@ -247,7 +247,7 @@ TEST_F(PublicApi, CApiReturnsCodesAndMessages) {
   EXPECT_EQ(s.size, sizeof s);
   EXPECT_EQ(s.allocations, 1u);
   EXPECT_GE(s.allocated_bytes, 3 * MiB);
-  EXPECT_EQ(s.resident_bytes, 0u) << "allocated without the lock: backed at the next acquire";
+  EXPECT_GE(s.resident_bytes, 3 * MiB) << "allocated without the lock while the pool has free frames: backed at once";
   vramswap_stats_t small;
   std::memset(&small, 0xee, sizeof small);
   small.size = 24;  // size, allocated_bytes, allocations
