@@ -164,7 +164,7 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
     const std::string why = last_error();
     arena_.deallocate(ptr, nullptr);
     for (const page_range& f : fresh) live_pages_ -= f.count;
-    return fail(rc == err_busy ? err_out_of_memory : rc, "malloc(%" PRIu64 "): not resident, and backing it now failed: %s", size,
+    return fail(rc == err_busy ? err_out_of_memory : rc, "malloc(%" PRIu64 "): backing its pages now (not resident): %s", size,
                 why.c_str());
   }
   {
@@ -223,7 +223,7 @@ int pager::back_not_resident(page_range pages) {
     if (rc != ok) {
       const std::string why = last_error();
       for (size_t j = 0; j < i; ++j) frames_.give_back(pending[j].frame);
-      return fail(rc, "%zu of the %zu frame(s) it needs were free: %s", i, pending.size(), why.c_str());
+      return fail(rc, "%zu of the %zu frame(s) needed were free: %s", i, pending.size(), why.c_str());
     }
   }
   // Map and fill each page; `mapped` counts the pages that reached the map step.

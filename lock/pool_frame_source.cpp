@@ -113,11 +113,8 @@ int pool_frame_source::try_take_not_resident(int device, size_t size, frame_id* 
   if (size != pool_.frame_size()) return take(device, size, out);  // the same error
   uint32_t f = 0;
   if (!pool_.take_free(frame_idle, me_, &scan_hint_, &f)) {
-    return fail(err_busy,
-                "pool: none of the pool's %u frames of %" PRIu64 " MiB is free (%u of them this process's); while this process "
-                "does not hold the device lock it may use only free frames, and a holder's frames, or idle ones of other "
-                "processes, are theirs until it holds the lock",
-                pool_.frame_count(), pool_.frame_size() >> 20, frames_owned());
+    return fail(err_busy, "pool: no free frame among its %u of %" PRIu64 " MiB (%u of them this process's)", pool_.frame_count(),
+                pool_.frame_size() >> 20, frames_owned());
   }
   // A hint, after the state: a holder that reads the stale stamp in between only orders it
   // differently among the idle frames it may ask for.

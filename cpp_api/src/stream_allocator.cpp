@@ -57,15 +57,17 @@ int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out)
     rc = memory_.malloc(want, &p, backing::required);
   }
   if (rc != ok) {
-    const bool outside = !memory_.resident();
-    return add_context(rc, "malloc_async(%" PRIu64 " bytes, stream 0x%" PRIxPTR ", device %d; %" PRIu64 " bytes cached%s): %s", size,
-                       stream, device_, stats_.cached_bytes, graph ? ", capturing a CUDA graph: no trim possible" : "",
-                       outside && rc == err_out_of_memory
-                           ? "this process does not hold the device lock, and outside it memory gets only free frames of the "
-                             "pool (there are not enough now). Allocate inside the lock (vramswap.gpu_lock(), vramswap::gpu_lock, "
-                             "vramswap_lock), e.g. `with vramswap.gpu_lock(): model = Net().cuda()`: there frames are taken "
-                             "from idle processes, whose bytes are saved first. "
-                           : "");
+    const std::string why = last_error();
+    if (rc == err_out_of_memory && !memory_.resident()) {
+      return fail(rc,
+                  "malloc_async(%" PRIu64 " bytes, stream 0x%" PRIxPTR ", device %d; %" PRIu64 " bytes cached): this process does not "
+                  "hold the device lock, and outside it only free frames of the pool can back memory: %s. Allocate inside the lock "
+                  "(vramswap.gpu_lock(), vramswap::gpu_lock, vramswap_lock), e.g. `with vramswap.gpu_lock(): model = "
+                  "Net().cuda()`: there frames are taken from idle processes, whose bytes are saved first",
+                  size, stream, device_, stats_.cached_bytes, why.c_str());
+    }
+    return fail(rc, "malloc_async(%" PRIu64 " bytes, stream 0x%" PRIxPTR ", device %d; %" PRIu64 " bytes cached%s): %s", size, stream,
+                device_, stats_.cached_bytes, graph ? ", capturing a CUDA graph: no trim possible" : "", why.c_str());
   }
   blocks_.emplace(p, block{want, stream, false, graph});
   stats_.live_bytes += want;
