@@ -4,7 +4,7 @@
 // local frame_id local[i] here. Which process may map which frame is decided in the pool
 // segment's frame table (lock/pool_layout.hpp), one compare-and-swap per transition.
 //
-// Taking (only the lock holder takes): prepare(n) counts the free frames and, for the
+// Taking (the lock holder; outside the lock, see below): prepare(n) counts the free frames and, for the
 // shortfall, asks the owners of frames lent to oversubscribed processes, then of the least
 // recently used idle frames, to evict them (lent/idle ->
 // requested, then a futex wake of each owner's pager thread). take() returns a free frame
