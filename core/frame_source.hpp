@@ -23,6 +23,13 @@ class frame_source {
   // to a host store shared with the processes that are evicting for it (page_store::
   // try_slot_for_write has the other half of the argument).
   virtual int try_take(int device, size_t size, frame_id* out) { return take(device, size, out); }
+  // A frame for memory allocated while the pager is not resident (its process does not hold
+  // the device): only a frame that is nobody's now, taken without waiting and without asking
+  // anyone; err_busy, with a detail that says why and what to do, when there is none. The
+  // frame must remain one that a process needing it can have back (a shared pool: it is
+  // this process's idle frame, as if used at its last turn). By default there is none: such
+  // pages are backed at the next restore_all().
+  virtual int try_take_not_resident(int /*device*/, size_t /*size*/, frame_id* /*out*/);
   virtual int give_back(frame_id frame) = 0;
   // The caller is about to take `count` frames: a shared pool starts asking other
   // processes to evict idle frames now, so their evictions overlap our copies in.

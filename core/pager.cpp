@@ -21,6 +21,10 @@ const char* page_state_name(page_state s) noexcept {
   return "?";
 }
 
+int frame_source::try_take_not_resident(int, size_t, frame_id*) {
+  return fail(err_busy, "this frame source backs memory allocated while not resident only at the next restore_all()");
+}
+
 namespace {
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -146,7 +150,7 @@ void pager::invalidate_saved_copies(page_range pages) {
 
 // --- allocation -------------------------------------------------------------------------
 
-int pager::malloc(uint64_t size, device_ptr* out) {
+int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<page_range> fresh;
   device_ptr ptr = 0;
@@ -154,7 +158,21 @@ int pager::malloc(uint64_t size, device_ptr* out) {
   // New bytes on a page make a kept copy of it stale.
   invalidate_saved_copies(arena_.pages_of(ptr, size));
   for (const page_range& r : fresh) live_pages_ += r.count;
-  if (resident_) {
+  if (!resident_) {
+    const int rc = back_not_resident(arena_.pages_of(ptr, size));
+    if (rc == ok || (rc == err_busy && when_not_resident == backing::when_free)) {
+      // Not all could be had: the pages wait for restore_all(), as they always may.
+      if (rc != ok) clear_error();
+      *out = ptr;
+      return ok;
+    }
+    const std::string why = last_error();
+    arena_.deallocate(ptr, nullptr);
+    for (const page_range& f : fresh) live_pages_ -= f.count;
+    return fail(rc == err_busy ? err_out_of_memory : rc, "malloc(%" PRIu64 "): backing its pages now (not resident): %s", size,
+                why.c_str());
+  }
+  {
     uint64_t count = 0;
     for (const page_range& r : fresh) count += r.count;
     // Ask for all the frames at once: a shared pool then asks their owners for all of them in
@@ -178,6 +196,85 @@ int pager::malloc(uint64_t size, device_ptr* out) {
     }
   }
   *out = ptr;
+  return ok;
+}
+
+int pager::back_now(device_ptr ptr, uint64_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (resident_) return ok;
+  if (ptr < arena_.base() || size == 0 || size > arena_.size() || ptr - arena_.base() > arena_.size() - size) {
+    return fail(err_invalid_argument, "back_now(0x%" PRIxPTR ", %" PRIu64 "): not a range of the arena", ptr, size);
+  }
+  const int rc = back_not_resident(arena_.pages_of(ptr, size));
+  if (rc == ok) return ok;
+  return fail(rc == err_busy ? err_out_of_memory : rc, "backing 0x%" PRIxPTR " + %" PRIu64 " bytes now (not resident): %s", ptr, size,
+              last_error());
+}
+
+int pager::back_not_resident(page_range pages) {
+  struct todo {
+    uint64_t page;
+    page_state was;
+    frame_id frame;
+  };
+  std::vector<todo> pending;
+  for (uint64_t p = pages.first; p < pages.first + pages.count; ++p) {
+    if (table_[p].state != page_state::resident && arena_.page_live_count(p) > 0) pending.push_back({p, table_[p].state, 0});
+  }
+  if (pending.empty()) return ok;
+  // Every frame first, so that a shortfall changes nothing.
+  for (size_t i = 0; i < pending.size(); ++i) {
+    const int rc = frames_.try_take_not_resident(device_, frame_size_, &pending[i].frame);
+    if (rc != ok) {
+      const std::string why = last_error();
+      for (size_t j = 0; j < i; ++j) frames_.give_back(pending[j].frame);
+      return fail(rc, "%zu of the %zu frame(s) needed were free: %s", i, pending.size(), why.c_str());
+    }
+  }
+  // Map and fill each page; `mapped` counts the pages that reached the map step.
+  int rc = ok;
+  size_t mapped = 0;
+  while (mapped < pending.size() && rc == ok) {
+    todo& t = pending[mapped++];
+    if ((rc = map_frame(t.page, t.frame)) != ok) {
+      t.frame = 0;  // map_frame gave it back
+      break;
+    }
+    const device_ptr va = arena_.page_address(t.page);
+    if (t.was == page_state::host) {
+      void* host = nullptr;
+      rc = store_.slot_for_read(t.page, &host);
+      if (rc == ok) rc = be_.copy_h2d(va, host, frame_size_, in_stream_);
+    } else if (t.was == page_state::discarded) {
+      rc = be_.memset_d8(va, 0, frame_size_, in_stream_);
+    }
+    // (A fresh page's frame is zero already: the pool scrubs every frame it frees.)
+  }
+  if (const int sync = be_.stream_synchronize(in_stream_); sync != ok && rc == ok) rc = sync;
+  if (rc != ok) {
+    // Back where they were: saved pages keep their saved copies, the rest go unbacked again.
+    const std::string why = last_error();
+    for (size_t i = 0; i < pending.size(); ++i) {
+      const todo& t = pending[i];
+      if (i < mapped && table_[t.page].state == page_state::resident) {
+        unback_page(t.page, t.was);
+      } else if (i >= mapped && t.frame != 0) {
+        frames_.give_back(t.frame);
+      }
+    }
+    return fail(rc, "%s", why.c_str());
+  }
+  for (const todo& t : pending) {
+    if (t.was != page_state::host) continue;
+    if (arena_.page_advice(t.page) == advice::read_mostly) {
+      store_.read_done(t.page);
+      table_[t.page].host_copy_valid = true;
+    } else {
+      store_.release(t.page);
+    }
+    stats_.bytes_in += frame_size_;
+    ++stats_.pages_restored;
+  }
   return ok;
 }
 

@@ -2,9 +2,14 @@
 // device frames and a page store without ever changing an address.
 //
 // Allocation (malloc/free/advise) goes through the arena. While the pager is resident,
-// pages that a new allocation touches get frames at once; while it is evicted they stay
-// unbacked until restore_all(). A page that no live allocation touches gives its frame
-// (or its saved copy) back immediately.
+// pages that a new allocation touches get frames at once. While it is not (its process
+// does not hold the device), a new allocation's pages are backed at once only from frames
+// that are nobody's now (frame_source::try_take_not_resident), all of them or none, so that
+// memory allocated and written between turns works while frames are free; a page of the
+// allocation that was saved (shared with an older allocation) is brought back into such a
+// frame too. When not all can be had the pages stay unbacked until restore_all()
+// (backing::when_free) or the allocation fails (backing::required). A page that no live
+// allocation touches gives its frame (or its saved copy) back immediately.
 //
 // evict_all(): synchronize the device, then for every resident page
 //   - discardable advice: unmap, give the frame back, copy nothing (restored zero-filled);
@@ -37,6 +42,7 @@
 // Thread-safe: one mutex serializes every call (they are rare and long, or cheap).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,6 +56,12 @@
 #include "core/page_table.hpp"
 
 namespace vramswap {
+
+// What malloc does with a new allocation's pages while the pager is not resident.
+enum class backing {
+  when_free,  // back them now if every page gets a free frame, else at the next restore_all()
+  required,   // back them now, or fail with err_out_of_memory (nothing changes then)
+};
 
 struct pager_config {
   uint64_t frame_size = 0;         // 0: VRAMSWAP_FRAME_SIZE
@@ -88,8 +100,14 @@ class pager {
   pager& operator=(const pager&) = delete;
 
   // cudaMalloc-like: 256-byte aligned; size 0 is an error. err_out_of_memory when the arena
-  // is full or (while resident) no frame can be had; nothing changes then.
-  int malloc(uint64_t size, device_ptr* out);
+  // is full, (while resident) no frame can be had, or (not resident, backing::required) no
+  // free frame is there for every page; nothing changes then.
+  int malloc(uint64_t size, device_ptr* out, backing when_not_resident = backing::when_free);
+  // Make the pages of [ptr, ptr + size) resident now, as malloc with backing::required does
+  // for a new allocation (a block reused while not resident, whose pages an eviction may
+  // have dropped). Nothing to do while resident. err_out_of_memory when no free frame is
+  // there for every page that needs one; nothing changes then.
+  int back_now(device_ptr ptr, uint64_t size);
   // The pointer malloc returned; interior pointers and double frees are errors naming it.
   int free(device_ptr ptr);
   int advise(device_ptr ptr, uint64_t size, advice a);
@@ -132,6 +150,8 @@ class pager {
   // what a process does when it releases the device lock without evicting.
   void set_not_resident();
   bool resident() const;
+  // The same without the mutex, for a signal handler's report (cpp_api/src/fault_report).
+  bool resident_now() const noexcept { return resident_.load(std::memory_order_acquire); }
 
   pager_stats stats() const;
   uint64_t frame_size() const noexcept { return frame_size_; }
@@ -151,6 +171,11 @@ class pager {
   // cannot be left (the scrub may already have zeroed it), the bytes are put back from the
   // saved copy and the page stays resident and whole.
   int unback_saved_page(uint64_t page);
+  // Not resident: back every live page of `pages` that is not resident with frames no one
+  // uses (all or none), filling saved and discarded ones; err_busy (detail set) when not
+  // every page gets a frame, any other error from the backend or store. On failure every
+  // page is where it was.
+  int back_not_resident(page_range pages);
   void drop_saved_copy(uint64_t page);            // release the store's copy, if any
   void invalidate_saved_copies(page_range pages);
   // Evict the resident pages for which `chosen(page)` is true (all when it is null).
@@ -165,7 +190,7 @@ class pager {
   mutable std::mutex mutex_;
   arena arena_;
   page_table table_;
-  bool resident_ = true;
+  std::atomic<bool> resident_{true};  // read without the mutex by resident_now()
   // Counts kept with every change, so that an acquire with nothing to bring in, and stats(),
   // cost O(1) instead of a walk over the page table (thousands of pages).
   uint64_t live_pages_ = 0;      // pages some live allocation touches

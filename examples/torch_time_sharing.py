@@ -59,6 +59,9 @@ def worker(args):
     model_cpu, width = build_model(torch, args.gib, args.seed)
     data = torch.Generator().manual_seed(args.seed + 1)
     teacher = torch.randn(width, 1, generator=data) / math.sqrt(width)
+    # Under the lock: outside it, a tensor gets only free frames of the pool, and while the
+    # other workers hold them model.cuda() would fail (saying to do this under the lock).
+    # Under it, frames are taken from idle workers, whose memory is saved first.
     with lock():
         model = model_cpu.cuda()
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)

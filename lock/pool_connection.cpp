@@ -17,6 +17,7 @@
 #include <cinttypes>
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <new>
 
 #include "core/fd_transfer.hpp"
@@ -548,10 +549,16 @@ pool_connection::~pool_connection() {
     if (be_.host_unregister(host_pool_) != ok) log(log_level::warn, "pool: unpinning the shared host pool: %s", last_error());
     ::munmap(host_pool_, host_pool_bytes_);
   }
+  // One line for all failures: after a device fault every release fails, and a pool has
+  // thousands of frames.
+  size_t failed = 0;
+  std::string first;
   for (frame_id f : frames_) {
-    if (be_.release_frame(f) != ok) {
-      log(log_level::warn, "pool: releasing an imported frame at disconnect: %s (was it still mapped?)", last_error());
-    }
+    if (be_.release_frame(f) != ok && failed++ == 0) first = last_error();
+  }
+  if (failed > 0) {
+    log(log_level::warn, "pool: releasing %zu of the %zu imported frames at disconnect failed; the first: %s (still mapped? after a "
+        "device fault the driver frees them when the process exits)", failed, frames_.size(), first.c_str());
   }
   segment_.reset();
   if (fd_ >= 0) ::close(fd_);

@@ -111,6 +111,20 @@ int pool_frame_source::try_take(int device, size_t size, frame_id* out) {
   return ok;
 }
 
+int pool_frame_source::try_take_not_resident(int device, size_t size, frame_id* out) {
+  if (size != pool_.frame_size()) return take(device, size, out);  // the same error
+  uint32_t f = 0;
+  if (!pool_.take_free(frame_idle, me_, &scan_hint_, &f)) {
+    return fail(err_busy, "pool: no free frame among its %u of %" PRIu64 " MiB (%u of them this process's)", pool_.frame_count(),
+                pool_.frame_size() >> 20, frames_owned());
+  }
+  // A hint, after the state: a holder that reads the stale stamp in between only orders it
+  // differently among the idle frames it may ask for.
+  pool_.frame(f).last_use.store(pool_.header()->clock.fetch_add(1, std::memory_order_acq_rel) + 1, std::memory_order_relaxed);
+  *out = local_[f];
+  return ok;
+}
+
 int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
   // An owner cannot evict while the shared host pool has no slot for the pages: say so.
   std::string host_pool;

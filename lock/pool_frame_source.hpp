@@ -4,7 +4,7 @@
 // local frame_id local[i] here. Which process may map which frame is decided in the pool
 // segment's frame table (lock/pool_layout.hpp), one compare-and-swap per transition.
 //
-// Taking (only the lock holder takes): prepare(n) counts the free frames and, for the
+// Taking (the lock holder; outside the lock, see below): prepare(n) counts the free frames and, for the
 // shortfall, asks the owners of frames lent to oversubscribed processes, then of the least
 // recently used idle frames, to evict them (lent/idle ->
 // requested, then a futex wake of each owner's pager thread). take() returns a free frame
@@ -15,6 +15,12 @@
 // A requested frame whose owner neither frees it nor dies within VRAMSWAP_EVICT_TIMEOUT
 // is never taken by force: take() fails with err_timeout naming the owner's pid. A dead
 // owner's frames are freed by the pool server (scrubbed first).
+//
+// Outside the lock (try_take_not_resident): a process that does not hold the lock may take
+// a free frame, and only a free one, never waiting nor asking anyone; it goes straight to
+// idle (this process's, stamped with the pool clock), so a holder that needs it asks for it
+// like any other idle frame, and the owner's service thread saves its page first. At the
+// owner's next acquire it becomes active with the rest (reclaim_own).
 //
 // Giving back: frames are zeroed by the pager before they are given back
 // (scrub_before_give_back), then go to free and every waiter is woken.
@@ -43,6 +49,11 @@ class pool_frame_source final : public frame_source {
 
   int take(int device, size_t size, frame_id* out) override;
   int try_take(int device, size_t size, frame_id* out) override;
+  // A free frame, taken straight to idle(me) (stamped as if used now): for memory allocated
+  // while this process does not hold the lock. Never waits, never asks anyone; a holder
+  // that needs the frame asks for it like any idle frame, and our service thread saves the
+  // page first.
+  int try_take_not_resident(int device, size_t size, frame_id* out) override;
   int give_back(frame_id frame) override;
   int prepare(int device, size_t count) override;
   bool scrub_before_give_back(frame_id) const override { return true; }

@@ -24,7 +24,8 @@
 // here, and what a dead member owned is found by its member index and repaired by the
 // server (scrubbed, then freed):
 //
-//   free      owner none. Contents zero (scrubbed). Only the lock holder takes free frames.
+//   free      owner none. Contents zero (scrubbed). The lock holder takes free frames; so
+//             may a member outside the lock (only free ones, to idle: take-idle below).
 //   active    owned; the owner holds the lock (or is bringing its memory in).
 //   idle      owned; the owner released the lock. last_use orders idle frames (LRU).
 //   requested owned and idle (or lent), and a lock holder (requester) asked the owner to
@@ -37,6 +38,8 @@
 //             host frame at its next safe point (core/launch_gate.hpp) and frees the frame.
 //
 //   take     free -> active(me)                     lock holder
+//   take-idle free -> idle(me)                      a member not holding the lock, for memory
+//                                                   it allocates then; never waits nor asks
 //   release  active(me) -> idle(me)                 owner, at lock release
 //   reclaim  idle(me) | requested(me) -> active(me)  owner, at acquire
 //   request  idle(Y) | lent(Y) -> requested(Y, by me)  lock holder; then wakes Y

@@ -115,6 +115,34 @@ void quietly(CUresult r, const char* what) noexcept {
   log(log_level::warn, "cuda: teardown: %s failed: %s (%s)", what, cuda::error_name(r), cuda::error_string(r));
 }
 
+// The destructor's tally: after a device fault (a kernel's illegal address, say) the context
+// is unusable and every object left in it fails to be destroyed, thousands of them for a
+// large pool; one line with the count and the first error says all that a line each would.
+class teardown_tally {
+ public:
+  void note(CUresult r, const char* what) noexcept {
+    ++attempted_;
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_DEINITIALIZED) return;
+    if (failed_++ == 0) {
+      first_ = r;
+      first_what_ = what;
+    }
+  }
+  ~teardown_tally() {
+    if (failed_ == 0) return;
+    log(log_level::warn,
+        "cuda: teardown: %zu of %zu driver objects (events, streams, mappings, reservations, frames, pinned memory) could not be "
+        "destroyed; the first, %s, failed with %s (%s). After a device fault the context is unusable and the driver frees them "
+        "when the process exits; an earlier error names the fault",
+        failed_, attempted_, first_what_, cuda::error_name(first_), cuda::error_string(first_));
+  }
+
+ private:
+  size_t attempted_ = 0, failed_ = 0;
+  CUresult first_ = CUDA_SUCCESS;
+  const char* first_what_ = "";
+};
+
 // Makes one device's primary context current on the calling thread for its lifetime, then
 // puts back what the thread had current before (nothing is switched if it already was).
 class context_scope {
@@ -270,46 +298,48 @@ int cuda_backend::find_event(const char* fn, event_id event, event_entry* out) {
 cuda_backend::~cuda_backend() {
   // Each object in its own device's context, in dependency order: work first (events,
   // streams), then address space (mappings before their reservations), then memory.
+  // Failures are counted and logged once, at the end (teardown_tally).
+  teardown_tally tally;
   for (const auto& [id, e] : event_table_) {
     context_scope scope(d_);
     if (use_device(e.device, &scope) != 0) continue;
-    quietly(d_.cuEventDestroy(e.event), "cuEventDestroy");
+    tally.note(d_.cuEventDestroy(e.event), "cuEventDestroy");
   }
   for (const auto& [id, s] : stream_table_) {
     context_scope scope(d_);
     if (use_device(s.device, &scope) != 0) continue;
-    quietly(d_.cuStreamSynchronize(s.stream), "cuStreamSynchronize");
-    quietly(d_.cuStreamDestroy(s.stream), "cuStreamDestroy");
+    tally.note(d_.cuStreamSynchronize(s.stream), "cuStreamSynchronize");
+    tally.note(d_.cuStreamDestroy(s.stream), "cuStreamDestroy");
   }
   for (const auto& [va, m] : live_mappings_) {
     context_scope scope(d_);
     if (use_device(m.device, &scope) != 0) continue;
-    quietly(d_.cuMemUnmap(va, m.size), "cuMemUnmap");
+    tally.note(d_.cuMemUnmap(va, m.size), "cuMemUnmap");
   }
   for (const auto& [va, r] : live_reservations_) {
     context_scope scope(d_);
     if (use_device(r.device, &scope) != 0) continue;
-    quietly(d_.cuMemAddressFree(va, r.size), "cuMemAddressFree");
+    tally.note(d_.cuMemAddressFree(va, r.size), "cuMemAddressFree");
   }
   for (const auto& [id, f] : frame_table_) {
     context_scope scope(d_);
     if (use_device(f.device, &scope) != 0) continue;
-    quietly(d_.cuMemRelease(f.handle), "cuMemRelease");
+    tally.note(d_.cuMemRelease(f.handle), "cuMemRelease");
   }
   if (!live_host_.empty()) {
     context_scope scope(d_);
     if (use_device(0, &scope) == 0) {
       for (const auto& [ptr, allocated] : live_host_) {
         if (allocated) {
-          quietly(d_.cuMemFreeHost(ptr), "cuMemFreeHost");
+          tally.note(d_.cuMemFreeHost(ptr), "cuMemFreeHost");
         } else {
-          quietly(d_.cuMemHostUnregister(ptr), "cuMemHostUnregister");
+          tally.note(d_.cuMemHostUnregister(ptr), "cuMemHostUnregister");
         }
       }
     }
   }
   for (size_t i = 0; i < contexts_.size(); ++i) {
-    if (contexts_[i] != nullptr) quietly(d_.cuDevicePrimaryCtxRelease(devices_[i]), "cuDevicePrimaryCtxRelease");
+    if (contexts_[i] != nullptr) tally.note(d_.cuDevicePrimaryCtxRelease(devices_[i]), "cuDevicePrimaryCtxRelease");
   }
 }
 

@@ -7,6 +7,7 @@
 #include "core/log.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
+#include "cpp_api/src/fault_report.hpp"
 #include "lock/futex.hpp"
 #include "lock/pool_host_store.hpp"
 #include "lock/process_identity.hpp"
@@ -78,6 +79,9 @@ int device_session::open(int device, std::unique_ptr<device_session>* out) {
   cfg.start_resident = false;  // backed at acquire, from the pool
   VS_TRY(pager::create(*s->be_, device, *s->store_, *s->frames_, cfg, &s->pager_));
   s->observe_ = std::make_unique<member_observer>(conn.segment(), conn.member());  // observability
+  // Host backend: a CPU access to a page of ours that is not in a frame is a SIGSEGV; say
+  // what it was before the process dies (cpp_api/src/fault_report.hpp).
+  if (s->be_->kind() == backend_kind::host) fault_watch(device, *s->pager_);
   log_set_device(device);
   s->server_ = std::thread([p = s.get()] {
     log_set_device(p->device_);
@@ -95,6 +99,7 @@ device_session::~device_session() {
   stop_.store(true);
   if (conn_) futex_wake_one(&conn_->segment().member(conn_->member()).requests);
   if (server_.joinable()) server_.join();
+  if (pager_) fault_unwatch(*pager_);
   pager_.reset();  // unmaps every page, zeroes and frees its frames in the pool
   store_.reset();  // gives back any host slot still held (shared host pool)
   frames_.reset();
@@ -136,6 +141,11 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
     return fail(rc, "acquire(device %d): bringing this process's memory in failed, the lock was released again: %s", device_,
                 why.c_str());
   }
+  // A thread of ours that allocated while restore_all() had not yet made us resident took
+  // free frames as idle (pool_frame_source::try_take_not_resident), after the reclaim
+  // above: make them active too, so that no one asks for them while we hold the lock. (No
+  // one could have meanwhile: only the holder asks, and that is us.)
+  frames_->reclaim_own();
   depth_ = 1;
   ++stats_.acquires;
   stats_.last_lock_granted_ns = granted_ns;

@@ -17,9 +17,16 @@
 //   because they change hands only through our eviction, which synchronizes first). With
 //   VRAMSWAP_EAGER_RELEASE=1 or VRAMSWAP_STRICT=1 evict everything first (strict: so that
 //   device access outside the lock faults), then hand the lock on.
-// Allocation while not holding the lock is allowed: new pages stay unbacked until the next
-//   acquire. Device access to this process's memory outside the lock is undefined: its
-//   pages may be mapped (idle, not yet asked for), being evicted, or unmapped (faults).
+// Allocation while not holding the lock is allowed. Its pages get free frames of the pool
+//   at once when there are enough for all of them (taken as this process's idle frames,
+//   without waiting or asking anyone), so memory allocated and written between turns (a
+//   model moved to the GPU before the training loop) works, and is saved like the rest
+//   when another process needs the frames. Otherwise they stay unbacked until the next
+//   acquire (pager malloc, backing::when_free), or the allocation fails (backing::required:
+//   the stream-ordered allocator, whose callers write at once). Device access to this
+//   process's memory outside the lock is undefined: its pages may be mapped (idle, not yet
+//   asked for), being evicted, or unmapped (faults; on the host backend a SIGSEGV, which
+//   cpp_api/src/fault_report.hpp explains before the process dies).
 //
 // Re-entry: acquire by the thread that holds the lock is counted, as the lock's own.
 #pragma once

@@ -26,10 +26,11 @@ int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out)
   bool graph = false;
   VS_TRY(add_context(capturing(stream, &graph), "malloc_async(%" PRIu64 " bytes, device %d): ", size, device_));
 
-  // A block this stream freed, at most 1/8 larger than asked.
+  // A block this stream freed, at most 1/8 larger than asked. Not resident (outside the
+  // lock), an eviction may have dropped its pages: it serves only if they can be backed now.
   if (auto c = cache_.find(stream); c != cache_.end()) {
     auto it = c->second.lower_bound(want);
-    if (it != c->second.end() && it->first - want <= want / 8) {
+    if (it != c->second.end() && it->first - want <= want / 8 && back_cached(it->second)) {
       const device_ptr p = it->second;
       block& b = blocks_.at(p);
       VS_TRY(add_context(memory_.advise(p, b.size, advice::normal), "malloc_async: reusing a cached block: "));
@@ -45,16 +46,28 @@ int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out)
     }
   }
 
+  // Outside the lock the block must be backed now (backing::required): its caller queues
+  // work on it at once (PyTorch's .cuda(), a fill), which would fault on unbacked pages.
   device_ptr p = 0;
-  int rc = memory_.malloc(want, &p);
+  int rc = memory_.malloc(want, &p, backing::required);
   if (rc == err_out_of_memory && !graph && stats_.cached_bytes > 0) {
-    // Room may be waiting in the caches (of other streams, or in sizes that did not fit).
+    // Room may be waiting in the caches (of other streams, or in sizes that did not fit):
+    // arena space, and frames that go back to the pool free.
     VS_TRY(add_context(trim_locked(), "malloc_async(%" PRIu64 " bytes, device %d): making room: ", size, device_));
-    rc = memory_.malloc(want, &p);
+    rc = memory_.malloc(want, &p, backing::required);
   }
   if (rc != ok) {
-    return add_context(rc, "malloc_async(%" PRIu64 " bytes, stream 0x%" PRIxPTR ", device %d; %" PRIu64 " bytes cached%s): ", size,
-                       stream, device_, stats_.cached_bytes, graph ? ", capturing a CUDA graph: no trim possible" : "");
+    const std::string why = last_error();
+    if (rc == err_out_of_memory && !memory_.resident()) {
+      return fail(rc,
+                  "malloc_async(%" PRIu64 " bytes, stream 0x%" PRIxPTR ", device %d; %" PRIu64 " bytes cached): this process does not "
+                  "hold the device lock, and outside it only free frames of the pool can back memory: %s. Allocate inside the lock "
+                  "(vramswap.gpu_lock(), vramswap::gpu_lock, vramswap_lock), e.g. `with vramswap.gpu_lock(): model = "
+                  "Net().cuda()`: there frames are taken from idle processes, whose bytes are saved first",
+                  size, stream, device_, stats_.cached_bytes, why.c_str());
+    }
+    return fail(rc, "malloc_async(%" PRIu64 " bytes, stream 0x%" PRIxPTR ", device %d; %" PRIu64 " bytes cached%s): %s", size, stream,
+                device_, stats_.cached_bytes, graph ? ", capturing a CUDA graph: no trim possible" : "", why.c_str());
   }
   blocks_.emplace(p, block{want, stream, false, graph});
   stats_.live_bytes += want;
@@ -62,6 +75,13 @@ int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out)
   ++stats_.misses;
   *out = p;
   return ok;
+}
+
+bool stream_allocator::back_cached(device_ptr p) {
+  const block& b = blocks_.at(p);
+  if (memory_.back_now(p, b.size) == ok) return true;
+  clear_error();  // the miss path below reports it, after a trim
+  return false;
 }
 
 int stream_allocator::deallocate(device_ptr ptr, uintptr_t stream) {

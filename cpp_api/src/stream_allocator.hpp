@@ -11,6 +11,11 @@
 // hands every cached block back to the pager. An allocation that finds no room trims and
 // tries again.
 //
+// Outside the lock (the pager not resident), an allocation must be backed at once, from
+// free frames of the pool, or it fails: its caller queues device work on it right away.
+// A cached block serves then only if its pages (which an eviction may have dropped) can be
+// backed too.
+//
 // A cached block is advised discardable: while it waits, an eviction need not copy it (a
 // page holding only cached blocks is dropped, and comes back zero-filled). Reuse advises
 // it normal again. So caching costs frames while resident, never transfer time.
@@ -73,6 +78,8 @@ class stream_allocator {
     bool graph = false;   // allocated or freed during a capture: the graph's for good
   };
   int capturing(uintptr_t stream, bool* out);
+  // Whether cached block `p` can serve now: resident, or backed now from free frames.
+  bool back_cached(device_ptr p);
   int trim_locked();
 
   backend& be_;

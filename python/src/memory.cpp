@@ -30,8 +30,9 @@ void init_memory(py::module_& m) {
       py::arg("size"), py::arg("device") = 0,
       R"doc(Allocate `size` bytes of this process's device memory (256-byte aligned) and return its
 address as an int. The address never changes, whatever is swapped. Allocating without the
-lock is fine: the memory is backed at the next acquire. The device may touch it only while
-this process holds the lock. Raises MemoryError, ValueError (size 0, bad device).)doc");
+lock is fine: the memory is backed at once when the pool has free frames for it (and is then
+usable until another process needs them), else at the next acquire. The device may touch it
+only while this process holds the lock. Raises MemoryError, ValueError (size 0, bad device).)doc");
   m.def(
       "free",
       [](uintptr_t ptr, int device) {

@@ -20,7 +20,10 @@ time-sharing needs; it must be installed before PyTorch's allocator is first use
 
 What that means:
   - Every CUDA tensor's memory is vramswap memory: it keeps its address across swaps and is
-    backed only while this process holds the lock. Touch CUDA tensors only under the lock.
+    backed while this process holds the lock. Touch CUDA tensors under the lock. Outside it
+    (model.cuda() before the loop) a tensor is backed at once from free frames of the pool,
+    or its allocation raises a RuntimeError saying to allocate under the lock; once another
+    process has taken its frames, it faults there until the next lock.
   - Freed tensors' blocks are kept per stream for reuse (as PyTorch's cache does), and cost
     no transfer time at a swap; empty_cache() gives them back.
   - CUDA graphs (torch.cuda.graph) work: memory allocated or freed during a capture belongs

@@ -2,44 +2,106 @@
 //
 // usage: api_worker hold <device> <hold-ms> <ready-file>
 //   take gpu_lock(device), create <ready-file>, hold the lock <hold-ms>, release, exit 0.
-//        api_worker each <devices>
+// usage: api_worker fill <device> <bytes> <ready-file> <release-file>
+//   take gpu_lock(device), allocate <bytes> under it (frames taken from idle processes) and
+//   write every byte, create <ready-file>, hold the lock until <release-file> exists (at
+//   most 120 s), free, release, exit 0.
+// usage: api_worker touch <device> <bytes> <ready-file> <go-file>
+//   without the lock: allocate <bytes> and write every byte through the pointer (host
+//   backend: device memory is process memory), create <ready-file>, wait for <go-file> (at
+//   most 120 s), read every byte again, exit 0. Touching memory that is not backed then
+//   kills it with SIGSEGV (the test checks the message vramswap prints first).
+// usage: api_worker each <devices>
 //   lock and unlock devices 0..<devices>-1 in turn, twice (a session opened on each), exit 0.
-// Exit: 0 ok, 2 a vramswap::error (printed), 64 bad usage.
+// Exit: 0 ok, 2 a vramswap::error (printed), 3 bytes differed, 4 a file never appeared,
+// 64 bad usage.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "vramswap/vramswap.hpp"
 
+namespace {
+
+void create(const char* path) {
+  const int fd = ::open(path, O_CREAT | O_WRONLY, 0600);
+  if (fd >= 0) ::close(fd);
+}
+
+bool wait_for(const char* path) {
+  struct stat st {};
+  for (int i = 0; i < 12000; ++i) {
+    if (::stat(path, &st) == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::fprintf(stderr, "api_worker: %s never appeared\n", path);
+  return false;
+}
+
+int usage(const char* self) {
+  std::fprintf(stderr,
+               "usage: %s hold <device> <hold-ms> <ready-file>\n"
+               "       %s fill <device> <bytes> <ready-file> <release-file>\n"
+               "       %s touch <device> <bytes> <ready-file> <go-file>\n"
+               "       %s each <devices>\n",
+               self, self, self, self);
+  return 64;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc == 3 && std::strcmp(argv[1], "each") == 0) {
-    try {
+  if (argc < 2) return usage(argv[0]);
+  const std::string mode = argv[1];
+  try {
+    if (mode == "hold" && argc == 5) {
+      vramswap::gpu_lock lock(std::atoi(argv[2]));
+      create(argv[4]);
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(argv[3])));
+      return 0;
+    }
+    if (mode == "each" && argc == 3) {
       for (int round = 0; round < 2; ++round) {
         for (int d = 0; d < std::atoi(argv[2]); ++d) vramswap::gpu_lock lock(d);
       }
-    } catch (const vramswap::error& e) {
-      std::fprintf(stderr, "api_worker: %s\n", e.what());
-      return 2;
+      return 0;
     }
-    return 0;
-  }
-  if (argc != 5 || std::strcmp(argv[1], "hold") != 0) {
-    std::fprintf(stderr, "usage: %s hold <device> <hold-ms> <ready-file> | each <devices>\n", argv[0]);
-    return 64;
-  }
-  try {
-    vramswap::gpu_lock lock(std::atoi(argv[2]));
-    const int fd = ::open(argv[4], O_CREAT | O_WRONLY, 0600);
-    if (fd >= 0) ::close(fd);
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(argv[3])));
+    if (mode == "fill" && argc == 6) {
+      const int device = std::atoi(argv[2]);
+      const size_t bytes = std::strtoull(argv[3], nullptr, 10);
+      vramswap::gpu_lock lock(device);
+      void* p = vramswap::malloc(bytes, device);
+      std::memset(p, 0xA5, bytes);
+      create(argv[4]);
+      const bool released = wait_for(argv[5]);
+      vramswap::free(p, device);
+      return released ? 0 : 4;
+    }
+    if (mode == "touch" && argc == 6) {
+      const int device = std::atoi(argv[2]);
+      const size_t bytes = std::strtoull(argv[3], nullptr, 10);
+      auto* p = static_cast<unsigned char*>(vramswap::malloc(bytes, device));
+      for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i * 7 + 3);
+      create(argv[4]);
+      if (!wait_for(argv[5])) return 4;
+      for (size_t i = 0; i < bytes; ++i) {
+        if (p[i] != static_cast<unsigned char>(i * 7 + 3)) {
+          std::fprintf(stderr, "api_worker: byte %zu differs\n", i);
+          return 3;
+        }
+      }
+      return 0;
+    }
   } catch (const vramswap::error& e) {
     std::fprintf(stderr, "api_worker: %s\n", e.what());
     return 2;
   }
-  return 0;
+  return usage(argv[0]);
 }

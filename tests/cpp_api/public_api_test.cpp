@@ -23,6 +23,7 @@
 
 #include "cpp_api/api_test_env.hpp"
 #include "cpp_api/src/runtime.hpp"
+#include "support/random_bytes.hpp"
 #include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
 
@@ -86,6 +87,48 @@ class PublicApi : public ::testing::Test {
     for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
     return n;
   }
+
+  // api_worker with these arguments, its stderr into `err_file` (when given).
+  pid_t spawn_worker(std::vector<std::string> args, const std::string& err_file = "") {
+    args.insert(args.begin(), VRAMSWAP_API_WORKER);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    if (!err_file.empty()) posix_spawn_file_actions_addopen(&actions, 2, err_file.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    pid_t pid = -1;
+    EXPECT_EQ(::posix_spawn(&pid, VRAMSWAP_API_WORKER, &actions, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    return pid;
+  }
+  std::string path(const char* name) const { return env_.runtime_dir() + "/" + name; }
+  static void create(const std::string& file) {
+    const int fd = ::open(file.c_str(), O_CREAT | O_WRONLY, 0600);
+    if (fd >= 0) ::close(fd);
+  }
+  // Until `file` exists or `pid` has exited (then false, its status in *status).
+  static bool wait_file(const std::string& file, pid_t pid, int* status) {
+    struct stat st {};
+    for (int i = 0; i < 12000; ++i) {
+      if (::stat(file.c_str(), &st) == 0) return true;
+      if (::waitpid(pid, status, WNOHANG) == pid) return false;
+      std::this_thread::sleep_for(10ms);
+    }
+    ADD_FAILURE() << file << " never appeared";
+    return false;
+  }
+  static std::string read_file(const std::string& file) {
+    std::string out;
+    if (FILE* f = std::fopen(file.c_str(), "r")) {
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+      std::fclose(f);
+    }
+    return out;
+  }
+  static int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
   static int wait_exit(pid_t pid) {
     int status = 0;
     EXPECT_EQ(::waitpid(pid, &status, 0), pid);
@@ -322,7 +365,7 @@ TEST_F(PublicApi, CApiReturnsCodesAndMessages) {
   EXPECT_EQ(s.size, sizeof s);
   EXPECT_EQ(s.allocations, 1u);
   EXPECT_GE(s.allocated_bytes, 3 * MiB);
-  EXPECT_EQ(s.resident_bytes, 0u) << "allocated without the lock: backed at the next acquire";
+  EXPECT_GE(s.resident_bytes, 3 * MiB) << "allocated without the lock while the pool has free frames: backed at once";
   vramswap_stats_t small;
   std::memset(&small, 0xee, sizeof small);
   small.size = 24;  // size, allocated_bytes, allocations
@@ -375,6 +418,82 @@ TEST_F(PublicApi, MemoryKeepsItsBytesAcrossLockTurns) {
   EXPECT_THROW(vramswap::advise(p, 2 * n, vramswap::advice::normal), vramswap::invalid_argument);
   vramswap::free(p);
   EXPECT_EQ(vramswap::get_stats(0).allocations, 0u);
+}
+
+// The usual PyTorch shape (model.cuda() before the training loop), in C++: memory allocated
+// and written outside the lock while the pool has free frames is backed at once, becomes
+// this process's like any other, is saved when another process needs its frames, and comes
+// back byte for byte at the next lock.
+TEST_F(PublicApi, MemoryAllocatedAndWrittenOutsideTheLockIsKeptAcrossTurns) {
+  const size_t n = 40 * MiB + 123;  // 21 of the pool's 32 frames
+  auto* p = static_cast<unsigned char*>(vramswap::malloc(n));
+  EXPECT_GE(vramswap::get_stats(0).resident_bytes, n) << "the pool had free frames: backed at once, without the lock";
+  std::vector<unsigned char> data(n), back(n);
+  vramswap::test::fill_random(data.data(), n, 99);
+  std::memcpy(p, data.data(), n);  // host backend: device memory is this process's memory
+  // Another process takes the lock and the whole pool: our frames are idle frames like any.
+  create(path("release"));
+  const pid_t filler = spawn_worker({"fill", "0", std::to_string(64 * MiB), path("ready"), path("release")});
+  ASSERT_EQ(wait_exit(filler), 0) << "the other process could not have the whole pool";
+  const vramswap::stats after = vramswap::get_stats(0);
+  EXPECT_GE(after.bytes_out, 20 * MiB) << "our pages were saved for the other process";
+  EXPECT_GT(after.evictions_served, 0u);
+  EXPECT_EQ(after.resident_bytes, 0u);
+  {
+    vramswap::gpu_lock g(0);
+    ASSERT_EQ(vramswap::rt::copy_from_device(0, back.data(), reinterpret_cast<uintptr_t>(p), n), VRAMSWAP_OK) << vramswap_last_error();
+  }
+  EXPECT_EQ(std::memcmp(back.data(), data.data(), n), 0) << "bytes written outside the lock were lost";
+  vramswap::free(p);
+}
+
+// Outside the lock with no free frame: the stream-ordered allocation (what PyTorch uses, whose
+// next step is a kernel or a copy on the block) fails saying what to do; a plain allocation
+// stays unbacked until the next lock, and touching it anyway (host backend) is explained on
+// stderr before the SIGSEGV kills the process.
+TEST_F(PublicApi, OutsideTheLockWithNoFreeFrameAllocationFailsOrTouchIsExplained) {
+  const pid_t filler = spawn_worker({"fill", "0", std::to_string(64 * MiB), path("ready"), path("release")});
+  int status = 0;
+  ASSERT_TRUE(wait_file(path("ready"), filler, &status)) << "the filler exited " << exit_code(status);
+  void* q = nullptr;
+  void* const stream = reinterpret_cast<void*>(0x77);
+  EXPECT_EQ(vramswap_malloc_async(&q, 4 * MiB, 0, stream), VRAMSWAP_ERR_OUT_OF_MEMORY);
+  const std::string why = vramswap_last_error();
+  EXPECT_NE(why.find("does not hold the device lock"), std::string::npos) << why;
+  EXPECT_NE(why.find("Allocate inside the lock"), std::string::npos) << why;
+  EXPECT_NE(why.find("no free frame among its 32"), std::string::npos) << why;
+  EXPECT_EQ(vramswap::get_stats(0).allocations, 0u) << "a failed allocation changes nothing";
+  void* plain = vramswap::malloc(4 * MiB);
+  EXPECT_EQ(vramswap::get_stats(0).resident_bytes, 0u) << "no free frame: a plain allocation waits for the next lock";
+  vramswap::free(plain);
+
+  const pid_t toucher = spawn_worker({"touch", "0", std::to_string(4 * MiB), path("touched"), path("go")}, path("touch.err"));
+  EXPECT_FALSE(wait_file(path("touched"), toucher, &status)) << "writing unbacked memory outside the lock must fault";
+  EXPECT_GE(exit_code(status), 128) << "killed by the fault (SIGSEGV, or SIGABRT from a sanitizer's report)";
+  const std::string err = read_file(path("touch.err"));
+  EXPECT_NE(err.find("vramswap: segmentation fault at 0x"), std::string::npos) << err;
+  EXPECT_NE(err.find("device 0's memory (vramswap's arena"), std::string::npos) << err;
+  EXPECT_NE(err.find("did not hold the device lock"), std::string::npos) << err;
+  EXPECT_NE(err.find("vramswap.gpu_lock()"), std::string::npos) << err;
+  create(path("release"));
+  EXPECT_EQ(wait_exit(filler), 0);
+}
+
+// Memory written outside the lock, then evicted for another process, then touched outside
+// the lock again: the fault is explained (it cannot be paged in without the lock).
+TEST_F(PublicApi, TouchingEvictedMemoryOutsideTheLockIsExplained) {
+  const pid_t toucher = spawn_worker({"touch", "0", std::to_string(40 * MiB), path("touched"), path("go")}, path("touch.err"));
+  int status = 0;
+  ASSERT_TRUE(wait_file(path("touched"), toucher, &status)) << "allocating and writing outside the lock failed: "
+                                                           << read_file(path("touch.err"));
+  create(path("release"));
+  EXPECT_EQ(wait_exit(spawn_worker({"fill", "0", std::to_string(64 * MiB), path("ready"), path("release")})), 0);
+  create(path("go"));
+  EXPECT_GE(wait_exit(toucher), 128) << "reading evicted memory outside the lock must fault";
+  const std::string err = read_file(path("touch.err"));
+  EXPECT_NE(err.find("vramswap: segmentation fault at 0x"), std::string::npos) << err;
+  EXPECT_NE(err.find("did not hold the device lock"), std::string::npos) << err;
+  EXPECT_NE(err.find("saved for another process"), std::string::npos) << err;
 }
 
 TEST_F(PublicApi, DevicesAreLockedInIncreasingOrder) {

@@ -120,6 +120,9 @@ TEST_F(StreamAllocator, AFullArenaIsMadeRoomInByGivingTheCachesBack) {
 // ever handed out while another live block overlaps it, and at the end every byte is back.
 TEST_F(StreamAllocator, ConcurrentStreamsNeverShareALiveBlock) {
   ::setenv("VRAMSWAP_ARENA_SIZE", "112MiB", 1);
+  // The arena is what must run short here, not the pool: outside the lock each block is
+  // backed at once from free frames, so the pool holds the whole arena.
+  ::setenv("VRAMSWAP_POOL_SIZE", "128MiB", 1);
   std::mutex m;
   std::map<uintptr_t, size_t> live;  // every block handed out and not yet freed
   std::atomic<int> overlaps{0}, failures{0};
@@ -176,6 +179,7 @@ TEST_F(StreamAllocator, ConcurrentStreamsNeverShareALiveBlock) {
   EXPECT_EQ(s.cached_bytes, 0u);
   EXPECT_EQ(s.allocated_bytes, 0u) << "every block given back";
   ::unsetenv("VRAMSWAP_ARENA_SIZE");
+  ::setenv("VRAMSWAP_POOL_SIZE", "64MiB", 1);
 }
 
 // Eager release evicts everything at unlock: live blocks are copied out and come back

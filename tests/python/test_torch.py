@@ -62,6 +62,43 @@ def test_losses_equal_pytorch_allocator_with_every_step_swapped(deployment, what
         assert s["graph_bytes"] > 0, "the captured step's memory should be held for the graph"
 
 
+def test_model_moved_to_the_gpu_outside_the_lock_trains_bit_exact(deployment):
+    """model.cuda() and the optimizer before the loop, outside the lock (the usual script),
+    every step under it and swapped out at its release: the same losses as PyTorch's own
+    allocator."""
+    reference = run_checks("train", gpu_env(deployment), use_vramswap=False)
+    swapped = run_checks("outside", gpu_env(deployment, VRAMSWAP_EAGER_RELEASE="1"), use_vramswap=True)
+    assert swapped["losses"] == reference["losses"], "losses differ from PyTorch's own allocator"
+    s = swapped["stats"]
+    assert s["bytes_out"] >= len(swapped["losses"]) * (4 << 20), f"the memory made outside the lock did not swap: {s}"
+
+
+POOL_HOLDER = r"""
+import sys, vramswap
+with vramswap.gpu_lock(0):
+    p = vramswap.malloc(int(sys.argv[1]))
+    print("holding", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_tensor_made_outside_the_lock_with_the_pool_taken_says_to_lock(deployment):
+    """Another process holds the whole pool: a CUDA tensor made outside the lock raises a
+    RuntimeError that says to allocate inside vramswap.gpu_lock(), instead of a CUDA error."""
+    env = gpu_env(deployment)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", POOL_HOLDER, str(2 << 30)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert holder.stdout.readline().strip() == "holding", f"the holder did not take the pool (exit {holder.poll()})"
+        out = run_checks("outside-full", env, use_vramswap=False)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=120)
+    assert out["error"] is not None, "a tensor outside the lock with no free frame must raise"
+    assert "does not hold the device lock" in out["error"] and "Allocate inside the lock" in out["error"], out["error"]
+
+
 def test_enable_after_cuda_started_is_refused_clearly(deployment):
     out = run_checks("late-enable", gpu_env(deployment), use_vramswap=False)
     assert out["error"] is not None, "enable() after a CUDA tensor existed must raise"

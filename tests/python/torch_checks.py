@@ -9,6 +9,16 @@ vramswap.stats(). With --vramswap every CUDA tensor is vramswap memory, every st
 lock, and the test sets VRAMSWAP_EAGER_RELEASE=1 so that each release evicts all of it to host
 memory and each acquire brings it back: every step runs on memory that went out and back.
 
+    python3 torch_checks.py outside [--vramswap]
+
+The usual script's shape: the model moved to the GPU and the optimizer built before the
+training loop, outside the lock; only each step takes it. Same losses as `train`.
+
+    python3 torch_checks.py outside-full
+
+With vramswap, while another process holds the whole pool: a CUDA tensor made outside the
+lock must raise RuntimeError saying to allocate inside the lock; prints the message.
+
     python3 torch_checks.py late-enable
 
 Creates a CUDA tensor, then calls vramswap.torch.enable(): must raise RuntimeError naming
@@ -42,11 +52,11 @@ def model_and_data(width=1024):
     return model, batches
 
 
-def train(use_vramswap, compiled):
+def train(use_vramswap, compiled, outside=False):
     vs, lock = setup(use_vramswap)
     torch.use_deterministic_algorithms(True)
     model_cpu, batches = model_and_data()
-    with lock():
+    with contextlib.nullcontext() if outside else lock():
         model = model_cpu.cuda()
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
         step_model = torch.compile(model) if compiled else model
@@ -101,6 +111,16 @@ def graph(use_vramswap):
     return vs, losses
 
 
+def outside_full():
+    setup(True)
+    try:
+        torch.ones(64 << 20, device="cuda")  # 256 MiB, outside the lock, the pool held by another
+    except RuntimeError as e:
+        print(json.dumps({"error": str(e)}))
+        return
+    print(json.dumps({"error": None}))
+
+
 def late_enable():
     torch.ones(1, device="cuda")
     import vramswap.torch
@@ -118,10 +138,12 @@ def main():
     use_vramswap = "--vramswap" in sys.argv[2:]
     if what == "late-enable":
         return late_enable()
+    if what == "outside-full":
+        return outside_full()
     if what == "graph":
         vs, losses = graph(use_vramswap)
     else:
-        vs, losses = train(use_vramswap, compiled=(what == "compile"))
+        vs, losses = train(use_vramswap, compiled=(what == "compile"), outside=(what == "outside"))
     out = {"losses": [v.hex() for v in losses]}
     if vs is not None:
         out["stats"] = vs.stats(0)
