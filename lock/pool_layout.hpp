@@ -74,7 +74,8 @@ constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-end
 // 3: the header is two cache lines (host pool: slot count, slot size, slots_freed futex);
 //    the host slot table follows the frame table; frame state lent (oversubscribed members).
 // 4: the header holds the server's identity (claimed, runtime dir, socket): ten lines.
-// 5: a member slot is six lines: the last failure of an eviction asked of it.
+// 5: a member slot is six lines: the last failure of an eviction asked of it; a member
+//    outside the lock may move a frame free -> idle (memory allocated between turns).
 constexpr uint64_t k_layout_version = 5;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;
