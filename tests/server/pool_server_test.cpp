@@ -46,6 +46,7 @@
 #include "lock/pool_protocol.hpp"
 #include "lock/pool_segment.hpp"
 #include "lock/process_identity.hpp"
+#include "lock/shared_segment.hpp"
 #include "server/pool_server.hpp"
 
 extern char** environ;
@@ -274,6 +275,9 @@ TEST_F(PoolServer, ServesZeroedFramesSharedBetweenClients) {
   std::string name;
   ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
   EXPECT_NE(::access(("/dev/shm" + name).c_str(), F_OK), 0) << "pool segment left behind";
+  // The lock segment goes with its last user, the server (nobody else opened it here).
+  ASSERT_EQ(shared_segment::name_for("host-0", &name), ok);
+  EXPECT_NE(::access(("/dev/shm" + name).c_str(), F_OK), 0) << "lock segment left behind";
 }
 
 TEST_F(PoolServer, EightClientsStartingAtOnceGetExactlyOneServer) {
@@ -794,6 +798,23 @@ TEST_F(PoolServer, IdleMetricsConnectionsNeverDelayTheEventLoop) {
   EXPECT_LT(fastest(connect_s), 0.9) << "handshakes waited behind silent metrics connections";
   EXPECT_LT(fastest(scrape_s), 0.5) << "a scrape waited behind silent metrics connections";
   EXPECT_EQ(::waitpid(server, nullptr, WNOHANG), 0) << "the server died";
+}
+
+// A pool segment truncated under its users is refused by name to a newcomer (never mapped
+// past its end, which would be SIGBUS), with what to do.
+TEST_F(PoolServer, TruncatedPoolSegmentIsRefusedByName) {
+  std::unique_ptr<pool_segment> made;
+  ASSERT_EQ(pool_segment::create("host-0", 64, 2u << 20, 0, ::getpid(), 0, &made), ok) << last_error();
+  std::string name;
+  ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
+  struct stat st {};
+  ASSERT_EQ(::stat(("/dev/shm" + name).c_str(), &st), 0);
+  ASSERT_EQ(::truncate(("/dev/shm" + name).c_str(), st.st_size / 2), 0);
+  std::unique_ptr<pool_segment> seg;
+  EXPECT_EQ(pool_segment::open(name, &seg), err_version_mismatch);
+  EXPECT_NE(std::string(last_error()).find("/dev/shm" + name + " is " + std::to_string(st.st_size / 2) + " bytes"), std::string::npos)
+      << last_error();
+  EXPECT_NE(std::string(last_error()).find("SIGBUS"), std::string::npos) << last_error();
 }
 
 // In-process: a pool_server on the test's own backend, a pool_connection to it, and all
