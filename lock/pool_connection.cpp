@@ -1,6 +1,7 @@
 #include "lock/pool_connection.hpp"
 
 #include <dlfcn.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
@@ -9,13 +10,17 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <climits>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <new>
@@ -125,11 +130,135 @@ std::string tail_of(const std::string& path, size_t max) {
   return text;
 }
 
-// Spawn vramswapd for `device` and wait until it reports ready (or an error) on a pipe.
-int spawn_server(const pool_paths& paths, int device) {
+// A pidfd for `pid` (Linux 5.3), so that a signal sent to it later can only reach that
+// process, never one that reused its pid; -1 where the kernel has none.
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+void kill_through(int pidfd, pid_t pid) {
+#ifdef SYS_pidfd_send_signal
+  if (pidfd >= 0 && ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0) == 0) return;
+  if (pidfd >= 0 && errno == ESRCH) return;  // already gone
+#endif
+  (void)pidfd;
+  if (pid > 0) ::kill(pid, SIGKILL);
+}
+
+// Reap child `pid`, waiting at most `ms` (it was sent SIGKILL, or is about to exit).
+bool reap_within(pid_t pid, int ms) {
+  for (int waited = 0;; waited += 5) {
+    int wstatus = 0;
+    const pid_t r = ::waitpid(pid, &wstatus, WNOHANG);
+    if (r == pid || (r < 0 && errno == ECHILD)) return true;
+    if (waited >= ms) return false;
+    ::usleep(5000);
+  }
+}
+
+// What a client that starts a server records in the start lock file, for the clients that
+// wait on it: "<client pid> <server pid> <state> <status> <server path>", the server pid 0
+// until it is known, the state "starting", "ready" or "failed" (then <status> is its error).
+void note_start(int lock_fd, pid_t server_pid, const char* state, int status, const std::string& server) {
+  const std::string text = std::to_string(::getpid()) + " " + std::to_string(server_pid) + " " + state + " " +
+                           std::to_string(status) + " " + server + "\n";
+  if (::ftruncate(lock_fd, 0) != 0 || ::pwrite(lock_fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    log(log_level::debug, "pool: cannot record this start in the start lock file: %s", std::strerror(errno));
+  }
+}
+
+struct start_record {
+  int client = 0;
+  int server_pid = 0;
+  std::string state;
+  int status = 0;
+  std::string server;
+};
+
+bool read_start_record(int lock_fd, start_record* r) {
+  char text[PATH_MAX + 96] = {};
+  const ssize_t n = ::pread(lock_fd, text, sizeof text - 1, 0);
+  char state[16] = {};
+  int used = 0;
+  if (n <= 0 || std::sscanf(text, "%d %d %15s %d %n", &r->client, &r->server_pid, state, &r->status, &used) < 4 || used == 0) {
+    return false;
+  }
+  r->state = state;
+  r->server = text + used;
+  while (!r->server.empty() && r->server.back() == '\n') r->server.pop_back();
+  return true;
+}
+
+// Wait for the start lock until `deadline`. Meanwhile keep trying the socket: the server that
+// another client is starting listens before that client lets go of the lock. ok with *fd >= 0
+// when connected, ok with *fd < 0 when the lock is ours and a start is up to us; err_timeout
+// naming whoever holds it; the start's error when the client we waited for failed to start
+// one (trying again at once, with what is left of our time, would only fail again).
+int wait_for_start_lock(int lock_fd, const pool_paths& paths, int device, uint64_t deadline, int* fd) {
+  *fd = -1;
+  bool waited = false;
+  for (;;) {
+    if (::flock(lock_fd, LOCK_EX | LOCK_NB) == 0) break;
+    if (errno != EWOULDBLOCK && errno != EINTR) return fail_errno(errno, "pool: flock %s", paths.start_lock.c_str());
+    waited = true;
+    const int rc = try_connect(paths.socket, fd);
+    if (rc == ok) return ok;
+    if (rc != err_unavailable) return rc;
+    clear_error();
+    if (monotonic_ns() >= deadline) {
+      start_record r;
+      if (!read_start_record(lock_fd, &r)) {
+        return fail(err_timeout,
+                    "pool: no pool server for device %d became ready within %d s, and another process holds the start lock "
+                    "%s without saying what it starts; find it (fuser -v %s), look at the server's log %s, or start "
+                    "vramswapd --device %d --foreground yourself",
+                    device, pool_connection::k_start_timeout_s, paths.start_lock.c_str(), paths.start_lock.c_str(),
+                    paths.log.c_str(), device);
+      }
+      const std::string pid = r.server_pid > 0 ? " (pid " + std::to_string(r.server_pid) + ")" : " (its pid not known yet)";
+      return fail(err_timeout,
+                  "pool: no pool server for device %d became ready within %d s: client pid %d holds the start lock %s while "
+                  "it starts the pool server %s%s; see the server's log %s. If that server hangs, stop it%s and fix what "
+                  "its log says, or start vramswapd --device %d --foreground yourself",
+                  device, pool_connection::k_start_timeout_s, r.client, paths.start_lock.c_str(), r.server.c_str(),
+                  pid.c_str(), paths.log.c_str(), r.server_pid > 0 ? (" (kill " + std::to_string(r.server_pid) + ")").c_str() : "",
+                  device);
+    }
+    ::usleep(10'000);
+  }
+  start_record r;
+  if (waited && read_start_record(lock_fd, &r) && r.state == "failed" && r.client != ::getpid()) {
+    return fail(r.status < 0 ? r.status : err_unavailable,
+                "pool: client pid %d tried to start the pool server %s (pid %d) for device %d while this process waited for "
+                "it, and failed (%s); see the server's log %s and that client's error. Fix what they say, or start vramswapd "
+                "--device %d --foreground yourself",
+                r.client, r.server.c_str(), r.server_pid, device, status_name(r.status), paths.log.c_str(), device);
+  }
+  return ok;
+}
+
+// Spawn vramswapd for `device` and wait until it reports ready (or an error) on a pipe, at
+// most until `deadline`; a server still not ready then is killed (and our child reaped), so
+// that nothing is left behind and the start lock passes on. `lock_fd`: the start lock, ours.
+// *server_out and *server_pid_out say what was started (for the start lock's record).
+int spawn_server(const pool_paths& paths, int device, int lock_fd, uint64_t deadline, std::string* server_out,
+                 pid_t* server_pid_out) {
   std::string server;
   std::string tried;
   VS_TRY(pool_connection::find_server(&server, &tried));
+  *server_out = server;
+  if (monotonic_ns() >= deadline) {
+    return fail(err_timeout,
+                "pool: no pool server for device %d became ready within %d s (this process waited that long for another "
+                "client's start, which failed; see the log %s)",
+                device, pool_connection::k_start_timeout_s, paths.log.c_str());
+  }
+  note_start(lock_fd, 0, "starting", ok, server);
 
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return fail_errno(errno, "pool: pipe2 for vramswapd's ready report");
@@ -180,37 +309,80 @@ int spawn_server(const pool_paths& paths, int device) {
   ::close(write_end.release());
   if (spawn_rc != 0) return fail_errno(spawn_rc, "pool: cannot start the pool server %s", server.c_str());
   log(log_level::info, "pool: started the pool server %s for device %d (log: %s)", server.c_str(), device, paths.log.c_str());
-  // vramswapd forks once and its first process exits at once: reap it, so that the server
-  // is nobody's child (no zombie of ours when it exits, none of it dying with us).
-  int wstatus = 0;
-  while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
-  }
+  note_start(lock_fd, pid, "starting", ok, server);
+  *server_pid_out = pid;
 
-  // Read its one-line report: "ready <pid>" or "error <message>"; EOF means it died.
-  std::string report;
-  const uint64_t deadline = monotonic_ns() + uint64_t{pool_connection::k_start_timeout_s} * 1'000'000'000;
-  for (;;) {
-    const uint64_t now = monotonic_ns();
-    if (now >= deadline) {
-      return fail(err_unavailable,
-                  "pool: the pool server %s did not become ready within %d s; see its log %s", server.c_str(),
-                  pool_connection::k_start_timeout_s, paths.log.c_str());
+  // vramswapd forks once and its first process exits at once: reap it, so that the server
+  // is nobody's child (no zombie of ours when it exits, none of it dying with us). The
+  // second process reports "started <pid>" at once, then "ready <pid>" or "error <message>";
+  // EOF means it died. Every wait here ends by the deadline.
+  bool reaped = false;
+  pid_t server_pid = 0;  // the detached server, once it said "started"
+  fd_guard server_pidfd;
+  std::string report;    // what was read and not yet taken as a line
+  std::string outcome;   // the "ready ..." or "error ..." line
+  bool eof = false;
+  while (outcome.empty() && !eof) {
+    if (!reaped) {
+      int wstatus = 0;
+      const pid_t r = ::waitpid(pid, &wstatus, WNOHANG);
+      reaped = r == pid || (r < 0 && errno == ECHILD);
     }
+    const uint64_t now = monotonic_ns();
+    if (now >= deadline) break;
+    // Poll the pipe; while our child lives, wake every 10 ms to reap it.
+    const int left_ms = static_cast<int>((deadline - now) / 1'000'000) + 1;
     pollfd p{read_end.fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>((deadline - now) / 1'000'000) + 1);
+    const int n = ::poll(&p, 1, reaped ? left_ms : std::min(left_ms, 10));
     if (n < 0 && errno != EINTR) return fail_errno(errno, "pool: poll on vramswapd's ready pipe");
     if (n <= 0) continue;
     char buf[512];
     const ssize_t got = ::read(read_end.fd, buf, sizeof buf);
     if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;
+    if (got <= 0) {
+      eof = true;
+      break;
+    }
     report.append(buf, static_cast<size_t>(got));
-    if (report.find('\n') != std::string::npos) break;
+    for (size_t nl; outcome.empty() && (nl = report.find('\n')) != std::string::npos;) {
+      const std::string line = report.substr(0, nl);
+      report.erase(0, nl + 1);
+      int started = 0;
+      if (std::sscanf(line.c_str(), "started %d", &started) == 1 && started > 0) {
+        server_pid = started;
+        *server_pid_out = server_pid;
+        if (server_pidfd.fd >= 0) ::close(server_pidfd.fd);
+        server_pidfd.fd = open_pidfd(server_pid);
+        note_start(lock_fd, server_pid, "starting", ok, server);
+      } else {
+        outcome = line;
+      }
+    }
   }
-  if (report.rfind("ready", 0) == 0) return ok;
-  while (!report.empty() && report.back() == '\n') report.pop_back();
-  if (report.rfind("error ", 0) == 0) {
-    return fail(err_unavailable, "pool: the pool server %s could not start: %s", server.c_str(), report.c_str() + 6);
+  if (outcome.empty() && !eof) {
+    // Not ready by the deadline: kill what we started, so that it neither lingers nor comes
+    // up later behind the back of the clients that were told it failed.
+    if (!reaped) {
+      ::kill(pid, SIGKILL);
+      reaped = reap_within(pid, 2000);
+    }
+    if (server_pid > 0 && server_pid != pid) kill_through(server_pidfd.fd, server_pid);
+    const pid_t named = server_pid > 0 ? server_pid : pid;
+    const std::string tail = tail_of(paths.log, 600);
+    return fail(err_timeout,
+                "pool: the pool server %s (pid %d) did not become ready within %d s, so it was killed%s; its log %s ends with: "
+                "%s. Fix what the log says; a server that needs longer to build its pool can be started by hand "
+                "(vramswapd --device %d --foreground)",
+                server.c_str(), static_cast<int>(named), pool_connection::k_start_timeout_s,
+                reaped ? "" : " (our child did not exit in 2 s of SIGKILL)", paths.log.c_str(),
+                tail.empty() ? "(nothing)" : tail.c_str(), device);
+  }
+  // Its first process exits right after its fork, long before any report: give it a moment
+  // rather than leave a zombie, but never wait on a server that did not fork.
+  if (!reaped) reap_within(pid, 1000);
+  if (outcome.rfind("ready", 0) == 0) return ok;
+  if (outcome.rfind("error ", 0) == 0) {
+    return fail(err_unavailable, "pool: the pool server %s could not start: %s", server.c_str(), outcome.c_str() + 6);
   }
   const std::string tail = tail_of(paths.log, 600);
   return fail(err_unavailable, "pool: the pool server %s exited before it was ready; its log %s ends with: %s", server.c_str(),
@@ -365,22 +537,24 @@ int pool_connection::connect(backend& be, int device, bool autostart, std::uniqu
     c->key_ = info.uuid;
     int rc = try_connect(paths.socket, &c->fd_);
     if (rc == err_unavailable && autostart) {
+      // One bound for all of a start: waiting for the start lock, the spawn, the ready report.
+      const uint64_t deadline = monotonic_ns() + uint64_t{k_start_timeout_s} * 1'000'000'000;
       // One starter at a time: the others wait here and then find the server it started.
       fd_guard lock;
       VS_TRY(open_owned(paths.start_lock, O_RDWR | O_CREAT, "pool: the start lock", "or use another VRAMSWAP_RUNTIME_DIR", &lock.fd));
-      int lrc;
-      while ((lrc = ::flock(lock.fd, LOCK_EX)) != 0 && errno == EINTR) {
-      }
-      if (lrc != 0) return fail_errno(errno, "pool: flock %s", paths.start_lock.c_str());
-      rc = try_connect(paths.socket, &c->fd_);
+      VS_TRY(wait_for_start_lock(lock.fd, paths, device, deadline, &c->fd_));
+      rc = c->fd_ >= 0 ? ok : try_connect(paths.socket, &c->fd_);
       if (rc == err_unavailable) {
-        const int spawned = spawn_server(paths, device);
+        std::string server;
+        pid_t server_pid = 0;
+        const int spawned = spawn_server(paths, device, lock.fd, deadline, &server, &server_pid);
         const std::string spawn_error = spawned == ok ? "" : last_error();
         rc = try_connect(paths.socket, &c->fd_);
         // A server that lost a race with one started by hand reports an error, yet one
         // listens now; anything else is the spawn's error.
         if (rc != ok && spawned != ok) rc = fail(spawned, "%s", spawn_error.c_str());
         if (rc != ok && spawned == ok) rc = add_context(rc, "pool: the server reported ready, yet: ");
+        note_start(lock.fd, server_pid, rc == ok ? "ready" : "failed", rc, server);
       }
       // The flock goes with the descriptor.
     }

@@ -9,7 +9,9 @@
 //      under an flock on <runtime dir>/<prefix><key>.start.lock it tries once more (another
 //      client may have just started one), else spawns the server detached (its own session; the
 //      server forks once more so that it is nobody's child), waits until the server says it
-//      is ready on a pipe (at most k_start_timeout_s) and connects.
+//      is ready on a pipe and connects. k_start_timeout_s bounds all of it, the wait for the
+//      start lock included: a server not ready by then is killed, and the clients that
+//      waited on the lock give up by then too, naming the server, its pid and its log.
 //   3. hello -> welcome; then receives every frame's descriptor in batches, imports each
 //      with backend::import_frame and closes the descriptor at once (never more than one
 //      batch of descriptors open); maps the pool segment that the welcome names.
@@ -63,14 +65,17 @@ struct pool_paths {
 
 class pool_connection {
  public:
-  // How long a client waits for a server it started to become ready.
+  // How long a client that finds no server waits for one: for the start lock, for the
+  // server it starts to report ready.
   static constexpr int k_start_timeout_s = 30;
 
   // Connect to `device`'s pool server (starting one when `autostart` and none runs),
   // import every frame of the pool into `be` and map the pool segment.
   // Returns 0; err_unavailable (no server and !autostart; or vramswapd not found: the
-  // detail lists the places tried; or the server did not become ready: the detail names
-  // its log); the welcome's status when the server refused (err_not_owner: wrong user;
+  // detail lists the places tried; or the server could not start or died before it was
+  // ready: the detail names its log); err_timeout (no server was ready within
+  // k_start_timeout_s: the one this process started was killed, or another client's start
+  // held the start lock that long; the detail names the server, its pid and its log); the welcome's status when the server refused (err_not_owner: wrong user;
   // err_version_mismatch: another protocol version; err_busy: no member slot free), with
   // the server's message; err_version_mismatch (the pool segment); err_system.
   static int connect(backend& be, int device, bool autostart, std::unique_ptr<pool_connection>* out) noexcept;

@@ -270,7 +270,11 @@ int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* o
               "; run client and pool server from the same vramswap version",
               name.c_str(), h->format, h->format >> 48, format_word());
   } else if (h->segment_size != size || segment_size_for(h->frame_count, h->host_slot_count) != size) {
-    rc = fail(err_version_mismatch, "pool: /dev/shm%s is %zu bytes, its header says %" PRIu64, name.c_str(), size, h->segment_size);
+    rc = fail(err_version_mismatch,
+              "pool: /dev/shm%s is %zu bytes, its header says %" PRIu64 ": it was truncated or overwritten, and the processes "
+              "still using it die of SIGBUS when they touch what is missing; stop its pool server (pid %d) and its clients, "
+              "and let a new server make it again",
+              name.c_str(), size, h->segment_size, static_cast<int>(h->server_pid));
   }
   if (rc != ok) {
     ::munmap(base, size);

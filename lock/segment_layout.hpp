@@ -37,7 +37,10 @@
 namespace vramswap::lock_layout {
 
 constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-endian bytes
-constexpr uint64_t k_layout_version = 2;  // 2: lock_state's hold-time hints
+// 2: lock_state's hold-time hints.
+// 3: a waiter that gives up frees its own slot without the mutex and the grant is a CAS;
+//    a segment is removed by its last user (users hold a read lock on it while mapped).
+constexpr uint64_t k_layout_version = 3;
 
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_slot_count = 256;  // participant threads per device, waiting or holding

@@ -7,6 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <boost/version.hpp>
 #include <cerrno>
 #include <cstring>
@@ -129,6 +132,26 @@ int validate(const void* base, size_t size, const std::string& name) {
   return ok;
 }
 
+// Users and removal. Every open segment keeps its descriptor and a read lock (an OFD byte
+// lock on byte 0, separate from the init flock) for as long as it is mapped. The last user
+// to close it removes the name: it takes the init flock (nobody is opening it) and turns its
+// read lock into a write lock (nobody else holds one) without waiting. An opener checks,
+// once it holds the init flock, that its descriptor is still the object of that name, and
+// opens again if it was removed meanwhile. A process that forked since it opened a segment
+// never removes it: a child may share its descriptor (and its lock) and use the mapping.
+std::atomic<uint64_t> g_forks{0};
+
+void count_fork() noexcept { g_forks.fetch_add(1, std::memory_order_relaxed); }
+
+int ofd_lock(int fd, short type) {
+  struct flock fl {};
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = 0;
+  fl.l_len = 1;
+  return ::fcntl(fd, F_OFD_SETLK, &fl);
+}
+
 // Holds the init flock for the lifetime of the object.
 struct init_flock {
   int fd;
@@ -174,6 +197,9 @@ int shared_segment::name_for(const std::string& device_key, std::string* out) no
 }
 
 int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_segment>* out) noexcept {
+  static const int fork_counted = ::pthread_atfork(count_fork, nullptr, nullptr);
+  (void)fork_counted;
+  const uint64_t forks = g_forks.load(std::memory_order_relaxed);
   std::string name;
   VS_TRY(name_for(device_key, &name));
   // Never another user's, never one open to others (lock/ownership.hpp): a squatter could
@@ -183,6 +209,7 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
   int rc = ok;
   void* base = nullptr;
   size_t size = 0;
+  bool removed = false;  // by its last user, after our shm_open: open again
   {
     while (::flock(fd, LOCK_EX) != 0) {
       if (errno != EINTR) {
@@ -198,6 +225,8 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
       rc = fail_errno(errno, "lock: fstat /dev/shm%s", name.c_str());
+    } else if (st.st_nlink == 0) {
+      removed = true;
     } else if (st.st_size == 0) {
       rc = initialize(fd, name, &base);
       size = k_segment_size;
@@ -224,10 +253,13 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
         rc = validate(base, size, name);
       }
     }
+    // A user from now on (under the init flock, so that no last user removes it between).
+    if (rc == 0 && !removed && ofd_lock(fd, F_RDLCK) != 0) rc = fail_errno(errno, "lock: fcntl(F_OFD_SETLK) /dev/shm%s", name.c_str());
   }
-  ::close(fd);
-  if (rc != 0) {
+  if (rc != 0 || removed) {
+    ::close(fd);
     if (base != nullptr) ::munmap(base, size);
+    if (removed) return open(device_key, out);
     return rc;
   }
   std::unique_ptr<shared_segment> segment;
@@ -237,11 +269,14 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
                                                      k_segment_size - k_managed_offset);
     segment->name_ = std::move(name);
   } catch (const std::exception& e) {
+    ::close(fd);
     ::munmap(base, size);
     return fail(err_version_mismatch, "lock: cannot open the managed area of /dev/shm%s: %s", name.c_str(), e.what());
   }
   segment->base_ = base;
   segment->size_ = size;
+  segment->fd_ = fd;
+  segment->forks_at_open_ = forks;
   *out = std::move(segment);
   return ok;
 }
@@ -253,7 +288,35 @@ int shared_segment::remove(const std::string& device_key) noexcept {
   return ok;
 }
 
+// The last user removes the name (see "Users and removal" above). Never waits: anyone in
+// the init flock is opening it, anyone with a read lock uses it; either keeps it.
+void shared_segment::remove_if_unused() noexcept {
+  if (g_forks.load(std::memory_order_relaxed) != forks_at_open_) return;
+  const lock_state* state = lock_state_of(base_);
+  if (state->holder_slot.load(std::memory_order_acquire) != k_no_slot || state->waiter_count.load(std::memory_order_acquire) != 0) {
+    return;  // a holder or waiter (perhaps dead) is still recorded: the next user repairs it first
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) return;
+  struct stat mine {};
+  struct stat named {};
+  // Only the object we have open: a name removed by hand (remove()) may have a new object now.
+  if (ofd_lock(fd_, F_WRLCK) == 0 && ::fstat(fd_, &mine) == 0 && mine.st_nlink > 0 &&
+      ::stat(("/dev/shm" + name_).c_str(), &named) == 0 && named.st_ino == mine.st_ino && named.st_dev == mine.st_dev) {
+    if (::shm_unlink(name_.c_str()) == 0) log(log_level::debug, "lock: removed /dev/shm%s: its last user closed it", name_.c_str());
+  }
+  ::flock(fd_, LOCK_UN);
+}
+
 shared_segment::~shared_segment() {
+  if (fd_ >= 0) {
+    if (base_ != nullptr) {
+      try {
+        remove_if_unused();
+      } catch (...) {  // a path string that could not be built: keep the segment
+      }
+    }
+    ::close(fd_);  // drops our read lock
+  }
   if (base_ != nullptr) ::munmap(base_, size_);
 }
 

@@ -6,6 +6,11 @@
 // Mode 0600; with VRAMSWAP_GROUP set, 0660 and owned by that group. An existing segment
 // owned by anyone else, or open to others, is refused (err_not_owner) and left alone.
 //
+// Users and removal: each open segment keeps its descriptor with a read lock (an OFD byte
+// lock) while mapped; the last user to close it removes the name, under the init flock, and
+// an opener that finds its object removed opens again. A process that forked since it
+// opened a segment leaves it to others. docs/lock.md, "Removing a lock segment".
+//
 // Creation race and creator death: every opener takes flock(LOCK_EX) on the object while
 // it looks at the header. The first one finds it empty (size 0 or magic 0), initializes
 // it and publishes the magic last. The kernel drops the flock when its holder dies, so a
@@ -41,8 +46,10 @@ class shared_segment {
   // err_system (an OS call failed, e.g. permission denied on the segment).
   static int open(const std::string& device_key, std::unique_ptr<shared_segment>* out) noexcept;
 
-  // Remove the segment's name (processes that have it mapped keep using it). 0 when it was
-  // removed or did not exist.
+  // Remove the segment's name now, whoever uses it (processes that have it mapped keep
+  // using it, and the next opener makes a new one: for tests and for stopping everything).
+  // 0 when it was removed or did not exist. The destructor removes it safely by itself when
+  // this is its last user (docs/lock.md, "Removing a lock segment").
   static int remove(const std::string& device_key) noexcept;
 
   // The shm_open name for `device_key` under the current VRAMSWAP_SHM_PREFIX and owner
@@ -59,9 +66,12 @@ class shared_segment {
 
  private:
   shared_segment() = default;
+  void remove_if_unused() noexcept;
 
   void* base_ = nullptr;
   size_t size_ = 0;
+  int fd_ = -1;                 // kept open with a read lock on byte 0: "in use"
+  uint64_t forks_at_open_ = 0;  // forks of this process before it opened the segment
   std::string name_;
   boost::interprocess::managed_external_buffer managed_;
 };

@@ -1,8 +1,6 @@
 #include "server/pool_server.hpp"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -35,6 +33,7 @@
 #include "lock/pool_segment.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/shared_segment.hpp"
+#include "server/metrics_endpoint.hpp"
 
 namespace vramswap {
 namespace {
@@ -73,6 +72,48 @@ uint64_t available_ram() {
     if (key == "MemAvailable:") return kib * 1024;
   }
   return 0;
+}
+
+// What may be at the socket path before we bind: nothing, or the socket of a dead server of
+// ours (we hold the server flock, so no live one of ours listens), which is removed. Anything
+// else is refused and left alone: a file, a link or a directory is not ours to delete, and a
+// socket somebody listens on is not stale.
+int remove_stale_socket(const std::string& path, const sockaddr_un& addr) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return ok;
+    return fail_errno(errno, "vramswapd: lstat %s", path.c_str());
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    const char* kind = S_ISREG(st.st_mode) ? "a regular file" : S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "not a socket";
+    return fail(err_busy,
+                "vramswapd: %s is %s (owner uid %u, %lld bytes), not a pool server's socket; it is left alone: move it "
+                "away or remove it, then start the server again",
+                path.c_str(), kind, static_cast<unsigned>(st.st_uid), static_cast<long long>(st.st_size));
+  }
+  if (st.st_uid != ::geteuid()) {
+    return fail(err_not_owner,
+                "vramswapd: the socket %s belongs to uid %u, not to this server's uid %u; it is left alone: remove it (as its "
+                "owner or root), or set VRAMSWAP_RUNTIME_DIR to a directory of your own",
+                path.c_str(), static_cast<unsigned>(st.st_uid), static_cast<unsigned>(::geteuid()));
+  }
+  const int probe = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (probe < 0) return fail_errno(errno, "vramswapd: socket(AF_UNIX, SOCK_SEQPACKET)");
+  int rc;
+  do {
+    rc = ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+  } while (rc != 0 && errno == EINTR);
+  const int e = errno;
+  ::close(probe);
+  if (rc == 0 || (e != ECONNREFUSED && e != ENOENT)) {
+    return fail(err_busy,
+                "vramswapd: something listens on %s although this server holds the device's server lock (%s); it is left "
+                "alone: find that process (ss -xlp | grep %s) and stop it",
+                path.c_str(), rc == 0 ? "it accepted a connection" : std::strerror(e), path.c_str());
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return fail_errno(errno, "vramswapd: removing the stale socket %s", path.c_str());
+  log(log_level::info, "vramswapd: removed the stale socket %s of a dead server", path.c_str());
+  return ok;
 }
 
 }  // namespace
@@ -207,7 +248,7 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
     VS_TRY(s->open_socket());
     {
       std::string port = options.metrics_port.empty() ? option_text(option_id::metrics_port) : options.metrics_port;
-      if (!port.empty()) VS_TRY(s->open_metrics(port));
+      if (!port.empty()) VS_TRY(s->open_metrics(port, options.metrics_port.empty() ? "VRAMSWAP_METRICS_PORT" : "--metrics-port"));
     }
     const std::string host_text =
         s->host_slots_ > 0 ? "; shared host pool " + human(uint64_t{s->host_slots_} * frame_size) + " (" + std::to_string(s->host_slots_) + " slots)"
@@ -352,8 +393,7 @@ int pool_server::open_socket() noexcept {
   std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size() + 1);
   listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0) return fail_errno(errno, "vramswapd: socket(AF_UNIX, SOCK_SEQPACKET)");
-  // We hold the server flock: a socket file left there belongs to a dead server.
-  if (::unlink(socket_path_.c_str()) == 0) log(log_level::info, "vramswapd: removed the stale socket %s", socket_path_.c_str());
+  VS_TRY(remove_stale_socket(socket_path_, addr));
   gid_t gid = 0;
   bool group = false;
   VS_TRY(configured_group(&gid, &group));
@@ -387,8 +427,7 @@ int pool_server::run() noexcept {
     fds.clear();
     fds.push_back({stop_pipe_[0], POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
-    const size_t first_client = metrics_fd_ >= 0 ? 3 : 2;
-    if (metrics_fd_ >= 0) fds.push_back({metrics_fd_, POLLIN, 0});
+    const size_t first_client = 2;
     for (const client& c : clients_) {
       if (c.hung_up_ns == 0) {
         fds.push_back({c.fd, POLLIN | POLLRDHUP, 0});
@@ -431,7 +470,6 @@ int pool_server::run() noexcept {
         close_fd(&c.fd);
       }
       if (fds[1].revents != 0) accept_one();
-      if (metrics_fd_ >= 0 && fds[2].revents != 0) serve_metrics();
     }
     if (lock_repair_pending_) repair_lock();
     // Repair members whose process is gone (or that left long enough ago).
@@ -453,72 +491,29 @@ int pool_server::run() noexcept {
   }
 }
 
-int pool_server::open_metrics(const std::string& port_text) noexcept {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long port = std::strtoul(port_text.c_str(), &end, 10);
-  if (end == port_text.c_str() || *end != '\0' || errno != 0 || port > 65535) {
-    return fail(err_invalid_argument, "vramswapd: metrics port \"%s\" (--metrics-port or VRAMSWAP_METRICS_PORT) is not a port number 0..65535",
-                port_text.c_str());
-  }
-  metrics_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (metrics_fd_ < 0) return fail_errno(errno, "vramswapd: metrics socket");
-  const int one = 1;
-  ::setsockopt(metrics_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);  // loopback only: the metrics are not for the network
-  if (::bind(metrics_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    return fail_errno(errno, "vramswapd: metrics endpoint: bind 127.0.0.1:%lu", port);
-  }
-  if (::listen(metrics_fd_, 16) != 0) return fail_errno(errno, "vramswapd: metrics endpoint: listen");
-  socklen_t len = sizeof addr;
-  ::getsockname(metrics_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-  metrics_port_ = ntohs(addr.sin_port);
+int pool_server::open_metrics(const std::string& port_text, const char* what) noexcept {
+  // The endpoint's thread reads the pool segment (made for concurrent readers) and the lock's
+  // queue through a device_lock of its own, never the one that repairs use.
+  metrics_lock_.reset(new (std::nothrow) device_lock());
+  if (!metrics_lock_) return fail(err_out_of_memory, "vramswapd: out of host memory");
+  VS_TRY(device_lock::open(key_, metrics_lock_.get()));
+  const std::string key = key_;
+  pool_segment* segment = segment_.get();
+  device_lock* lock = metrics_lock_.get();
+  auto render = [key, segment, lock](std::string* body) {
+    device_report r;
+    if (collect_report(key, *segment, lock, &r) != ok) {
+      *body = std::string(last_error()) + "\n";
+      return false;
+    }
+    *body = render_prometheus({r});
+    return true;
+  };
+  VS_TRY(metrics_endpoint::start(port_text, what, render, &metrics_));
+  metrics_port_ = metrics_->port();
   segment_->header()->metrics_port.store(metrics_port_, std::memory_order_release);
   log(log_level::info, "vramswapd: metrics at http://127.0.0.1:%u/metrics", metrics_port_);
   return ok;
-}
-
-void pool_server::serve_metrics() noexcept {
-  const int fd = ::accept4(metrics_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) return;
-  // The request: up to the blank line, at most 4 KiB, within 1 s.
-  std::string request;
-  char buf[1024];
-  const uint64_t deadline = monotonic_ns() + 1'000'000'000;
-  while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos && request.size() < 4096) {
-    const uint64_t now = monotonic_ns();
-    if (now >= deadline) break;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>((deadline - now) / 1'000'000) + 1) <= 0) break;
-    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (n <= 0) break;
-    request.append(buf, static_cast<size_t>(n));
-  }
-  std::string status = "404 Not Found", body = "only GET /metrics is served here\n";
-  if (request.rfind("GET /metrics ", 0) == 0 || request.rfind("GET /metrics?", 0) == 0 || request.rfind("GET / ", 0) == 0) {
-    device_report r;
-    if (collect_report(key_, *segment_, lock_.get(), &r) == ok) {
-      status = "200 OK";
-      body = render_prometheus({r});
-    } else {
-      status = "500 Internal Server Error";
-      body = std::string(last_error()) + "\n";
-    }
-  }
-  const std::string answer = "HTTP/1.0 " + status + "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: " +
-                             std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-  size_t sent = 0;
-  while (sent < answer.size()) {
-    pollfd p{fd, POLLOUT, 0};
-    if (::poll(&p, 1, 1000) <= 0) break;
-    const ssize_t n = ::send(fd, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n <= 0 && errno != EAGAIN) break;
-    if (n > 0) sent += static_cast<size_t>(n);
-  }
-  ::close(fd);
 }
 
 void pool_server::accept_one() noexcept {
@@ -708,7 +703,8 @@ void pool_server::teardown() noexcept {
   for (client& c : clients_) close_fd(&c.fd);
   clients_.clear();
   close_fd(&listen_fd_);
-  close_fd(&metrics_fd_);
+  metrics_.reset();  // joins its thread: before the segment and the lock it reads go
+  metrics_lock_.reset();
   close_fd(&host_pool_fd_);  // its memory goes when the last client unmaps it
   if (socket_bound_) ::unlink(socket_path_.c_str());
   segment_.reset();  // a claimed segment's name goes with it (pool_segment::~pool_segment)

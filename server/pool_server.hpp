@@ -29,10 +29,11 @@
 //          in the pool segment, its descriptor sent to each client after the frames. The
 //          server never reads or writes slot contents. A dead member's slots are freed at
 //          repair (not zeroed: docs/swap.md, "Shared host pool", says why none is needed).
-//   metrics with a metrics port, also a TCP listener on 127.0.0.1 only, served in the same
-//          poll() loop: GET /metrics answers the device's gauges and counters in the
-//          Prometheus text format (lock/pool_report.hpp), one short request per connection
-//          (HTTP/1.0, closed after the answer; a client gets 1 s to send its request). The
+//   metrics with a metrics port, also a TCP listener on 127.0.0.1 only, served from a thread
+//          of its own (server/metrics_endpoint.hpp), never from the poll() loop: GET /metrics
+//          answers the device's gauges and counters in the Prometheus text format
+//          (lock/pool_report.hpp), one short request per connection (HTTP/1.0, closed after
+//          the answer; a client gets 1 s to send its request and 5 s to read the answer). The
 //          port is published in the pool header, where `vramswap status` shows it.
 //   stop   request_stop() (async-signal-safe; vramswapd calls it on SIGTERM/SIGINT), or
 //          idle exit: with idle_exit_s > 0, the server stops after that many seconds with
@@ -48,7 +49,7 @@
 // VRAMSWAP_FRAME_SIZE, a power-of-two multiple of the device's granularity.
 //
 // Threads: start() and run() on one thread; request_stop() from anywhere, signal handlers
-// included. Errors: 0 or a negative vramswap::status with last_error(); never throws.
+// included; the metrics endpoint on a thread of its own. Errors: 0 or a negative vramswap::status with last_error(); never throws.
 #pragma once
 
 #include <sys/types.h>
@@ -63,6 +64,7 @@
 namespace vramswap {
 
 class device_lock;
+class metrics_endpoint;
 class pool_segment;
 
 struct pool_server_options {
@@ -129,8 +131,7 @@ class pool_server {
   int build_host_pool(uint64_t bytes) noexcept;
   int scrub(const uint32_t* indices, size_t count) noexcept;
   int open_socket() noexcept;
-  int open_metrics(const std::string& port_text) noexcept;
-  void serve_metrics() noexcept;
+  int open_metrics(const std::string& port_text, const char* what) noexcept;
   void accept_one() noexcept;
   void serve_new(int fd) noexcept;
   void refuse(int fd, int status, const char* fmt, ...) noexcept __attribute__((format(printf, 4, 5)));
@@ -148,7 +149,6 @@ class pool_server {
   int64_t idle_exit_s_ = 0;
   int server_lock_fd_ = -1;
   int listen_fd_ = -1;
-  int metrics_fd_ = -1;
   int host_pool_fd_ = -1;     // the shared host pool's memfd (-1: none)
   uint32_t host_slots_ = 0;
   uint64_t slots_repaired_ = 0;
@@ -162,6 +162,8 @@ class pool_server {
   stream_id stream_ = 0;
   std::unique_ptr<pool_segment> segment_;
   std::unique_ptr<device_lock> lock_;
+  std::unique_ptr<device_lock> metrics_lock_;   // the metrics thread's own
+  std::unique_ptr<metrics_endpoint> metrics_;   // none without a metrics port
   std::vector<client> clients_;
   uint64_t frames_repaired_ = 0;
   bool lock_repair_pending_ = false;

@@ -72,12 +72,13 @@ bool parse_int(const char* text, long long min_value, long long* out) {
   return true;
 }
 
-// The report a client that started us waits for on --ready-fd: one line, then close.
-void report(int fd, const std::string& line) {
+// The report a client that started us waits for on --ready-fd: "started <pid>" once we have
+// detached (so that it can kill us if we never get ready), then one last line, then close.
+void report(int fd, const std::string& line, bool last = true) {
   if (fd < 0) return;
   const std::string text = line + "\n";
   [[maybe_unused]] const ssize_t n = ::write(fd, text.data(), text.size());
-  ::close(fd);
+  if (last) ::close(fd);
 }
 
 }  // namespace
@@ -148,6 +149,7 @@ int main(int argc, char** argv) {
     }
     if (pid > 0) _exit(0);
     ::setsid();
+    report(static_cast<int>(ready_fd), "started " + std::to_string(::getpid()), false);
     options.log_to_file = true;
   }
   ::signal(SIGPIPE, SIG_IGN);

@@ -6,8 +6,10 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "lock/segment_layout.hpp"
 #include "lock/shared_segment.hpp"
@@ -279,7 +281,8 @@ void poke_header(const std::string& path, size_t offset, uint64_t value) {
 }
 
 TEST_F(DeviceLock, CorruptMagicIsRefused) {
-  { device_lock lock; ASSERT_EQ(device_lock::open(key_, &lock), ok); }
+  device_lock user;  // keeps the segment (its last user to close removes it)
+  ASSERT_EQ(device_lock::open(key_, &user), ok);
   poke_header(segment_path(), offsetof(lock_layout::segment_header, magic), 0x1234567812345678ull);
   device_lock lock;
   EXPECT_EQ(device_lock::open(key_, &lock), err_version_mismatch);
@@ -288,7 +291,8 @@ TEST_F(DeviceLock, CorruptMagicIsRefused) {
 }
 
 TEST_F(DeviceLock, OldVersionIsRefusedWithBothVersions) {
-  { device_lock lock; ASSERT_EQ(device_lock::open(key_, &lock), ok); }
+  device_lock user;  // keeps the segment (its last user to close removes it)
+  ASSERT_EQ(device_lock::open(key_, &user), ok);
   const uint64_t old_format = (lock_layout::format_word() & ((1ull << 48) - 1)) | (0ull << 48);
   poke_header(segment_path(), offsetof(lock_layout::segment_header, format), old_format);
   device_lock lock;
@@ -299,21 +303,115 @@ TEST_F(DeviceLock, OldVersionIsRefusedWithBothVersions) {
 }
 
 TEST_F(DeviceLock, TruncatedSegmentIsRefused) {
-  { device_lock lock; ASSERT_EQ(device_lock::open(key_, &lock), ok); }
+  device_lock user;  // keeps the segment (its last user to close removes it)
+  ASSERT_EQ(device_lock::open(key_, &user), ok);
   ASSERT_EQ(::truncate(segment_path().c_str(), 16), 0);
   device_lock lock;
   EXPECT_EQ(device_lock::open(key_, &lock), err_version_mismatch);
   EXPECT_NE(std::string(last_error()).find("too small"), std::string::npos) << last_error();
 }
 
+// Truncated below its size with the header intact (a stray `truncate`): refused by name on
+// open, never mapped past its end (which would be SIGBUS).
+TEST_F(DeviceLock, SegmentTruncatedBelowItsSizeIsRefused) {
+  device_lock user;
+  ASSERT_EQ(device_lock::open(key_, &user), ok);
+  ASSERT_EQ(::truncate(segment_path().c_str(), 64 * 1024), 0);
+  device_lock lock;
+  EXPECT_EQ(device_lock::open(key_, &lock), err_version_mismatch);
+  EXPECT_NE(std::string(last_error()).find("is 65536 bytes but its header says " + std::to_string(lock_layout::k_segment_size)),
+            std::string::npos)
+      << last_error();
+  EXPECT_NE(std::string(last_error()).find("/dev/shm/" + prefix_ + "vramswap-" + key_), std::string::npos) << last_error();
+}
+
 TEST_F(DeviceLock, HalfInitializedSegmentIsRebuilt) {
   // A creator killed before publishing the magic leaves magic 0: the next opener rebuilds.
-  { device_lock lock; ASSERT_EQ(device_lock::open(key_, &lock), ok); }
+  device_lock user;  // keeps the segment (its last user to close removes it)
+  ASSERT_EQ(device_lock::open(key_, &user), ok);
   poke_header(segment_path(), offsetof(lock_layout::segment_header, magic), 0);
   device_lock lock;
   ASSERT_EQ(device_lock::open(key_, &lock), ok) << last_error();
   ASSERT_EQ(lock.acquire(), ok);
   ASSERT_EQ(lock.release(), ok);
+}
+
+// Removal: the last user to close a segment removes it; a user that remains, in this process
+// or another, keeps it; a process that forked since it opened it leaves it to others.
+TEST_F(DeviceLock, LastUserRemovesTheSegment) {
+  auto exists = [&] { return ::access(segment_path().c_str(), F_OK) == 0; };
+  {
+    device_lock a;
+    device_lock b;
+    ASSERT_EQ(device_lock::open(key_, &a), ok) << last_error();
+    ASSERT_EQ(device_lock::open(key_, &b), ok) << last_error();
+    ASSERT_EQ(a.acquire(), ok);
+    a = device_lock();  // destroyed while held: released, then closed; b still uses it
+    EXPECT_TRUE(exists());
+    ASSERT_EQ(b.try_acquire(), ok) << "a closed lock was not released";
+    ASSERT_EQ(b.release(), ok);
+  }
+  EXPECT_FALSE(exists()) << "the last user left the segment behind";
+
+  // Another process that uses it keeps it; when it closes last, it removes it. (Forked before
+  // this process opens its own, so that it shares no descriptor with it.)
+  auto* step = shared_object<std::atomic<int>>();
+  const pid_t child = spawn([&] {
+    device_lock theirs;
+    if (device_lock::open(key_, &theirs) != ok) return 1;
+    step->store(1);
+    while (step->load() != 2) std::this_thread::sleep_for(1ms);
+    return 0;  // closes `theirs`: the last user now
+  });
+  for (int i = 0; i < 10'000 && step->load() != 1; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(step->load(), 1) << "the child did not open the lock";
+  {
+    device_lock mine;
+    ASSERT_EQ(device_lock::open(key_, &mine), ok);
+  }
+  EXPECT_TRUE(exists()) << "removed while another process used it";
+  step->store(2);
+  EXPECT_EQ(reap(child), 0);
+  EXPECT_FALSE(exists());
+
+  // A process that forked after opening keeps it (the child shares its descriptor).
+  {
+    device_lock forked;
+    ASSERT_EQ(device_lock::open(key_, &forked), ok);
+    EXPECT_EQ(reap(spawn([] { return 0; })), 0);
+  }
+  EXPECT_TRUE(exists()) << "removed by a process whose forked child may still use it";
+  free_shared_object(step);
+}
+
+// Mutual exclusion holds while users come and go and the segment is removed and made again
+// under them: four processes open, take the lock, increment a shared counter non-atomically
+// (read, yield, write), release and close, over and over.
+TEST_F(DeviceLock, RemovalNeverMakesTwoLocks) {
+  constexpr int k_procs = 4;
+  constexpr int k_rounds = 400;
+  auto* counter = shared_object<std::atomic<long>>();
+  std::vector<pid_t> kids;
+  for (int p = 0; p < k_procs; ++p) {
+    kids.push_back(spawn([&, p] {
+      for (int i = 0; i < k_rounds; ++i) {
+        {
+          device_lock l;
+          if (device_lock::open(key_, &l) != ok || l.acquire() != ok) return 1;
+          const long seen = counter->load(std::memory_order_relaxed);
+          std::this_thread::yield();
+          counter->store(seen + 1, std::memory_order_relaxed);
+          if (l.release() != ok) return 2;
+        }
+        // Closed: now and then all are, and the segment goes (and is made again).
+        if ((i + p) % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      return 0;
+    }));
+  }
+  for (pid_t k : kids) EXPECT_EQ(reap(k), 0);
+  EXPECT_EQ(counter->load(), long{k_procs} * k_rounds) << "two processes held the lock at once";
+  free_shared_object(counter);
 }
 
 TEST_F(DeviceLock, ManagedAreaIsUsableByLaterComponents) {

@@ -8,9 +8,11 @@
 // Each test has its own VRAMSWAP_RUNTIME_DIR and VRAMSWAP_SHM_PREFIX, a 256 MiB emulated
 // device and 2 MiB frames (127 frames in the pool). The test process is a child subreaper,
 // so servers that clients start (and that detach) are reaped here.
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -44,6 +47,7 @@
 #include "lock/pool_report.hpp"
 #include "lock/pool_segment.hpp"
 #include "lock/process_identity.hpp"
+#include "lock/shared_segment.hpp"
 #include "server/pool_server.hpp"
 
 extern char** environ;
@@ -60,8 +64,9 @@ struct proc {
   int out = -1;  // its stdout (read end)
 };
 
-// Start `argv` with pipes on stdin and stdout; stderr stays ours (shown when a test fails).
-proc spawn(const std::vector<std::string>& args) {
+// Start `argv` with pipes on stdin and stdout; stderr stays ours (shown when a test fails),
+// or goes to `err_file`.
+proc spawn(const std::vector<std::string>& args, const std::string& err_file = "") {
   int in_pipe[2];
   int out_pipe[2];
   if (::pipe2(in_pipe, O_CLOEXEC) != 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0) std::abort();
@@ -69,6 +74,7 @@ proc spawn(const std::vector<std::string>& args) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, in_pipe[0], 0);
   posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+  if (!err_file.empty()) posix_spawn_file_actions_addopen(&fa, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -187,10 +193,10 @@ class PoolServer : public ::testing::Test {
     for (const char* v : {"VRAMSWAP_RUNTIME_DIR", "VRAMSWAP_SHM_PREFIX", "VRAMSWAP_SERVER", "VRAMSWAP_POOL_IDLE_EXIT"}) ::unsetenv(v);
   }
 
-  // A client running `steps`, remembered for TearDown.
-  proc& client(std::vector<std::string> steps) {
+  // A client running `steps`, remembered for TearDown; its stderr to `err_file` when given.
+  proc& client(std::vector<std::string> steps, const std::string& err_file = "") {
     steps.insert(steps.begin(), VRAMSWAP_POOL_CLIENT);
-    procs_.push_back(spawn(steps));
+    procs_.push_back(spawn(steps, err_file));
     return procs_.back();
   }
   // Run a client to its end; its exit status.
@@ -270,6 +276,9 @@ TEST_F(PoolServer, ServesZeroedFramesSharedBetweenClients) {
   std::string name;
   ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
   EXPECT_NE(::access(("/dev/shm" + name).c_str(), F_OK), 0) << "pool segment left behind";
+  // The lock segment goes with its last user, the server (nobody else opened it here).
+  ASSERT_EQ(shared_segment::name_for("host-0", &name), ok);
+  EXPECT_NE(::access(("/dev/shm" + name).c_str(), F_OK), 0) << "lock segment left behind";
 }
 
 TEST_F(PoolServer, EightClientsStartingAtOnceGetExactlyOneServer) {
@@ -739,6 +748,253 @@ TEST_F(PoolServer, NoServerAndNoAutostartIsAClearError) {
   ::setenv("VRAMSWAP_POOL_SIZE", "lots", 1);
   EXPECT_EQ(pool_connection::connect(*be, 0, true, &c), err_unavailable);
   EXPECT_NE(std::string(last_error()).find("VRAMSWAP_POOL_SIZE"), std::string::npos) << last_error();
+}
+
+// Gone: not running (a zombie of ours is reaped first; this process is a subreaper).
+bool process_gone(pid_t pid) {
+  ::waitpid(pid, nullptr, WNOHANG);
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+long pid_in(const std::string& path) { return std::strtol(read_file(path).c_str(), nullptr, 10); }
+
+// A VRAMSWAP_SERVER that never reports ready holds nobody past the start bound: the client
+// that started it kills it (and reaps its own child) and says so; the clients that waited on
+// the start lock give up with it, naming the server, its pid and its log. Two kinds of hang:
+// a server that detaches like vramswapd (reports "started <pid>" from its second process),
+// and one that never even forks (the starter's own child never exits).
+TEST_F(PoolServer, ServerThatNeverGetsReadyIsKilledWithinTheStartBound) {
+  const std::string forking = dir_ + "-forking.sh";
+  const std::string plain = dir_ + "-plain.sh";
+  const std::string forked_pid = dir_ + "-forked.pid";
+  const std::string plain_pid = dir_ + "-plain.pid";
+  std::ofstream(forking) << "#!/bin/sh\nsh -c 'echo started $$ >&3; echo $$ > " << forked_pid << "; exec sleep 600' &\nexit 0\n";
+  std::ofstream(plain) << "#!/bin/sh\necho $$ > " << plain_pid << "\nexec sleep 600\n";
+  ASSERT_EQ(::chmod(forking.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(plain.c_str(), 0700), 0);
+  const std::string log = dir_ + "/" + prefix_ + "host-0.log";
+  const auto t0 = std::chrono::steady_clock::now();
+
+  ::setenv("VRAMSWAP_SERVER", forking.c_str(), 1);
+  proc& starter = client({"connect"}, dir_ + "-starter.err");
+  const pid_t starter_pid = starter.pid;
+  ASSERT_TRUE(eventually([&] { return pid_in(forked_pid) > 0; }, 20s)) << "the fake server never ran";
+  const long hung = pid_in(forked_pid);
+  proc& waiter1 = client({"connect"}, dir_ + "-waiter1.err");
+  proc& waiter2 = client({"connect"}, dir_ + "-waiter2.err");
+
+  // Another pool (prefix) at the same time, whose server does not even fork.
+  const std::string other_dir = dir_ + "-b";
+  ::setenv("VRAMSWAP_SERVER", plain.c_str(), 1);
+  ::setenv("VRAMSWAP_RUNTIME_DIR", other_dir.c_str(), 1);
+  ::setenv("VRAMSWAP_SHM_PREFIX", (prefix_ + "b-").c_str(), 1);
+  proc& lone = client({"connect"}, dir_ + "-lone.err");
+  ::setenv("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY, 1);
+  ::setenv("VRAMSWAP_RUNTIME_DIR", dir_.c_str(), 1);
+  ::setenv("VRAMSWAP_SHM_PREFIX", prefix_.c_str(), 1);
+
+  const int bound = pool_connection::k_start_timeout_s;
+  for (proc* p : {&starter, &waiter1, &waiter2, &lone}) {
+    EXPECT_EQ(reap(p->pid, std::chrono::seconds(bound + 30)), 1) << "a client did not fail within the start bound";
+    p->pid = -1;
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, bound + 20.0) << "the start bound is " << bound << " s";
+
+  const std::string said = read_file(dir_ + "-starter.err");
+  EXPECT_NE(said.find("the pool server " + forking + " (pid " + std::to_string(hung) + ") did not become ready within " +
+                      std::to_string(bound) + " s, so it was killed"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find(log), std::string::npos) << said;
+  for (const char* w : {"-waiter1.err", "-waiter2.err"}) {
+    const std::string text = read_file(dir_ + w);
+    EXPECT_NE(text.find("client pid " + std::to_string(starter_pid)), std::string::npos) << text;
+    EXPECT_NE(text.find("the pool server " + forking + " (pid " + std::to_string(hung) + ")"), std::string::npos) << text;
+    EXPECT_NE(text.find(log), std::string::npos) << text;
+    EXPECT_NE(text.find("vramswapd --device 0 --foreground"), std::string::npos) << text;
+  }
+  EXPECT_TRUE(eventually([&] { return process_gone(static_cast<pid_t>(hung)); })) << "the detached fake server was left running";
+
+  const std::string lone_said = read_file(dir_ + "-lone.err");
+  const long plain_server = pid_in(plain_pid);
+  ASSERT_GT(plain_server, 0) << lone_said;
+  EXPECT_NE(lone_said.find("the pool server " + plain + " (pid " + std::to_string(plain_server) + ") did not become ready"),
+            std::string::npos)
+      << lone_said;
+  EXPECT_TRUE(eventually([&] { return process_gone(static_cast<pid_t>(plain_server)); })) << "the fake server was left running";
+  // The client reaped its own child: nothing of it was left for this subreaper to adopt.
+  EXPECT_EQ(::waitpid(static_cast<pid_t>(plain_server), nullptr, WNOHANG), -1);
+  if (std::system(("rm -rf " + other_dir).c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", other_dir.c_str());
+  for (const std::string& f : {forking, plain, forked_pid, plain_pid}) ::unlink(f.c_str());
+  for (const char* f : {"-starter.err", "-waiter1.err", "-waiter2.err", "-lone.err"}) ::unlink((dir_ + f).c_str());
+}
+
+// A regular file (or a socket somebody listens on, or another user's socket) at the socket
+// path is refused by name and left as it was; the stale socket of a dead server is replaced.
+TEST_F(PoolServer, SomethingElseAtTheSocketPathIsRefusedNotReplaced) {
+  ASSERT_EQ(::mkdir(dir_.c_str(), 0700), 0);
+  const std::string sock = dir_ + "/" + prefix_ + "host-0.sock";
+  const std::string err = dir_ + "/server.err";
+  // --idle-exit: a server that (wrongly) starts anyway ends, and the test with it.
+  const std::string cmd = std::string(VRAMSWAP_SERVER_BINARY) + " --foreground --idle-exit 2 2>" + err;
+  std::ofstream(sock) << "precious\n";
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 1);
+  std::string text = read_file(err);
+  EXPECT_NE(text.find(sock + " is a regular file"), std::string::npos) << text;
+  EXPECT_EQ(read_file(sock), "precious\n") << "the file was replaced";
+  // Through a client that starts the server: the server's reason reaches it.
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  std::unique_ptr<pool_connection> c;
+  EXPECT_EQ(pool_connection::connect(*be, 0, true, &c), err_unavailable);
+  EXPECT_NE(std::string(last_error()).find(sock + " is a regular file"), std::string::npos) << last_error();
+  EXPECT_EQ(read_file(sock), "precious\n");
+  ASSERT_EQ(::unlink(sock.c_str()), 0);
+
+  // A socket that somebody listens on is not stale.
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", sock.c_str());
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 1);
+  text = read_file(err);
+  EXPECT_NE(text.find("something listens on " + sock), std::string::npos) << text;
+  ::close(fd);
+  struct stat st {};
+  EXPECT_EQ(::lstat(sock.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+
+  // Another user's socket (needs root to make one).
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(sock.c_str(), 65534, 65534), 0);
+    EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 1);
+    text = read_file(err);
+    EXPECT_NE(text.find("the socket " + sock + " belongs to uid 65534"), std::string::npos) << text;
+    ASSERT_EQ(::chown(sock.c_str(), 0, 0), 0);
+  }
+
+  // Now it is the stale socket of a dead server (nobody listens): replaced.
+  ::setenv("VRAMSWAP_LOG", "info", 1);
+  const pid_t server = start_server({"--idle-exit", "0"});
+  ASSERT_GT(server, 0);
+  EXPECT_EQ(run_client({"connect-noauto", "zero", "0", "1"}), 0);
+}
+
+// A metrics port that scrapers connect to and say nothing on (or never read from) never holds
+// up the server's event loop: a killed client is repaired, a new client served, and a real
+// scrape answered, each at once, while such connections keep arriving; and the server closes
+// each silent connection after its timeout.
+TEST_F(PoolServer, IdleMetricsConnectionsNeverDelayTheEventLoop) {
+  const pid_t server = start_server({"--metrics-port", "0"});
+  ASSERT_GT(server, 0);
+  auto seg = open_segment();
+  ASSERT_TRUE(seg);
+  const auto port = static_cast<uint16_t>(seg->header()->metrics_port.load());
+  ASSERT_NE(port, 0);
+  auto dial = [port] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  };
+  // Eight connections that stay silent, and two that ask and never read; each replaced by a
+  // new one as soon as the server closes it.
+  std::atomic<bool> stop{false};
+  std::atomic<int> closed_by_server{0};
+  std::thread idlers([&] {
+    std::vector<int> fds;
+    for (int i = 0; i < 10; ++i) fds.push_back(-1);
+    while (!stop.load()) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i] < 0) {
+          fds[i] = dial();
+          if (fds[i] >= 0 && i >= 8) (void)!::send(fds[i], "GET /metrics HTTP/1.0\r\n\r\n", 25, MSG_NOSIGNAL);
+          continue;
+        }
+        pollfd p{fds[i], POLLIN, 0};
+        char buf[1];
+        if (i < 8 && ::poll(&p, 1, 0) == 1 && ::recv(fds[i], buf, 1, MSG_DONTWAIT) == 0) {
+          ::close(fds[i]);
+          fds[i] = -1;
+          closed_by_server.fetch_add(1);
+        }
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  });
+  std::this_thread::sleep_for(300ms);  // let them queue up
+
+  // Repairs: a client that owns a frame is killed; how long until the server has freed it.
+  std::vector<double> repair_s;
+  std::vector<double> connect_s;
+  for (int round = 0; round < 4; ++round) {
+    const auto asked = std::chrono::steady_clock::now();
+    proc& a = client({"connect-noauto", "own", "3", "ready", "hold"});
+    ASSERT_EQ(fields(read_line(a)).size(), 3u);
+    connect_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count());
+    ASSERT_EQ(seg->count(pool_layout::frame_free), k_frames - 1);
+    const auto killed = std::chrono::steady_clock::now();
+    ::kill(a.pid, SIGKILL);
+    ASSERT_TRUE(eventually([&] { return seg->count(pool_layout::frame_free) == k_frames; }, 30s));
+    repair_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count());
+    reap(a.pid);
+    a.pid = -1;
+  }
+  // A real scrape while the silent connections are there.
+  std::vector<double> scrape_s;
+  std::string body;
+  for (int i = 0; i < 3; ++i) {
+    const auto asked = std::chrono::steady_clock::now();
+    const int fd = dial();
+    ASSERT_GE(fd, 0);
+    (void)!::send(fd, "GET /metrics HTTP/1.0\r\n\r\n", 25, MSG_NOSIGNAL);
+    body.clear();
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) body.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    scrape_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count());
+  }
+  EXPECT_TRUE(eventually([&] { return closed_by_server.load() >= 8; }, 20s)) << "silent connections are never closed";
+  stop.store(true);
+  idlers.join();
+  EXPECT_EQ(body.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << body;
+  EXPECT_NE(body.find("vramswap_pool_frames{device=\"host-0\"} " + std::to_string(k_frames)), std::string::npos) << body;
+  // The fastest of each: the event loop of the old design spent up to 1 s on every silent
+  // connection, so none of these came in under a second there.
+  auto fastest = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+  EXPECT_LT(fastest(repair_s), 0.5) << "repairs waited behind silent metrics connections";
+  EXPECT_LT(fastest(connect_s), 0.9) << "handshakes waited behind silent metrics connections";
+  EXPECT_LT(fastest(scrape_s), 0.5) << "a scrape waited behind silent metrics connections";
+  EXPECT_EQ(::waitpid(server, nullptr, WNOHANG), 0) << "the server died";
+}
+
+// A pool segment truncated under its users is refused by name to a newcomer (never mapped
+// past its end, which would be SIGBUS), with what to do.
+TEST_F(PoolServer, TruncatedPoolSegmentIsRefusedByName) {
+  std::unique_ptr<pool_segment> made;
+  ASSERT_EQ(pool_segment::create("host-0", 64, 2u << 20, 0, ::getpid(), 0, &made), ok) << last_error();
+  std::string name;
+  ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
+  struct stat st {};
+  ASSERT_EQ(::stat(("/dev/shm" + name).c_str(), &st), 0);
+  ASSERT_EQ(::truncate(("/dev/shm" + name).c_str(), st.st_size / 2), 0);
+  std::unique_ptr<pool_segment> seg;
+  EXPECT_EQ(pool_segment::open(name, &seg), err_version_mismatch);
+  EXPECT_NE(std::string(last_error()).find("/dev/shm" + name + " is " + std::to_string(st.st_size / 2) + " bytes"), std::string::npos)
+      << last_error();
+  EXPECT_NE(std::string(last_error()).find("SIGBUS"), std::string::npos) << last_error();
 }
 
 // In-process: a pool_server on the test's own backend, a pool_connection to it, and all
