@@ -322,7 +322,7 @@ TEST_F(DeviceLock, SegmentTruncatedBelowItsSizeIsRefused) {
   EXPECT_NE(std::string(last_error()).find("is 65536 bytes but its header says " + std::to_string(lock_layout::k_segment_size)),
             std::string::npos)
       << last_error();
-  EXPECT_NE(std::string(last_error()).find("/dev/shm/" + prefix_ + "vramswap-" + key_), std::string::npos) << last_error();
+  EXPECT_NE(std::string(last_error()).find(segment_path()), std::string::npos) << last_error();
 }
 
 TEST_F(DeviceLock, HalfInitializedSegmentIsRebuilt) {
