@@ -68,6 +68,8 @@ int pager::create(backend& be, int device, page_store& store, frame_source& fram
   VS_TRY(be.stream_create(device, &p->scrub_stream_));
   p->events_.resize(cfg.copies_in_flight);
   for (event_id& e : p->events_) VS_TRY(be.event_create(device, &e));
+  p->scrub_events_.resize(cfg.copies_in_flight);
+  for (event_id& e : p->scrub_events_) VS_TRY(be.event_create(device, &e));
   log(log_level::debug, "pager: device %d, arena 0x%" PRIxPTR " + %" PRIu64 " bytes, frames of %" PRIu64 " bytes", device,
       p->arena_.base(), p->arena_.size(), cfg.frame_size);
   *out = std::move(p);
@@ -84,6 +86,9 @@ pager::~pager() {
     drop_saved_copy(p);
   }
   for (event_id e : events_) {
+    if (e != 0) be_.event_destroy(e);
+  }
+  for (event_id e : scrub_events_) {
     if (e != 0) be_.event_destroy(e);
   }
   if (scratch_ != 0) be_.unreserve(scratch_, scratch_size_);
@@ -118,13 +123,11 @@ int pager::map_frame(uint64_t page, frame_id f) {
   return ok;
 }
 
-int pager::unback_page(uint64_t page, page_state now) {
+int pager::unback_page(uint64_t page, page_state now, bool scrubbed) {
   page_entry& e = table_[page];
   const device_ptr va = arena_.page_address(page);
-  if (frames_.scrub_before_give_back(e.frame)) {
-    // The frame goes to another process next: zero it while it is still ours to write. On
-    // a stream of its own, so that waiting for the scrub never waits for the copies out
-    // queued behind this page's.
+  if (!scrubbed && frames_.scrub_before_give_back(e.frame)) {
+    // The frame goes to another process next: zero it while it is still ours to write.
     VS_TRY(be_.memset_d8(va, 0, frame_size_, scrub_stream_));
     VS_TRY(be_.stream_synchronize(scrub_stream_));
   }
@@ -347,8 +350,10 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     uint64_t page;
     event_id event;
   };
-  std::deque<in_flight> pending;
+  std::deque<in_flight> pending;    // copies out queued, oldest first
+  std::deque<in_flight> scrubbing;  // scrubs of saved pages' frames queued, oldest first
   size_t next_event = 0;
+  size_t next_scrub_event = 0;
   int failure = ok;
   std::string failure_detail;
   auto note_failure = [&](int rc) {
@@ -357,28 +362,58 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
       failure_detail = last_error();
     }
   };
+  auto evicted = [&]() {
+    stats_.bytes_out += frame_size_;
+    ++stats_.pages_evicted;
+  };
 
+  // Completes the oldest queued scrub: its page, saved, leaves the zeroed frame.
+  auto finish_oldest_scrub = [&]() {
+    const in_flight f = scrubbing.front();
+    scrubbing.pop_front();
+    const int rc = be_.event_synchronize(f.event);
+    const int left = unback_saved_page(f.page, /*scrubbed=*/rc == ok);
+    if (left == ok) evicted();
+    if (rc != ok || left != ok) note_failure(rc != ok ? rc : left);
+  };
   // Completes the oldest queued copy. Its event is waited for even after another page
   // failed: a copy that completed saved the page, which then leaves its frame like any
   // other (a page whose copy completed and that stayed mapped would hold its only good
-  // bytes in a slot that the failure path must not drop). Only then is the frame scrubbed:
-  // a scrub never runs before its page's bytes are known to be saved.
+  // bytes in a slot that the failure path must not drop). Only then is its frame's scrub
+  // queued (on a stream of its own, so that scrubs overlap the copies behind): a scrub
+  // never runs before its page's bytes are known to be saved.
   auto finish_oldest = [&]() {
     const in_flight f = pending.front();
     pending.pop_front();
     int rc = be_.event_synchronize(f.event);
-    if (rc == ok) {
-      rc = unback_saved_page(f.page);
-      if (rc == ok) {
-        stats_.bytes_out += frame_size_;
-        ++stats_.pages_evicted;
-      }
-    } else {
+    if (rc != ok) {
       // The copy did not complete: the frame, never scrubbed, still holds the page's
       // bytes; the partial copy is dropped.
       store_.release(f.page);
+      note_failure(rc);
+      return;
     }
-    if (rc != ok) note_failure(rc);
+    if (!frames_.scrub_before_give_back(table_[f.page].frame)) {
+      rc = unback_saved_page(f.page, /*scrubbed=*/true);  // nothing to zero
+      if (rc == ok) evicted();
+      if (rc != ok) note_failure(rc);
+      return;
+    }
+    if (scrubbing.size() == scrub_events_.size()) finish_oldest_scrub();
+    const event_id ev = scrub_events_[next_scrub_event];
+    rc = be_.memset_d8(arena_.page_address(f.page), 0, frame_size_, scrub_stream_);
+    if (rc == ok) rc = be_.event_record(ev, scrub_stream_);
+    if (rc == ok) {
+      scrubbing.push_back({f.page, ev});
+      next_scrub_event = (next_scrub_event + 1) % scrub_events_.size();
+      return;
+    }
+    // Queueing the scrub failed, perhaps after it was queued: wait for what was, then let
+    // unback_saved_page scrub again or put the saved bytes back.
+    const std::string why = last_error();
+    be_.stream_synchronize(scrub_stream_);
+    note_failure(fail(rc, "%s", why.c_str()));
+    if (unback_saved_page(f.page, /*scrubbed=*/false) == ok) evicted();
   };
 
   // Tell the store how many pages will be saved, so a store with a disk tier reserves the
@@ -409,7 +444,7 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
       continue;
     }
     if (e.host_copy_valid && adv == advice::read_mostly) {
-      const int rc = unback_saved_page(p);
+      const int rc = unback_saved_page(p, /*scrubbed=*/false);
       if (rc != ok) {
         note_failure(rc);
         break;
@@ -455,6 +490,7 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     next_event = (next_event + 1) % events_.size();
   }
   while (!pending.empty()) finish_oldest();
+  while (!scrubbing.empty()) finish_oldest_scrub();
   if (failure != ok) {
     return fail(failure, "evict: stopped with %" PRIu64 " page(s) still resident, nothing lost: %s",
                 table_.count(page_state::resident), failure_detail.c_str());
@@ -462,11 +498,11 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
   return ok;
 }
 
-int pager::unback_saved_page(uint64_t page) {
-  const int rc = unback_page(page, page_state::host);
+int pager::unback_saved_page(uint64_t page, bool scrubbed) {
+  const int rc = unback_page(page, page_state::host, scrubbed);
   if (rc == ok || table_[page].state != page_state::resident) return rc;
-  // The page is still mapped, but the scrub that precedes the unmap may have zeroed its
-  // frame: its saved copy holds the only sure bytes. Copy them back so that the page is
+  // The page is still mapped, but a scrub may have zeroed its frame (or part of it): its
+  // saved copy holds the only sure bytes. Copy them back so that the page is
   // whole where it is, then drop the copy (a read_mostly copy stays, as it was).
   const std::string why = last_error();
   void* host = nullptr;

@@ -166,11 +166,13 @@ class pager {
 
   int back_page(uint64_t page);                   // take a frame, map, grant access
   int map_frame(uint64_t page, frame_id f);       // map f at the page, grant access (f given back on failure)
-  int unback_page(uint64_t page, page_state now);  // scrub if the source says so, unmap, give the frame back
-  // unback_page(page, host) for a page whose saved copy holds its bytes; when the frame
-  // cannot be left (the scrub may already have zeroed it), the bytes are put back from the
-  // saved copy and the page stays resident and whole.
-  int unback_saved_page(uint64_t page);
+  // Scrub (unless `scrubbed`, or the frame source does not ask for it), unmap, give the
+  // frame back; the page is `now`.
+  int unback_page(uint64_t page, page_state now, bool scrubbed = false);
+  // unback_page(page, host, scrubbed) for a page whose saved copy holds its bytes; when the
+  // frame cannot be left (a scrub may already have zeroed it), the bytes are put back from
+  // the saved copy and the page stays resident and whole.
+  int unback_saved_page(uint64_t page, bool scrubbed);
   // Not resident: back every live page of `pages` that is not resident with frames no one
   // uses (all or none), filling saved and discarded ones; err_busy (detail set) when not
   // every page gets a frame, any other error from the backend or store. On failure every
@@ -198,7 +200,8 @@ class pager {
   stream_id out_stream_ = 0;
   stream_id in_stream_ = 0;
   stream_id scrub_stream_ = 0;  // frames zeroed before they are given back
-  std::vector<event_id> events_;  // ring for eviction copies
+  std::vector<event_id> events_;        // ring for eviction copies
+  std::vector<event_id> scrub_events_;  // ring for the scrubs that follow them
   device_ptr scratch_ = 0;        // remap_pages: where new frames are filled before they swap in
   size_t scratch_size_ = 0;
   pager_stats stats_;
