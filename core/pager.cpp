@@ -346,14 +346,18 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
   // The caller's kernels may still be writing the memory we are about to copy.
   VS_TRY(add_context(be_.device_synchronize(device_), "evict: synchronizing device %d failed before any page moved, nothing lost: ", device_));
 
+  // A page's copy out, then (when the frame source asks for it) its frame's scrub, queued
+  // on one stream: `copied` is recorded between the two, `done` after both. The scrub runs
+  // only after the copy completed (stream order), and queued right behind it, it costs the
+  // transfer nothing.
   struct in_flight {
     uint64_t page;
-    event_id event;
+    event_id copied;
+    event_id done;
+    bool scrubbed;
   };
-  std::deque<in_flight> pending;    // copies out queued, oldest first
-  std::deque<in_flight> scrubbing;  // scrubs of saved pages' frames queued, oldest first
+  std::deque<in_flight> pending;
   size_t next_event = 0;
-  size_t next_scrub_event = 0;
   int failure = ok;
   std::string failure_detail;
   auto note_failure = [&](int rc) {
@@ -362,58 +366,34 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
       failure_detail = last_error();
     }
   };
-  auto evicted = [&]() {
-    stats_.bytes_out += frame_size_;
-    ++stats_.pages_evicted;
-  };
 
-  // Completes the oldest queued scrub: its page, saved, leaves the zeroed frame.
-  auto finish_oldest_scrub = [&]() {
-    const in_flight f = scrubbing.front();
-    scrubbing.pop_front();
-    const int rc = be_.event_synchronize(f.event);
-    const int left = unback_saved_page(f.page, /*scrubbed=*/rc == ok);
-    if (left == ok) evicted();
-    if (rc != ok || left != ok) note_failure(rc != ok ? rc : left);
-  };
-  // Completes the oldest queued copy. Its event is waited for even after another page
+  // Completes the oldest queued page. Its events are waited for even after another page
   // failed: a copy that completed saved the page, which then leaves its frame like any
   // other (a page whose copy completed and that stayed mapped would hold its only good
-  // bytes in a slot that the failure path must not drop). Only then is its frame's scrub
-  // queued (on a stream of its own, so that scrubs overlap the copies behind): a scrub
-  // never runs before its page's bytes are known to be saved.
+  // bytes in a slot that the failure path must not drop).
   auto finish_oldest = [&]() {
     const in_flight f = pending.front();
     pending.pop_front();
-    int rc = be_.event_synchronize(f.event);
-    if (rc != ok) {
-      // The copy did not complete: the frame, never scrubbed, still holds the page's
-      // bytes; the partial copy is dropped.
+    int rc = be_.event_synchronize(f.done);
+    bool saved = rc == ok;
+    if (!saved && f.done != f.copied) {
+      // Copy and scrub not confirmed together: the copy alone may have been. Then the slot
+      // holds the bytes and the frame, perhaps zeroed, is left or refilled from it.
+      saved = be_.event_synchronize(f.copied) == ok;
+    }
+    int left = ok;
+    if (saved) {
+      left = unback_saved_page(f.page, /*scrubbed=*/rc == ok && f.scrubbed);
+      if (left == ok) {
+        stats_.bytes_out += frame_size_;
+        ++stats_.pages_evicted;
+      }
+    } else {
+      // The copy is not known to have completed, so neither has the scrub behind it: the
+      // frame still holds the page's bytes; the partial copy is dropped.
       store_.release(f.page);
-      note_failure(rc);
-      return;
     }
-    if (!frames_.scrub_before_give_back(table_[f.page].frame)) {
-      rc = unback_saved_page(f.page, /*scrubbed=*/true);  // nothing to zero
-      if (rc == ok) evicted();
-      if (rc != ok) note_failure(rc);
-      return;
-    }
-    if (scrubbing.size() == scrub_events_.size()) finish_oldest_scrub();
-    const event_id ev = scrub_events_[next_scrub_event];
-    rc = be_.memset_d8(arena_.page_address(f.page), 0, frame_size_, scrub_stream_);
-    if (rc == ok) rc = be_.event_record(ev, scrub_stream_);
-    if (rc == ok) {
-      scrubbing.push_back({f.page, ev});
-      next_scrub_event = (next_scrub_event + 1) % scrub_events_.size();
-      return;
-    }
-    // Queueing the scrub failed, perhaps after it was queued: wait for what was, then let
-    // unback_saved_page scrub again or put the saved bytes back.
-    const std::string why = last_error();
-    be_.stream_synchronize(scrub_stream_);
-    note_failure(fail(rc, "%s", why.c_str()));
-    if (unback_saved_page(f.page, /*scrubbed=*/false) == ok) evicted();
+    if (rc != ok || left != ok) note_failure(rc != ok ? rc : left);
   };
 
   // Tell the store how many pages will be saved, so a store with a disk tier reserves the
@@ -475,8 +455,10 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
       note_failure(rc);  // p keeps its frame, untouched
       break;
     }
+    const bool scrub = frames_.scrub_before_give_back(e.frame);
+    const in_flight f{p, events_[next_event], scrub ? scrub_events_[next_event] : events_[next_event], scrub};
     rc = be_.copy_d2h(host, arena_.page_address(p), frame_size_, out_stream_);
-    if (rc == ok) rc = be_.event_record(events_[next_event], out_stream_);
+    if (rc == ok) rc = be_.event_record(f.copied, out_stream_);
     if (rc != ok) {
       // Nothing may still be writing into the slot when it is dropped; the copy only read
       // the frame, so the page is whole where it is.
@@ -486,11 +468,22 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
       note_failure(fail(rc, "%s", why.c_str()));
       break;
     }
-    pending.push_back({p, events_[next_event]});
+    if (scrub) {
+      rc = be_.memset_d8(arena_.page_address(p), 0, frame_size_, out_stream_);
+      if (rc == ok) rc = be_.event_record(f.done, out_stream_);
+      if (rc != ok) {
+        // The copy is queued with its event: the page completes as saved, its frame scrubbed
+        // again (or its bytes put back) by unback_saved_page.
+        note_failure(rc);
+        pending.push_back({p, f.copied, f.copied, false});
+        next_event = (next_event + 1) % events_.size();
+        break;
+      }
+    }
+    pending.push_back(f);
     next_event = (next_event + 1) % events_.size();
   }
   while (!pending.empty()) finish_oldest();
-  while (!scrubbing.empty()) finish_oldest_scrub();
   if (failure != ok) {
     return fail(failure, "evict: stopped with %" PRIu64 " page(s) still resident, nothing lost: %s",
                 table_.count(page_state::resident), failure_detail.c_str());

@@ -14,12 +14,12 @@
 // evict_all(): synchronize the device, then for every resident page
 //   - discardable advice: unmap, give the frame back, copy nothing (restored zero-filled);
 //   - a still-valid saved copy (read_mostly pages restored earlier): unmap, copy nothing;
-//   - otherwise: copy out into a pinned slot of the page store, and scrub (when the frame
-//     source asks for it), unmap and give the frame back as soon as that page's copy is
-//     known to have completed.
+//   - otherwise: copy out into a pinned slot of the page store, zero the frame behind the
+//     copy on the same stream (when the frame source asks for it), and unmap and give the
+//     frame back as soon as both are known to have completed.
 // Copies are queued on one stream, up to `copies_in_flight` ahead, each followed by an
-// event; scrubbing and unmapping page i overlap the copies of pages i+1.. still on the
-// wire (scrubs run on a stream of their own).
+// event (and by its scrub and a second event); unmapping page i overlaps the copies of
+// pages i+1.. still on the wire.
 //
 // restore_all(): for every live page that is not resident, take a frame, map it at the
 // page's address, grant access and queue the copy in (or a zero fill); mapping page i+1
@@ -199,9 +199,9 @@ class pager {
   uint64_t resident_pages_ = 0;  // pages mapped in a frame
   stream_id out_stream_ = 0;
   stream_id in_stream_ = 0;
-  stream_id scrub_stream_ = 0;  // frames zeroed before they are given back
+  stream_id scrub_stream_ = 0;  // scrubs made on their own (unback_page), never behind queued copies
   std::vector<event_id> events_;        // ring for eviction copies
-  std::vector<event_id> scrub_events_;  // ring for the scrubs that follow them
+  std::vector<event_id> scrub_events_;  // ring for the scrubs queued behind them
   device_ptr scratch_ = 0;        // remap_pages: where new frames are filled before they swap in
   size_t scratch_size_ = 0;
   pager_stats stats_;
