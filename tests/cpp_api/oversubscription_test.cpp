@@ -99,7 +99,9 @@ class Oversubscription : public ::testing::Test {
 
 // 1.5x the pool: the pool's frames, then host frames for the rest; every byte checked.
 TEST_F(Oversubscription, JobRunsOnOneAndAHalfPoolsWithEveryByteIntact) {
-  const pid_t job = spawn_job(96 * MiB, 0.5, 11);
+  // Long enough for two rounds of checking and rewriting 96 MiB under the sanitizers on a
+  // loaded 2-core machine.
+  const pid_t job = spawn_job(96 * MiB, 2.0, 11);
   ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
   std::printf("job: %s", slurp(out_file()).c_str());
   auto n = job_numbers();
@@ -115,7 +117,9 @@ TEST_F(Oversubscription, JobRunsOnOneAndAHalfPoolsWithEveryByteIntact) {
 // job's rounds go on; when the lock user is gone the job's pages move back into the pool.
 TEST_F(Oversubscription, LockUserReclaimsFramesFromARunningJobAndTheJobGetsThemBack) {
   std::unique_ptr<pool_segment> pool;
-  const pid_t job = spawn_job_on_three_quarters(4.0, 21, &pool);
+  // The job outlives the lock user by more than the quiet time before a promotion, even
+  // when the lock user's turns are slow (a loaded machine).
+  const pid_t job = spawn_job_on_three_quarters(8.0, 21, &pool);
   ASSERT_GT(job, 0);
   const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "6", "31", "20"});
   EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed";
