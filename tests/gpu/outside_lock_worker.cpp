@@ -29,24 +29,13 @@
 
 #include "kernels.hpp"
 #include "vramswap/vramswap.h"
+#include "support/signal_files.hpp"
 #include "vramswap/vramswap.hpp"
 
 namespace {
 
-void create(const char* path) {
-  const int fd = ::open(path, O_CREAT | O_WRONLY, 0600);
-  if (fd >= 0) ::close(fd);
-}
-
-bool wait_for(const char* path) {
-  struct stat st {};
-  for (int i = 0; i < 30000; ++i) {
-    if (::stat(path, &st) == 0) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  std::fprintf(stderr, "outside_lock_worker: %s never appeared\n", path);
-  return false;
-}
+void create(const char* path) { vramswap::test::create_signal_file(path); }
+bool wait_for(const char* path) { return vramswap::test::wait_for_signal_file(path, 300, "outside_lock_worker"); }
 
 bool cuda_ok(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;

@@ -145,6 +145,28 @@ size_t count_of(const std::string& text, const std::string& needle) {
   return n;
 }
 
+// A new file at `path` owned by uid and gid 65534 (nobody), mode 0600: another user's
+// (needs root).
+void give_to_nobody(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+  ASSERT_EQ(::fchown(fd, 65534, 65534), 0);
+  ASSERT_EQ(::fchmod(fd, 0600), 0);
+  ::close(fd);
+}
+
+// A pool server on the host backend is refused with err_not_owner; *said: why.
+void start_refused(std::string* said) {
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  pool_server_options o;
+  o.be = be.get();
+  std::unique_ptr<pool_server> server;
+  clear_error();
+  EXPECT_EQ(pool_server::start(o, &server), err_not_owner);
+  *said = last_error();
+}
+
 class PoolServer : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -552,19 +574,9 @@ TEST_F(PoolServer, PoolSegmentOfAnotherUserIsRefusedByOwner) {
   std::string name;
   ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
   const std::string path = "/dev/shm" + name;
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  ASSERT_GE(fd, 0) << std::strerror(errno);
-  ASSERT_EQ(::fchown(fd, 65534, 65534), 0);
-  ASSERT_EQ(::fchmod(fd, 0600), 0);
-  ::close(fd);
-  std::unique_ptr<backend> be;
-  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
-  pool_server_options o;
-  o.be = be.get();
-  std::unique_ptr<pool_server> server;
-  clear_error();
-  EXPECT_EQ(pool_server::start(o, &server), err_not_owner);
-  const std::string said = last_error();
+  give_to_nobody(path);
+  std::string said;
+  start_refused(&said);
   EXPECT_NE(said.find("the pool segment " + path + " belongs to uid 65534"), std::string::npos) << said;
   EXPECT_NE(said.find("rm " + path), std::string::npos) << said;
   EXPECT_NE(said.find("VRAMSWAP_SHM_PREFIX"), std::string::npos) << said;
@@ -583,19 +595,10 @@ TEST_F(PoolServer, RuntimeFilesOfAnotherUserOrOpenToOthersAreRefused) {
   EXPECT_NE(std::string(last_error()).find("the runtime dir " + dir_ + " is open to other users"), std::string::npos) << last_error();
   ASSERT_EQ(::chmod(dir_.c_str(), 0700), 0);
   if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to give a file to uid 65534";
-  const int fd = ::open(paths.server_lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::fchown(fd, 65534, 65534), 0);
-  ::close(fd);
-  std::unique_ptr<backend> be;
-  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
-  pool_server_options o;
-  o.be = be.get();
-  std::unique_ptr<pool_server> server;
-  clear_error();
-  EXPECT_EQ(pool_server::start(o, &server), err_not_owner);
-  EXPECT_NE(std::string(last_error()).find("the one-server lock " + paths.server_lock + " belongs to uid 65534"), std::string::npos)
-      << last_error();
+  give_to_nobody(paths.server_lock);
+  std::string said;
+  start_refused(&said);
+  EXPECT_NE(said.find("the one-server lock " + paths.server_lock + " belongs to uid 65534"), std::string::npos) << said;
 }
 
 TEST_F(PoolServer, ServerOfAnotherUserIsNotUsed) {
