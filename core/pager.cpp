@@ -376,10 +376,13 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     pending.pop_front();
     int rc = be_.event_synchronize(f.done);
     bool saved = rc == ok;
-    if (!saved && f.done != f.copied) {
+    if (!saved) {
+      // Nothing queued for this page may still run once its frame is left (a late scrub
+      // would zero whatever is mapped there next): wait for the whole stream.
+      be_.stream_synchronize(out_stream_);
       // Copy and scrub not confirmed together: the copy alone may have been. Then the slot
       // holds the bytes and the frame, perhaps zeroed, is left or refilled from it.
-      saved = be_.event_synchronize(f.copied) == ok;
+      if (f.done != f.copied) saved = be_.event_synchronize(f.copied) == ok;
     }
     int left = ok;
     if (saved) {
@@ -472,9 +475,12 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
       rc = be_.memset_d8(arena_.page_address(p), 0, frame_size_, out_stream_);
       if (rc == ok) rc = be_.event_record(f.done, out_stream_);
       if (rc != ok) {
-        // The copy is queued with its event: the page completes as saved, its frame scrubbed
-        // again (or its bytes put back) by unback_saved_page.
-        note_failure(rc);
+        // The copy is queued with its event, and perhaps the scrub without one: wait for
+        // both, then the page completes as saved, its frame scrubbed again (or its bytes
+        // put back) by unback_saved_page.
+        const std::string why = last_error();
+        be_.stream_synchronize(out_stream_);
+        note_failure(fail(rc, "%s", why.c_str()));
         pending.push_back({p, f.copied, f.copied, false});
         next_event = (next_event + 1) % events_.size();
         break;
