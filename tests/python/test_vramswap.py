@@ -353,9 +353,11 @@ def finish(proc):
 
 def test_ctrl_c_while_waiting_leaves_the_queue_at_once_and_raises():
     holder = spawn_script(HOLD_UNTIL_EOF)
-    waiter = spawn_script(WAIT_THEN_REPORT)
+    waiter = None
     try:
         assert read_line(holder) == "holding"
+        # Only now: started together, the waiter could take the lock before the holder.
+        waiter = spawn_script(WAIT_THEN_REPORT)
         assert read_line(waiter) == "ready"
         queued = eventually(lambda: waiter.pid in queued_pids())
         assert queued, f"the waiter never queued: it said {read_line(waiter, 1)!r}; queue {vramswap._testing.lock_queue('host-0')}"
@@ -374,7 +376,8 @@ def test_ctrl_c_while_waiting_leaves_the_queue_at_once_and_raises():
         assert waiter.poll() is None  # alive, and holding nothing
     finally:
         finish(holder)
-        finish(waiter)
+        if waiter is not None:
+            finish(waiter)
 
 
 INTERRUPTED_AROUND_THE_GRANT = r"""
