@@ -33,6 +33,7 @@
 #include "lock/pool_segment.hpp"
 #include "lock/shared_segment.hpp"
 #include "support/deployment.hpp"
+#include "support/loopback.hpp"
 
 extern char** environ;
 
@@ -286,15 +287,8 @@ TEST_F(Cli, TraceHoldsEveryProcessesEventsInOrder) {
 }
 
 std::string http_get(uint16_t port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return "connect failed: " + std::string(std::strerror(errno));
-  }
+  const int fd = test::connect_loopback(port);
+  if (fd < 0) return "connect failed: " + std::string(std::strerror(errno));
   const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
   (void)!::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   std::string answer;

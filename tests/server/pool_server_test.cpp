@@ -47,6 +47,7 @@
 #include "lock/pool_report.hpp"
 #include "lock/pool_segment.hpp"
 #include "lock/process_identity.hpp"
+#include "support/loopback.hpp"
 #include "lock/shared_segment.hpp"
 #include "server/pool_server.hpp"
 
@@ -897,18 +898,7 @@ TEST_F(PoolServer, IdleMetricsConnectionsNeverDelayTheEventLoop) {
   ASSERT_TRUE(seg);
   const auto port = static_cast<uint16_t>(seg->header()->metrics_port.load());
   ASSERT_NE(port, 0);
-  auto dial = [port] {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      ::close(fd);
-      return -1;
-    }
-    return fd;
-  };
+  auto dial = [port] { return test::connect_loopback(port); };
   // Eight connections that stay silent, and two that ask and never read; each replaced by a
   // new one as soon as the server closes it.
   std::atomic<bool> stop{false};
