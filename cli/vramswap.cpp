@@ -35,13 +35,13 @@
 
 #include "core/options.hpp"
 #include "core/status.hpp"
-#include "lock/pool_layout.hpp"
-#include "lock/pool_report.hpp"
-#include "lock/pool_segment.hpp"
+#include "pool/pool_layout.hpp"
+#include "pool/pool_report.hpp"
+#include "pool/pool_segment.hpp"
 #include "lock/process_identity.hpp"
 
 namespace {
-using namespace vramswap;
+using namespace vramswap::detail;
 
 void usage(FILE* out) {
   std::fprintf(out,
@@ -355,8 +355,8 @@ int main(int argc, char** argv) {
   if (cmd == "status" || cmd == "trace") {
     // The same settings as the library's (VRAMSWAP_SHM_PREFIX picks the deployment): a bad
     // one is an error here too, rather than a report on some other deployment.
-    if (vramswap::validate_options() != vramswap::ok) {
-      std::fprintf(stderr, "vramswap %s: %s\n", cmd.c_str(), vramswap::last_error());
+    if (vramswap::detail::validate_options() != vramswap::detail::ok) {
+      std::fprintf(stderr, "vramswap %s: %s\n", cmd.c_str(), vramswap::detail::last_error());
       return 1;
     }
   }

@@ -5,7 +5,7 @@
 
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 const char* advice_name(advice a) noexcept {
   switch (a) {
@@ -125,4 +125,4 @@ page_range arena::pages_of(device_ptr ptr, uint64_t size) const {
   return page_range{first, last - first + 1};
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

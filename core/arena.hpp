@@ -21,7 +21,7 @@
 #include "core/backend.hpp"
 #include "core/range_allocator.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 enum class advice : uint8_t {
   normal = 0,       // contents preserved across swaps (the default)
@@ -74,4 +74,4 @@ class arena {
   std::map<uint64_t, advised> advice_;  // start -> (end, advice); non-overlapping, never normal
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

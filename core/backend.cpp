@@ -7,7 +7,7 @@
 
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 const char* backend_kind_name(backend_kind kind) noexcept {
   switch (kind) {
@@ -559,4 +559,4 @@ int backend::app_stream_capturing(int device, uintptr_t app_stream, bool* captur
   return do_app_stream_capturing(device, app_stream, capturing);
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -17,7 +17,7 @@
 //                it is inaccessible until set_access() grants access
 //   stream       an ordered queue of asynchronous copies; events mark points in it
 //
-// Every function returns 0 (vramswap::ok) or a negative vramswap::status, and on failure
+// Every function returns 0 (vramswap::detail::ok) or a negative vramswap::detail::status, and on failure
 // records a detail for last_error() that names the call, its arguments and, for the cuda
 // backend, the CUDA error. Functions are thread-safe unless stated otherwise.
 //
@@ -35,7 +35,7 @@
 #include <string>
 #include <unordered_map>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 enum class backend_kind { host, cuda };
 const char* backend_kind_name(backend_kind kind) noexcept;
@@ -253,4 +253,4 @@ int select_backend(const std::string& text, std::unique_ptr<backend>* out);
 // that cannot work here, is an error every time it is asked for.
 int default_backend(backend** out);
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -6,7 +6,7 @@
 
 #include "core/backend.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 // The host emulation (core/host/). Fails only on bad VRAMSWAP_HOST_* options.
 int make_host_backend(std::unique_ptr<backend>* out);
@@ -15,4 +15,4 @@ int make_host_backend(std::unique_ptr<backend>* out);
 // err_unavailable with the reason when there is no driver, no GPU, or no cuda.h at build.
 int make_cuda_backend(std::unique_ptr<backend>* out);
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -7,7 +7,7 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 int make_backend(backend_kind kind, std::unique_ptr<backend>* out) {
   switch (kind) {
@@ -67,4 +67,4 @@ int default_backend(backend** out) {
   return ok;
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

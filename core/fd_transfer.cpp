@@ -9,7 +9,7 @@
 
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 int send_fds(int socket, const int* fds, size_t count, const void* payload, size_t len) noexcept {
   if (len == 0) return fail(err_invalid_argument, "send_fds: a message needs at least one byte of payload");
@@ -87,4 +87,4 @@ int recv_fd(int socket, int* fd, void* payload, size_t cap, size_t* len) noexcep
   return recv_fds(socket, fd, 1, &count, payload, cap, len);
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

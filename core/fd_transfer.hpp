@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 // Send `fd` with `len` bytes of payload (len >= 1: a message must carry data). Blocks.
 int send_fd(int socket, int fd, const void* payload, size_t len) noexcept;
@@ -21,4 +21,4 @@ int send_fds(int socket, const int* fds, size_t count, const void* payload, size
 // how many came. More descriptors than `cap` is an error (the extra ones are closed).
 int recv_fds(int socket, int* fds, size_t cap, size_t* count, void* payload, size_t payload_cap, size_t* len) noexcept;
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -2,14 +2,14 @@
 //
 // In a single process (and in tests) frames are made and released on demand
 // (local_frame_source). In time-sharing, frames come from the per-device pool shared by all
-// processes instead (lock/pool_frame_source.hpp), through the same interface.
+// processes instead (pool/pool_frame_source.hpp), through the same interface.
 #pragma once
 
 #include <cstddef>
 
 #include "core/backend.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 class frame_source {
  public:
@@ -50,4 +50,4 @@ class local_frame_source final : public frame_source {
   backend& be_;
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

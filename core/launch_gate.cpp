@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <mutex>
 
-namespace vramswap::launch_gate {
+namespace vramswap::detail::launch_gate {
 namespace {
 
 // Bit 0: closed. Bits 1..: threads inside a bracketed call. One word, so that entering is a
@@ -62,4 +62,4 @@ closed::~closed() {
   g_closers.unlock();
 }
 
-}  // namespace vramswap::launch_gate
+}  // namespace vramswap::detail::launch_gate

@@ -19,7 +19,7 @@
 // so a bracketed call that calls another never waits for itself.
 #pragma once
 
-namespace vramswap::launch_gate {
+namespace vramswap::detail::launch_gate {
 
 // Application side (the preload shim): bracket each call that queues device work.
 void enter() noexcept;
@@ -48,4 +48,4 @@ class closed {
   closed& operator=(const closed&) = delete;
 };
 
-}  // namespace vramswap::launch_gate
+}  // namespace vramswap::detail::launch_gate

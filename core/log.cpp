@@ -10,7 +10,7 @@
 
 #include "core/options.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 thread_local int t_device = -1;
@@ -85,4 +85,4 @@ void log(log_level level, const char* fmt, ...) noexcept {
   [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, line, len + 1);
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

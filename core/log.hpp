@@ -8,7 +8,7 @@
 // nothing on a hot path logs below debug.
 #pragma once
 
-namespace vramswap {
+namespace vramswap::detail {
 
 enum class log_level { error = 0, warn = 1, info = 2, debug = 3 };
 
@@ -18,4 +18,4 @@ bool log_enabled(log_level level) noexcept;
 void log_set_device(int device) noexcept;
 void log(log_level level, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -18,7 +18,7 @@
 
 extern char** environ;
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 constexpr option_desc k_table[] = {
@@ -384,4 +384,4 @@ uint64_t physical_ram() noexcept {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

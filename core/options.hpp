@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 // How an option's value is checked, by validate_options() at start and by the typed accessors
 // when it is read, so the two never disagree; also the "expected ..." of its error.
@@ -170,4 +170,4 @@ std::string closest_known_name(const std::string& name);
 // other_variable gets one warning per process, naming it and the closest known name.
 int validate_options();
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

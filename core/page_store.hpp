@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 class page_store {
  public:
@@ -24,7 +24,7 @@ class page_store {
   virtual int slot_for_write(uint64_t key, size_t size, void** host) = 0;
   // Like slot_for_write, but never waits for another process: err_busy, with no detail
   // recorded, when a slot could only be had by waiting until another process gives one back
-  // (a store shared between processes, lock/pool_host_store.hpp). The pager asks this first,
+  // (a store shared between processes, swap/pool_host_store.hpp). The pager asks this first,
   // so that before it blocks it can finish the copies it has in flight and give their frames
   // back: a process waiting for a slot then holds no frame that another process, restoring
   // (and freeing slots as its copies in complete), may be waiting for. Stores of one process
@@ -65,4 +65,4 @@ class page_store {
   }
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

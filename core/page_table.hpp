@@ -20,7 +20,7 @@
 
 #include "core/backend.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 enum class page_state : uint8_t { unbacked, resident, host, disk, discarded };
 const char* page_state_name(page_state s) noexcept;
@@ -47,4 +47,4 @@ class page_table {
   std::vector<page_entry> entries_;
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -8,7 +8,7 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 const char* page_state_name(page_state s) noexcept {
   switch (s) {
@@ -709,4 +709,4 @@ int pager::check_invariants() const {
   return ok;
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -55,7 +55,7 @@
 #include "core/page_store.hpp"
 #include "core/page_table.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 // What malloc does with a new allocation's pages while the pager is not resident.
 enum class backing {
@@ -150,7 +150,7 @@ class pager {
   // what a process does when it releases the device lock without evicting.
   void set_not_resident();
   bool resident() const;
-  // The same without the mutex, for a signal handler's report (cpp_api/src/fault_report).
+  // The same without the mutex, for a signal handler's report (runtime/fault_report).
   bool resident_now() const noexcept { return resident_.load(std::memory_order_acquire); }
 
   pager_stats stats() const;
@@ -207,4 +207,4 @@ class pager {
   pager_stats stats_;
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -21,7 +21,7 @@
 #include "core/pager.hpp"
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 std::vector<frame_id> pager::resident_frames() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -178,4 +178,4 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   return ok;
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

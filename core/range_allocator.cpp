@@ -15,7 +15,7 @@
 
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 constexpr uint64_t kMaxPageSize = uint64_t{1} << 38;  // keeps end_count_ within uint32_t
@@ -489,4 +489,4 @@ int range_allocator::check_invariants() const noexcept {
   return 0;
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 // A run of consecutive page indices [first, first + count) of one arena.
 struct page_range {
@@ -81,7 +81,7 @@ struct range_allocation {
 //   I5 bytes_allocated_ and the allocation count equal the sums over live_;
 //   I6 end_count_ equals a recount from live_, so live_count(p) is the true overlap count.
 //
-// Errors: every fallible call returns 0 or a negative vramswap::status and records the
+// Errors: every fallible call returns 0 or a negative vramswap::detail::status and records the
 // detail (see core/status.hpp); a failed call changes nothing, including when the standard
 // library runs out of memory (reported as err_out_of_memory). Not thread-safe: the arena
 // serializes calls.
@@ -171,4 +171,4 @@ class range_allocator {
   std::vector<uint32_t> end_count_;                        // per page, see above
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 // One buffer per thread: a failure on one thread never overwrites another's detail.
 thread_local std::string t_detail;
@@ -80,4 +80,4 @@ int add_context(int code, const char* fmt, ...) noexcept {
 
 void clear_error() noexcept { t_detail.clear(); }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -13,7 +13,7 @@
 #include <cstdarg>
 #include <string>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 enum status : int {
   ok = 0,
@@ -56,7 +56,7 @@ int add_context(int code, const char* fmt, ...) noexcept __attribute__((format(p
 // Clear the current thread's detail (so a later last_error() does not show a stale one).
 void clear_error() noexcept;
 
-}  // namespace vramswap
+}  // namespace vramswap::detail
 
 // Propagate a failing status unchanged: VS_TRY(backend.map(...));
 #define VS_TRY(expr)                         \

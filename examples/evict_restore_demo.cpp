@@ -16,6 +16,7 @@
 #include "core/status.hpp"
 
 using namespace vramswap;
+using namespace vramswap::detail;
 
 namespace {
 

@@ -32,11 +32,12 @@
 #include "core/backend.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
-#include "cpp_api/src/device_session.hpp"
+#include "runtime/device_session.hpp"
 #include "lock/process_identity.hpp"
 
 extern char** environ;
 using namespace vramswap;
+using namespace vramswap::detail;
 
 namespace {
 

@@ -1,6 +1,6 @@
 #include "lock/crash_points.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 namespace detail {
 crash_hook g_crash_hook = nullptr;
@@ -22,4 +22,4 @@ const char* crash_point_name(crash_point point) noexcept {
 
 void set_crash_hook(crash_hook hook) noexcept { detail::g_crash_hook = hook; }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

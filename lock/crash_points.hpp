@@ -9,7 +9,7 @@
 // production process can never enable it by accident.
 #pragma once
 
-namespace vramswap {
+namespace vramswap::detail {
 
 enum class crash_point {
   enqueue_slot_filled,       // acquire: slot fields written, state not yet published
@@ -37,4 +37,4 @@ inline void at_crash_point(crash_point point) noexcept {
   if (__builtin_expect(detail::g_crash_hook != nullptr, 0)) detail::g_crash_hook(point);
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

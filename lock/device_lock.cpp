@@ -14,7 +14,7 @@
 #include "lock/segment_layout.hpp"
 #include "lock/shared_segment.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 using namespace lock_layout;
 
 namespace {
@@ -672,4 +672,4 @@ int device_lock::snapshot(std::vector<lock_queue_entry>* out, int64_t wait_ns) n
   return ok;
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -1,6 +1,6 @@
 // device_lock: the per-device, cross-process FIFO lock that survives SIGKILL anywhere.
 //
-// Internal API (namespace vramswap); the public gpu_lock guard in cpp_api/ wraps it.
+// Internal API (namespace vramswap::detail); the public gpu_lock guard in cpp_api/ wraps it.
 // The full design, with its reasoning and limits, is in docs/lock.md; in short:
 //
 // State. One shared segment per device (lock/shared_segment.hpp) holds a robust
@@ -69,7 +69,7 @@
 // none installed (the default) a signal's handler runs and the wait goes on, as
 // pthread_mutex_lock's does.
 //
-// Return codes: 0 on success, or a negative vramswap::status with the detail in
+// Return codes: 0 on success, or a negative vramswap::detail::status with the detail in
 // last_error(); never throws.
 #pragma once
 
@@ -81,7 +81,7 @@
 #include <string>
 #include <vector>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 class shared_segment;
 
@@ -245,4 +245,4 @@ class device_lock {
   uint32_t depth_ = 0;
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

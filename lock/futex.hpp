@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <ctime>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 // Sleep while *word == expected, at most timeout_ns (relative). Returns when woken, on
 // timeout, on a signal, or at once if *word != expected; the caller re-checks the word.
@@ -36,4 +36,4 @@ inline void futex_wake_one(std::atomic<uint32_t>* word) noexcept {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -14,7 +14,7 @@
 #include "core/status.hpp"
 #include "lock/shared_segment.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 int current_sharing(sharing* out) noexcept {
   sharing s;
@@ -160,4 +160,4 @@ int open_owned(const std::string& path, int flags, const char* what, const char*
   }
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -18,7 +18,7 @@
 
 #include <string>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 // Who may share this process's objects: VRAMSWAP_GROUP read once per call.
 struct sharing {
@@ -55,4 +55,4 @@ int check_owned(const struct stat& st, mode_t kind, const std::string& path, con
 int open_owned(const std::string& path, int flags, const char* what, const char* remedy, int* fd_out,
                bool* created = nullptr) noexcept;
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

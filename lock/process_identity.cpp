@@ -12,7 +12,7 @@
 
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 std::atomic<uint64_t> g_fork_generation{0};
@@ -150,4 +150,4 @@ uint64_t monotonic_ns() noexcept {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 struct process_identity {
   pid_t pid;
@@ -57,4 +57,4 @@ void describe_process(pid_t pid, char* buf, size_t size) noexcept;
 // CLOCK_MONOTONIC in nanoseconds.
 uint64_t monotonic_ns() noexcept;
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

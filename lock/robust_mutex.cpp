@@ -7,7 +7,7 @@
 
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 int robust_mutex_init(pthread_mutex_t* m) noexcept {
   pthread_mutexattr_t attr;
@@ -65,4 +65,4 @@ pid_t robust_mutex_owner(const pthread_mutex_t* m) noexcept {
 
 void unlock_robust(pthread_mutex_t* m) noexcept { pthread_mutex_unlock(m); }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 // Initialize `m` in shared memory as PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST.
 int robust_mutex_init(pthread_mutex_t* m) noexcept;
@@ -36,4 +36,4 @@ pid_t robust_mutex_owner(const pthread_mutex_t* m) noexcept;
 
 void unlock_robust(pthread_mutex_t* m) noexcept;
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

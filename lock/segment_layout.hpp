@@ -34,7 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace vramswap::lock_layout {
+namespace vramswap::detail::lock_layout {
 
 constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-endian bytes
 // 2: lock_state's hold-time hints.
@@ -142,4 +142,4 @@ inline waiter_slot* slots_of(void* base) {
   return reinterpret_cast<waiter_slot*>(static_cast<char*>(base) + k_slots_offset);
 }
 
-}  // namespace vramswap::lock_layout
+}  // namespace vramswap::detail::lock_layout

@@ -22,7 +22,7 @@
 #include "lock/robust_mutex.hpp"
 #include "lock/segment_layout.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace bip = boost::interprocess;
 using namespace lock_layout;
 
@@ -320,4 +320,4 @@ shared_segment::~shared_segment() {
   if (base_ != nullptr) ::munmap(base_, size_);
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

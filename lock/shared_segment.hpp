@@ -30,7 +30,7 @@
 
 #include <boost/interprocess/managed_external_buffer.hpp>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 // VRAMSWAP_GROUP as a group id (a name or a number); *is_set false when it is unset. Shared
 // objects (segments, sockets) are 0600, or 0660 owned by this group when it is set.
@@ -76,4 +76,4 @@ class shared_segment {
   boost::interprocess::managed_external_buffer managed_;
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -13,10 +13,10 @@
 
 #include <mutex>
 
-#include "preload/shim.hpp"
+#include "shim.hpp"
 
 namespace {
-using namespace vramswap::preload;
+using namespace vramswap::detail::preload;
 
 // The runtime's types, as in driver_types.h (stable since CUDA 4).
 using cuda_error_t = int;

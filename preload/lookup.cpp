@@ -23,10 +23,10 @@
 #include "core/cuda/declared_abi.hpp"
 #include "core/launch_gate.hpp"
 #include "core/log.hpp"
-#include "cpp_api/src/runtime.hpp"
-#include "preload/shim.hpp"
+#include "runtime/runtime.hpp"
+#include "shim.hpp"
 
-namespace vramswap::preload {
+namespace vramswap::detail::preload {
 namespace {
 
 using get_proc_v1_fn = CUresult (*)(const char*, void**, int, cuuint64_t);
@@ -260,7 +260,7 @@ dlsym_fn real_dlsym_function() {
   return real;
 }
 
-}  // namespace vramswap::preload
+}  // namespace vramswap::detail::preload
 
 // --- exported: dlsym ---------------------------------------------------------------------
 // glibc's dlsym looks at its caller: RTLD_NEXT, and RTLD_DEFAULT from an object loaded with
@@ -274,8 +274,8 @@ extern "C" {
 __attribute__((visibility("hidden"))) void* vramswap_real_dlsym_ptr = nullptr;
 }
 extern "C" __attribute__((visibility("hidden"))) void* vramswap_dlsym_decide(void* handle, const char* symbol, const void* caller) {
-  if (vramswap_real_dlsym_ptr == nullptr) vramswap_real_dlsym_ptr = reinterpret_cast<void*>(vramswap::preload::real_dlsym_function());
-  return vramswap::preload::lookup_for(caller, handle, symbol);
+  if (vramswap_real_dlsym_ptr == nullptr) vramswap_real_dlsym_ptr = reinterpret_cast<void*>(vramswap::detail::preload::real_dlsym_function());
+  return vramswap::detail::preload::lookup_for(caller, handle, symbol);
 }
 
 #if !defined(__x86_64__)

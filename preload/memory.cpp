@@ -22,10 +22,10 @@
 
 #include "core/log.hpp"
 #include "core/status.hpp"
-#include "cpp_api/src/runtime.hpp"
-#include "preload/shim.hpp"
+#include "runtime/runtime.hpp"
+#include "shim.hpp"
 
-namespace vramswap::preload {
+namespace vramswap::detail::preload {
 namespace {
 
 template <typename Fn>
@@ -153,4 +153,4 @@ CUresult mem_get_info(size_t* free_bytes, size_t* total_bytes) {
   return CUDA_SUCCESS;
 }
 
-}  // namespace vramswap::preload
+}  // namespace vramswap::detail::preload

@@ -11,7 +11,7 @@
 //               and the runtime's exported symbols are interposed too, for programs that
 //               call them directly.
 //   memory.cpp  what the replaced functions do: allocation, free and memory info through the
-//               vramswap runtime (cpp_api/src/runtime.hpp).
+//               vramswap runtime (runtime/runtime.hpp).
 // Every driver function that queues device work (launches, graph launches, copies,
 // memsets, stream memory operations) is handed out wrapped in the launch gate
 // (core/launch_gate.hpp), the safe point for moving an oversubscribed process's pages.
@@ -21,7 +21,7 @@
 
 #include <cuda.h>
 
-namespace vramswap::preload {
+namespace vramswap::detail::preload {
 
 // The real driver (libcuda) entry point lookup, and the real dlsym.
 using get_proc_v2_fn = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
@@ -51,4 +51,4 @@ CUresult mem_get_info(size_t* free_bytes, size_t* total_bytes);
 CUresult mem_alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream);
 CUresult mem_free_async(CUdeviceptr dptr, CUstream stream);
 
-}  // namespace vramswap::preload
+}  // namespace vramswap::detail::preload

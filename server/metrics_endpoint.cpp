@@ -19,7 +19,7 @@
 #include "core/status.hpp"
 #include "lock/process_identity.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 void close_fd(int* fd) {
@@ -200,4 +200,4 @@ void metrics_endpoint::run() noexcept {
   for (connection& c : conns) close_fd(&c.fd);
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -16,7 +16,7 @@
 // for concurrent readers, and a device_lock of its own).
 //
 // Threads: start() and the destructor on the owner's thread; render on the endpoint's.
-// Errors: 0 or a negative vramswap::status with last_error(); never throws.
+// Errors: 0 or a negative vramswap::detail::status with last_error(); never throws.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,7 @@
 #include <string>
 #include <thread>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 class metrics_endpoint {
  public:
@@ -61,4 +61,4 @@ class metrics_endpoint {
   std::thread thread_;
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -27,15 +27,15 @@
 #include "core/status.hpp"
 #include "lock/device_lock.hpp"
 #include "lock/ownership.hpp"
-#include "lock/pool_connection.hpp"
-#include "lock/pool_protocol.hpp"
-#include "lock/pool_report.hpp"
-#include "lock/pool_segment.hpp"
+#include "pool/pool_connection.hpp"
+#include "pool/pool_protocol.hpp"
+#include "pool/pool_report.hpp"
+#include "pool/pool_segment.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/shared_segment.hpp"
 #include "server/metrics_endpoint.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 using namespace pool_layout;
@@ -722,4 +722,4 @@ void pool_server::teardown() noexcept {
   close_fd(&server_lock_fd_);  // last: the next server may start now
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

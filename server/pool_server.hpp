@@ -8,13 +8,13 @@
 //          reservation and sets it to zero), exports each ONCE and keeps the descriptors
 //          (the soft RLIMIT_NOFILE is raised to the hard limit first: a 140 GiB pool of
 //          32 MiB frames is ~4,500 descriptors), creates the pool segment (frame table and
-//          member table, lock/pool_layout.hpp), opens the device lock, and listens on
+//          member table, pool/pool_layout.hpp), opens the device lock, and listens on
 //          <runtime dir>/<prefix><key>.sock (mode 0600, 0660 with VRAMSWAP_GROUP).
 //   run    a poll() loop. A new connection: SO_PEERCRED must show the server's uid, root,
 //          or (with VRAMSWAP_GROUP) a member of that group; the hello must carry the
 //          protocol's magic and version and the peer's own pid; else an error welcome with
 //          a message, and the connection is closed. Then a member slot, the welcome and
-//          the frames' descriptors in batches of 250 (lock/pool_protocol.hpp). The
+//          the frames' descriptors in batches of 250 (pool/pool_protocol.hpp). The
 //          connection then stays open and silent.
 //   repair a connection's hang-up means its process is gone (or has left the pool). Once
 //          the process is really dead (zombie or gone: its last GPU work and mappings are
@@ -32,7 +32,7 @@
 //   metrics with a metrics port, also a TCP listener on 127.0.0.1 only, served from a thread
 //          of its own (server/metrics_endpoint.hpp), never from the poll() loop: GET /metrics
 //          answers the device's gauges and counters in the Prometheus text format
-//          (lock/pool_report.hpp), one short request per connection (HTTP/1.0, closed after
+//          (pool/pool_report.hpp), one short request per connection (HTTP/1.0, closed after
 //          the answer; a client gets 1 s to send its request and 5 s to read the answer). The
 //          port is published in the pool header, where `vramswap status` shows it.
 //   stop   request_stop() (async-signal-safe; vramswapd calls it on SIGTERM/SIGINT), or
@@ -49,7 +49,7 @@
 // VRAMSWAP_FRAME_SIZE, a power-of-two multiple of the device's granularity.
 //
 // Threads: start() and run() on one thread; request_stop() from anywhere, signal handlers
-// included; the metrics endpoint on a thread of its own. Errors: 0 or a negative vramswap::status with last_error(); never throws.
+// included; the metrics endpoint on a thread of its own. Errors: 0 or a negative vramswap::detail::status with last_error(); never throws.
 #pragma once
 
 #include <sys/types.h>
@@ -61,7 +61,7 @@
 
 #include "core/backend.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 class device_lock;
 class metrics_endpoint;
@@ -170,4 +170,4 @@ class pool_server {
   bool socket_bound_ = false;
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -3,7 +3,7 @@
 //   vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE] [--host-pool SIZE] [--metrics-port PORT]
 //
 // Two ways to run it:
-//   on demand   (the default) a client starts it when none listens (lock/pool_connection.cpp).
+//   on demand   (the default) a client starts it when none listens (pool/pool_connection.cpp).
 //               It detaches: forks once (its first process exits at once, so the server is
 //               nobody's child), logs to <runtime dir>/<key>.log, and exits after
 //               VRAMSWAP_POOL_IDLE_EXIT seconds (default 60; 0 never) without a client.
@@ -29,7 +29,7 @@
 
 namespace {
 
-vramswap::pool_server* g_server = nullptr;
+vramswap::detail::pool_server* g_server = nullptr;
 
 void on_stop_signal(int) { if (g_server != nullptr) g_server->request_stop(); }
 
@@ -84,7 +84,7 @@ void report(int fd, const std::string& line, bool last = true) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace vramswap;
+  using namespace vramswap::detail;
   pool_server_options options;
   bool foreground = false;
   bool idle_given = false;

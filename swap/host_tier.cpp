@@ -12,7 +12,7 @@
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels answer EINVAL and we touch pages instead
 #endif
 
-namespace vramswap {
+namespace vramswap::detail {
 
 host_tier::host_tier(backend& be, size_t slot_size, size_t chunk_slots)
     : be_(be), slot_size_(slot_size), chunk_slots_(chunk_slots == 0 ? 1 : chunk_slots) {}
@@ -105,4 +105,4 @@ int host_tier::reserve(uint64_t bytes) {
   return ok;
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

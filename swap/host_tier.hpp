@@ -19,7 +19,7 @@
 #include "core/backend.hpp"
 #include "core/page_store.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 class host_tier final : public page_store {
  public:
@@ -56,4 +56,4 @@ class host_tier final : public page_store {
   std::unordered_map<uint64_t, char*> held_;  // key -> slot
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -15,7 +15,7 @@
 #include "core/log.hpp"
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 namespace {
 constexpr unsigned k_sparse_buffers = 4096;     // fixed-buffer table entries (one per host chunk)
@@ -367,4 +367,4 @@ int swap_file::reap(bool wait, std::vector<completion>* out) {
   }
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

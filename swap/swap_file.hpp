@@ -67,7 +67,7 @@
 #include <string>
 #include <vector>
 
-namespace vramswap {
+namespace vramswap::detail {
 
 // The test seam between the disk tier and the kernel. Default: everything passes through.
 class io_faults {
@@ -206,4 +206,4 @@ class swap_file {
   void account_depth();      // before in_ring_ changes
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

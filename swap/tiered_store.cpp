@@ -16,7 +16,7 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
-namespace vramswap {
+namespace vramswap::detail {
 
 tiered_store::tiered_store(backend& be, const tiered_config& cfg)
     : be_(be),
@@ -477,11 +477,11 @@ tiered_stats tiered_store::stats() const {
   return s;
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail
 
-namespace vramswap {
+namespace vramswap::detail {
 swap_file::io_stats tiered_store::io_stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return file_->stats();
 }
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -68,7 +68,7 @@
 #include "core/page_store.hpp"
 #include "swap/swap_file.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 struct tiered_config {
   size_t slot_size = 0;        // bytes per page (required)
@@ -183,4 +183,4 @@ class tiered_store final : public page_store {
   tiered_stats stats_;
 };
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

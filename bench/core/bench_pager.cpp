@@ -25,11 +25,12 @@
 #include <vector>
 
 #include "core/pager.hpp"
-#include "bench/support/bench_util.hpp"
+#include "support/bench_util.hpp"
 #include "core/status.hpp"
 #include "swap/host_tier.hpp"
 
 using namespace vramswap;
+using namespace vramswap::detail;
 using bench::check;
 using bench::parse_list;
 

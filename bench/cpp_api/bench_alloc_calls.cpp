@@ -13,13 +13,14 @@
 #include <cstring>
 #include <vector>
 
-#include "bench/support/bench_util.hpp"
+#include "support/bench_util.hpp"
 #include "core/options.hpp"
 #include "lock/process_identity.hpp"
 #include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
 
 using namespace vramswap;
+using namespace vramswap::detail;
 
 int main(int argc, char** argv) {
   const long pairs = argc > 1 ? std::max(1L, std::atol(argv[1])) : 1000000L;

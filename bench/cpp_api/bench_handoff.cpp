@@ -46,9 +46,9 @@
 #include <vector>
 
 #include "core/backend.hpp"
-#include "bench/support/bench_util.hpp"
+#include "support/bench_util.hpp"
 #include "core/status.hpp"
-#include "cpp_api/src/device_session.hpp"
+#include "runtime/device_session.hpp"
 #include "lock/process_identity.hpp"
 
 #ifdef VRAMSWAP_HAVE_CUDA_H
@@ -57,6 +57,7 @@
 
 extern char** environ;
 using namespace vramswap;
+using namespace vramswap::detail;
 using bench::check;
 using bench::parse_list;
 

@@ -9,12 +9,13 @@
 #include <cstdlib>
 #include <memory>
 
-#include "bench/support/bench_util.hpp"
+#include "support/bench_util.hpp"
 #include "core/options.hpp"
-#include "cpp_api/src/device_session.hpp"
+#include "runtime/device_session.hpp"
 #include "lock/process_identity.hpp"
 
 using namespace vramswap;
+using namespace vramswap::detail;
 using bench::check;
 
 int main(int argc, char** argv) {

@@ -39,7 +39,7 @@
 
 namespace {
 
-using vramswap::monotonic_ns;
+using vramswap::detail::monotonic_ns;
 
 // A lock under test: `attach` runs once in each process that will use it (after fork).
 struct lock_under_test {
@@ -227,13 +227,13 @@ int main(int argc, char** argv) {
 
   // The vramswap lock, on a segment private to this run.
   const std::string prefix = "vsbench-" + std::to_string(::getpid()) + "-";
-  vramswap::option_set(vramswap::option_id::shm_prefix, prefix.c_str());
-  auto device = std::make_shared<vramswap::device_lock>();
-  if (vramswap::device_lock::open("host-0", device.get()) != 0) {
-    std::fprintf(stderr, "bench_lock: cannot open the device lock: %s\n", vramswap::last_error());
+  vramswap::detail::option_set(vramswap::detail::option_id::shm_prefix, prefix.c_str());
+  auto device = std::make_shared<vramswap::detail::device_lock>();
+  if (vramswap::detail::device_lock::open("host-0", device.get()) != 0) {
+    std::fprintf(stderr, "bench_lock: cannot open the device lock: %s\n", vramswap::detail::last_error());
     return 1;
   }
-  vramswap::device_lock::remove("host-0");  // the mapping stays; nothing is left behind
+  vramswap::detail::device_lock::remove("host-0");  // the mapping stays; nothing is left behind
   lock_under_test vramswap_lock{"vramswap device_lock", [] {},
                                 [device] {
                                   if (device->acquire() != 0) std::abort();

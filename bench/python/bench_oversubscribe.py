@@ -24,7 +24,7 @@ import time
 
 BUILD = os.environ.get("VRAMSWAP_BUILD_DIR", "build/device")
 PLAIN = os.path.join(BUILD, "examples", "vramswap_plain_cuda")
-SHIM = os.path.join(BUILD, "preload", "libvramswap_preload.so")
+SHIM = os.path.join(BUILD, "libvramswap_preload.so")
 TORCH = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "gpu", "torch_unmodified.py")
 GiB = 1 << 30
 PREFIX = os.environ.get("VRAMSWAP_SHM_PREFIX", "vsbench-")

@@ -10,7 +10,7 @@
 
 #include "core/status.hpp"
 
-namespace vramswap::bench {
+namespace vramswap::detail::bench {
 
 // Exit with the status and detail when `rc` is an error: a benchmark that cannot measure
 // what it set out to must not print a number.
@@ -31,4 +31,4 @@ inline std::vector<double> parse_list(const char* text) {
 
 inline double seconds_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-}  // namespace vramswap::bench
+}  // namespace vramswap::detail::bench

@@ -92,7 +92,7 @@
 #include "core/log.hpp"
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 using cuda::check;
@@ -890,4 +890,4 @@ int make_cuda_backend(std::unique_ptr<backend>* out) {
   return 0;
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -15,7 +15,7 @@
 #include "core/cuda/declared_abi.hpp"
 #include "core/status.hpp"
 
-namespace vramswap::cuda {
+namespace vramswap::detail::cuda {
 namespace {
 
 // --- compile-time proof that the table's names and types came out right -----------------
@@ -211,4 +211,4 @@ int check(CUresult result, const char* call_fmt, ...) noexcept {
   return fail(code, "%s failed: %s (%s)", call, error_name(result), error_string(result));
 }
 
-}  // namespace vramswap::cuda
+}  // namespace vramswap::detail::cuda

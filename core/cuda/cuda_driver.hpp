@@ -24,7 +24,7 @@
 
 #include <cuda.h>
 
-namespace vramswap::cuda {
+namespace vramswap::detail::cuda {
 
 // X(name): fetched at the header's CUDA_VERSION (or the driver's, if older), capped by
 // declared_abi_version (see above).
@@ -109,4 +109,4 @@ const char* error_string(CUresult result) noexcept;
 // and returns err_out_of_memory for CUDA_ERROR_OUT_OF_MEMORY, err_cuda for anything else.
 int check(CUresult result, const char* call_fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
 
-}  // namespace vramswap::cuda
+}  // namespace vramswap::detail::cuda

@@ -4,7 +4,7 @@
 #include "core/backend_impls.hpp"
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 
 int make_cuda_backend(std::unique_ptr<backend>* out) {
   out->reset();
@@ -13,4 +13,4 @@ int make_cuda_backend(std::unique_ptr<backend>* out) {
               "installed to use the cuda backend");
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

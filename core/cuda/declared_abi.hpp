@@ -16,7 +16,7 @@
 
 #include <string_view>
 
-namespace vramswap::cuda {
+namespace vramswap::detail::cuda {
 
 struct redeclared_function {
   std::string_view name;
@@ -42,4 +42,4 @@ static_assert(declared_abi_version("cuCtxSynchronize", 13000) == 12000);
 static_assert(declared_abi_version("cuCtxSynchronize", 11040) == 11040);
 static_assert(declared_abi_version("cuMemGetInfo", 13000) == 13000);
 
-}  // namespace vramswap::cuda
+}  // namespace vramswap::detail::cuda

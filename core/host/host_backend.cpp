@@ -32,7 +32,7 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 constexpr size_t k_host_granularity = 2ull << 20;
@@ -350,4 +350,4 @@ int make_host_backend(std::unique_ptr<backend>* out) {
   return ok;
 }
 
-}  // namespace vramswap
+}  // namespace vramswap::detail

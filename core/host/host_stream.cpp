@@ -1,6 +1,6 @@
 #include "core/host/host_stream.hpp"
 
-namespace vramswap::host {
+namespace vramswap::detail::host {
 
 uint64_t host_event::next_point() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -71,4 +71,4 @@ void host_stream::run() {
   }
 }
 
-}  // namespace vramswap::host
+}  // namespace vramswap::detail::host

@@ -16,7 +16,7 @@
 #include <mutex>
 #include <thread>
 
-namespace vramswap::host {
+namespace vramswap::detail::host {
 
 class host_event {
  public:
@@ -60,4 +60,4 @@ class host_stream {
   std::thread worker_;
 };
 
-}  // namespace vramswap::host
+}  // namespace vramswap::detail::host

@@ -5,10 +5,12 @@
 
 #include "core/log.hpp"
 #include "core/status.hpp"
-#include "cpp_api/src/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "vramswap/vramswap.hpp"
 
 namespace vramswap {
+// The public types are defined here over the internal status codes and runtime.
+using namespace detail;
 
 namespace {
 [[noreturn]] void throw_last(int code) { throw_error(code, last_error()); }

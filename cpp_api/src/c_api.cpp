@@ -5,10 +5,10 @@
 #include <cstring>
 
 #include "core/status.hpp"
-#include "cpp_api/src/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "lock/device_lock.hpp"
 
-using namespace vramswap;
+using namespace vramswap::detail;
 
 // The header's numbers are the library's codes.
 static_assert(VRAMSWAP_ERR_INVALID_ARGUMENT == err_invalid_argument && VRAMSWAP_ERR_OUT_OF_MEMORY == err_out_of_memory &&

@@ -4,6 +4,8 @@
 #include "vramswap/vramswap.hpp"
 
 namespace vramswap {
+// The public types are defined here over the internal status codes and runtime.
+using namespace detail;
 
 error::error(int code, const std::string& what) : std::runtime_error(what), code_(code) {}
 

@@ -5,12 +5,12 @@
 // `code`, the C API's status code (vramswap.h), and the C++ message unchanged.
 #include <Python.h>
 
-#include "python/src/bindings.hpp"
+#include "bindings.hpp"
 #include "vramswap/vramswap.hpp"
 
 namespace py = pybind11;
 
-namespace vramswap::python {
+namespace vramswap::detail::python {
 namespace {
 // Created once, kept for the life of the process (never decref'ed: the translator may run
 // late in finalization).
@@ -71,4 +71,4 @@ void init_errors(py::module_& m) {
   });
 }
 
-}  // namespace vramswap::python
+}  // namespace vramswap::detail::python

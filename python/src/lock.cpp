@@ -15,15 +15,15 @@
 #include <optional>
 #include <string>
 
-#include "cpp_api/src/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "lock/device_lock.hpp"
 #include "lock/process_identity.hpp"
-#include "python/src/bindings.hpp"
+#include "bindings.hpp"
 #include "vramswap/vramswap.hpp"
 
 namespace py = pybind11;
 
-namespace vramswap::python {
+namespace vramswap::detail::python {
 namespace {
 
 priority parse_priority(const char* fn, const std::string& text) {
@@ -139,4 +139,4 @@ hands the lock on. Raises vramswap.Error when this thread does not hold the lock
       "How many times this thread holds the device's lock (0: not held).");
 }
 
-}  // namespace vramswap::python
+}  // namespace vramswap::detail::python

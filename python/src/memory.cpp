@@ -3,13 +3,13 @@
 
 #include <string>
 
-#include "python/src/bindings.hpp"
+#include "bindings.hpp"
 #include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
 
 namespace py = pybind11;
 
-namespace vramswap::python {
+namespace vramswap::detail::python {
 namespace {
 advice parse_advice(const std::string& text) {
   if (text == "normal") return advice::normal;
@@ -101,4 +101,4 @@ pages_promoted, reclaim_seconds.)doc");
 reuse (what vramswap.torch frees): stats()['cached_bytes'] drops to 0.)doc");
 }
 
-}  // namespace vramswap::python
+}  // namespace vramswap::detail::python

@@ -7,14 +7,14 @@
 #include <tuple>
 #include <vector>
 
-#include "cpp_api/src/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "lock/device_lock.hpp"
-#include "python/src/bindings.hpp"
+#include "bindings.hpp"
 #include "vramswap/vramswap.hpp"
 
 namespace py = pybind11;
 
-namespace vramswap::python {
+namespace vramswap::detail::python {
 
 void init_testing(py::module_& m) {
   py::module_ t = m.def_submodule("_testing", "Helpers for vramswap's own tests; not a public API.");
@@ -82,4 +82,4 @@ void init_testing(py::module_& m) {
       py::arg("device") = 0, "Stop the device's pool server and remove its segment names (after reset()).");
 }
 
-}  // namespace vramswap::python
+}  // namespace vramswap::detail::python

@@ -30,14 +30,14 @@
 
 #include "core/options.hpp"
 #include "core/status.hpp"
-#include "lock/pool_segment.hpp"
+#include "pool/pool_segment.hpp"
 #include "lock/shared_segment.hpp"
 #include "support/deployment.hpp"
 #include "support/loopback.hpp"
 
 extern char** environ;
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 using clock_type = std::chrono::steady_clock;
 constexpr uint64_t MiB = 1ull << 20;
@@ -429,4 +429,4 @@ TEST(TraceRing, ReadsInOrderSkipsADeadWritersRecordAndCountsLoss) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -21,7 +21,7 @@
 
 extern char** environ;
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 
@@ -494,4 +494,4 @@ TEST(BackendSelection, MalformedValueIsAClearError) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -19,6 +19,7 @@
 #include "support/random_bytes.hpp"
 
 using namespace vramswap;
+using namespace vramswap::detail;
 
 namespace {
 int sock = -1;

@@ -9,7 +9,7 @@
 
 #include "core/launch_gate.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 using namespace std::chrono_literals;
 
@@ -99,4 +99,4 @@ TEST(LaunchGate, ManyThreadsPassingWhileAnotherClosesRepeatedly) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -19,7 +19,7 @@
 #include "core/log.hpp"
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 constexpr uint64_t MiB = 1ull << 20;
@@ -363,4 +363,4 @@ TEST(UnknownNames, EveryVariableTheSourcesReadIsKnown) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

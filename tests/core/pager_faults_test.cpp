@@ -20,7 +20,7 @@
 #include "support/random_bytes.hpp"
 #include "swap/host_tier.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 using test::fault_op;
@@ -261,4 +261,4 @@ TEST_P(PagerFaults, AStoreThatFillsUpMidEvictionKeepsThePagesInFlightWhole) {
 INSTANTIATE_TEST_SUITE_P(Backends, PagerFaults, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

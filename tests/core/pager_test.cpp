@@ -17,7 +17,7 @@
 #include "support/random_bytes.hpp"
 #include "swap/host_tier.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 constexpr uint64_t MiB = 1ull << 20;
@@ -320,4 +320,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, PagerTest, ::testing::Values(backend_kind::ho
                          test::param_name);
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -32,7 +32,7 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 #pragma GCC diagnostic pop
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 constexpr uint64_t P = 4096;
@@ -102,4 +102,4 @@ TEST(RangeAllocatorOom, EveryAllocationFailureLeavesStateUnchanged) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

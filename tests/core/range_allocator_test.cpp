@@ -18,7 +18,7 @@
 
 #include "core/status.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 constexpr uint64_t KiB = 1ull << 10;
@@ -603,4 +603,4 @@ INSTANTIATE_TEST_SUITE_P(Configs, RangeAllocatorFuzz,
                          [](const auto& param_info) { return std::string(param_info.param.name); });
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

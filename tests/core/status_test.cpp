@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 TEST(Status, AddContextPrefixesAFailure) {
@@ -37,4 +37,4 @@ TEST(Status, EachThreadHasItsOwnDetail) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

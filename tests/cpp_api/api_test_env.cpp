@@ -6,9 +6,9 @@
 
 #include <stdexcept>
 
-#include "cpp_api/src/runtime.hpp"
+#include "runtime/runtime.hpp"
 
-namespace vramswap::test {
+namespace vramswap::detail::test {
 
 api_test_env::api_test_env(int devices) : devices_(devices) {
   static int counter = 0;
@@ -45,4 +45,4 @@ void api_test_env::end() {
   ::rmdir(runtime_dir_.c_str());
 }
 
-}  // namespace vramswap::test
+}  // namespace vramswap::detail::test

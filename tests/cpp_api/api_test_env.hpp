@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-namespace vramswap::test {
+namespace vramswap::detail::test {
 
 class api_test_env {
  public:
@@ -26,4 +26,4 @@ class api_test_env {
   bool ended_ = false;
 };
 
-}  // namespace vramswap::test
+}  // namespace vramswap::detail::test

@@ -31,8 +31,8 @@
 
 namespace {
 
-void create(const char* path) { vramswap::test::create_signal_file(path); }
-bool wait_for(const char* path) { return vramswap::test::wait_for_signal_file(path, 120, "api_worker"); }
+void create(const char* path) { vramswap::detail::test::create_signal_file(path); }
+bool wait_for(const char* path) { return vramswap::detail::test::wait_for_signal_file(path, 120, "api_worker"); }
 
 int usage(const char* self) {
   std::fprintf(stderr,

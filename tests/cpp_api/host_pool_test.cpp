@@ -25,11 +25,11 @@
 
 #include "core/backend.hpp"
 #include "core/status.hpp"
-#include "lock/pool_report.hpp"
-#include "lock/pool_segment.hpp"
+#include "pool/pool_report.hpp"
+#include "pool/pool_segment.hpp"
 #include "support/deployment.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 using namespace pool_layout;
 using clock_type = std::chrono::steady_clock;
@@ -40,7 +40,7 @@ constexpr uint64_t MiB = 1ull << 20;
 class HostPool : public ::testing::Test {
  protected:
   void start(uint64_t pool_bytes, uint64_t host_pool_bytes, int evict_timeout_s = 20) {
-    std::unique_ptr<vramswap::backend> made;
+    std::unique_ptr<vramswap::detail::backend> made;
     ASSERT_EQ(make_backend(backend_kind::host, &made), ok) << last_error();
     device_info info;
     ASSERT_EQ(made->get_device_info(0, &info), ok);
@@ -233,4 +233,4 @@ TEST_F(HostPool, HostPoolTooSmallForTheProcessesIsAClearError) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -19,11 +19,12 @@
 
 #include "core/launch_gate.hpp"
 #include "core/status.hpp"
-#include "cpp_api/src/oversubscribed_session.hpp"
+#include "runtime/oversubscribed_session.hpp"
 #include "support/random_bytes.hpp"
 #include "support/worker_exit.hpp"
 
 using namespace vramswap;
+using namespace vramswap::detail;
 
 namespace {
 constexpr const char* k_program = "oversub_worker";

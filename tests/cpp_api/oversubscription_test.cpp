@@ -18,11 +18,11 @@
 
 #include "core/backend.hpp"
 #include "core/status.hpp"
-#include "lock/pool_segment.hpp"
+#include "pool/pool_segment.hpp"
 #include "support/child_output.hpp"
 #include "support/deployment.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 using namespace pool_layout;
 constexpr uint64_t MiB = 1ull << 20;
@@ -32,7 +32,7 @@ class Oversubscription : public ::testing::Test {
   void SetUp() override {
     const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");
     backend_ = backend != nullptr ? backend : "host";
-    std::unique_ptr<vramswap::backend> made;
+    std::unique_ptr<vramswap::detail::backend> made;
     ASSERT_EQ(make_backend(backend_ == "cuda" ? backend_kind::cuda : backend_kind::host, &made), ok) << last_error();
     device_info info;
     ASSERT_EQ(made->get_device_info(0, &info), ok);
@@ -215,4 +215,4 @@ TEST_F(Oversubscription, AllocationPastTheHostLimitFailsClearly) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

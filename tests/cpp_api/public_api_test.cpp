@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "cpp_api/api_test_env.hpp"
-#include "cpp_api/src/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "support/random_bytes.hpp"
 #include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
@@ -135,7 +135,7 @@ class PublicApi : public ::testing::Test {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
 
-  vramswap::test::api_test_env env_;
+  vramswap::detail::test::api_test_env env_;
 };
 
 TEST_F(PublicApi, GuardOwnsUntilUnlockOrDestruction) {
@@ -144,10 +144,10 @@ TEST_F(PublicApi, GuardOwnsUntilUnlockOrDestruction) {
     EXPECT_TRUE(g.owns_lock());
     EXPECT_TRUE(static_cast<bool>(g));
     EXPECT_EQ(g.device(), 0);
-    EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 1u);
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 1u);
     g.unlock();
     EXPECT_FALSE(g.owns_lock());
-    EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
     try {
       g.unlock();
       FAIL() << "unlock of a guard that does not own must throw";
@@ -160,7 +160,7 @@ TEST_F(PublicApi, GuardOwnsUntilUnlockOrDestruction) {
     EXPECT_THROW(g.lock(), vramswap::invalid_argument);  // a guard owns at most once
   }
   // The destructor released it: nothing left to unlock.
-  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
   EXPECT_EQ(vramswap_unlock(0), VRAMSWAP_ERR_NOT_OWNER);
   EXPECT_NE(std::string(vramswap_last_error()).find("does not hold"), std::string::npos) << vramswap_last_error();
 }
@@ -172,11 +172,11 @@ TEST_F(PublicApi, ReentryByTheHoldingThreadIsCounted) {
     {
       vramswap::gpu_lock inner(0, vramswap::priority::high);  // priority ignored on re-entry
       EXPECT_TRUE(inner.owns_lock());
-      EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 2u);
+      EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 2u);
     }
-    EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 1u);
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 1u);
   }
-  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
   EXPECT_EQ(vramswap::get_stats(0).acquires, before + 1) << "a re-entry is not an acquisition";
 }
 
@@ -188,7 +188,7 @@ TEST_F(PublicApi, MoveTransfersOwnershipAndReleaseForgetsIt) {
   vramswap::gpu_lock c(0, std::defer_lock);
   c = std::move(b);
   EXPECT_TRUE(c.owns_lock());
-  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 1u);
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 1u);
   EXPECT_TRUE(c.release());  // the caller now owns it, through the C API
   EXPECT_FALSE(c.owns_lock());
   EXPECT_EQ(vramswap_unlock(0), VRAMSWAP_OK) << vramswap_last_error();
@@ -238,7 +238,7 @@ TEST_F(PublicApi, InterruptibleCLockEndsOnASignalThePlainOneWaitsThroughIt) {
   EXPECT_EQ(rc, VRAMSWAP_ERR_INTERRUPTED) << vramswap_last_error();
   EXPECT_STREQ(vramswap_status_name(VRAMSWAP_ERR_INTERRUPTED), "interrupted");
   EXPECT_GT(g_usr1_handled, 0);
-  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
   returned.store(false);
   std::thread t2(pester);
   EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 30'000'000'000), VRAMSWAP_OK) << vramswap_last_error();
@@ -268,7 +268,7 @@ TEST_F(PublicApi, TryAndTimeoutAgainstAnotherProcess) {
   EXPECT_STRNE(vramswap_last_error(), "");
   EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_HIGH, 50'000'000), VRAMSWAP_ERR_TIMEOUT);
   EXPECT_STREQ(vramswap_status_name(VRAMSWAP_ERR_TIMEOUT), "timeout");
-  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
   // A blocking lock waits for the holder to let go.
   vramswap::gpu_lock g(0);
   EXPECT_TRUE(g.owns_lock());
@@ -397,16 +397,16 @@ TEST_F(PublicApi, MemoryKeepsItsBytesAcrossLockTurns) {
   std::mt19937_64 rng(42);
   for (auto& b : data) b = static_cast<unsigned char>(rng());
   const auto ptr = reinterpret_cast<uintptr_t>(p);
-  EXPECT_EQ(vramswap::rt::copy_to_device(0, ptr, data.data(), n), VRAMSWAP_ERR_NOT_OWNER) << "not without the lock";
+  EXPECT_EQ(vramswap::detail::rt::copy_to_device(0, ptr, data.data(), n), VRAMSWAP_ERR_NOT_OWNER) << "not without the lock";
   {
     vramswap::gpu_lock g(0);
-    ASSERT_EQ(vramswap::rt::copy_to_device(0, ptr, data.data(), n), VRAMSWAP_OK) << vramswap_last_error();
+    ASSERT_EQ(vramswap::detail::rt::copy_to_device(0, ptr, data.data(), n), VRAMSWAP_OK) << vramswap_last_error();
   }
   // Another process takes the device in between.
   EXPECT_EQ(wait_exit(spawn_holder(0, 50)), 0);
   {
     vramswap::gpu_lock g(0);
-    ASSERT_EQ(vramswap::rt::copy_from_device(0, back.data(), ptr, n), VRAMSWAP_OK) << vramswap_last_error();
+    ASSERT_EQ(vramswap::detail::rt::copy_from_device(0, back.data(), ptr, n), VRAMSWAP_OK) << vramswap_last_error();
     const vramswap::stats st = vramswap::get_stats(0);
     EXPECT_EQ(st.allocations, 1u);
     EXPECT_GE(st.resident_bytes, n);
@@ -429,7 +429,7 @@ TEST_F(PublicApi, MemoryAllocatedAndWrittenOutsideTheLockIsKeptAcrossTurns) {
   auto* p = static_cast<unsigned char*>(vramswap::malloc(n));
   EXPECT_GE(vramswap::get_stats(0).resident_bytes, n) << "the pool had free frames: backed at once, without the lock";
   std::vector<unsigned char> data(n), back(n);
-  vramswap::test::fill_random(data.data(), n, 99);
+  vramswap::detail::test::fill_random(data.data(), n, 99);
   std::memcpy(p, data.data(), n);  // host backend: device memory is this process's memory
   // Another process takes the lock and the whole pool: our frames are idle frames like any.
   create(path("release"));
@@ -441,7 +441,7 @@ TEST_F(PublicApi, MemoryAllocatedAndWrittenOutsideTheLockIsKeptAcrossTurns) {
   EXPECT_EQ(after.resident_bytes, 0u);
   {
     vramswap::gpu_lock g(0);
-    ASSERT_EQ(vramswap::rt::copy_from_device(0, back.data(), reinterpret_cast<uintptr_t>(p), n), VRAMSWAP_OK) << vramswap_last_error();
+    ASSERT_EQ(vramswap::detail::rt::copy_from_device(0, back.data(), reinterpret_cast<uintptr_t>(p), n), VRAMSWAP_OK) << vramswap_last_error();
   }
   EXPECT_EQ(std::memcmp(back.data(), data.data(), n), 0) << "bytes written outside the lock were lost";
   vramswap::free(p);
@@ -574,14 +574,14 @@ TEST_F(PublicApi, AMalformedSettingFailsEveryCallUntilCorrected) {
   } catch (const vramswap::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("VRAMSWAP_EVICT_TIMEOUT"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
   // Nothing was left half made: once corrected, the same process opens its session.
   ::unsetenv("VRAMSWAP_EVICT_TIMEOUT");
   {
     vramswap::gpu_lock g(0);
     EXPECT_TRUE(g.owns_lock());
   }
-  EXPECT_EQ(vramswap::rt::held_by_this_thread(0), 0u);
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
 }
 
 TEST_F(PublicApi, AForkedChildGetsAClearError) {

@@ -19,11 +19,12 @@
 #include <vector>
 
 #include "core/status.hpp"
-#include "cpp_api/src/device_session.hpp"
+#include "runtime/device_session.hpp"
 #include "support/random_bytes.hpp"
 #include "support/worker_exit.hpp"
 
 using namespace vramswap;
+using namespace vramswap::detail;
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cpp_api/api_test_env.hpp"
-#include "cpp_api/src/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "support/random_bytes.hpp"
 #include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
@@ -29,7 +29,7 @@ void* const s2 = reinterpret_cast<void*>(0x2000);
 class StreamAllocator : public ::testing::Test {
  protected:
   void TearDown() override { env_.end(); }
-  vramswap::test::api_test_env env_;
+  vramswap::detail::test::api_test_env env_;
 };
 
 // Sizes round to 512 B below 1 MiB and to 128 KiB above, so near sizes share blocks.
@@ -190,11 +190,11 @@ TEST_F(StreamAllocator, EvictionCopiesLiveBlocksAndDropsCachedOnes) {
   void* live = vramswap::malloc_async(size, s1);
   void* dead = vramswap::malloc_async(size, s1);
   std::vector<uint8_t> bytes(size);
-  vramswap::test::fill_random(bytes.data(), size, 7);
+  vramswap::detail::test::fill_random(bytes.data(), size, 7);
   {
     vramswap::gpu_lock g(0);
-    ASSERT_EQ(vramswap::rt::copy_to_device(0, reinterpret_cast<uintptr_t>(live), bytes.data(), size), 0);
-    ASSERT_EQ(vramswap::rt::copy_to_device(0, reinterpret_cast<uintptr_t>(dead), bytes.data(), size), 0);
+    ASSERT_EQ(vramswap::detail::rt::copy_to_device(0, reinterpret_cast<uintptr_t>(live), bytes.data(), size), 0);
+    ASSERT_EQ(vramswap::detail::rt::copy_to_device(0, reinterpret_cast<uintptr_t>(dead), bytes.data(), size), 0);
   }
   const uint64_t out_before = vramswap::get_stats(0).bytes_out;
   vramswap::free_async(dead, s1);
@@ -204,7 +204,7 @@ TEST_F(StreamAllocator, EvictionCopiesLiveBlocksAndDropsCachedOnes) {
   {
     vramswap::gpu_lock g(0);
     std::vector<uint8_t> back(size);
-    ASSERT_EQ(vramswap::rt::copy_from_device(0, back.data(), reinterpret_cast<uintptr_t>(live), size), 0);
+    ASSERT_EQ(vramswap::detail::rt::copy_from_device(0, back.data(), reinterpret_cast<uintptr_t>(live), size), 0);
     EXPECT_EQ(std::memcmp(back.data(), bytes.data(), size), 0) << "a live block lost bytes across the eviction";
     void* reused = vramswap::malloc_async(size, s1);
     EXPECT_EQ(reused, dead);

@@ -23,7 +23,7 @@
 #include "core/backend.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
-#include "lock/pool_segment.hpp"
+#include "pool/pool_segment.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/shared_segment.hpp"
 #include "support/deployment.hpp"
@@ -32,7 +32,7 @@
 
 extern char** environ;
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 using namespace pool_layout;
 using clock_type = std::chrono::steady_clock;
@@ -45,7 +45,7 @@ class TimeSharing : public ::testing::Test {
     const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");  // device-run.sh sets cuda
     backend_ = backend != nullptr ? backend : "host";
     // The pool and lock are named by the device's key: "host-0", or the GPU's UUID.
-    std::unique_ptr<vramswap::backend> made;
+    std::unique_ptr<vramswap::detail::backend> made;
     ASSERT_EQ(make_backend(backend_ == "cuda" ? backend_kind::cuda : backend_kind::host, &made), ok) << last_error();
     device_info info;
     ASSERT_EQ(made->get_device_info(0, &info), ok);
@@ -236,4 +236,4 @@ TEST_F(TimeSharingPastTheHostTier, AFullSwapDiskInTheOwnerLosesNoByteAndTheWaite
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

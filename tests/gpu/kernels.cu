@@ -1,6 +1,6 @@
 #include "kernels.hpp"
 
-namespace vramswap::gpu_test {
+namespace vramswap::detail::gpu_test {
 namespace {
 
 __device__ uint64_t pattern(uint64_t i, uint64_t seed) {
@@ -47,4 +47,4 @@ cudaError_t count_mismatches(const uint64_t* p, uint64_t n, uint64_t seed, uint6
   return cudaGetLastError();
 }
 
-}  // namespace vramswap::gpu_test
+}  // namespace vramswap::detail::gpu_test

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-namespace vramswap::gpu_test {
+namespace vramswap::detail::gpu_test {
 
 // p[i] = pattern(i, seed): splitmix64 of i and seed, never zero.
 cudaError_t fill(uint64_t* p, uint64_t n, uint64_t seed, cudaStream_t stream);
@@ -16,4 +16,4 @@ cudaError_t add(uint64_t* p, uint64_t n, uint64_t k, cudaStream_t stream);
 cudaError_t count_mismatches(const uint64_t* p, uint64_t n, uint64_t seed, uint64_t plus, unsigned long long* bad,
                              cudaStream_t stream);
 
-}  // namespace vramswap::gpu_test
+}  // namespace vramswap::detail::gpu_test

@@ -24,7 +24,7 @@
 #include "support/child_output.hpp"
 #include "support/deployment.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 constexpr uint64_t MiB = 1ull << 20;
 
@@ -109,4 +109,4 @@ TEST_F(OutsideLock, NoFreeFrameMeansAClearErrorAndAFaultEndsInOneTeardownLine) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -34,8 +34,8 @@
 
 namespace {
 
-void create(const char* path) { vramswap::test::create_signal_file(path); }
-bool wait_for(const char* path) { return vramswap::test::wait_for_signal_file(path, 300, "outside_lock_worker"); }
+void create(const char* path) { vramswap::detail::test::create_signal_file(path); }
+bool wait_for(const char* path) { return vramswap::detail::test::wait_for_signal_file(path, 300, "outside_lock_worker"); }
 
 bool cuda_ok(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;
@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     if (mode == "write" && argc == 6) {
       const uint64_t seed = std::strtoull(argv[3], nullptr, 10);
       auto* p = static_cast<uint64_t*>(vramswap::malloc(bytes));
-      if (!cuda_ok(vramswap::gpu_test::fill(p, words, seed, nullptr), "fill outside the lock") ||
+      if (!cuda_ok(vramswap::detail::gpu_test::fill(p, words, seed, nullptr), "fill outside the lock") ||
           !cuda_ok(cudaDeviceSynchronize(), "synchronize after the fill")) {
         return 2;
       }
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
       unsigned long long* bad = nullptr;
       unsigned long long wrong = ~0ull;
       if (!cuda_ok(cudaMalloc(&bad, sizeof *bad), "cudaMalloc") || !cuda_ok(cudaMemset(bad, 0, sizeof *bad), "cudaMemset") ||
-          !cuda_ok(vramswap::gpu_test::count_mismatches(p, words, seed, 0, bad, nullptr), "count_mismatches") ||
+          !cuda_ok(vramswap::detail::gpu_test::count_mismatches(p, words, seed, 0, bad, nullptr), "count_mismatches") ||
           !cuda_ok(cudaMemcpy(&wrong, bad, sizeof wrong, cudaMemcpyDeviceToHost), "cudaMemcpy")) {
         return 2;
       }
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     if (mode == "fill" && argc == 5) {
       vramswap::gpu_lock lock(0);
       auto* p = static_cast<uint64_t*>(vramswap::malloc(bytes));
-      if (!cuda_ok(vramswap::gpu_test::fill(p, words, 7, nullptr), "fill") || !cuda_ok(cudaDeviceSynchronize(), "synchronize")) return 2;
+      if (!cuda_ok(vramswap::detail::gpu_test::fill(p, words, 7, nullptr), "fill") || !cuda_ok(cudaDeviceSynchronize(), "synchronize")) return 2;
       create(argv[3]);
       const bool released = wait_for(argv[4]);
       vramswap::free(p);
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       std::printf("malloc_async %d %s\n", rc, vramswap_last_error());
       auto* p = static_cast<uint64_t*>(vramswap::malloc(bytes));
       std::printf("resident %llu\n", static_cast<unsigned long long>(vramswap::get_stats(0).resident_bytes));
-      cudaError_t e = vramswap::gpu_test::fill(p, words, 1, nullptr);
+      cudaError_t e = vramswap::detail::gpu_test::fill(p, words, 1, nullptr);
       if (e == cudaSuccess) e = cudaDeviceSynchronize();
       std::printf("kernel %s\n", cudaGetErrorName(e));
       std::fflush(stdout);

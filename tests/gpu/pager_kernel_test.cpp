@@ -17,7 +17,7 @@
 #include "swap/host_tier.hpp"
 #include "kernels.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 constexpr uint64_t MiB = 1ull << 20;
@@ -172,4 +172,4 @@ TEST_F(PagerKernelTest, KernelsUseAHostFrameMappedBesideADeviceFrame) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

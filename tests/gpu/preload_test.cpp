@@ -20,12 +20,12 @@
 
 #include "core/backend.hpp"
 #include "core/status.hpp"
-#include "lock/pool_segment.hpp"
+#include "pool/pool_segment.hpp"
 #include "support/backends.hpp"
 #include "support/child_output.hpp"
 #include "support/deployment.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 using namespace pool_layout;
 constexpr uint64_t GiB = 1ull << 30;
@@ -131,4 +131,4 @@ TEST_F(Preload, UnmodifiedPyTorchScriptRunsOversubscribed) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -15,7 +15,7 @@
 #include "lock/shared_segment.hpp"
 #include "lock_test_support.hpp"
 
-namespace vramswap::lock_test {
+namespace vramswap::detail::lock_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -425,4 +425,4 @@ TEST_F(DeviceLock, ManagedAreaIsUsableByLaterComponents) {
 }
 
 }  // namespace
-}  // namespace vramswap::lock_test
+}  // namespace vramswap::detail::lock_test

@@ -9,7 +9,7 @@
 #include "lock/crash_points.hpp"
 #include "lock_test_support.hpp"
 
-namespace vramswap::lock_test {
+namespace vramswap::detail::lock_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -453,4 +453,4 @@ INSTANTIATE_TEST_SUITE_P(EveryPoint, CrashPoint,
                          [](const ::testing::TestParamInfo<crash_point>& param) { return crash_point_name(param.param); });
 
 }  // namespace
-}  // namespace vramswap::lock_test
+}  // namespace vramswap::detail::lock_test

@@ -23,7 +23,7 @@
 #include "lock/shared_segment.hpp"
 #include "lock/process_identity.hpp"
 
-namespace vramswap::lock_test {
+namespace vramswap::detail::lock_test {
 
 // Each test gets its own segment name prefix, so parallel ctest runs and leftovers from a
 // crashed run never collide; TearDown removes the segment.
@@ -115,4 +115,4 @@ inline bool queue_has_waiters(const std::vector<lock_queue_entry>& q, size_t n) 
   return waiting == n;
 }
 
-}  // namespace vramswap::lock_test
+}  // namespace vramswap::detail::lock_test

@@ -17,7 +17,7 @@
 
 #include "lock_test_support.hpp"
 
-namespace vramswap::lock_test {
+namespace vramswap::detail::lock_test {
 namespace {
 
 struct torture_page {
@@ -170,4 +170,4 @@ TEST_F(LockTorture, SigkillAtRandomMomentsNeverBreaksTheLock) {
 }
 
 }  // namespace
-}  // namespace vramswap::lock_test
+}  // namespace vramswap::detail::lock_test

@@ -8,10 +8,10 @@
 
 #include <string>
 
-#include "lock/pool_segment.hpp"
+#include "pool/pool_segment.hpp"
 #include "lock_test_support.hpp"
 
-namespace vramswap::lock_test {
+namespace vramswap::detail::lock_test {
 namespace {
 
 constexpr uid_t k_nobody = 65534;
@@ -133,4 +133,4 @@ TEST_F(Ownership, LivePoolSegmentIsNeverRemovedOrReplaced) {
 }
 
 }  // namespace
-}  // namespace vramswap::lock_test
+}  // namespace vramswap::detail::lock_test

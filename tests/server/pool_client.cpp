@@ -26,13 +26,14 @@
 #include "core/status.hpp"
 #include "lock/crash_points.hpp"
 #include "lock/device_lock.hpp"
-#include "lock/pool_connection.hpp"
-#include "lock/pool_segment.hpp"
+#include "pool/pool_connection.hpp"
+#include "pool/pool_segment.hpp"
 #include "support/random_bytes.hpp"
 
 namespace {
 
 using namespace vramswap;
+using namespace vramswap::detail;
 
 int die(const std::string& step, const std::string& why) {
   std::fprintf(stderr, "pool_client[%d]: %s: %s\n", static_cast<int>(::getpid()), step.c_str(), why.c_str());

@@ -42,10 +42,10 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "lock/device_lock.hpp"
-#include "lock/pool_connection.hpp"
-#include "lock/pool_protocol.hpp"
-#include "lock/pool_report.hpp"
-#include "lock/pool_segment.hpp"
+#include "pool/pool_connection.hpp"
+#include "pool/pool_protocol.hpp"
+#include "pool/pool_report.hpp"
+#include "pool/pool_segment.hpp"
 #include "lock/process_identity.hpp"
 #include "support/loopback.hpp"
 #include "lock/shared_segment.hpp"
@@ -53,7 +53,7 @@
 
 extern char** environ;
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 using namespace std::chrono_literals;
@@ -1090,4 +1090,4 @@ TEST_F(PoolServer, HostPoolIsSharedByItsClients) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -10,7 +10,7 @@
 #include "core/backend.hpp"
 #include "core/status.hpp"
 
-namespace vramswap::test {
+namespace vramswap::detail::test {
 
 // One backend per kind for the whole test process (a CUDA context is costly to make);
 // nullptr with the reason when the kind cannot run here.
@@ -32,13 +32,13 @@ inline backend* shared_backend(backend_kind kind, std::string* why) {
 
 inline std::string param_name(const ::testing::TestParamInfo<backend_kind>& info) { return backend_kind_name(info.param); }
 
-}  // namespace vramswap::test
+}  // namespace vramswap::detail::test
 
 // `expr` fails with `code`, and last_error() mentions `needle`.
 #define EXPECT_FAILS(expr, code, needle)                                                  \
   do {                                                                                    \
-    ::vramswap::clear_error();                                                            \
+    ::vramswap::detail::clear_error();                                                            \
     EXPECT_EQ((expr), (code)) << #expr;                                                   \
-    EXPECT_NE(std::string(::vramswap::last_error()).find(needle), std::string::npos)      \
-        << ::vramswap::last_error();                                                      \
+    EXPECT_NE(std::string(::vramswap::detail::last_error()).find(needle), std::string::npos)      \
+        << ::vramswap::detail::last_error();                                                      \
   } while (0)

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-namespace vramswap::test {
+namespace vramswap::detail::test {
 
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path);
@@ -29,4 +29,4 @@ inline std::map<std::string, double> key_values(const std::string& path) {
   return out;
 }
 
-}  // namespace vramswap::test
+}  // namespace vramswap::detail::test

@@ -20,12 +20,12 @@
 
 #include "core/options.hpp"
 #include "core/status.hpp"
-#include "lock/pool_segment.hpp"
+#include "pool/pool_segment.hpp"
 #include "lock/shared_segment.hpp"
 
 extern char** environ;
 
-namespace vramswap::test {
+namespace vramswap::detail::test {
 
 class deployment {
  public:
@@ -120,4 +120,4 @@ class deployment {
   std::vector<std::string> env_;
 };
 
-}  // namespace vramswap::test
+}  // namespace vramswap::detail::test

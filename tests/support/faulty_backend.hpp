@@ -18,7 +18,7 @@
 #include "core/backend.hpp"
 #include "core/status.hpp"
 
-namespace vramswap::test {
+namespace vramswap::detail::test {
 
 enum class fault_op : unsigned {
   map,
@@ -151,4 +151,4 @@ class faulty_backend final : public backend {
   bool fired_ = false;
 };
 
-}  // namespace vramswap::test
+}  // namespace vramswap::detail::test

@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstdint>
 
-namespace vramswap::test {
+namespace vramswap::detail::test {
 
 // The connected socket, or -1 with errno set.
 inline int connect_loopback(uint16_t port) {
@@ -29,4 +29,4 @@ inline int connect_loopback(uint16_t port) {
   return fd;
 }
 
-}  // namespace vramswap::test
+}  // namespace vramswap::detail::test

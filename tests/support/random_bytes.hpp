@@ -6,7 +6,7 @@
 #include <cstring>
 #include <random>
 
-namespace vramswap::test {
+namespace vramswap::detail::test {
 
 inline void fill_random(void* dst, size_t size, uint64_t seed) {
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
@@ -38,4 +38,4 @@ inline size_t first_mismatch(const void* data, size_t size, uint64_t seed) {
   return size;
 }
 
-}  // namespace vramswap::test
+}  // namespace vramswap::detail::test

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <string>
 
-namespace vramswap::test {
+namespace vramswap::detail::test {
 
 // A filesystem mounted by the test, unmounted (and its mount point removed) at the end.
 class scratch_mount {
@@ -73,4 +73,4 @@ inline bool mount_small_ext4(scratch_mount& m, scratch_image& img, std::string* 
   return m.mount("-o loop " + std::string(img.path), why);
 }
 
-}  // namespace vramswap::test
+}  // namespace vramswap::detail::test

@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <thread>
 
-namespace vramswap::test {
+namespace vramswap::detail::test {
 
 inline void create_signal_file(const char* path) {
   const int fd = ::open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
@@ -29,4 +29,4 @@ inline bool wait_for_signal_file(const char* path, int timeout_s, const char* wh
   return false;
 }
 
-}  // namespace vramswap::test
+}  // namespace vramswap::detail::test

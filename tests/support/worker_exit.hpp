@@ -9,7 +9,7 @@
 
 #include "core/status.hpp"
 
-namespace vramswap::test {
+namespace vramswap::detail::test {
 
 // _Exit: no static destructors while a session's threads still run (the backend would go
 // first, under them). The exit status is the point.
@@ -24,4 +24,4 @@ inline void worker_check(const char* program, int rc, const char* what) {
   if (rc != ok) worker_die(program, 2, what);
 }
 
-}  // namespace vramswap::test
+}  // namespace vramswap::detail::test

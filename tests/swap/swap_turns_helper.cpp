@@ -24,6 +24,7 @@
 #include "swap/tiered_store.hpp"
 
 using namespace vramswap;
+using namespace vramswap::detail;
 
 namespace {
 constexpr uint64_t MiB = 1ull << 20;

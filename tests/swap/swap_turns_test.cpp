@@ -17,7 +17,7 @@
 
 extern char** environ;
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 TEST(SwapTurns, TwoProcessesLargerThanTheirHostBudgetTakeTurns) {
@@ -63,4 +63,4 @@ TEST(SwapTurns, TwoProcessesLargerThanTheirHostBudgetTakeTurns) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

@@ -32,7 +32,7 @@
 #include "support/random_bytes.hpp"
 #include "support/scratch_fs.hpp"
 
-namespace vramswap {
+namespace vramswap::detail {
 namespace {
 
 constexpr uint64_t MiB = 1ull << 20;
@@ -607,4 +607,4 @@ TEST(SwapOptions, HostLimitTakesASizeOrAPercentOfRam) {
 }
 
 }  // namespace
-}  // namespace vramswap
+}  // namespace vramswap::detail

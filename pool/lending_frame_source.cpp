@@ -1,0 +1,139 @@
+#include "pool/lending_frame_source.hpp"
+
+#include <cinttypes>
+#include <mutex>
+
+#include "core/status.hpp"
+
+namespace vramswap::detail {
+using namespace pool_layout;
+
+lending_frame_source::lending_frame_source(backend& be, pool_segment& pool, uint32_t me, std::vector<frame_id> local,
+                                           uint64_t host_limit)
+    : be_(be), pool_(pool), me_(me), local_(std::move(local)), host_limit_(host_limit) {
+  for (uint32_t i = 0; i < local_.size(); ++i) index_of_.emplace(local_[i], i);
+}
+
+bool lending_frame_source::take_pool_frame(frame_id* out) {
+  uint32_t f = 0;
+  if (!pool_.take_free(frame_lent, me_, &scan_hint_, &f)) return false;
+  *out = local_[f];
+  return true;
+}
+
+lending_frame_source::~lending_frame_source() { release_spares(); }
+
+int lending_frame_source::take_host_frame(int device, size_t size, frame_id* out, bool* was_spare) {
+  {
+    std::lock_guard<std::mutex> guard(spare_mutex_);
+    if (was_spare != nullptr) *was_spare = !spares_.empty();
+    if (!spares_.empty()) {
+      *out = spares_.back();
+      spares_.pop_back();
+      spare_bytes_.fetch_sub(size, std::memory_order_relaxed);
+      host_bytes_.fetch_add(size, std::memory_order_relaxed);
+      return ok;
+    }
+  }
+  // Reserve the bytes first, so that threads creating frames at once never pass the limit.
+  uint64_t held = host_bytes_.load(std::memory_order_relaxed);
+  do {
+    if (held + size > host_limit_) {
+      return fail(err_out_of_memory,
+                  "oversubscription: the pool has no free frame and this process already holds %" PRIu64 " MiB of host frames; "
+                  "%zu MiB more would pass VRAMSWAP_OVERSUBSCRIBE_LIMIT (%" PRIu64 " MiB). Raise the limit, or free memory",
+                  held >> 20, size >> 20, host_limit_ >> 20);
+    }
+  } while (!host_bytes_.compare_exchange_weak(held, held + size, std::memory_order_relaxed));
+  const int rc = be_.create_host_frame(device, size, out);
+  if (rc != ok) {
+    host_bytes_.fetch_sub(size, std::memory_order_relaxed);
+    return add_context(rc, "oversubscription: a host frame for a page that has no pool frame: ");
+  }
+  return ok;
+}
+
+int lending_frame_source::take_host_frames(int device, size_t size, size_t count, std::vector<frame_id>* out, size_t* spares_used) {
+  size_t reused = 0;
+  int rc = ok;
+  for (size_t i = 0; i < count && rc == ok; ++i) {
+    bool spare = false;
+    frame_id f = 0;
+    rc = take_host_frame(device, size, &f, &spare);
+    if (rc == ok) {
+      out->push_back(f);
+      reused += spare;
+    }
+  }
+  if (spares_used != nullptr) *spares_used = reused;
+  return rc;
+}
+
+size_t lending_frame_source::release_spares() {
+  std::vector<frame_id> spares;
+  {
+    std::lock_guard<std::mutex> guard(spare_mutex_);
+    spares.swap(spares_);
+  }
+  for (frame_id f : spares) {
+    size_t size = 0;
+    if (be_.frame_size(f, &size) == ok) spare_bytes_.fetch_sub(size, std::memory_order_relaxed);
+    be_.release_frame(f);
+  }
+  return spares.size();
+}
+
+int lending_frame_source::take(int device, size_t size, frame_id* out) {
+  if (size != pool_.frame_size()) {
+    return fail(err_invalid_argument, "pool: a %zu-byte frame was asked for; this pool's frames are %" PRIu64 " bytes", size,
+                pool_.frame_size());
+  }
+  if (take_pool_frame(out)) return ok;
+  return take_host_frame(device, size, out);
+}
+
+int lending_frame_source::give_back(frame_id frame) {
+  auto it = index_of_.find(frame);
+  if (it == index_of_.end()) {
+    // A host frame: kept as a spare. Its bytes are this process's own and only this
+    // process takes it again, so it needs no scrub.
+    size_t size = 0;
+    VS_TRY(be_.frame_size(frame, &size));
+    std::lock_guard<std::mutex> guard(spare_mutex_);
+    spares_.push_back(frame);
+    spare_bytes_.fetch_add(size, std::memory_order_relaxed);
+    host_bytes_.fetch_sub(size, std::memory_order_relaxed);
+    return ok;
+  }
+  return pool_.give_back(it->second, me_);
+}
+
+std::vector<frame_id> lending_frame_source::requested_of_me() const {
+  std::vector<frame_id> out;
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
+    const frame_word w = frame_word::decode(pool_.read(f));
+    if (w.state == frame_requested && w.owner == me_) out.push_back(local_[f]);
+  }
+  return out;
+}
+
+uint32_t lending_frame_source::withdraw_abandoned_requests() {
+  uint32_t n = 0;
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
+    const uint64_t raw = pool_.read(f);
+    const frame_word w = frame_word::decode(raw);
+    if (w.state != frame_requested || w.owner != me_) continue;
+    const bool requester_gone =
+        w.requester >= k_member_count || pool_.member(w.requester).state.load(std::memory_order_acquire) != member_live;
+    if (requester_gone && pool_.move(f, raw, frame_lent, me_, k_no_member)) ++n;
+  }
+  return n;
+}
+
+uint32_t lending_frame_source::free_pool_frames() const {
+  uint32_t n = 0;
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) n += frame_word::decode(pool_.read(f)).state == frame_free;
+  return n;
+}
+
+}  // namespace vramswap::detail

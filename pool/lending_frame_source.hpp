@@ -1,0 +1,96 @@
+// lending_frame_source: the frames of an oversubscribed (low-priority) process.
+//
+// Such a process (VRAMSWAP_OVERSUBSCRIBE=1) runs without the device lock and must never fail
+// an allocation for want of pool frames while host memory lasts. take() therefore gives, in
+// this order:
+//   1. a free pool frame, marked lent to this member (free -> lent(me), one CAS; a lock
+//      holder may ask for it back at any time, before any idle frame);
+//   2. a host frame (backend::create_host_frame: cuMemCreate in host memory, reached by the
+//      device over its link), up to VRAMSWAP_OVERSUBSCRIBE_LIMIT bytes in all;
+//   3. err_out_of_memory, saying which limit was hit.
+// It never waits: an oversubscribed process asks nobody to evict anything.
+//
+// Host frames given back are kept as spares, and taken before new ones: creating a host
+// frame pins its memory, ~10 ms per 32 MiB on the H200 machine (one at a time: the driver
+// does not create them faster from several threads), which a reclaim pays per page, while
+// the lock holder waits. Spares count against the limit like frames in use (in use + spare
+// <= limit always); the session releases them when no reclaim came for a while.
+//
+// Requested frames (a lock holder wants them) are found with requested_of_me(); the session
+// moves their pages into host frames (pager::demote_frames) and gives them back (-> free).
+// When the pool has free frames again, take_pool_frame() hands one out for a promotion.
+//
+// Thread-safety: take/give_back run under the pager's mutex, the rest under the session's;
+// host frames may be taken from several threads at once (the limit is reserved with a CAS,
+// the spares are under a mutex).
+// The byte count of host frames is atomic (read by the memory-info view without locks).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/frame_source.hpp"
+#include "pool/pool_segment.hpp"
+
+namespace vramswap::detail {
+
+class lending_frame_source final : public frame_source {
+ public:
+  // `local[i]` is this process's handle of pool frame i; `host_limit`: bytes of host frames
+  // this process may hold.
+  lending_frame_source(backend& be, pool_segment& pool, uint32_t me, std::vector<frame_id> local, uint64_t host_limit);
+  ~lending_frame_source();  // releases the spare host frames
+  lending_frame_source(const lending_frame_source&) = delete;
+  lending_frame_source& operator=(const lending_frame_source&) = delete;
+
+  int take(int device, size_t size, frame_id* out) override;
+  int give_back(frame_id frame) override;
+  // Pool frames are scrubbed (they go to another process next); host frames are released.
+  bool scrub_before_give_back(frame_id frame) const override { return is_pool_frame(frame); }
+
+  // A free pool frame, lent to this member, or false when none is free (never waits).
+  bool take_pool_frame(frame_id* out);
+  // A host frame: a spare one when there is one, else a new one within the limit
+  // (err_out_of_memory beyond it). *was_spare (optional): which it was. Thread-safe.
+  int take_host_frame(int device, size_t size, frame_id* out, bool* was_spare = nullptr);
+  // `count` host frames (spares first), appended to *out: all of them on success; on a
+  // failure (the limit, host memory) the first error, and *out holds those taken before it.
+  // *spares_used (optional): how many were spares.
+  int take_host_frames(int device, size_t size, size_t count, std::vector<frame_id>* out, size_t* spares_used = nullptr);
+  // Release every spare host frame (the session does when no reclaim came for a while).
+  // Returns how many.
+  size_t release_spares();
+  bool is_pool_frame(frame_id frame) const { return index_of_.count(frame) != 0; }
+  // Pool frames lock holders asked this process to give back (local handles).
+  std::vector<frame_id> requested_of_me() const;
+  // Requests whose requester is no longer a member of the pool (it exited or died while it
+  // waited, e.g. after VRAMSWAP_EVICT_TIMEOUT) are taken back: requested -> lent(me), so
+  // that nobody's pages move for a process that is gone. Returns how many.
+  uint32_t withdraw_abandoned_requests();
+  uint32_t free_pool_frames() const;
+  // Bytes of host frames backing pages now (spares not counted).
+  uint64_t host_bytes() const noexcept { return host_bytes_.load(std::memory_order_relaxed); }
+  // Bytes of spare host frames: given back, kept for the next reclaim.
+  uint64_t spare_bytes() const noexcept { return spare_bytes_.load(std::memory_order_relaxed); }
+  uint64_t host_limit() const noexcept { return host_limit_; }
+  uint32_t member() const noexcept { return me_; }
+
+ private:
+  backend& be_;
+  pool_segment& pool_;
+  const uint32_t me_;
+  const std::vector<frame_id> local_;
+  std::unordered_map<frame_id, uint32_t> index_of_;
+  const uint64_t host_limit_;
+  std::atomic<uint64_t> host_bytes_{0};
+  std::mutex spare_mutex_;
+  std::vector<frame_id> spares_;  // host frames given back, kept for reuse
+  std::atomic<uint64_t> spare_bytes_{0};
+  uint32_t scan_hint_ = 0;
+};
+
+}  // namespace vramswap::detail

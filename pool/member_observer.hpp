@@ -1,0 +1,103 @@
+// member_observer: what a session publishes about itself for observers (issue 9).
+//
+// A device session reports its phase, its statistics and its trace events through this
+// class into its member slot and trace ring of the pool segment (pool/pool_layout.hpp), where
+// `vramswap status`, `vramswap trace` and the pool server's metrics endpoint read them. Each
+// call is a handful of relaxed atomic stores plus, for events, one record appended to the
+// ring: called at acquire, release and each served eviction, never per allocation or per
+// page. Debug-level log lines go with the events (one comparison when debug is off).
+#pragma once
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdint>
+
+#include "core/log.hpp"
+#include "lock/device_lock.hpp"
+#include "pool/pool_layout.hpp"
+#include "pool/pool_segment.hpp"
+
+namespace vramswap::detail {
+
+class member_observer {
+ public:
+  member_observer(pool_segment& pool, uint32_t member) noexcept : pool_(pool), member_(member), slot_(pool.member(member)) {}
+
+  // acquire() called (not a re-entry).
+  void asked(lock_priority priority, uint64_t ns) noexcept {
+    slot_.phase.store(pool_layout::phase_waiting, std::memory_order_relaxed);
+    pool_.trace(member_, pool_layout::trace_asked, ns, 0, 0, static_cast<uint64_t>(priority));
+  }
+  // The lock was not granted (timeout, error).
+  void gave_up() noexcept { slot_.phase.store(pool_layout::phase_idle, std::memory_order_relaxed); }
+  // The lock is ours; memory is about to be brought in.
+  void granted(lock_priority priority, uint64_t asked_ns, uint64_t granted_ns) noexcept {
+    slot_.holding_since_ns.store(granted_ns, std::memory_order_relaxed);
+    slot_.phase.store(pool_layout::phase_restoring, std::memory_order_relaxed);
+    slot_.lock_wait_ns.fetch_add(granted_ns - asked_ns, std::memory_order_relaxed);
+    pool_.trace(member_, pool_layout::trace_granted, asked_ns, granted_ns - asked_ns, 0, static_cast<uint64_t>(priority));
+    log(log_level::debug, "acquire: lock granted after %.3f ms", (granted_ns - asked_ns) / 1e6);
+  }
+  // Memory resident after `bytes_in` bytes were copied in.
+  void resident(uint64_t granted_ns, uint64_t resident_ns, uint64_t bytes_in) noexcept {
+    slot_.acquires.fetch_add(1, std::memory_order_relaxed);
+    slot_.bytes_in.fetch_add(bytes_in, std::memory_order_relaxed);
+    slot_.restore_ns.fetch_add(resident_ns - granted_ns, std::memory_order_relaxed);
+    if (bytes_in > 0) slot_.swaps_in.fetch_add(1, std::memory_order_relaxed);
+    slot_.phase.store(pool_layout::phase_running, std::memory_order_relaxed);
+    pool_.trace(member_, pool_layout::trace_resident, granted_ns, resident_ns - granted_ns, bytes_in, 0);
+    log(log_level::debug, "acquire: memory resident, %" PRIu64 " bytes brought in in %.3f ms", bytes_in,
+        (resident_ns - granted_ns) / 1e6);
+  }
+  // Bringing memory in failed; the lock is released again.
+  void restore_failed() noexcept {
+    slot_.holding_since_ns.store(0, std::memory_order_relaxed);
+    slot_.phase.store(pool_layout::phase_idle, std::memory_order_relaxed);
+  }
+  // About to hand the lock on at `unlock_ns`, after evicting `bytes_out` bytes (eager or
+  // strict release) from `evict_start_ns`.
+  void released(uint64_t evict_start_ns, uint64_t unlock_ns, uint64_t bytes_out) noexcept {
+    const uint64_t since = slot_.holding_since_ns.load(std::memory_order_relaxed);
+    if (bytes_out > 0) {
+      slot_.bytes_out.fetch_add(bytes_out, std::memory_order_relaxed);
+      slot_.evict_ns.fetch_add(unlock_ns - evict_start_ns, std::memory_order_relaxed);
+    }
+    slot_.holding_since_ns.store(0, std::memory_order_relaxed);
+    slot_.phase.store(pool_layout::phase_idle, std::memory_order_relaxed);
+    pool_.trace(member_, pool_layout::trace_released, since, since != 0 ? unlock_ns - since : 0, bytes_out, 0);
+    log(log_level::debug, "release: held %.3f ms; %" PRIu64 " bytes evicted at release", since != 0 ? (unlock_ns - since) / 1e6 : 0.0,
+        bytes_out);
+  }
+  // `frames` frames evicted at other processes' request.
+  void evicted(uint64_t start_ns, uint64_t end_ns, uint64_t bytes_out, uint64_t frames) noexcept {
+    slot_.evictions_served.fetch_add(frames, std::memory_order_relaxed);
+    slot_.bytes_out.fetch_add(bytes_out, std::memory_order_relaxed);
+    slot_.evict_ns.fetch_add(end_ns - start_ns, std::memory_order_relaxed);
+    pool_.trace(member_, pool_layout::trace_evicted, start_ns, end_ns - start_ns, bytes_out, frames);
+    log(log_level::debug, "evicted %" PRIu64 " frame(s) for another process: %" PRIu64 " bytes in %.3f ms", frames, bytes_out,
+        (end_ns - start_ns) / 1e6);
+  }
+  // An eviction other processes asked for failed with `status`: published for the lock
+  // holder that waits on it (its timeout error quotes it), until evict_succeeded().
+  void evict_failed(int status, const char* detail, uint64_t ns) noexcept {
+    slot_.evict_status.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    std::snprintf(slot_.evict_error, sizeof slot_.evict_error, "%s", detail);
+    slot_.evict_failed_ns.store(ns, std::memory_order_relaxed);
+    slot_.evict_status.store(status, std::memory_order_release);
+  }
+  void evict_succeeded() noexcept { slot_.evict_status.store(0, std::memory_order_release); }
+  // Where this process's saved pages are now.
+  void stored(uint64_t host_bytes, uint64_t disk_bytes) noexcept {
+    slot_.host_bytes.store(host_bytes, std::memory_order_relaxed);
+    slot_.disk_bytes.store(disk_bytes, std::memory_order_relaxed);
+  }
+
+ private:
+  pool_segment& pool_;
+  uint32_t member_;
+  pool_layout::member_slot& slot_;
+};
+
+}  // namespace vramswap::detail

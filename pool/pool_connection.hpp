@@ -1,0 +1,129 @@
+// pool_connection: a client's connection to its device's pool server (vramswapd).
+//
+// What it does (protocol: pool/pool_protocol.hpp; server: server/pool_server.hpp; the whole
+// story: docs/pool_server.md):
+//   1. Finds the server's socket, <runtime dir>/<prefix><device key>.sock, the prefix being
+//      VRAMSWAP_SHM_PREFIX (usually empty) and the key the device's UUID
+//      (device_info::uuid: "GPU-..." on cuda, "host-N" on the host backend).
+//   2. When nobody listens there and `autostart` is set, starts vramswapd itself, race-free:
+//      under an flock on <runtime dir>/<prefix><key>.start.lock it tries once more (another
+//      client may have just started one), else spawns the server detached (its own session; the
+//      server forks once more so that it is nobody's child), waits until the server says it
+//      is ready on a pipe and connects. k_start_timeout_s bounds all of it, the wait for the
+//      start lock included: a server not ready by then is killed, and the clients that
+//      waited on the lock give up by then too, naming the server, its pid and its log.
+//   3. hello -> welcome; then receives every frame's descriptor in batches, imports each
+//      with backend::import_frame and closes the descriptor at once (never more than one
+//      batch of descriptors open); maps the pool segment that the welcome names.
+//   4. When the server has a shared host pool (VRAMSWAP_HOST_POOL): receives its memfd,
+//      maps it, faults it in and registers it with the backend once (pinned), and closes
+//      the descriptor. Saved pages then go to its slots (swap/pool_host_store.hpp).
+//   5. Keeps the socket open, silent, for its lifetime: its hang-up is how the server learns
+//      that this process is gone, and the server's hang-up is how this process learns that
+//      the pool is gone (server_alive()).
+//
+// Lifetime rule: destroy the connection only after every pool frame is unmapped in this
+// process and every frame this member owned was given back (pool_layout "give"). The
+// destructor releases the imported frames and closes the socket; the server then treats
+// any frame still owned by this member as abandoned: it scrubs and frees it.
+//
+// Return codes: 0, or a negative vramswap::detail::status with the detail in last_error(); never
+// throws.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+
+namespace vramswap::detail {
+
+class pool_segment;
+
+// Where a device's pool server keeps its files. The runtime dir is VRAMSWAP_RUNTIME_DIR,
+// else /tmp/vramswap-<uid> (or /tmp/vramswap-g<gid> with VRAMSWAP_GROUP, so that the
+// group's users meet in one place). Mode 0700, or 0770 and owned by VRAMSWAP_GROUP.
+// <p> below is VRAMSWAP_SHM_PREFIX (usually empty): one server per device and prefix.
+struct pool_paths {
+  std::string dir;          // the runtime dir
+  std::string socket;       // <dir>/<p><key>.sock         the server's listening socket
+  std::string server_lock;  // <dir>/<p><key>.server.lock  flock held by the one server of the device
+  std::string start_lock;   // <dir>/<p><key>.start.lock   flock held by a client while it starts one
+  std::string log;          // <dir>/<p><key>.log          a server started on demand logs here
+
+  // The paths for `device_key`. With `create_dir`, creates the runtime dir when missing
+  // (mode as above) and checks an existing one: it must be a directory, not a symlink, owned
+  // by this user (or, with VRAMSWAP_GROUP, owned by that group with mode 0770); anything
+  // else is err_not_owner, naming the directory and its owner. Returns 0,
+  // err_invalid_argument (bad key or VRAMSWAP_GROUP), err_not_owner, err_system.
+  static int make(const std::string& device_key, bool create_dir, pool_paths* out) noexcept;
+};
+
+class pool_connection {
+ public:
+  // How long a client that finds no server waits for one: for the start lock, for the
+  // server it starts to report ready.
+  static constexpr int k_start_timeout_s = 30;
+
+  // Connect to `device`'s pool server (starting one when `autostart` and none runs),
+  // import every frame of the pool into `be` and map the pool segment.
+  // Returns 0; err_unavailable (no server and !autostart; or vramswapd not found: the
+  // detail lists the places tried; or the server could not start or died before it was
+  // ready: the detail names its log); err_timeout (no server was ready within
+  // k_start_timeout_s: the one this process started was killed, or another client's start
+  // held the start lock that long; the detail names the server, its pid and its log); the welcome's status when the server refused (err_not_owner: wrong user;
+  // err_version_mismatch: another protocol version; err_busy: no member slot free), with
+  // the server's message; err_version_mismatch (the pool segment); err_system.
+  static int connect(backend& be, int device, bool autostart, std::unique_ptr<pool_connection>* out) noexcept;
+
+  // Where vramswapd is looked for: VRAMSWAP_SERVER; else next to libvramswap (found with
+  // dladdr), then ../bin and ../libexec from there. *tried lists the candidates looked at.
+  static int find_server(std::string* path, std::string* tried) noexcept;
+
+  ~pool_connection();
+  pool_connection(const pool_connection&) = delete;
+  pool_connection& operator=(const pool_connection&) = delete;
+
+  const std::string& device_key() const noexcept { return key_; }
+  int device() const noexcept { return device_; }
+  uint32_t member() const noexcept { return member_; }
+  pool_segment& segment() const noexcept { return *segment_; }
+  uint32_t frame_count() const noexcept { return static_cast<uint32_t>(frames_.size()); }
+  uint64_t frame_size() const noexcept { return frame_size_; }
+  // This process's frame_id of pool frame `index` (0 .. frame_count-1).
+  frame_id frame(uint32_t index) const noexcept { return frames_[index]; }
+  const std::vector<frame_id>& frames() const noexcept { return frames_; }
+  // The shared host pool, mapped and pinned in this process (nullptr / 0: the server has
+  // none). Slot i is host_pool() + i * frame_size(); who holds it: segment().read_slot(i).
+  char* host_pool() const noexcept { return host_pool_; }
+  uint32_t host_slot_count() const noexcept { return host_slot_count_; }
+  // The connection's socket, for poll(): it becomes readable/hung-up when the server dies.
+  int socket_fd() const noexcept { return fd_; }
+  pid_t server_pid() const noexcept { return server_pid_; }
+  // False once the server has closed the connection (it died or shut down); never blocks.
+  bool server_alive() const noexcept;
+
+ private:
+  explicit pool_connection(backend& be) : be_(be) {}
+  int handshake() noexcept;
+  int attach_host_pool(uint32_t slot_count, uint64_t bytes) noexcept;
+
+  backend& be_;
+  int device_ = -1;
+  std::string key_;
+  int fd_ = -1;
+  uint32_t member_ = 0;
+  pid_t server_pid_ = 0;
+  uint64_t frame_size_ = 0;
+  std::vector<frame_id> frames_;
+  std::unique_ptr<pool_segment> segment_;
+  char* host_pool_ = nullptr;
+  uint64_t host_pool_bytes_ = 0;
+  uint32_t host_slot_count_ = 0;
+};
+
+}  // namespace vramswap::detail

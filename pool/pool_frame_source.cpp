@@ -1,0 +1,227 @@
+#include "pool/pool_frame_source.hpp"
+
+#include <cstring>
+
+#include <algorithm>
+#include <cinttypes>
+#include <string>
+
+#include "core/status.hpp"
+#include "lock/futex.hpp"
+#include "lock/process_identity.hpp"
+
+namespace vramswap::detail {
+using namespace pool_layout;
+
+namespace {
+constexpr uint64_t k_wait_slice_ns = 10'000'000;  // re-check timeouts and the server this often
+}
+
+pool_frame_source::pool_frame_source(pool_segment& pool, uint32_t me, std::vector<frame_id> local, uint64_t evict_timeout_ns,
+                                     std::function<bool()> server_alive)
+    : pool_(pool), me_(me), local_(std::move(local)), evict_timeout_ns_(evict_timeout_ns), server_alive_(std::move(server_alive)) {
+  for (uint32_t i = 0; i < local_.size(); ++i) index_of_.emplace(local_[i], i);
+}
+
+bool pool_frame_source::try_take_free(uint32_t* index) { return pool_.take_free(frame_active, me_, &scan_hint_, index); }
+
+int pool_frame_source::prepare(int, size_t count) {
+  const uint32_t n = pool_.frame_count();
+  uint32_t free_now = 0, mine = 0, asked = 0;
+  struct candidate {
+    uint64_t last_use;
+    uint32_t frame;
+  };
+  std::vector<candidate> idle;  // frames we may ask for: lent, then idle (LRU)
+  for (uint32_t f = 0; f < n; ++f) {
+    const frame_word w = frame_word::decode(pool_.read(f));
+    if (w.state == frame_free) ++free_now;
+    if (w.owner == me_ && w.state != frame_free) ++mine;
+    if (w.state == frame_requested && w.requester == me_) ++asked;
+    if (w.state == frame_idle && w.owner != me_) idle.push_back({pool_.frame(f).last_use.load(std::memory_order_relaxed), f});
+    // Frames lent to oversubscribed (low-priority) processes go first, before any idle frame
+    // of a process that takes turns: last_use 0 sorts them ahead.
+    if (w.state == frame_lent && w.owner != me_) idle.push_back({0, f});
+  }
+  if (count > n - mine) {
+    return fail(err_out_of_memory,
+                "acquire: this process needs %zu more frame(s) of %" PRIu64 " MiB but the pool has %u in all, %u of them already "
+                "this process's: its memory does not fit the pool (VRAMSWAP_POOL_SIZE sets the pool's size)",
+                count, pool_.frame_size() >> 20, n, mine);
+  }
+  if (free_now + asked >= count) return ok;
+  uint32_t shortfall = static_cast<uint32_t>(count) - free_now - asked;
+  // Least recently used first; ties by frame index for a deterministic order.
+  std::sort(idle.begin(), idle.end(), [](const candidate& a, const candidate& b) {
+    return a.last_use != b.last_use ? a.last_use < b.last_use : a.frame < b.frame;
+  });
+  std::vector<uint32_t> owners_to_wake;
+  for (const candidate& c : idle) {
+    if (shortfall == 0) break;
+    uint64_t raw = pool_.read(c.frame);
+    const frame_word w = frame_word::decode(raw);
+    if ((w.state != frame_idle && w.state != frame_lent) || w.owner == me_) continue;  // moved since the scan
+    if (!pool_.move(c.frame, raw, frame_requested, w.owner, me_)) continue;
+    --shortfall;
+    if (std::find(owners_to_wake.begin(), owners_to_wake.end(), w.owner) == owners_to_wake.end()) owners_to_wake.push_back(w.owner);
+  }
+  for (uint32_t owner : owners_to_wake) pool_.notify_member(owner);
+  // Any shortfall left is frames that others hold active (a holder that died and is being
+  // repaired): take() waits for them, within the timeout.
+  return ok;
+}
+
+int pool_frame_source::take(int device, size_t size, frame_id* out) {
+  if (size != pool_.frame_size()) {
+    return fail(err_invalid_argument, "pool: a %zu-byte frame was asked for; this pool's frames are %" PRIu64 " bytes", size,
+                pool_.frame_size());
+  }
+  const uint64_t start = monotonic_ns();
+  for (;;) {
+    // Read the futex word before scanning, so a frame freed after the scan wakes us.
+    const uint32_t seen = pool_.header()->frames_freed.load(std::memory_order_acquire);
+    uint32_t f = 0;
+    if (try_take_free(&f)) {
+      *out = local_[f];
+      return ok;
+    }
+    const uint64_t waited = monotonic_ns() - start;
+    if (waited >= evict_timeout_ns_) return timed_out_error(waited);
+    if (server_alive_ && !server_alive_()) {
+      return fail(err_unavailable, "pool: the pool server (pid %d) exited while this process waited for a frame; restart the job "
+                  "(a new server starts on demand)", pool_.header()->server_pid);
+    }
+    // Nothing free and nothing asked for (e.g. our earlier requests were served to someone
+    // else): ask again for one more.
+    bool asked = false;
+    for (uint32_t g = 0; g < pool_.frame_count() && !asked; ++g) {
+      const frame_word w = frame_word::decode(pool_.read(g));
+      asked = w.state == frame_requested && w.requester == me_;
+    }
+    if (!asked) VS_TRY(prepare(device, 1));
+    futex_wait(&pool_.header()->frames_freed, seen, k_wait_slice_ns);
+  }
+}
+
+int pool_frame_source::try_take(int device, size_t size, frame_id* out) {
+  if (size != pool_.frame_size()) return take(device, size, out);  // the same error
+  uint32_t f = 0;
+  if (!try_take_free(&f)) return err_busy;  // a hint to the caller, not an error: no detail
+  *out = local_[f];
+  return ok;
+}
+
+int pool_frame_source::try_take_not_resident(int device, size_t size, frame_id* out) {
+  if (size != pool_.frame_size()) return take(device, size, out);  // the same error
+  uint32_t f = 0;
+  if (!pool_.take_free(frame_idle, me_, &scan_hint_, &f)) {
+    return fail(err_busy, "pool: no free frame among its %u of %" PRIu64 " MiB (%u of them this process's)", pool_.frame_count(),
+                pool_.frame_size() >> 20, frames_owned());
+  }
+  // A hint, after the state: a holder that reads the stale stamp in between only orders it
+  // differently among the idle frames it may ask for.
+  pool_.frame(f).last_use.store(pool_.header()->clock.fetch_add(1, std::memory_order_acq_rel) + 1, std::memory_order_relaxed);
+  *out = local_[f];
+  return ok;
+}
+
+int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
+  // An owner cannot evict while the shared host pool has no slot for the pages: say so.
+  std::string host_pool;
+  if (pool_.host_slot_count() > 0 && pool_.count_slots(slot_free) == 0) {
+    host_pool = " The shared host pool (VRAMSWAP_HOST_POOL, " + std::to_string(pool_.host_slot_count()) +
+                " slots) is full, so the owner has nowhere to save the pages: the host pool must hold what all processes of this "
+                "device save at once (their memory less the device pool) plus slack; raise VRAMSWAP_HOST_POOL and restart "
+                "vramswapd.";
+  }
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
+    const frame_word w = frame_word::decode(pool_.read(f));
+    if (w.state == frame_requested && w.requester == me_) {
+      const member_slot& owner = pool_.member(w.owner);
+      // Only a low-priority member holds lent frames, and it never holds idle or active ones.
+      const bool low_priority = pool_.count(frame_lent, w.owner) > 0 ||
+                                pool_.count(frame_idle, w.owner) + pool_.count(frame_active, w.owner) == 0;
+      if (low_priority && host_pool.empty()) {
+        return fail(err_timeout,
+                    "pool: process %d (pool member %u), a low-priority job (VRAMSWAP_OVERSUBSCRIBE=1), did not move the pages "
+                    "of frame %u to host memory within %.1f s (VRAMSWAP_EVICT_TIMEOUT); its frames were not taken. It is "
+                    "probably at its VRAMSWAP_OVERSUBSCRIBE_LIMIT or out of host memory (its log says which): raise its limit, "
+                    "or run this job when it has ended",
+                    owner.pid, w.owner, f, waited_ns / 1e9);
+      }
+      // An owner whose eviction failed says why in its slot.
+      const int32_t failed = owner.evict_status.load(std::memory_order_acquire);
+      if (failed != ok) {
+        char why[sizeof owner.evict_error];
+        std::memcpy(why, owner.evict_error, sizeof why);
+        why[sizeof why - 1] = '\0';
+        const uint64_t at = owner.evict_failed_ns.load(std::memory_order_relaxed);
+        const uint64_t now = monotonic_ns();
+        return fail(err_timeout,
+                    "pool: process %d (pool member %u) could not evict frame %u: its eviction failed %.1f s ago (%s: %s); it "
+                    "keeps its pages resident and tries again every second, and no frame of it was taken in %.1f s "
+                    "(VRAMSWAP_EVICT_TIMEOUT). Fix what its error names (for a full swap disk: free space in its "
+                    "VRAMSWAP_SWAP_DIR, or give it more VRAMSWAP_HOST_LIMIT), or ask again when it has exited; its log has the "
+                    "whole error",
+                    owner.pid, w.owner, f, now > at ? (now - at) / 1e9 : 0.0, status_name(failed), why, waited_ns / 1e9);
+      }
+      return fail(err_timeout,
+                  "pool: process %d (pool member %u) did not evict frame %u within %.1f s (VRAMSWAP_EVICT_TIMEOUT); its frames "
+                  "were not taken. %s",
+                  owner.pid, w.owner, f, waited_ns / 1e9,
+                  host_pool.empty() ? "Is it stopped (SIGSTOP, a debugger) or stuck in a driver call?" : host_pool.c_str() + 1);
+    }
+  }
+  return fail(err_timeout, "pool: no frame became free within %.1f s (VRAMSWAP_EVICT_TIMEOUT): other processes hold the pool's frames",
+              waited_ns / 1e9);
+}
+
+int pool_frame_source::give_back(frame_id frame) {
+  auto it = index_of_.find(frame);
+  if (it == index_of_.end()) return fail(err_invalid_argument, "pool: frame %" PRIu64 " is not a pool frame", frame);
+  return pool_.give_back(it->second, me_);
+}
+
+void pool_frame_source::reclaim_own() {
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
+    for (;;) {
+      uint64_t raw = pool_.read(f);
+      const frame_word w = frame_word::decode(raw);
+      if (w.owner != me_ || (w.state != frame_idle && w.state != frame_requested)) break;
+      if (pool_.move(f, raw, frame_active, me_, k_no_member)) break;
+    }
+  }
+}
+
+void pool_frame_source::release_own() {
+  const uint64_t stamp = pool_.header()->clock.fetch_add(1, std::memory_order_acq_rel) + 1;
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
+    for (;;) {
+      uint64_t raw = pool_.read(f);
+      const frame_word w = frame_word::decode(raw);
+      if (w.owner != me_ || w.state != frame_active) break;
+      pool_.frame(f).last_use.store(stamp, std::memory_order_relaxed);  // hint first, then the state
+      if (pool_.move(f, raw, frame_idle, me_, k_no_member)) break;
+    }
+  }
+}
+
+std::vector<frame_id> pool_frame_source::requested_of_me() const {
+  std::vector<frame_id> out;
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
+    const frame_word w = frame_word::decode(pool_.read(f));
+    if (w.state == frame_requested && w.owner == me_) out.push_back(local_[f]);
+  }
+  return out;
+}
+
+uint32_t pool_frame_source::frames_owned() const {
+  uint32_t n = 0;
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
+    const frame_word w = frame_word::decode(pool_.read(f));
+    n += w.owner == me_ && w.state != frame_free;
+  }
+  return n;
+}
+
+}  // namespace vramswap::detail

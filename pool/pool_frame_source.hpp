@@ -1,0 +1,84 @@
+// pool_frame_source: the pager's frames come from the device's shared pool.
+//
+// Every process imported every pool frame once (pool_connection); frame i of the pool is
+// local frame_id local[i] here. Which process may map which frame is decided in the pool
+// segment's frame table (pool/pool_layout.hpp), one compare-and-swap per transition.
+//
+// Taking (the lock holder; outside the lock, see below): prepare(n) counts the free frames and, for the
+// shortfall, asks the owners of frames lent to oversubscribed processes, then of the least
+// recently used idle frames, to evict them (lent/idle ->
+// requested, then a futex wake of each owner's pager thread). take() returns a free frame
+// as soon as one exists, sleeping on the pool's "frame freed" futex in between: the owners
+// free frames one by one as their copies out complete, while the pager maps and copies in
+// each frame it gets, so the two processes' transfers overlap.
+//
+// A requested frame whose owner neither frees it nor dies within VRAMSWAP_EVICT_TIMEOUT
+// is never taken by force: take() fails with err_timeout naming the owner's pid. A dead
+// owner's frames are freed by the pool server (scrubbed first).
+//
+// Outside the lock (try_take_not_resident): a process that does not hold the lock may take
+// a free frame, and only a free one, never waiting nor asking anyone; it goes straight to
+// idle (this process's, stamped with the pool clock), so a holder that needs it asks for it
+// like any other idle frame, and the owner's service thread saves its page first. At the
+// owner's next acquire it becomes active with the rest (reclaim_own).
+//
+// Giving back: frames are zeroed by the pager before they are given back
+// (scrub_before_give_back), then go to free and every waiter is woken.
+//
+// Thread-safety: take/give_back/prepare are called under the pager's mutex; the session's
+// reclaim_own/release_own/requested_of_me run under the session's. The frame table itself is
+// shared-memory atomics.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <unordered_map>
+#include <vector>
+
+#include "core/frame_source.hpp"
+#include "pool/pool_segment.hpp"
+
+namespace vramswap::detail {
+
+class pool_frame_source final : public frame_source {
+ public:
+  // `local[i]` is this process's handle of pool frame i. `server_alive` is asked while
+  // waiting, so that a dead pool server ends the wait with a clear error.
+  pool_frame_source(pool_segment& pool, uint32_t me, std::vector<frame_id> local, uint64_t evict_timeout_ns,
+                    std::function<bool()> server_alive);
+
+  int take(int device, size_t size, frame_id* out) override;
+  int try_take(int device, size_t size, frame_id* out) override;
+  // A free frame, taken straight to idle(me) (stamped as if used now): for memory allocated
+  // while this process does not hold the lock. Never waits, never asks anyone; a holder
+  // that needs the frame asks for it like any idle frame, and our service thread saves the
+  // page first.
+  int try_take_not_resident(int device, size_t size, frame_id* out) override;
+  int give_back(frame_id frame) override;
+  int prepare(int device, size_t count) override;
+  bool scrub_before_give_back(frame_id) const override { return true; }
+
+  // At acquire: this process's idle or requested frames become active again (an eviction
+  // asked for but not yet done is cancelled: the frame keeps backing our page).
+  void reclaim_own();
+  // At release: this process's active frames become idle, stamped with the pool clock.
+  void release_own();
+  // Frames other processes asked this one to evict (local handles).
+  std::vector<frame_id> requested_of_me() const;
+  uint32_t member() const noexcept { return me_; }
+  uint32_t frames_owned() const;
+
+ private:
+  bool try_take_free(uint32_t* index);
+  int timed_out_error(uint64_t waited_ns) const;
+
+  pool_segment& pool_;
+  const uint32_t me_;
+  const std::vector<frame_id> local_;
+  std::unordered_map<frame_id, uint32_t> index_of_;
+  const uint64_t evict_timeout_ns_;
+  std::function<bool()> server_alive_;
+  uint32_t scan_hint_ = 0;
+};
+
+}  // namespace vramswap::detail

@@ -1,0 +1,89 @@
+// The pool server's socket protocol (version 2), shared by vramswapd and its clients.
+//
+// Socket: <runtime dir>/<VRAMSWAP_SHM_PREFIX><device key>.sock, a SOCK_SEQPACKET Unix
+// socket (message boundaries kept, so each struct below is one message of exactly its
+// size). Runtime dir:
+// VRAMSWAP_RUNTIME_DIR, default /tmp/vramswap-<uid> (/tmp/vramswap-g<gid> with
+// VRAMSWAP_GROUP), mode 0700 (0770 with VRAMSWAP_GROUP); see pool/pool_connection.hpp
+// (pool_paths) and docs/pool_server.md. The server checks the peer with SO_PEERCRED: the
+// server's own uid, root, or (with VRAMSWAP_GROUP) a member of that group.
+//
+// Exchange:
+//   client -> hello (exactly sizeof(hello) bytes, no descriptors). `pid` must be the
+//             socket's peer pid as SO_PEERCRED reports it (one PID namespace) and
+//             `start_time` its /proc start time; the server keeps both in the member slot.
+//   server -> welcome (exactly sizeof(welcome) bytes). status 0: `member`, `frame_count`,
+//             `frame_size` and `segment_name` are valid. status < 0 (a vramswap::detail::status):
+//             only `magic`, `version`, `server_pid` and the NUL-terminated `message` are;
+//             the server closes the connection next. Refusals: err_not_owner (peer's uid
+//             not allowed), err_version_mismatch (bad magic, version or size of the hello;
+//             the welcome then carries the server's own version), err_invalid_argument
+//             (pid not the peer's, or its start time wrong), err_busy (no member slot).
+//             A client reads magic and status first: a welcome of another version still
+//             has them at the same offsets.
+//   server -> frame_batch messages carrying the frames' descriptors (SCM_RIGHTS), in pool
+//             order: `first` is the number of frames sent before, `count` (1..250, see
+//             k_max_fds_per_message) the descriptors attached, until frame_count have been
+//             sent. The client imports each and closes it at once.
+//   server -> when the welcome's `host_slot_count` is not 0 (the server runs with a shared
+//             host pool, VRAMSWAP_HOST_POOL): one host_pool message carrying the host pool's
+//             memfd (SCM_RIGHTS, exactly one descriptor). The client maps it MAP_SHARED,
+//             faults it in, registers it with its backend once (pinned), closes the
+//             descriptor, and takes host slots from the pool segment's slot table.
+//   then the connection stays open, silent both ways, for the client's lifetime: its
+//   hang-up is how the server learns that the client died (and repairs: scrubs and frees
+//   its frames, frees its member slot, passes on the lock it held); the server's hang-up
+//   (the socket becomes readable with nothing to read) tells the client the pool is gone.
+//   Data a client sends after its hello is ignored (and logged).
+//
+// Versioning: a change of any struct's size or meaning bumps k_version; both sides refuse
+// a mismatch by name, never misread.
+//   1: hello, welcome, frame batches.
+//   2: the welcome announces the shared host pool (host_slot_count, host_pool_bytes); the
+//      host_pool message follows the frame batches when there is one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace vramswap::detail::pool_protocol {
+
+constexpr uint32_t k_magic = 0x50575356;  // "VSWP"
+constexpr uint32_t k_version = 2;
+
+struct hello {
+  uint32_t magic;
+  uint32_t version;
+  int32_t pid;
+  uint32_t reserved;
+  uint64_t start_time;  // /proc start time of the client (PID reuse)
+};
+
+struct welcome {
+  uint32_t magic;
+  uint32_t version;
+  int32_t status;        // 0, or a negative vramswap::detail::status (then `message` says why)
+  uint32_t member;       // the client's member index in the pool segment
+  uint32_t frame_count;  // descriptors that follow
+  int32_t server_pid;
+  uint64_t frame_size;
+  char segment_name[160];  // shm name of the pool segment
+  char message[256];
+  // version 2: the shared host pool. 0 slots: none (each client keeps its own host tier).
+  uint32_t host_slot_count;  // frame-size slots in the host pool
+  uint32_t reserved;
+  uint64_t host_pool_bytes;  // the memfd's size: host_slot_count * frame_size
+};
+
+struct host_pool {
+  uint64_t bytes;        // the memfd's size, as in the welcome
+  uint32_t slot_count;   // as in the welcome
+  uint32_t reserved;
+};
+
+struct frame_batch {
+  uint32_t first;  // pool index of the first descriptor in this message
+  uint32_t count;  // descriptors in this message (SCM_RIGHTS)
+};
+
+}  // namespace vramswap::detail::pool_protocol

@@ -1,0 +1,99 @@
+// pool_report: a device's state as observers see it, for `vramswap status`, the pool server's
+// metrics endpoint, and tests. Read from the pool segment (frame table, member slots) and the
+// device lock's queue, without initializing any backend (no CUDA): devices are found by
+// their pool segments in /dev/shm.
+//
+// The per-process statistics come from one field list (VRAMSWAP_PROCESS_STATS), so the
+// struct, the text and JSON renderings and the Prometheus metrics never disagree (the
+// mimalloc-stats idea). Values are hints read word by word while processes run: a report is
+// not an atomic snapshot, and a field may be a moment older than its neighbour.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vramswap::detail {
+
+class pool_segment;
+class device_lock;
+
+// X(field, kind, prometheus name, divisor, help). kind: gauge or counter; the Prometheus
+// value is the field divided by `divisor` (nanoseconds are exported as seconds).
+#define VRAMSWAP_PROCESS_STATS(X)                                                                                  \
+  X(resident_bytes, gauge, "vramswap_process_resident_bytes", 1, "Bytes of the pool's frames that hold this process's pages") \
+  X(host_bytes, gauge, "vramswap_process_host_bytes", 1, "Bytes of saved pages in the process's host memory tier")  \
+  X(disk_bytes, gauge, "vramswap_process_disk_bytes", 1, "Bytes of saved pages only in the process's swap file")   \
+  X(acquires, counter, "vramswap_process_acquires_total", 1, "Lock acquisitions (re-entries not counted)")          \
+  X(swaps_in, counter, "vramswap_process_swaps_in_total", 1, "Acquisitions that brought memory in")               \
+  X(bytes_in, counter, "vramswap_process_bytes_in_total", 1, "Bytes copied into the device (restores)")            \
+  X(bytes_out, counter, "vramswap_process_bytes_out_total", 1, "Bytes copied out of the device (evictions)")       \
+  X(evictions_served, counter, "vramswap_process_evictions_served_total", 1,                                       \
+    "Frames evicted at other processes' request")                                                                  \
+  X(lock_wait_ns, counter, "vramswap_process_lock_wait_seconds_total", 1e9, "Time spent queued for the lock")      \
+  X(restore_ns, counter, "vramswap_process_restore_seconds_total", 1e9, "Time spent bringing memory in after the grant") \
+  X(evict_ns, counter, "vramswap_process_evict_seconds_total", 1e9, "Time spent evicting memory")
+
+struct process_report {
+  uint32_t member = 0;
+  pid_t pid = 0;
+  std::string command;           // /proc/<pid>/comm ("?" when gone)
+  std::string phase;             // idle | waiting | restoring | running
+  bool stopped = false;          // SIGSTOP, Ctrl-Z or a debugger (/proc/<pid>/stat state T or t)
+  bool holding = false;
+  uint64_t holding_since_ns = 0;  // CLOCK_MONOTONIC of the grant; 0 when not holding
+  uint32_t frames = 0;           // frames owned (active, idle or requested)
+#define VRAMSWAP_PROCESS_FIELD(field, kind, prom, div, help) uint64_t field = 0;
+  VRAMSWAP_PROCESS_STATS(VRAMSWAP_PROCESS_FIELD)
+#undef VRAMSWAP_PROCESS_FIELD
+};
+
+struct queue_report {
+  pid_t pid = 0;
+  pid_t tid = 0;
+  std::string priority;  // normal | high
+  uint64_t ticket = 0;
+  bool holding = false;
+  uint64_t enqueue_ns = 0;  // CLOCK_MONOTONIC
+  bool stopped = false;     // as process_report::stopped
+};
+
+struct device_report {
+  std::string key;           // "host-0", "GPU-<uuid>"
+  std::string segment;       // the pool segment's shm name
+  pid_t server_pid = 0;
+  uint32_t metrics_port = 0;  // 0: none
+  uint64_t frame_size = 0;
+  uint32_t frame_count = 0;
+  uint32_t frames_free = 0, frames_active = 0, frames_idle = 0, frames_requested = 0;
+  uint32_t frames_lent = 0;  // to oversubscribed processes (lent, not yet requested)
+  uint32_t host_slots = 0, host_slots_used = 0;  // the shared host pool (VRAMSWAP_HOST_POOL); 0: none
+  uint64_t host_slot_size = 0;
+  uint64_t now_ns = 0;       // CLOCK_MONOTONIC when the report was taken
+  bool have_queue = false;   // the lock segment was readable
+  std::string queue_error;   // why not
+  std::vector<queue_report> queue;      // holder first, then waiters in grant order
+  std::vector<process_report> processes;  // by member index
+  // The holder (pid 0 when nobody holds the lock), from the queue, else from the members.
+  pid_t holder_pid = 0;
+  // How long holds last (the lock's moving averages; 0 before the first release), and
+  // whether they are regular enough for waiters to wake ahead of a release (docs/lock.md).
+  uint64_t hold_mean_ns = 0, hold_jitter_ns = 0;
+  bool holds_predictable = false;
+};
+
+// Device keys with a pool segment under the current VRAMSWAP_SHM_PREFIX, sorted.
+int discover_devices(std::vector<std::string>* keys) noexcept;
+
+// Report on `pool` (and `lock`'s queue when lock != nullptr).
+int collect_report(const std::string& key, const pool_segment& pool, device_lock* lock, device_report* out);
+// Open `key`'s pool segment read-only and its lock (when its segment exists) and report.
+int collect_report(const std::string& key, device_report* out);
+
+std::string render_text(const std::vector<device_report>& devices);
+std::string render_json(const std::vector<device_report>& devices);
+std::string render_prometheus(const std::vector<device_report>& devices);
+
+}  // namespace vramswap::detail

@@ -1,0 +1,469 @@
+#include "pool/pool_segment.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <climits>
+#include <cstring>
+#include <new>
+
+#include "core/log.hpp"
+#include "core/status.hpp"
+#include "lock/futex.hpp"
+#include "lock/ownership.hpp"
+#include "lock/process_identity.hpp"
+#include "lock/shared_segment.hpp"
+
+namespace vramswap::detail {
+using namespace pool_layout;
+
+namespace {
+
+// How long a second server waits for the holder of a segment to say who it is (a server
+// replacing a dead one's segment, or one between its flock and its identity) before it
+// reports what it knows.
+constexpr uint64_t k_claim_wait_ns = 3'000'000'000;
+
+std::string path_of(const std::string& name) { return "/dev/shm" + name; }
+
+std::string bounded(const char* text, size_t max) { return std::string(text, ::strnlen(text, max)); }
+
+// The identity published in the segment open on `fd`; false when it is not (yet) there.
+bool read_identity(int fd, pool_segment::server_identity* who) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(pool_header)) return false;
+  void* p = ::mmap(nullptr, sizeof(pool_header), PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return false;
+  const pool_header* h = header_of(p);
+  const bool published = h->claimed.load(std::memory_order_acquire) == 1;
+  if (published) {
+    who->pid = h->server_pid;
+    who->start_time = h->server_start_time;
+    who->runtime_dir = bounded(h->server_runtime_dir, sizeof h->server_runtime_dir);
+    who->socket = bounded(h->server_socket, sizeof h->server_socket);
+  }
+  ::munmap(p, sizeof(pool_header));
+  return published;
+}
+
+// "pool server pid 12 (runtime dir /run/vramswap, socket /run/vramswap/GPU-1.sock)".
+std::string describe(const pool_segment::server_identity& who) {
+  std::string text = "pool server pid " + std::to_string(who.pid) + " (runtime dir " +
+                     (who.runtime_dir.empty() ? std::string("unknown") : who.runtime_dir);
+  if (!who.socket.empty()) text += ", socket " + who.socket;
+  return text + ")";
+}
+
+void copy_path(char* to, const std::string& from) {
+  const size_t n = std::min(from.size(), k_server_path_bytes - 1);
+  std::memcpy(to, from.data(), n);
+  to[n] = '\0';
+}
+
+}  // namespace
+
+int pool_segment::name_for(const std::string& device_key, std::string* out) noexcept {
+  // The lock's naming rules (prefix, owner, allowed characters) with a "pool-" marker.
+  return shared_segment::name_for("pool-" + device_key, out);
+}
+
+int pool_segment::remove(const std::string& device_key) noexcept {
+  try {
+    std::string name;
+    VS_TRY(name_for(device_key, &name));
+    const int fd = ::open(path_of(name).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? ok : fail_errno(errno, "pool: open /dev/shm%s to remove it", name.c_str());
+    // Only a segment whose flock nobody holds is removed, by the one who holds it now: the
+    // rule every remover and every server follows (pool/pool_layout.hpp).
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      server_identity who;
+      const bool known = read_identity(fd, &who);
+      ::close(fd);
+      return fail(err_busy, "pool: /dev/shm%s is held by %s; a live pool is never removed: stop that server first%s", name.c_str(),
+                  known ? describe(who).c_str() : "a pool server that is starting",
+                  known ? (" (kill -TERM " + std::to_string(who.pid) + ")").c_str() : "");
+    }
+    struct stat st {};
+    int rc = ok;
+    if (::fstat(fd, &st) == 0 && st.st_nlink > 0 && ::shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
+      rc = fail_errno(errno, "pool: shm_unlink %s", name.c_str());
+    }
+    ::close(fd);
+    return rc;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+}
+
+int pool_segment::adopt(void* base, size_t size, const std::string& name, std::unique_ptr<pool_segment>* out) noexcept {
+  std::unique_ptr<pool_segment> seg(new (std::nothrow) pool_segment());
+  if (!seg) {
+    ::munmap(base, size);
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+  seg->base_ = base;
+  seg->size_ = size;
+  seg->name_ = name;
+  *out = std::move(seg);
+  return ok;
+}
+
+int pool_segment::claim(const std::string& device_key, const server_identity& who, std::unique_ptr<pool_segment>* out) noexcept {
+  try {
+    std::string name;
+    VS_TRY(name_for(device_key, &name));
+    const std::string path = path_of(name);
+    const uint64_t deadline = monotonic_ns() + k_claim_wait_ns;
+    for (;;) {
+      int fd = -1;
+      VS_TRY(open_owned(path, O_RDWR | O_CREAT, "pool: the pool segment", "or use another VRAMSWAP_SHM_PREFIX", &fd));
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int e = errno;
+        server_identity other;
+        const bool known = e == EWOULDBLOCK && read_identity(fd, &other);
+        struct stat st {};
+        const bool linked = ::fstat(fd, &st) == 0 && st.st_nlink > 0;
+        ::close(fd);
+        if (e == EINTR) continue;
+        if (e != EWOULDBLOCK) return fail_errno(e, "pool: flock %s", path.c_str());
+        const bool alive = known && check_liveness({other.pid, other.start_time}) == liveness::alive;
+        const bool late = monotonic_ns() >= deadline;
+        if ((alive && linked) || late) {
+          std::string whom = known ? describe(other) : "a pool server that has not yet said who it is (still starting?)";
+          if (known && !alive) whom += ", which this PID namespace does not show as running";
+          return fail(err_busy,
+                      "pool: device %s already has a pool: %s holds its pool segment %s. One device has one pool, whatever "
+                      "the runtime dir: use that server (its clients set VRAMSWAP_RUNTIME_DIR=%s), or stop it first%s",
+                      device_key.c_str(), whom.c_str(), path.c_str(),
+                      known && !other.runtime_dir.empty() ? other.runtime_dir.c_str() : "<its runtime dir>",
+                      known ? (" (kill -TERM " + std::to_string(other.pid) + ")").c_str() : "");
+        }
+        // A server replacing a dead one's segment, or one between its flock and its identity:
+        // look again shortly (it either publishes itself or unlinks this one).
+        ::usleep(10'000);
+        continue;
+      }
+      struct stat st {};
+      if (::fstat(fd, &st) != 0) {
+        const int e = errno;
+        ::close(fd);
+        return fail_errno(e, "pool: fstat %s", path.c_str());
+      }
+      if (st.st_nlink == 0) {  // its holder replaced it before we got its flock: the name is another one's now
+        ::close(fd);
+        continue;
+      }
+      if (st.st_size != 0) {
+        // A dead server's segment (nobody holds its flock). Its clients may still map it and
+        // write into it until they notice the death: never reuse it, replace it.
+        server_identity dead;
+        const bool known = read_identity(fd, &dead);
+        log(log_level::info, "pool: replacing the stale pool segment %s of %s", path.c_str(),
+            known ? (describe(dead) + ", no longer running").c_str() : "a pool server that died while starting");
+        const int urc = ::shm_unlink(name.c_str());
+        const int e = errno;
+        ::close(fd);
+        if (urc != 0 && e != ENOENT) return fail_errno(e, "pool: removing the stale pool segment %s", path.c_str());
+        continue;
+      }
+      // Empty and ours: say who we are before anything else.
+      const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      void* base = MAP_FAILED;
+      if (::ftruncate(fd, static_cast<off_t>(size)) == 0) base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED) {
+        const int e = errno;
+        ::shm_unlink(name.c_str());
+        ::close(fd);
+        return fail_errno(e, "pool: sizing and mapping %s (is /dev/shm full?)", path.c_str());
+      }
+      pool_header* h = header_of(base);
+      h->server_pid = who.pid;
+      h->server_start_time = who.start_time;
+      copy_path(h->server_runtime_dir, who.runtime_dir);
+      copy_path(h->server_socket, who.socket);
+      h->claimed.store(1, std::memory_order_release);
+      const int rc = adopt(base, size, name, out);
+      if (rc != ok) {
+        ::shm_unlink(name.c_str());
+        ::close(fd);
+        return rc;
+      }
+      (*out)->claim_fd_ = fd;
+      return ok;
+    }
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+}
+
+int pool_segment::initialize(uint32_t frame_count, uint64_t frame_size, uint32_t host_slots) noexcept {
+  if (claim_fd_ < 0 || header()->magic.load(std::memory_order_relaxed) != 0) {
+    return fail(err_internal, "pool: initialize of %s, which this process has not claimed or has initialized already", name_.c_str());
+  }
+  const size_t size = segment_size_for(frame_count, host_slots);
+  if (::ftruncate(claim_fd_, static_cast<off_t>(size)) != 0) {
+    return fail_errno(errno, "pool: sizing /dev/shm%s to %zu bytes (is /dev/shm full?)", name_.c_str(), size);
+  }
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, claim_fd_, 0);
+  if (base == MAP_FAILED) return fail_errno(errno, "pool: mmap /dev/shm%s", name_.c_str());
+  ::munmap(base_, size_);
+  base_ = base;
+  size_ = size;
+  // ftruncate gave zeros past the identity: every frame free with owner 0... set the owners explicitly.
+  pool_header* h = header_of(base);
+  h->format = format_word();
+  h->segment_size = size;
+  h->frame_size = frame_size;
+  h->frame_count = frame_count;
+  h->host_slot_count = host_slots;
+  h->host_slot_size = host_slots > 0 ? frame_size : 0;
+  frame_entry* frames = frames_of(base);
+  for (uint32_t i = 0; i < frame_count; ++i) {
+    frames[i].word.store(frame_word{frame_free, k_no_member, k_no_member, 0}.encode(), std::memory_order_relaxed);
+  }
+  slot_entry* slots = slots_of(base);
+  for (uint32_t i = 0; i < host_slots; ++i) {
+    slots[i].word.store(slot_word{slot_free, k_no_member, 0}.encode(), std::memory_order_relaxed);
+  }
+  h->magic.store(k_magic, std::memory_order_release);  // published last
+  return ok;
+}
+
+int pool_segment::create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, uint32_t host_slots,
+                         pid_t server_pid, uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept {
+  server_identity who;
+  who.pid = server_pid;
+  who.start_time = server_start_time;
+  std::unique_ptr<pool_segment> seg;
+  VS_TRY(claim(device_key, who, &seg));
+  VS_TRY(seg->initialize(frame_count, frame_size, host_slots));
+  *out = std::move(seg);
+  return ok;
+}
+
+int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* out, bool read_only) noexcept {
+  int fd = -1;
+  VS_TRY(open_owned(path_of(name), read_only ? O_RDONLY : O_RDWR, "pool: the pool segment", "", &fd));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(pool_header)) {
+    ::close(fd);
+    return fail(err_version_mismatch, "pool: /dev/shm%s is too small to be a pool segment", name.c_str());
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* base = ::mmap(nullptr, size, read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) return fail_errno(errno, "pool: mmap /dev/shm%s", name.c_str());
+  const pool_header* h = header_of(base);
+  int rc = ok;
+  if (h->magic.load(std::memory_order_acquire) != k_magic) {
+    rc = fail(err_version_mismatch, "pool: /dev/shm%s is not an initialized pool segment (magic %#" PRIx64 ")", name.c_str(),
+              h->magic.load());
+  } else if (h->format != format_word()) {
+    rc = fail(err_version_mismatch,
+              "pool: /dev/shm%s has layout format %#" PRIx64 " (version %" PRIu64 "), this build expects %#" PRIx64
+              "; run client and pool server from the same vramswap version",
+              name.c_str(), h->format, h->format >> 48, format_word());
+  } else if (h->segment_size != size || segment_size_for(h->frame_count, h->host_slot_count) != size) {
+    rc = fail(err_version_mismatch,
+              "pool: /dev/shm%s is %zu bytes, its header says %" PRIu64 ": it was truncated or overwritten, and the processes "
+              "still using it die of SIGBUS when they touch what is missing; stop its pool server (pid %d) and its clients, "
+              "and let a new server make it again",
+              name.c_str(), size, h->segment_size, static_cast<int>(h->server_pid));
+  }
+  if (rc != ok) {
+    ::munmap(base, size);
+    return rc;
+  }
+  return adopt(base, size, name, out);
+}
+
+pool_segment::~pool_segment() {
+  if (base_ != nullptr) ::munmap(base_, size_);
+  if (claim_fd_ >= 0) {
+    // The server's own segment: its name goes while the flock is still held, so nobody
+    // can have replaced it in between (pool/pool_layout.hpp).
+    ::shm_unlink(name_.c_str());
+    ::close(claim_fd_);
+  }
+}
+
+bool pool_segment::move(uint32_t f, uint64_t seen, frame_state state, uint32_t owner, uint32_t requester) noexcept {
+  const frame_word old = frame_word::decode(seen);
+  const uint64_t next = frame_word{state, owner, requester, old.generation + 1}.encode();
+  return frame(f).word.compare_exchange_strong(seen, next, std::memory_order_acq_rel);
+}
+
+void pool_segment::notify_freed() noexcept {
+  header()->frames_freed.fetch_add(1, std::memory_order_acq_rel);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header()->frames_freed), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+bool pool_segment::take_free(frame_state state, uint32_t owner, uint32_t* scan_hint, uint32_t* out) noexcept {
+  const uint32_t n = frame_count();
+  for (uint32_t k = 0; k < n; ++k) {
+    const uint32_t f = (*scan_hint + k) % n;
+    uint64_t raw = read(f);
+    if (frame_word::decode(raw).state != frame_free) continue;
+    if (move(f, raw, state, owner, k_no_member)) {
+      *scan_hint = (f + 1) % n;
+      *out = f;
+      return true;
+    }
+  }
+  return false;
+}
+
+int pool_segment::give_back(uint32_t f, uint32_t owner) noexcept {
+  for (;;) {
+    uint64_t raw = read(f);
+    const frame_word w = frame_word::decode(raw);
+    if (w.owner != owner || w.state == frame_free) {
+      return fail(err_internal, "pool: giving back frame %u that this process (member %u) does not own (state %d, owner %u)", f, owner,
+                  static_cast<int>(w.state), w.owner);
+    }
+    if (move(f, raw, frame_free, k_no_member, k_no_member)) break;  // lost a race with a requester: retry
+  }
+  notify_freed();
+  return ok;
+}
+
+bool pool_segment::move_slot(uint32_t s, uint64_t seen, slot_state state, uint32_t owner) noexcept {
+  const slot_word old = slot_word::decode(seen);
+  const uint64_t next = slot_word{state, owner, old.generation + 1}.encode();
+  return slot(s).word.compare_exchange_strong(seen, next, std::memory_order_acq_rel);
+}
+
+void pool_segment::notify_slots_freed() noexcept {
+  header()->slots_freed.fetch_add(1, std::memory_order_acq_rel);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header()->slots_freed), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+uint32_t pool_segment::count_slots(slot_state state, uint32_t owner) const noexcept {
+  uint32_t n = 0;
+  for (uint32_t s = 0; s < host_slot_count(); ++s) {
+    const slot_word w = slot_word::decode(read_slot(s));
+    n += w.state == state && (owner == k_no_member || w.owner == owner);
+  }
+  return n;
+}
+
+uint32_t pool_segment::free_slots_of(uint32_t owner) noexcept {
+  uint32_t freed = 0;
+  for (uint32_t s = 0; s < host_slot_count(); ++s) {
+    // Only the state can change under us (the owner is dead, nobody else takes a used
+    // slot), so retry until it is free.
+    for (uint64_t seen = read_slot(s);; seen = read_slot(s)) {
+      const slot_word w = slot_word::decode(seen);
+      if (w.state == slot_free || w.owner != owner) break;
+      if (move_slot(s, seen, slot_free, k_no_member)) {
+        ++freed;
+        break;
+      }
+    }
+  }
+  if (freed > 0) notify_slots_freed();
+  return freed;
+}
+
+void pool_segment::notify_member(uint32_t m) noexcept {
+  member(m).requests.fetch_add(1, std::memory_order_acq_rel);
+  futex_wake_one(&member(m).requests);
+}
+
+uint32_t pool_segment::count(frame_state state, uint32_t owner) const noexcept {
+  uint32_t n = 0;
+  for (uint32_t f = 0; f < frame_count(); ++f) {
+    const frame_word w = frame_word::decode(read(f));
+    n += w.state == state && (owner == k_no_member || w.owner == owner);
+  }
+  return n;
+}
+
+void pool_segment::trace(uint32_t m, trace_kind kind, uint64_t ns, uint64_t duration_ns, uint64_t bytes,
+                         uint64_t extra) noexcept {
+  trace_ring& ring = trace_ring_of(m);
+  const uint64_t index = ring.head.fetch_add(1, std::memory_order_acq_rel);
+  trace_record& r = ring.records[index % k_trace_records];
+  r.seq.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // readers see seq 0 before any new field
+  r.ns.store(ns, std::memory_order_relaxed);
+  r.duration_ns.store(duration_ns, std::memory_order_relaxed);
+  r.bytes.store(bytes, std::memory_order_relaxed);
+  r.extra.store(extra, std::memory_order_relaxed);
+  r.kind.store(kind, std::memory_order_relaxed);
+  r.pid.store(member(m).pid, std::memory_order_relaxed);
+  r.seq.store(index + 1, std::memory_order_release);  // published last
+}
+
+uint64_t pool_segment::read_trace(uint32_t m, uint64_t* cursor, std::vector<trace_event>* out) const {
+  const trace_ring& ring = trace_ring_of(m);
+  const uint64_t head = ring.head.load(std::memory_order_acquire);
+  uint64_t lost = 0;
+  if (head > *cursor + k_trace_records) {
+    lost += head - k_trace_records - *cursor;
+    *cursor = head - k_trace_records;
+  }
+  for (; *cursor < head; ++*cursor) {
+    const trace_record& r = ring.records[*cursor % k_trace_records];
+    const uint64_t want = *cursor + 1;
+    if (r.seq.load(std::memory_order_acquire) != want) {
+      // Not yet published (a writer between claim and publish) or torn by its death. A
+      // record claimed but still being written is worth waiting for: stop here and come
+      // back at the next poll, unless the ring has moved on (then it is lost).
+      if (head - *cursor < 16) break;
+      ++lost;
+      continue;
+    }
+    trace_event e{*cursor, static_cast<trace_kind>(r.kind.load(std::memory_order_relaxed)), r.pid.load(std::memory_order_relaxed),
+                  r.ns.load(std::memory_order_relaxed), r.duration_ns.load(std::memory_order_relaxed),
+                  r.bytes.load(std::memory_order_relaxed), r.extra.load(std::memory_order_relaxed)};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (r.seq.load(std::memory_order_relaxed) != want) {
+      ++lost;
+      continue;
+    }
+    out->push_back(e);
+  }
+  return lost;
+}
+
+int pool_segment::add_member(pid_t pid, uint64_t start_time, uint32_t* index) noexcept {
+  for (uint32_t m = 0; m < k_member_count; ++m) {
+    member_slot& s = member(m);
+    if (s.state.load(std::memory_order_acquire) != member_free) continue;
+    s.pid = pid;
+    s.start_time = start_time;
+    s.requests.store(0);
+    s.holding.store(0);
+    s.bytes_out.store(0);
+    s.bytes_in.store(0);
+    s.evictions_served.store(0);
+    s.swaps_in.store(0);
+    s.phase.store(phase_idle);
+    s.holding_since_ns.store(0);
+    s.host_bytes.store(0);
+    s.disk_bytes.store(0);
+    s.acquires.store(0);
+    s.lock_wait_ns.store(0);
+    s.restore_ns.store(0);
+    s.evict_ns.store(0);
+    // The ring is never reset (a reader may still be reading the previous member's
+    // records); the new member's events start at its current head.
+    s.trace_start.store(trace_ring_of(m).head.load(std::memory_order_acquire));
+    s.state.store(member_live, std::memory_order_release);
+    *index = m;
+    return ok;
+  }
+  return fail(err_busy, "pool: all %u member slots are in use; no more processes can attach to this device's pool",
+              k_member_count);
+}
+
+void pool_segment::remove_member(uint32_t index) noexcept { member(index).state.store(member_free, std::memory_order_release); }
+
+}  // namespace vramswap::detail

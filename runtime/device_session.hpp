@@ -1,0 +1,112 @@
+// device_session: one process's participation in time-sharing one device.
+//
+// It ties the parts together: the pool connection (frames imported from vramswapd), the
+// device lock, a pager whose frames come from the pool (pool_frame_source), a page store
+// (the device's shared host pool when vramswapd has one, swap/pool_host_store.hpp; else this
+// process's host memory, spilling to disk past VRAMSWAP_HOST_LIMIT), and one background
+// thread that serves other processes' eviction requests.
+//
+// acquire(): take the device lock (FIFO, by priority); take back this process's own idle
+//   frames (cancelling evictions asked for but not done); bring every non-resident page in
+//   (pager.restore_all over the pool: free frames first, then frames other processes are
+//   asked to evict, LRU first; their copies out overlap our copies in). Returns when all of
+//   this process's memory is resident. On failure the lock is released again.
+// release(): by default move nothing: the frames become idle (others may ask for them), the
+//   lock is handed on, and then this process's device work is synchronized before release()
+//   returns (the next holder does not wait for that device round trip; our frames are safe
+//   because they change hands only through our eviction, which synchronizes first). With
+//   VRAMSWAP_EAGER_RELEASE=1 or VRAMSWAP_STRICT=1 evict everything first (strict: so that
+//   device access outside the lock faults), then hand the lock on.
+// Allocation while not holding the lock is allowed. Its pages get free frames of the pool
+//   at once when there are enough for all of them (taken as this process's idle frames,
+//   without waiting or asking anyone), so memory allocated and written between turns (a
+//   model moved to the GPU before the training loop) works, and is saved like the rest
+//   when another process needs the frames. Otherwise they stay unbacked until the next
+//   acquire (pager malloc, backing::when_free), or the allocation fails (backing::required:
+//   the stream-ordered allocator, whose callers write at once). Device access to this
+//   process's memory outside the lock is undefined: its pages may be mapped (idle, not yet
+//   asked for), being evicted, or unmapped (faults; on the host backend a SIGSEGV, which
+//   runtime/fault_report.hpp explains before the process dies).
+//
+// Re-entry: acquire by the thread that holds the lock is counted, as the lock's own.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "core/backend.hpp"
+#include "core/page_store.hpp"
+#include "core/pager.hpp"
+#include "lock/device_lock.hpp"
+#include "pool/member_observer.hpp"
+#include "pool/pool_connection.hpp"
+#include "pool/pool_frame_source.hpp"
+
+namespace vramswap::detail {
+
+struct session_stats {
+  pager_stats pager;
+  uint64_t disk_bytes = 0;        // of pager.host_bytes, those whose only copy is in the swap file
+  uint64_t acquires = 0;
+  uint64_t evictions_served = 0;  // frames evicted for other processes
+  double acquire_seconds = 0;     // total time from acquire() call to return, lock wait included
+  double lock_wait_seconds = 0;   // of which waiting for the lock
+  // CLOCK_MONOTONIC instants of the last switch, to split a handoff into its stages:
+  uint64_t last_release_call_ns = 0;   // release() entered
+  uint64_t last_synced_ns = 0;         // release(): the device synchronized (after the handoff)
+  uint64_t last_unlock_ns = 0;         // release() about to hand the lock on
+  uint64_t last_lock_granted_ns = 0;   // acquire(): the lock was ours
+  uint64_t last_resident_ns = 0;       // acquire(): memory resident, about to return
+};
+
+class device_session {
+ public:
+  // Connect to `device`'s pool (starting vramswapd when none runs), open its lock, make the
+  // pager. Errors say what failed (no server, version mismatch, a bad option, ...).
+  static int open(int device, std::unique_ptr<device_session>* out);
+  ~device_session();
+  device_session(const device_session&) = delete;
+  device_session& operator=(const device_session&) = delete;
+
+  int acquire(lock_priority priority = lock_priority::normal, int64_t timeout_ns = -1, acquire_info* info = nullptr);
+  int release();
+  bool holding() const noexcept { return lock_.held(); }
+
+  // This process's memory on the device (malloc/free/advise/stats).
+  pager& memory() noexcept { return *pager_; }
+  session_stats stats() const;
+  int device() const noexcept { return device_; }
+  backend& get_backend() noexcept { return *be_; }
+  const pool_connection& pool() const noexcept { return *conn_; }
+
+ private:
+  device_session() = default;
+  void serve_evictions();
+  void hand_on(uint64_t called_ns, uint64_t evict_start_ns, uint64_t bytes_out_before);
+  // Observability (issue 9): publish where the saved pages are (host / disk bytes).
+  void publish_store() noexcept;
+
+  backend* be_ = nullptr;
+  int device_ = -1;
+  std::unique_ptr<pool_connection> conn_;
+  device_lock lock_;
+  std::unique_ptr<pool_frame_source> frames_;
+  std::unique_ptr<page_store> store_;
+  std::unique_ptr<pager> pager_;
+  bool eager_release_ = false;
+  bool strict_ = false;
+  uint32_t depth_ = 0;  // re-entry count, touched by the holding thread only
+
+  mutable std::mutex mutex_;  // acquire/release vs the eviction service
+  std::atomic<bool> stop_{false};
+  std::thread server_;
+  session_stats stats_;
+  // Observability (issue 9): phase, statistics and trace events in the pool segment, for
+  // `vramswap status|trace` and the metrics endpoint. Called at acquire/release/evictions only.
+  std::unique_ptr<member_observer> observe_;
+};
+
+}  // namespace vramswap::detail

@@ -1,0 +1,248 @@
+#include "runtime/oversubscribed_session.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+
+#include "core/launch_gate.hpp"
+#include "core/log.hpp"
+#include "core/options.hpp"
+#include "core/status.hpp"
+#include "lock/futex.hpp"
+#include "lock/process_identity.hpp"
+
+namespace vramswap::detail {
+
+namespace {
+constexpr uint64_t k_service_poll_ns = 50'000'000;    // the service thread also wakes this often
+constexpr uint64_t k_promote_quiet_ns = 1'000'000'000;  // no request for this long before promoting
+constexpr uint64_t k_burst_linger_ns = 20'000'000;      // the gate stays closed this long for a next request
+constexpr uint64_t k_spare_keep_ns = 30'000'000'000;    // spare host frames kept this long after a reclaim
+constexpr uint64_t k_retry_after_failure_ns = 1'000'000'000;  // a failed demotion is tried again after this
+
+}  // namespace
+
+int oversubscribed_session::open(int device, std::unique_ptr<oversubscribed_session>* out) {
+  std::unique_ptr<oversubscribed_session> s(new oversubscribed_session());
+  VS_TRY(default_backend(&s->be_));
+  s->device_ = device;
+  uint64_t limit = 0;
+  VS_TRY(option_size(option_id::oversubscribe_limit, &limit, physical_ram()));
+  VS_TRY(pool_connection::connect(*s->be_, device, /*autostart=*/true, &s->conn_));
+  pool_connection& conn = *s->conn_;
+  s->frames_ = std::make_unique<lending_frame_source>(*s->be_, conn.segment(), conn.member(), conn.frames(), limit);
+  s->store_ = std::make_unique<host_tier>(*s->be_, conn.frame_size());
+  pager_config cfg;
+  cfg.frame_size = conn.frame_size();
+  cfg.start_resident = true;  // every page is backed at once: pool frame or host frame
+  VS_TRY(pager::create(*s->be_, device, *s->store_, *s->frames_, cfg, &s->pager_));
+  s->observe_ = std::make_unique<member_observer>(conn.segment(), conn.member());
+  if (!launch_gate::installed()) {
+    log(log_level::warn,
+        "device %d: VRAMSWAP_OVERSUBSCRIBE=1 without libvramswap_preload.so: nothing holds this process's kernel launches "
+        "while its pages move between pool and host frames, so a reclaim could race with its kernels. Run it with "
+        "LD_PRELOAD=libvramswap_preload.so",
+        device);
+  }
+  log(log_level::info, "device %d: oversubscribed (low priority, no lock): pool frames while free, then up to %" PRIu64
+      " MiB of host memory (VRAMSWAP_OVERSUBSCRIBE_LIMIT)", device, limit >> 20);
+  log_set_device(device);
+  s->server_ = std::thread([p = s.get()] {
+    log_set_device(p->device_);
+    p->serve();
+  });
+  *out = std::move(s);
+  return ok;
+}
+
+oversubscribed_session::~oversubscribed_session() {
+  stop_.store(true);
+  if (conn_) futex_wake_one(&conn_->segment().member(conn_->member()).requests);
+  if (server_.joinable()) server_.join();
+  pager_.reset();  // unmaps every page; pool frames are scrubbed and freed, host frames released
+  store_.reset();
+  frames_.reset();
+  conn_.reset();
+}
+
+int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
+  pool_layout::member_slot& me = conn_->segment().member(conn_->member());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  // The first request's host frames before the gate closes, while this process's kernels
+  // still run: spares, else new ones (creating one pins its memory: milliseconds each). A
+  // shortfall (the limit) is not final here: remap_pages asks again for each page that
+  // lacks one, and reports the limit's error.
+  std::vector<frame_id> ready;
+  size_t spares = 0;
+  if (frames_->take_host_frames(device_, pager_->frame_size(), wanted.size(), &ready, &spares) != ok) {
+    log(log_level::debug, "device %d: reclaim: %zu of %zu host frame(s) ready ahead: %s", device_, ready.size(), wanted.size(),
+        last_error());
+  }
+  const double ready_s = since(t0);
+  const size_t made_ahead = ready.size();
+  const auto t_close = std::chrono::steady_clock::now();
+  size_t moved = 0;
+  unsigned requests = 0;
+  int failure = ok;
+  double close_s = 0;
+  double linger_s = 0;
+  pager::remap_timing spent;
+  {
+    launch_gate::closed gate;  // no device work of ours runs while pages change frames
+    close_s = since(t_close);
+    // A lock holder asks once per allocation, and allocations come in bursts (a model's
+    // tensors one after another). Each reopening of the gate lets this process launch work
+    // that the next request must wait for, so the gate stays closed while requests keep
+    // coming, k_burst_linger_ns at most after the last.
+    for (;;) {
+      size_t n = 0;
+      pager::remap_timing t;
+      const int rc = pager_->remap_pages(
+          wanted,
+          [&](frame_id* f) -> int {
+            if (ready.empty()) return frames_->take_host_frame(device_, pager_->frame_size(), f);
+            *f = ready.back();
+            ready.pop_back();
+            return ok;
+          },
+          &n, &t);
+      ++requests;
+      moved += n;
+      spent += t;
+      if (rc != ok) {
+        // The frames stay requested; the service loop tries again later, with the gate
+        // open (a retry here would hold this process's work back for as long as it fails).
+        failure = fail(rc, "giving back %zu pool frame(s) a lock holder asked for: %s", wanted.size(), last_error());
+        break;
+      }
+      if (stop_.load()) break;
+      const auto t_linger = std::chrono::steady_clock::now();
+      const uint32_t seen = me.requests.load(std::memory_order_acquire);
+      wanted = frames_->requested_of_me();
+      if (wanted.empty()) {
+        futex_wait(&me.requests, seen, k_burst_linger_ns);
+        wanted = frames_->requested_of_me();
+      }
+      linger_s += since(t_linger);
+      if (wanted.empty()) break;
+    }
+  }
+  const double closed_s = since(t_close);
+  for (frame_id f : ready) frames_->give_back(f);  // not needed after all: spares
+  const double s = since(t0);
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    stats_.demotions += requests;
+    ++stats_.bursts;
+    stats_.pages_demoted += moved;
+    stats_.demote_seconds += closed_s;
+    stats_.last_demote_seconds = closed_s;
+  }
+  const uint64_t bytes = uint64_t(moved) * pager_->frame_size();
+  observe_->evicted(monotonic_ns() - uint64_t(s * 1e9), monotonic_ns(), bytes, moved);
+  // (A retry that moved nothing, at the limit, says so at debug level: the failure itself
+  // was logged once.)
+  log(moved > 0 ? log_level::info : log_level::debug,
+      "device %d: reclaim: %zu page(s) (%" PRIu64 " MiB) for %u request(s) moved to host frames in %.1f ms: host frames "
+      "ready ahead in %.1f ms (%zu, %zu of them spares); gate closed %.1f ms (closing it %.1f, running work %.1f, new frames %.1f, "
+      "filling %.1f, copies %.1f, remapping %.1f, scrubbing %.1f, waiting for more requests %.1f)",
+      device_, moved, bytes >> 20, requests, s * 1e3, ready_s * 1e3, made_ahead, spares,
+      closed_s * 1e3, close_s * 1e3, spent.drain_s * 1e3, spent.new_frames_s * 1e3, spent.fill_s * 1e3,
+      spent.copy_wait_s * 1e3, spent.switch_s * 1e3, spent.scrub_wait_s * 1e3, linger_s * 1e3);
+  return failure;
+}
+
+int oversubscribed_session::promote(uint32_t at_most) {
+  std::vector<frame_id> host_backed;
+  for (frame_id f : pager_->resident_frames()) {
+    if (!frames_->is_pool_frame(f)) host_backed.push_back(f);
+    if (host_backed.size() == at_most) break;
+  }
+  if (host_backed.empty()) return ok;
+  size_t moved = 0;
+  int rc = ok;
+  {
+    launch_gate::closed gate;
+    rc = pager_->remap_pages(host_backed,
+                             [this](frame_id* f) -> int {
+                               if (frames_->take_pool_frame(f)) return ok;
+                               return fail(err_out_of_memory, "promotion: the pool's free frames were taken meanwhile");
+                             },
+                             &moved);
+  }
+  std::lock_guard<std::mutex> guard(mutex_);
+  stats_.pages_promoted += moved;
+  // Running out of free frames half-way is the normal end of a promotion, not a failure.
+  return rc == err_out_of_memory ? ok : rc;
+}
+
+void oversubscribed_session::serve() {
+  pool_layout::member_slot& me = conn_->segment().member(conn_->member());
+  uint64_t last_request_ns = monotonic_ns();
+  // After a demotion fails (host memory or VRAMSWAP_OVERSUBSCRIBE_LIMIT exhausted), the same
+  // requests are tried again only after k_retry_after_failure_ns, or at once on a new
+  // request; the failure is logged once until a demotion succeeds again.
+  bool failing = false;
+  uint64_t retry_at_ns = 0;
+  uint32_t failed_at_requests = 0;
+  while (!stop_.load()) {
+    const uint32_t seen = me.requests.load(std::memory_order_acquire);
+    if (const uint32_t n = frames_->withdraw_abandoned_requests(); n > 0) {
+      log(log_level::info, "device %d: %u request(s) for pool frames withdrawn: the lock holder that asked is gone", device_, n);
+    }
+    std::vector<frame_id> wanted = frames_->requested_of_me();
+    if (!wanted.empty() && (!failing || seen != failed_at_requests || monotonic_ns() >= retry_at_ns)) {
+      const int rc = serve_requests(std::move(wanted));
+      last_request_ns = monotonic_ns();
+      if (rc != ok) {
+        log(failing ? log_level::debug : log_level::error, "device %d: %s%s", device_, last_error(),
+            failing ? "" : "; the lock holder waits until VRAMSWAP_EVICT_TIMEOUT (tried again every second)");
+        retry_at_ns = last_request_ns + k_retry_after_failure_ns;
+        failed_at_requests = seen;
+      } else if (failing) {
+        log(log_level::info, "device %d: pool frames given back again", device_);
+      }
+      failing = rc != ok;
+    } else if (wanted.empty() && monotonic_ns() - last_request_ns >= k_promote_quiet_ns) {
+      const uint32_t free_frames = frames_->free_pool_frames();
+      if (free_frames > 0 && frames_->host_bytes() > 0 && promote(free_frames) != ok) {
+        log(log_level::warn, "device %d: moving pages back into free pool frames: %s", device_, last_error());
+      }
+      if (frames_->spare_bytes() > 0 && monotonic_ns() - last_request_ns >= k_spare_keep_ns) {
+        const uint64_t spare = frames_->spare_bytes();
+        const size_t n = frames_->release_spares();
+        log(log_level::info, "device %d: released %zu spare host frame(s) (%" PRIu64 " MiB): no reclaim for %.0f s", device_, n,
+            spare >> 20, k_spare_keep_ns / 1e9);
+      }
+    }
+    observe_->stored(frames_->host_bytes(), 0);
+    if (stop_.load()) break;
+    futex_wait(&me.requests, seen, k_service_poll_ns);
+  }
+}
+
+oversubscribed_stats oversubscribed_session::stats() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  oversubscribed_stats s = stats_;
+  s.host_frame_bytes = frames_->host_bytes();
+  s.spare_host_bytes = frames_->spare_bytes();
+  const uint64_t resident = pager_->stats().resident_bytes;
+  s.pool_frame_bytes = resident - std::min(resident, s.host_frame_bytes);
+  return s;
+}
+
+void oversubscribed_session::memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const {
+  const uint64_t fs = conn_->frame_size();
+  const uint64_t pool = uint64_t(conn_->segment().frame_count()) * fs;
+  const uint64_t limit = frames_->host_limit();
+  const uint64_t host_used = std::min(frames_->host_bytes(), limit);
+  *total_bytes = pool + limit;
+  *free_bytes = uint64_t(frames_->free_pool_frames()) * fs + (limit - host_used);
+}
+
+}  // namespace vramswap::detail

@@ -1,0 +1,91 @@
+// oversubscribed_session: a low-priority process's memory on one device (issue 8).
+//
+// VRAMSWAP_OVERSUBSCRIBE=1 makes a process low priority: it never takes the device lock and
+// runs beside whoever holds it. Its memory is always mapped, so its kernels may run at any
+// time: every page is backed either by a pool frame lent to it (free frames only; it never
+// asks anyone to evict) or by a host frame (host memory at the same address, reached by the
+// device over its link), up to VRAMSWAP_OVERSUBSCRIBE_LIMIT (pool/lending_frame_source.hpp).
+// Allocations therefore succeed while host memory lasts, however small the pool.
+//
+// Reclaim (demotion): a lock holder that needs frames asks for lent frames first. This
+// session's service thread wakes, takes host frames for them (spares first: host frames
+// are kept for reuse, pool/lending_frame_source.hpp), closes the launch gate
+// (core/launch_gate.hpp: no new device work of this process starts, and the work inside
+// drains), synchronizes the device, and moves each asked-for page into a host frame
+// (pager::remap_pages), scrubbing and freeing its pool frame at once. It keeps the gate
+// closed while further requests follow within k_burst_linger_ns (a lock holder asks once
+// per allocation), so that a burst waits for this process's running kernels once. The
+// process's kernels then run on at the same addresses, slower, reading host memory.
+//
+// Promotion: when the pool has had free frames for k_promote_quiet_ns with no request for
+// ours (no lock holder is short of frames), pages in host frames move back into free pool
+// frames the same way, up to the number free. Their host frames become spares, released
+// when no reclaim came for k_spare_keep_ns.
+//
+// Both need the gate: the preload shim (libvramswap_preload.so) brackets the process's
+// device work with it. Without the shim nothing does, and the session says so once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "core/backend.hpp"
+#include "core/pager.hpp"
+#include "pool/lending_frame_source.hpp"
+#include "pool/member_observer.hpp"
+#include "pool/pool_connection.hpp"
+#include "swap/host_tier.hpp"
+
+namespace vramswap::detail {
+
+struct oversubscribed_stats {
+  uint64_t demotions = 0;        // requests served (batches of pages moved to host frames)
+  uint64_t bursts = 0;           // closings of the gate for them (a burst serves requests that follow closely)
+  uint64_t pages_demoted = 0;
+  uint64_t pages_promoted = 0;
+  double demote_seconds = 0;     // total time the gate was closed for demotions (bursts of requests)
+  double last_demote_seconds = 0;
+  uint64_t host_frame_bytes = 0;  // pages in host frames now
+  uint64_t pool_frame_bytes = 0;  // pages in lent pool frames now
+  uint64_t spare_host_bytes = 0;  // host frames kept for the next reclaim
+};
+
+class oversubscribed_session {
+ public:
+  static int open(int device, std::unique_ptr<oversubscribed_session>* out);
+  ~oversubscribed_session();
+  oversubscribed_session(const oversubscribed_session&) = delete;
+  oversubscribed_session& operator=(const oversubscribed_session&) = delete;
+
+  pager& memory() noexcept { return *pager_; }
+  backend& get_backend() noexcept { return *be_; }
+  oversubscribed_stats stats() const;
+  // The memory-info view (docs/oversubscription.md): total = pool + the host limit; free =
+  // free pool frames + the host limit not yet used.
+  void memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const;
+
+ private:
+  oversubscribed_session() = default;
+  void serve();
+  // Demotion: serve `wanted` and the requests that follow it closely, under one closing of
+  // the gate. Returns the first failure (its pages stay where they are, still requested).
+  int serve_requests(std::vector<frame_id> wanted);
+  int promote(uint32_t at_most);
+
+  backend* be_ = nullptr;
+  int device_ = -1;
+  std::unique_ptr<pool_connection> conn_;
+  std::unique_ptr<lending_frame_source> frames_;
+  std::unique_ptr<host_tier> store_;  // the pager needs one; an oversubscribed pager never evicts
+  std::unique_ptr<pager> pager_;
+  std::unique_ptr<member_observer> observe_;
+  mutable std::mutex mutex_;  // stats
+  oversubscribed_stats stats_;
+  std::atomic<bool> stop_{false};
+  std::thread server_;
+};
+
+}  // namespace vramswap::detail

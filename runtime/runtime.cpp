@@ -1,0 +1,421 @@
+#include "runtime/runtime.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/log.hpp"
+#include "core/status.hpp"
+#include "core/options.hpp"
+#include "runtime/device_session.hpp"
+#include "runtime/oversubscribed_session.hpp"
+#include "runtime/stream_allocator.hpp"
+#include "pool/pool_segment.hpp"
+#include "lock/shared_segment.hpp"
+
+namespace vramswap::detail::rt {
+namespace {
+
+// One of `session` (time-sharing under the lock) and `over` (VRAMSWAP_OVERSUBSCRIBE=1: low
+// priority, no lock) is set.
+struct device_state {
+  std::unique_ptr<device_session> session;
+  std::unique_ptr<oversubscribed_session> over;
+  std::unique_ptr<stream_allocator> async;  // over the session's pager; destroyed before it
+  std::atomic<uint64_t> holder_deaths{0};
+
+  pager& memory() { return session ? session->memory() : over->memory(); }
+  backend& get_backend() { return session ? session->get_backend() : over->get_backend(); }
+  // The lock is this process's to take only when it is not oversubscribed.
+  int check_lockable(const char* fn, int device) const {
+    if (!over) return ok;
+    return fail(err_invalid_argument,
+                "%s(device %d): this process runs oversubscribed (VRAMSWAP_OVERSUBSCRIBE=1): low priority, without the device "
+                "lock, its memory always mapped. Unset VRAMSWAP_OVERSUBSCRIBE to take turns under the lock",
+                fn, device);
+  }
+};
+
+// Sessions by device. Opened under g_mutex, never closed before exit, so a pointer taken
+// under the mutex stays valid without it.
+std::mutex g_mutex;
+std::vector<std::unique_ptr<device_state>> g_devices;
+std::atomic<pid_t> g_owner_pid{0};  // the process that opened the first session
+// Locks held by this thread, by device: the re-entry depth (the sessions count the same).
+thread_local std::vector<uint32_t> t_held;
+
+void close_all() {
+  if (forked_child()) {
+    // The copies of the sessions in a forked child have no threads to join (and g_mutex may
+    // have been held by a thread that does not exist here): leave them.
+    for (auto& d : g_devices) (void)d.release();
+    return;
+  }
+  std::lock_guard<std::mutex> guard(g_mutex);
+  g_devices.clear();  // releases a lock the exiting thread holds, leaves the pool
+}
+
+int check_process(const char* fn, int device) {
+  if (forked_child()) {
+    return fail(err_unavailable,
+                "%s(device %d): this process was forked from process %d after vramswap was used there; a forked child "
+                "cannot use vramswap (nor CUDA), and it never holds the parent's locks. Start helper processes with "
+                "posix_spawn/exec (Python multiprocessing: the 'spawn' start method)",
+                fn, device, static_cast<int>(g_owner_pid.load()));
+  }
+  return ok;
+}
+
+// The session of `device`, opened on first use.
+int state_for(const char* fn, int device, device_state** out) {
+  VS_TRY(check_process(fn, device));
+  std::lock_guard<std::mutex> guard(g_mutex);
+  if (device >= 0 && static_cast<size_t>(device) < g_devices.size() && g_devices[device] &&
+      (g_devices[device]->session || g_devices[device]->over)) {
+    *out = g_devices[device].get();
+    return ok;
+  }
+  // Every VRAMSWAP_* setting is checked before anything is made, so a bad one fails this
+  // first call whole (and every later one until it is corrected) instead of surfacing as a
+  // fallback halfway through a session.
+  VS_TRY(add_context(validate_options(), "%s(device %d): ", fn, device));
+  backend* be = nullptr;
+  VS_TRY(add_context(default_backend(&be), "%s(device %d): ", fn, device));
+  int count = 0;
+  VS_TRY(add_context(be->device_count(&count), "%s(device %d): ", fn, device));
+  if (device < 0 || device >= count) {
+    return fail(err_invalid_argument,
+                "%s(device %d): no such device; the %s backend has %d device(s), numbered from 0 (the host backend's count "
+                "is VRAMSWAP_HOST_DEVICES)",
+                fn, device, be->name(), count);
+  }
+  uint64_t oversubscribe = 0;
+  VS_TRY(option_uint(option_id::oversubscribe, &oversubscribe));
+  auto st = std::make_unique<device_state>();
+  if (oversubscribe == 1) {
+    VS_TRY(add_context(oversubscribed_session::open(device, &st->over), "%s(device %d): opening the device's oversubscribed session: ",
+                       fn, device));
+  } else {
+    VS_TRY(add_context(device_session::open(device, &st->session), "%s(device %d): opening the device's session: ", fn, device));
+  }
+  st->async = std::make_unique<stream_allocator>(st->get_backend(), device, st->memory());
+  if (g_devices.size() <= static_cast<size_t>(device)) g_devices.resize(device + 1);
+  g_devices[device] = std::move(st);
+  g_owner_pid.store(::getpid());
+  // After default_backend() made the backend, so this runs before the backend's destructor.
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] { std::atexit(close_all); });
+  *out = g_devices[device].get();
+  return ok;
+}
+
+uint32_t& held_slot(int device) {
+  if (t_held.size() <= static_cast<size_t>(device)) t_held.resize(device + 1, 0);
+  return t_held[device];
+}
+
+}  // namespace
+
+void reset() noexcept {
+  if (forked_child()) return;
+  std::lock_guard<std::mutex> guard(g_mutex);
+  g_devices.clear();
+  t_held.clear();
+  g_owner_pid.store(0);
+}
+
+int stop_pool_server(int device) noexcept {
+  try {
+    backend* be = nullptr;
+    VS_TRY(default_backend(&be));
+    device_info info;
+    VS_TRY(be->get_device_info(device, &info));
+    std::string name;
+    std::unique_ptr<pool_segment> pool;
+    if (pool_segment::name_for(info.uuid, &name) == ok && pool_segment::open(name, &pool) == ok) {
+      const pid_t server = pool->header()->server_pid;
+      if (server > 0 && ::kill(server, SIGTERM) == 0) {
+        for (int i = 0; i < 200 && ::kill(server, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    pool.reset();
+    pool_segment::remove(info.uuid);
+    shared_segment::remove(info.uuid);
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "stop_pool_server: out of host memory");
+  }
+}
+
+bool forked_child() noexcept {
+  const pid_t owner = g_owner_pid.load();
+  return owner != 0 && owner != ::getpid();
+}
+
+uint32_t held_by_this_thread(int device) noexcept {
+  if (forked_child() || device < 0 || static_cast<size_t>(device) >= t_held.size()) return 0;
+  return t_held[device];
+}
+
+int lock(int device, uint32_t priority, int64_t timeout_ns, bool* holder_died) noexcept {
+  try {
+    if (holder_died != nullptr) *holder_died = false;
+    if (priority != static_cast<uint32_t>(lock_priority::normal) && priority != static_cast<uint32_t>(lock_priority::high)) {
+      return fail(err_invalid_argument, "lock(device %d): priority %u is not one of 1 (normal), 2 (high)", device, priority);
+    }
+    if (timeout_ns < -1) {
+      return fail(err_invalid_argument, "lock(device %d): timeout %lld ns; use -1 (wait), 0 (try) or a positive time", device,
+                  static_cast<long long>(timeout_ns));
+    }
+    VS_TRY(check_process("lock", device));
+    if (timeout_ns != 0 && device >= 0) {
+      for (size_t above = static_cast<size_t>(device) + 1; above < t_held.size(); ++above) {
+        if (t_held[above] > 0) {
+          return fail(err_invalid_argument,
+                      "lock(device %d): this thread holds device %zu; take device locks in increasing device order (%d "
+                      "before %zu) so that two processes can never wait for each other. Release device %zu first, or use a "
+                      "try-lock (it never waits)",
+                      device, above, device, above, above);
+        }
+      }
+    }
+    device_state* st = nullptr;
+    VS_TRY(state_for("lock", device, &st));
+    VS_TRY(st->check_lockable("lock", device));
+    acquire_info info;
+    const int rc = st->session->acquire(static_cast<lock_priority>(priority), timeout_ns, &info);
+    if (rc != ok) return rc;
+    ++held_slot(device);
+    if (info.previous_holder_died) {
+      st->holder_deaths.fetch_add(1);
+      log(log_level::warn, "device %d: the lock was taken over from process %d, which died holding it; the lock was repaired",
+          device, static_cast<int>(info.dead_holder_pid));
+      if (holder_died != nullptr) *holder_died = true;
+    }
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "lock(device %d): out of host memory", device);
+  }
+}
+
+int unlock(int device) noexcept {
+  VS_TRY(check_process("unlock", device));
+  if (held_by_this_thread(device) == 0) {
+    return fail(err_not_owner, "unlock(device %d): this thread does not hold the device's lock (unlock without lock, one "
+                "unlock too many, or a lock taken by another thread)", device);
+  }
+  device_state* st = nullptr;
+  VS_TRY(state_for("unlock", device, &st));
+  const int rc = st->session->release();
+  // A failed last release (the device could not be synchronized) still hands the lock on.
+  if (!st->session->holding()) {
+    t_held[device] = 0;
+  } else if (rc == ok) {
+    --t_held[device];
+  }
+  return rc;
+}
+
+int malloc(int device, size_t size, uintptr_t* out) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("malloc", device, &st));
+  if (size == 0) return fail(err_invalid_argument, "malloc(device %d): size 0", device);
+  device_ptr p = 0;
+  VS_TRY(add_context(st->memory().malloc(size, &p), "malloc(%zu bytes, device %d): ", size, device));
+  *out = p;
+  return ok;
+}
+
+int free(int device, uintptr_t ptr) noexcept {
+  if (ptr == 0) return ok;
+  device_state* st = nullptr;
+  VS_TRY(state_for("free", device, &st));
+  if (st->async->owns(ptr)) {
+    return fail(err_invalid_argument,
+                "free(0x%zx, device %d): this block came from malloc_async; give it back with free_async (stream-ordered); "
+                "nothing was freed",
+                static_cast<size_t>(ptr), device);
+  }
+  return add_context(st->memory().free(ptr), "free(0x%zx, device %d): ", static_cast<size_t>(ptr), device);
+}
+
+int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noexcept {
+  try {
+    device_state* st = nullptr;
+    VS_TRY(state_for("malloc_async", device, &st));
+    device_ptr p = 0;
+    VS_TRY(st->async->allocate(size, stream, &p));
+    *out = p;
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "malloc_async(%zu bytes, device %d): out of host memory", size, device);
+  }
+}
+
+int free_async(int device, uintptr_t ptr, uintptr_t stream) noexcept {
+  if (ptr == 0) return ok;
+  try {
+    device_state* st = nullptr;
+    VS_TRY(state_for("free_async", device, &st));
+    return st->async->deallocate(ptr, stream);
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "free_async(0x%zx, device %d): out of host memory", static_cast<size_t>(ptr), device);
+  }
+}
+
+int resident(int device, bool* out) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("resident", device, &st));
+  *out = st->over ? true : st->memory().resident();
+  return ok;
+}
+
+int memory_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("memory_info", device, &st));
+  if (st->over) {
+    st->over->memory_info(free_bytes, total_bytes);
+    return ok;
+  }
+  const pool_connection& pool = st->session->pool();
+  const uint64_t total = uint64_t{pool.frame_count()} * pool.frame_size();
+  const pager_stats p = st->memory().stats();
+  // Live pages, whether resident or saved: what this process's memory takes of the pool.
+  const uint64_t mine = p.resident_bytes + p.host_bytes;
+  *total_bytes = total;
+  *free_bytes = total - std::min(total, mine);
+  return ok;
+}
+
+bool owns(int device, uintptr_t ptr) noexcept {
+  if (forked_child() || device < 0) return false;
+  std::lock_guard<std::mutex> guard(g_mutex);
+  if (static_cast<size_t>(device) >= g_devices.size() || !g_devices[device]) return false;
+  pager& p = g_devices[device]->memory();
+  return ptr >= p.arena_base() && ptr < p.arena_base() + p.arena_size();
+}
+
+int oversubscribed(int device, bool* out) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("oversubscribed", device, &st));
+  *out = st->over != nullptr;
+  return ok;
+}
+
+int release_cached(int device) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("release_cached", device, &st));
+  return st->async->trim();
+}
+
+int advise(int device, uintptr_t ptr, size_t size, uint8_t a) noexcept {
+  if (a > static_cast<uint8_t>(advice::read_mostly)) {
+    return fail(err_invalid_argument, "advise(device %d): advice %u is not one of 0 (normal), 1 (discardable), 2 (read_mostly)",
+                device, a);
+  }
+  device_state* st = nullptr;
+  VS_TRY(state_for("advise", device, &st));
+  return add_context(st->memory().advise(ptr, size, static_cast<advice>(a)), "advise(0x%zx, %zu bytes, device %d): ",
+                     static_cast<size_t>(ptr), size, device);
+}
+
+int stats(int device, vramswap_stats_t* out) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("stats", device, &st));
+  try {
+    vramswap_stats_t r;
+    std::memset(&r, 0, sizeof r);
+    r.size = sizeof r;
+    const stream_allocator_stats a = st->async->stats();
+    r.cached_bytes = a.cached_bytes;
+    r.graph_bytes = a.graph_bytes;
+    if (st->over) {
+      const pager_stats p = st->over->memory().stats();
+      const oversubscribed_stats o = st->over->stats();
+      r.allocated_bytes = p.allocated_bytes;
+      r.allocations = p.allocations;
+      r.resident_bytes = p.resident_bytes;
+      r.host_frame_bytes = o.host_frame_bytes;
+      r.pages_demoted = o.pages_demoted;
+      r.pages_promoted = o.pages_promoted;
+      r.reclaim_seconds = o.demote_seconds;
+      *out = r;
+      return ok;
+    }
+    const session_stats s = st->session->stats();
+    r.allocated_bytes = s.pager.allocated_bytes;
+    r.allocations = s.pager.allocations;
+    r.resident_bytes = s.pager.resident_bytes;
+    r.disk_bytes = s.disk_bytes;
+    r.host_bytes = s.pager.host_bytes - std::min(s.pager.host_bytes, s.disk_bytes);
+    r.bytes_in = s.pager.bytes_in;
+    r.bytes_out = s.pager.bytes_out;
+    r.acquires = s.acquires;
+    r.evictions_served = s.evictions_served;
+    r.lock_holder_deaths = st->holder_deaths.load();
+    r.acquire_seconds = s.acquire_seconds;
+    r.lock_wait_seconds = s.lock_wait_seconds;
+    r.evict_seconds = s.pager.evict_seconds;
+    r.restore_seconds = s.pager.restore_seconds;
+    *out = r;
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "stats(device %d): out of host memory", device);
+  }
+}
+
+namespace {
+// One copy through pinned staging on a stream of its own; tests only, so simple over fast.
+int copy(const char* fn, int device, uintptr_t dev, void* host, size_t size, bool to_device) {
+  device_state* st = nullptr;
+  VS_TRY(state_for(fn, device, &st));
+  if (!st->over && held_by_this_thread(device) == 0) {
+    return fail(err_not_owner, "%s(device %d): take the device's lock first: memory is resident only while it is held", fn,
+                device);
+  }
+  if (size == 0) return ok;
+  backend& be = st->get_backend();
+  void* staging = nullptr;
+  VS_TRY(be.host_alloc(size, &staging));
+  stream_id s = 0;
+  int rc = be.stream_create(device, &s);
+  if (rc == ok) {
+    if (to_device) std::memcpy(staging, host, size);
+    rc = to_device ? be.copy_h2d(dev, staging, size, s) : be.copy_d2h(staging, dev, size, s);
+    if (rc == ok) rc = be.stream_synchronize(s);
+    if (rc == ok && !to_device) std::memcpy(host, staging, size);
+    const std::string why = rc != ok ? last_error() : "";
+    be.stream_destroy(s);
+    if (rc != ok) fail(rc, "%s(0x%zx, %zu bytes, device %d): %s", fn, static_cast<size_t>(dev), size, device, why.c_str());
+  }
+  be.host_free(staging);
+  return rc;
+}
+}  // namespace
+
+int copy_to_device(int device, uintptr_t dst, const void* src, size_t size) noexcept {
+  try {
+    return copy("copy_to_device", device, dst, const_cast<void*>(src), size, true);
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "copy_to_device: out of host memory");
+  }
+}
+
+int copy_from_device(int device, void* dst, uintptr_t src, size_t size) noexcept {
+  try {
+    return copy("copy_from_device", device, src, dst, size, false);
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "copy_from_device: out of host memory");
+  }
+}
+
+}  // namespace vramswap::detail::rt

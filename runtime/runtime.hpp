@@ -1,0 +1,73 @@
+// runtime: the process-wide state behind the public APIs (vramswap.hpp, vramswap.h, Python).
+//
+// One device_session per device, opened on first use (thread-safe) and closed at exit; the
+// per-thread record of held device locks that enforces the device order; the fork check.
+// Every function returns 0 or a negative vramswap::detail::status with last_error() set, never
+// throws. This header deliberately includes no core header: the public C++ header defines
+// names (vramswap::advice, vramswap::stats) that core/ also uses, so a file implementing
+// the public API includes this header and the public one, never both core and public.
+//
+// Rules enforced here (docs/api.md):
+//   - fork: once a session exists, a process forked from this one gets err_unavailable from
+//     every call (its copies of the sessions have no threads, and CUDA forbids it). At
+//     exit, a forked child leaves the sessions alone.
+//   - device order: a blocking or timed lock of device d by a thread that holds a device
+//     above d is err_invalid_argument. Tries (timeout 0) may go in any order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "vramswap/vramswap.h"
+
+namespace vramswap::detail::rt {
+
+// timeout_ns: -1 forever, 0 try (err_busy), > 0 (err_timeout). priority: 1 normal, 2 high.
+// *holder_died (optional): the lock was taken over from a holder that died holding it.
+int lock(int device, uint32_t priority, int64_t timeout_ns, bool* holder_died) noexcept;
+int unlock(int device) noexcept;
+// Locks of `device` this thread holds (its re-entry depth), 0 in a forked child.
+uint32_t held_by_this_thread(int device) noexcept;
+
+int malloc(int device, size_t size, uintptr_t* out) noexcept;
+int free(int device, uintptr_t ptr) noexcept;
+int advise(int device, uintptr_t ptr, size_t size, uint8_t advice) noexcept;
+// Stream-ordered (runtime/stream_allocator.hpp); `stream` is a CUstream as a number.
+// free() of a malloc_async pointer is refused: it must go through free_async.
+int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noexcept;
+int free_async(int device, uintptr_t ptr, uintptr_t stream) noexcept;
+int release_cached(int device) noexcept;
+// Whether this process's memory on `device` is resident (some thread of it holds the lock):
+// *out false also when the device's session is not open yet.
+int resident(int device, bool* out) noexcept;
+// The memory-info view that cudaMemGetInfo/cuMemGetInfo give under the preload shim
+// (docs/oversubscription.md). Time-sharing: total = the pool; free = the pool less this
+// process's live pages (at its next acquire it can have all the rest). Oversubscribed:
+// total = the pool + VRAMSWAP_OVERSUBSCRIBE_LIMIT; free = free pool frames + the limit's
+// unused part.
+int memory_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) noexcept;
+// Whether `ptr` lies in this process's arena on `device` (came from vramswap); false when
+// the device's session is not open. Never opens one.
+bool owns(int device, uintptr_t ptr) noexcept;
+// Whether `device`'s session is oversubscribed (opening it if needed).
+int oversubscribed(int device, bool* out) noexcept;
+// Fills every field of *out (size included).
+int stats(int device, vramswap_stats_t* out) noexcept;
+
+// For tests (C++ and Python's vramswap._testing): copy bytes between host memory and this
+// process's device memory through pinned staging; the calling thread must hold the lock.
+int copy_to_device(int device, uintptr_t dst, const void* src, size_t size) noexcept;
+int copy_from_device(int device, void* dst, uintptr_t src, size_t size) noexcept;
+
+// Close every session of this process (tests: each test gets its own pool server and
+// segments; the runtime is process-wide). Locks this process holds are released.
+void reset() noexcept;
+
+// Tests: stop `device`'s pool server (SIGTERM to the pid in its pool segment, waiting up to
+// 2 s for it to exit) and remove the device's segment names. Call after reset().
+int stop_pool_server(int device) noexcept;
+
+// True in a process forked after this one's first session was opened.
+bool forked_child() noexcept;
+
+}  // namespace vramswap::detail::rt
