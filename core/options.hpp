@@ -71,7 +71,7 @@ constexpr option_form percent_form(const char* percent_of) {
   X(pool_idle_exit, "VRAMSWAP_POOL_IDLE_EXIT", "60", count_form(0, 365ull * 24 * 3600),          \
     "seconds a pool server started on demand waits with no client before it exits")              \
   X(server_path, "VRAMSWAP_SERVER", "", text_form(),                                             \
-    "path of vramswapd, for starting it on demand; empty: next to libvramswap")                  \
+    "path of vramswapd, for starting it on demand; empty: next to the library holding vramswap")  \
   X(metrics_port, "VRAMSWAP_METRICS_PORT", "", count_form(0, 65535),                             \
     "the pool server serves Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port, " \
     "shown by `vramswap status`); empty: no metrics endpoint")                                   \

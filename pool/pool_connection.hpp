@@ -80,8 +80,9 @@ class pool_connection {
   // the server's message; err_version_mismatch (the pool segment); err_system.
   static int connect(backend& be, int device, bool autostart, std::unique_ptr<pool_connection>* out) noexcept;
 
-  // Where vramswapd is looked for: VRAMSWAP_SERVER; else next to libvramswap (found with
-  // dladdr), then ../bin and ../libexec from there. *tried lists the candidates looked at.
+  // Where vramswapd is looked for: VRAMSWAP_SERVER; else next to the object holding this
+  // code (libvramswap, the Python module, the shim; found with dladdr), then ../bin and
+  // ../libexec from there. *tried lists the candidates looked at.
   static int find_server(std::string* path, std::string* tried) noexcept;
 
   ~pool_connection();
