@@ -1,4 +1,5 @@
 #include "pool/pool_connection.hpp"
+#include "pool/preload_shim.hpp"
 
 #include <dlfcn.h>
 #include <signal.h>
@@ -273,7 +274,13 @@ int spawn_server(const pool_paths& paths, int device, int lock_fd, uint64_t dead
   // (option_set), so that it serves the pool this process expects.
   std::vector<std::string> env_text;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    if (std::strncmp(*e, "VRAMSWAP_", 9) != 0) env_text.emplace_back(*e);
+    if (std::strncmp(*e, "VRAMSWAP_", 9) == 0) continue;
+    if (std::strncmp(*e, "LD_PRELOAD=", 11) == 0) {
+      const std::string rest = without_preload_shim(*e + 11);
+      if (!rest.empty()) env_text.push_back("LD_PRELOAD=" + rest);
+      continue;
+    }
+    env_text.emplace_back(*e);
   }
   for (int id = 0; id < static_cast<int>(option_id::count_); ++id) {
     const auto oid = static_cast<option_id>(id);

@@ -25,6 +25,7 @@
 #include "core/log.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
+#include "pool/preload_shim.hpp"
 #include "server/pool_server.hpp"
 
 namespace {
@@ -85,6 +86,17 @@ void report(int fd, const std::string& line, bool last = true) {
 
 int main(int argc, char** argv) {
   using namespace vramswap::detail;
+  // Before anything else: under the preload shim, our own driver calls would be taken for a
+  // program's, and the shim would open a session against this very server.
+  if (const char* preload = std::getenv("LD_PRELOAD");
+      preload != nullptr && preloads_shim(preload)) {
+    std::fprintf(stderr,
+                 "vramswapd: the preload shim %s is preloaded into the server (LD_PRELOAD=%s); it would take the "
+                 "server's own CUDA calls for a program's. Start vramswapd without it (env -u LD_PRELOAD vramswapd ...); "
+                 "clients that start it on demand leave the shim out themselves\n",
+                 k_preload_shim_name, preload);
+    return 2;
+  }
   pool_server_options options;
   bool foreground = false;
   bool idle_given = false;

@@ -515,6 +515,33 @@ TEST_F(PoolServer, KilledServerIsNoticedAndReplaced) {
   servers_.push_back(static_cast<pid_t>(g[2]));
 }
 
+// The preload shim must never be loaded into vramswapd (it would take the server's own CUDA
+// calls for a program's). A client under the shim starts the server without it, keeping the
+// rest of LD_PRELOAD; a server started by hand under the shim refuses, saying how to start it.
+// The preloaded names do not exist: ld.so warns and goes on, which is all these cases need.
+TEST_F(PoolServer, AClientUnderThePreloadShimStartsTheServerWithoutIt) {
+  ::unsetenv("VRAMSWAP_SERVER");
+  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
+  ::setenv("LD_PRELOAD", "/nonexistent/libvramswap_preload.so", 1);
+  proc& c = client({"connect", "ready", "hold"});
+  ::unsetenv("LD_PRELOAD");
+  const std::vector<long> f = fields(read_line(c, 60s));
+  ASSERT_EQ(f.size(), 3u) << "the client did not connect: the server it started did not get ready";
+  servers_.push_back(static_cast<pid_t>(f[2]));
+}
+
+TEST_F(PoolServer, RefusesToRunUnderThePreloadShim) {
+  ASSERT_EQ(::mkdir(dir_.c_str(), 0700), 0);  // the runtime dir, which no server made here
+  const std::string err = dir_ + "/under-shim.err";
+  const std::string cmd = "LD_PRELOAD='/nonexistent/libvramswap_preload.so' " + std::string(VRAMSWAP_SERVER_BINARY) +
+                          " --foreground 2>" + err;
+  const int status = std::system(cmd.c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  const std::string text = read_file(err);
+  EXPECT_NE(text.find("the preload shim libvramswap_preload.so is preloaded into the server"), std::string::npos) << text;
+  EXPECT_NE(text.find("env -u LD_PRELOAD"), std::string::npos) << text;
+}
+
 TEST_F(PoolServer, SecondServerForTheDeviceRefuses) {
   const pid_t first = start_server();
   ASSERT_GT(first, 0);
