@@ -10,16 +10,9 @@ using namespace pool_layout;
 
 lending_frame_source::lending_frame_source(backend& be, pool_segment& pool, uint32_t me, std::vector<frame_id> local,
                                            uint64_t host_limit)
-    : be_(be), pool_(pool), me_(me), local_(std::move(local)), host_limit_(host_limit) {
-  for (uint32_t i = 0; i < local_.size(); ++i) index_of_.emplace(local_[i], i);
-}
+    : be_(be), pool_(pool), me_(me), view_(pool, me, std::move(local)), host_limit_(host_limit) {}
 
-bool lending_frame_source::take_pool_frame(frame_id* out) {
-  uint32_t f = 0;
-  if (!pool_.take_free(frame_lent, me_, &scan_hint_, &f)) return false;
-  *out = local_[f];
-  return true;
-}
+bool lending_frame_source::take_pool_frame(frame_id* out) { return view_.take_free(frame_lent, out); }
 
 lending_frame_source::~lending_frame_source() { release_spares(); }
 
@@ -93,8 +86,8 @@ int lending_frame_source::take(int device, size_t size, frame_id* out) {
 }
 
 int lending_frame_source::give_back(frame_id frame) {
-  auto it = index_of_.find(frame);
-  if (it == index_of_.end()) {
+  uint32_t index = 0;
+  if (!view_.index_of(frame, &index)) {
     // A host frame: kept as a spare. Its bytes are this process's own and only this
     // process takes it again, so it needs no scrub.
     size_t size = 0;
@@ -105,16 +98,7 @@ int lending_frame_source::give_back(frame_id frame) {
     host_bytes_.fetch_sub(size, std::memory_order_relaxed);
     return ok;
   }
-  return pool_.give_back(it->second, me_);
-}
-
-std::vector<frame_id> lending_frame_source::requested_of_me() const {
-  std::vector<frame_id> out;
-  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
-    const frame_word w = frame_word::decode(pool_.read(f));
-    if (w.state == frame_requested && w.owner == me_) out.push_back(local_[f]);
-  }
-  return out;
+  return pool_.give_back(index, me_);
 }
 
 uint32_t lending_frame_source::withdraw_abandoned_requests() {
@@ -127,12 +111,6 @@ uint32_t lending_frame_source::withdraw_abandoned_requests() {
         w.requester >= k_member_count || pool_.member(w.requester).state.load(std::memory_order_acquire) != member_live;
     if (requester_gone && pool_.move(f, raw, frame_lent, me_, k_no_member)) ++n;
   }
-  return n;
-}
-
-uint32_t lending_frame_source::free_pool_frames() const {
-  uint32_t n = 0;
-  for (uint32_t f = 0; f < pool_.frame_count(); ++f) n += frame_word::decode(pool_.read(f)).state == frame_free;
   return n;
 }
 

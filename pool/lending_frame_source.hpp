@@ -16,7 +16,7 @@
 // the lock holder waits. Spares count against the limit like frames in use (in use + spare
 // <= limit always); the session releases them when no reclaim came for a while.
 //
-// Requested frames (a lock holder wants them) are found with requested_of_me(); the session
+// Requested frames (a lock holder wants them) are found with frames().requested_of_me(); the session
 // moves their pages into host frames (pager::demote_frames) and gives them back (-> free).
 // When the pool has free frames again, take_pool_frame() hands one out for a promotion.
 //
@@ -29,11 +29,11 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "core/backend.hpp"
 #include "core/frame_source.hpp"
+#include "pool/member_frames.hpp"
 #include "pool/pool_segment.hpp"
 
 namespace vramswap::detail {
@@ -64,14 +64,15 @@ class lending_frame_source final : public frame_source {
   // Release every spare host frame (the session does when no reclaim came for a while).
   // Returns how many.
   size_t release_spares();
-  bool is_pool_frame(frame_id frame) const { return index_of_.count(frame) != 0; }
-  // Pool frames lock holders asked this process to give back (local handles).
-  std::vector<frame_id> requested_of_me() const;
+  bool is_pool_frame(frame_id frame) const { return view_.is_pool_frame(frame); }
+  // This member's view of the frame table: the pool frames lock holders asked this process
+  // to give back (requested_of_me), the free ones, ... (pool/member_frames.hpp).
+  const member_frames& frames() const noexcept { return view_; }
   // Requests whose requester is no longer a member of the pool (it exited or died while it
   // waited, e.g. after VRAMSWAP_EVICT_TIMEOUT) are taken back: requested -> lent(me), so
   // that nobody's pages move for a process that is gone. Returns how many.
   uint32_t withdraw_abandoned_requests();
-  uint32_t free_pool_frames() const;
+  uint32_t free_pool_frames() const { return view_.free_frames(); }
   // Bytes of host frames backing pages now (spares not counted).
   uint64_t host_bytes() const noexcept { return host_bytes_.load(std::memory_order_relaxed); }
   // Bytes of spare host frames: given back, kept for the next reclaim.
@@ -83,14 +84,12 @@ class lending_frame_source final : public frame_source {
   backend& be_;
   pool_segment& pool_;
   const uint32_t me_;
-  const std::vector<frame_id> local_;
-  std::unordered_map<frame_id, uint32_t> index_of_;
+  member_frames view_;
   const uint64_t host_limit_;
   std::atomic<uint64_t> host_bytes_{0};
   std::mutex spare_mutex_;
   std::vector<frame_id> spares_;  // host frames given back, kept for reuse
   std::atomic<uint64_t> spare_bytes_{0};
-  uint32_t scan_hint_ = 0;
 };
 
 }  // namespace vramswap::detail

@@ -19,11 +19,8 @@ constexpr uint64_t k_wait_slice_ns = 10'000'000;  // re-check timeouts and the s
 
 pool_frame_source::pool_frame_source(pool_segment& pool, uint32_t me, std::vector<frame_id> local, uint64_t evict_timeout_ns,
                                      std::function<bool()> server_alive)
-    : pool_(pool), me_(me), local_(std::move(local)), evict_timeout_ns_(evict_timeout_ns), server_alive_(std::move(server_alive)) {
-  for (uint32_t i = 0; i < local_.size(); ++i) index_of_.emplace(local_[i], i);
-}
-
-bool pool_frame_source::try_take_free(uint32_t* index) { return pool_.take_free(frame_active, me_, &scan_hint_, index); }
+    : pool_(pool), me_(me), view_(pool, me, std::move(local)), evict_timeout_ns_(evict_timeout_ns),
+      server_alive_(std::move(server_alive)) {}
 
 int pool_frame_source::prepare(int, size_t count) {
   const uint32_t n = pool_.frame_count();
@@ -80,11 +77,7 @@ int pool_frame_source::take(int device, size_t size, frame_id* out) {
   for (;;) {
     // Read the futex word before scanning, so a frame freed after the scan wakes us.
     const uint32_t seen = pool_.header()->frames_freed.load(std::memory_order_acquire);
-    uint32_t f = 0;
-    if (try_take_free(&f)) {
-      *out = local_[f];
-      return ok;
-    }
+    if (view_.take_free(frame_active, out)) return ok;
     const uint64_t waited = monotonic_ns() - start;
     if (waited >= evict_timeout_ns_) return timed_out_error(waited);
     if (server_alive_ && !server_alive_()) {
@@ -93,35 +86,27 @@ int pool_frame_source::take(int device, size_t size, frame_id* out) {
     }
     // Nothing free and nothing asked for (e.g. our earlier requests were served to someone
     // else): ask again for one more.
-    bool asked = false;
-    for (uint32_t g = 0; g < pool_.frame_count() && !asked; ++g) {
-      const frame_word w = frame_word::decode(pool_.read(g));
-      asked = w.state == frame_requested && w.requester == me_;
-    }
-    if (!asked) VS_TRY(prepare(device, 1));
+    if (!view_.asked_by_me()) VS_TRY(prepare(device, 1));
     futex_wait(&pool_.header()->frames_freed, seen, k_wait_slice_ns);
   }
 }
 
 int pool_frame_source::try_take(int device, size_t size, frame_id* out) {
   if (size != pool_.frame_size()) return take(device, size, out);  // the same error
-  uint32_t f = 0;
-  if (!try_take_free(&f)) return err_busy;  // a hint to the caller, not an error: no detail
-  *out = local_[f];
+  if (!view_.take_free(frame_active, out)) return err_busy;  // a hint to the caller, not an error: no detail
   return ok;
 }
 
 int pool_frame_source::try_take_not_resident(int device, size_t size, frame_id* out) {
   if (size != pool_.frame_size()) return take(device, size, out);  // the same error
   uint32_t f = 0;
-  if (!pool_.take_free(frame_idle, me_, &scan_hint_, &f)) {
+  if (!view_.take_free(frame_idle, out, &f)) {
     return fail(err_busy, "pool: no free frame among its %u of %" PRIu64 " MiB (%u of them this process's)", pool_.frame_count(),
-                pool_.frame_size() >> 20, frames_owned());
+                pool_.frame_size() >> 20, view_.owned());
   }
   // A hint, after the state: a holder that reads the stale stamp in between only orders it
   // differently among the idle frames it may ask for.
   pool_.frame(f).last_use.store(pool_.header()->clock.fetch_add(1, std::memory_order_acq_rel) + 1, std::memory_order_relaxed);
-  *out = local_[f];
   return ok;
 }
 
@@ -177,9 +162,9 @@ int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
 }
 
 int pool_frame_source::give_back(frame_id frame) {
-  auto it = index_of_.find(frame);
-  if (it == index_of_.end()) return fail(err_invalid_argument, "pool: frame %" PRIu64 " is not a pool frame", frame);
-  return pool_.give_back(it->second, me_);
+  uint32_t index = 0;
+  if (!view_.index_of(frame, &index)) return fail(err_invalid_argument, "pool: frame %" PRIu64 " is not a pool frame", frame);
+  return pool_.give_back(index, me_);
 }
 
 void pool_frame_source::reclaim_own() {
@@ -204,24 +189,6 @@ void pool_frame_source::release_own() {
       if (pool_.move(f, raw, frame_idle, me_, k_no_member)) break;
     }
   }
-}
-
-std::vector<frame_id> pool_frame_source::requested_of_me() const {
-  std::vector<frame_id> out;
-  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
-    const frame_word w = frame_word::decode(pool_.read(f));
-    if (w.state == frame_requested && w.owner == me_) out.push_back(local_[f]);
-  }
-  return out;
-}
-
-uint32_t pool_frame_source::frames_owned() const {
-  uint32_t n = 0;
-  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
-    const frame_word w = frame_word::decode(pool_.read(f));
-    n += w.owner == me_ && w.state != frame_free;
-  }
-  return n;
 }
 
 }  // namespace vramswap::detail

@@ -26,16 +26,16 @@
 // (scrub_before_give_back), then go to free and every waiter is woken.
 //
 // Thread-safety: take/give_back/prepare are called under the pager's mutex; the session's
-// reclaim_own/release_own/requested_of_me run under the session's. The frame table itself is
+// reclaim_own/release_own and the view's requested_of_me run under the session's. The frame table itself is
 // shared-memory atomics.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <unordered_map>
 #include <vector>
 
 #include "core/frame_source.hpp"
+#include "pool/member_frames.hpp"
 #include "pool/pool_segment.hpp"
 
 namespace vramswap::detail {
@@ -63,22 +63,18 @@ class pool_frame_source final : public frame_source {
   void reclaim_own();
   // At release: this process's active frames become idle, stamped with the pool clock.
   void release_own();
-  // Frames other processes asked this one to evict (local handles).
-  std::vector<frame_id> requested_of_me() const;
+  // This member's view of the frame table (requested_of_me, owned, ...): pool/member_frames.hpp.
+  const member_frames& frames() const noexcept { return view_; }
   uint32_t member() const noexcept { return me_; }
-  uint32_t frames_owned() const;
 
  private:
-  bool try_take_free(uint32_t* index);
   int timed_out_error(uint64_t waited_ns) const;
 
   pool_segment& pool_;
   const uint32_t me_;
-  const std::vector<frame_id> local_;
-  std::unordered_map<frame_id, uint32_t> index_of_;
+  member_frames view_;
   const uint64_t evict_timeout_ns_;
   std::function<bool()> server_alive_;
-  uint32_t scan_hint_ = 0;
 };
 
 }  // namespace vramswap::detail

@@ -8,7 +8,6 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "runtime/fault_report.hpp"
-#include "lock/futex.hpp"
 #include "swap/pool_host_store.hpp"
 #include "lock/process_identity.hpp"
 #include "swap/host_tier.hpp"
@@ -17,7 +16,6 @@
 namespace vramswap::detail {
 
 namespace {
-constexpr uint64_t k_service_poll_ns = 50'000'000;  // the eviction thread also wakes this often
 constexpr uint64_t k_evict_retry_ns = 1'000'000'000;  // a failed eviction is tried again after this
 
 double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -34,76 +32,77 @@ int flag_option(option_id id, bool* out) {
 
 int device_session::open(int device, std::unique_ptr<device_session>* out) {
   std::unique_ptr<device_session> s(new device_session());
-  VS_TRY(default_backend(&s->be_));
-  s->device_ = device;
   VS_TRY(flag_option(option_id::eager_release, &s->eager_release_));
   VS_TRY(flag_option(option_id::strict, &s->strict_));
   uint64_t evict_timeout_s = 0;
   VS_TRY(option_uint(option_id::evict_timeout, &evict_timeout_s, 1, 86400));
+  s->evict_timeout_ns_ = evict_timeout_s * 1'000'000'000ull;
+  VS_TRY(s->session::open(device));
+  *out = std::move(s);
+  return ok;
+}
 
-  VS_TRY(pool_connection::connect(*s->be_, device, /*autostart=*/true, &s->conn_));
+int device_session::build(pool_member& member, frame_source** frames, page_store** store, pager_config* cfg) {
+  pool_connection& conn = member.connection();
   device_info info;
-  VS_TRY(s->be_->get_device_info(device, &info));
-  VS_TRY(add_context(device_lock::open(info.uuid, &s->lock_), "device %d: opening its lock: ", device));
+  VS_TRY(be_->get_device_info(device_, &info));
+  VS_TRY(add_context(device_lock::open(info.uuid, &lock_), "device %d: opening its lock: ", device_));
+  frames_ = std::make_unique<pool_frame_source>(conn.segment(), conn.member(), conn.frames(), evict_timeout_ns_,
+                                                [c = &conn] { return c->server_alive(); });
+  make_page_store(conn);
+  cfg->start_resident = false;  // backed at acquire, from the pool
+  *frames = frames_.get();
+  *store = store_.get();
+  return ok;
+}
 
-  pool_connection& conn = *s->conn_;
-  s->frames_ = std::make_unique<pool_frame_source>(conn.segment(), conn.member(), conn.frames(), evict_timeout_s * 1'000'000'000ull,
-                                                   [c = s->conn_.get()] { return c->server_alive(); });
+// The page store, chosen from the pool server's host pool, VRAMSWAP_HOST_LIMIT and
+// VRAMSWAP_SWAP_DIR.
+void device_session::make_page_store(const pool_connection& conn) {
   if (conn.host_pool() != nullptr) {
     // Saved pages go to the device's shared host pool (vramswapd's VRAMSWAP_HOST_POOL),
     // pinned once at attach: this process pins nothing of its own, and has no disk tier.
-    s->store_ = std::make_unique<pool_host_store>(conn.segment(), conn.member(), conn.host_pool(), evict_timeout_s * 1'000'000'000ull,
-                                                  [c = s->conn_.get()] { return c->server_alive(); });
+    store_ = std::make_unique<pool_host_store>(conn.segment(), conn.member(), conn.host_pool(), evict_timeout_ns_,
+                                               [c = &conn] { return c->server_alive(); });
     if (!option_is_default(option_id::host_limit) || !option_is_default(option_id::swap_dir)) {
       log(log_level::warn,
           "device %d: the pool server has a shared host pool (%u slots): saved pages go there; VRAMSWAP_HOST_LIMIT and "
           "VRAMSWAP_SWAP_DIR are not used (no per-process host tier, no swap file)",
-          device, conn.host_slot_count());
+          device_, conn.host_slot_count());
     }
   } else {
     // Saved pages: pinned host memory up to VRAMSWAP_HOST_LIMIT, then the swap file. Where no
     // swap file can be made (a directory without O_DIRECT, say), keep them in host memory.
     tiered_config tc;
     tc.slot_size = conn.frame_size();
-    tc.label = "device " + std::to_string(device);
+    tc.label = "device " + std::to_string(device_);
     std::unique_ptr<tiered_store> tiered;
-    if (tiered_store::create(*s->be_, tc, &tiered) == ok) {
-      s->store_ = std::move(tiered);
+    if (tiered_store::create(*be_, tc, &tiered) == ok) {
+      store_ = std::move(tiered);
     } else {
-      log(log_level::warn, "device %d: no disk tier (%s); saved pages stay in host memory without a limit", device, last_error());
-      s->store_ = std::make_unique<host_tier>(*s->be_, conn.frame_size());
+      log(log_level::warn, "device %d: no disk tier (%s); saved pages stay in host memory without a limit", device_, last_error());
+      store_ = std::make_unique<host_tier>(*be_, conn.frame_size());
     }
   }
-  pager_config cfg;
-  cfg.frame_size = conn.frame_size();
-  cfg.start_resident = false;  // backed at acquire, from the pool
-  VS_TRY(pager::create(*s->be_, device, *s->store_, *s->frames_, cfg, &s->pager_));
-  s->observe_ = std::make_unique<member_observer>(conn.segment(), conn.member());  // observability
+}
+
+void device_session::opened() {
   // Host backend: a CPU access to a page of ours that is not in a frame is a SIGSEGV; say
   // what it was before the process dies (runtime/fault_report.hpp).
-  if (s->be_->kind() == backend_kind::host) fault_watch(device, *s->pager_);
-  log_set_device(device);
-  s->server_ = std::thread([p = s.get()] {
-    log_set_device(p->device_);
-    p->serve_evictions();
-  });
-  *out = std::move(s);
-  return ok;
+  if (be_->kind() == backend_kind::host) fault_watch(device_, memory());
 }
 
 device_session::~device_session() {
+  close();  // releases a held lock, stops the service thread, destroys the pager
+  store_.reset();  // gives back any host slot still held (shared host pool)
+  frames_.reset();
+}
+
+void device_session::leaving() noexcept {
   if (lock_.held()) {
     depth_ = 1;
     release();
   }
-  stop_.store(true);
-  if (conn_) futex_wake_one(&conn_->segment().member(conn_->member()).requests);
-  if (server_.joinable()) server_.join();
-  if (pager_) fault_unwatch(*pager_);
-  pager_.reset();  // unmaps every page, zeroes and frees its frames in the pool
-  store_.reset();  // gives back any host slot still held (shared host pool)
-  frames_.reset();
-  conn_.reset();  // releases the imported frames and unpins the host pool; the server sees us leave
 }
 
 int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_info* info) {
@@ -113,9 +112,9 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
   // Observability: an "asked" event unless this thread already holds the lock (re-entry).
   const bool first = !lock_.held();
   const uint64_t asked_ns = monotonic_ns();
-  if (first) observe_->asked(priority, asked_ns);
+  if (first) member().observe().asked(priority, asked_ns);
   if (const int lrc = lock_.acquire(priority, timeout_ns, info); lrc != ok) {
-    if (first) observe_->gave_up();
+    if (first) member().observe().gave_up();
     return lrc;
   }
   if (info->reentered) {
@@ -125,18 +124,17 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
   const auto t1 = std::chrono::steady_clock::now();
   const uint64_t granted_ns = monotonic_ns();
   std::lock_guard<std::mutex> guard(mutex_);
-  pool_layout::member_slot& me = conn_->segment().member(conn_->member());
-  me.holding.store(1);
-  observe_->granted(priority, asked_ns, granted_ns);
-  const uint64_t bytes_in_before = pager_->stats().bytes_in;
+  member().set_holding(true);
+  member().observe().granted(priority, asked_ns, granted_ns);
+  const uint64_t bytes_in_before = memory().stats().bytes_in;
   frames_->reclaim_own();
-  const int rc = pager_->restore_all();
+  const int rc = memory().restore_all();
   if (rc != ok) {
     const std::string why = last_error();
-    pager_->set_not_resident();
+    memory().set_not_resident();
     frames_->release_own();
-    observe_->restore_failed();
-    me.holding.store(0);
+    member().observe().restore_failed();
+    member().set_holding(false);
     lock_.release();
     return fail(rc, "acquire(device %d): bringing this process's memory in failed, the lock was released again: %s", device_,
                 why.c_str());
@@ -150,7 +148,7 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
   ++stats_.acquires;
   stats_.last_lock_granted_ns = granted_ns;
   stats_.last_resident_ns = monotonic_ns();
-  observe_->resident(granted_ns, stats_.last_resident_ns, pager_->stats().bytes_in - bytes_in_before);
+  member().observe().resident(granted_ns, stats_.last_resident_ns, memory().stats().bytes_in - bytes_in_before);
   publish_store();
   const auto t2 = std::chrono::steady_clock::now();
   stats_.lock_wait_seconds += seconds_between(t0, t1);
@@ -172,8 +170,8 @@ int device_session::release() {
   if (eager_release_ || strict_) {
     // Evict everything before anyone else may have the device (evict_all synchronizes first).
     const uint64_t evict_start_ns = monotonic_ns();
-    const uint64_t bytes_out_before = pager_->stats().bytes_out;
-    const int rc = pager_->evict_all();
+    const uint64_t bytes_out_before = memory().stats().bytes_out;
+    const int rc = memory().evict_all();
     const std::string why = rc != ok ? last_error() : "";
     hand_on(called_ns, evict_start_ns, bytes_out_before);
     const int unlock = lock_.release();
@@ -186,8 +184,8 @@ int device_session::release() {
   // safe meanwhile: frames change hands only through our own eviction, which synchronizes
   // first. The caller still gets back from release() only once its work is done.
   lock_.announce_release();  // the next waiter's wake-up overlaps what follows
-  pager_->set_not_resident();
-  hand_on(called_ns, monotonic_ns(), pager_->stats().bytes_out);
+  memory().set_not_resident();
+  hand_on(called_ns, monotonic_ns(), memory().stats().bytes_out);
   const int unlock = lock_.release();
   const int sync = be_->device_synchronize(device_);
   stats_.last_synced_ns = monotonic_ns();
@@ -202,69 +200,85 @@ int device_session::release() {
 // is released by the caller right after.
 void device_session::hand_on(uint64_t called_ns, uint64_t evict_start_ns, uint64_t bytes_out_before) {
   frames_->release_own();
-  conn_->segment().member(conn_->member()).holding.store(0);
+  member().set_holding(false);
   depth_ = 0;
   stats_.last_release_call_ns = called_ns;
   stats_.last_unlock_ns = monotonic_ns();
   stats_.last_synced_ns = 0;
-  observe_->released(evict_start_ns, stats_.last_unlock_ns, pager_->stats().bytes_out - bytes_out_before);
+  member().observe().released(evict_start_ns, stats_.last_unlock_ns, memory().stats().bytes_out - bytes_out_before);
   publish_store();
 }
 
-void device_session::serve_evictions() {
-  pool_layout::member_slot& me = conn_->segment().member(conn_->member());
-  // After an eviction fails (a full swap disk, a failing device), the same requests are
-  // tried again only after k_evict_retry_ns, or at once on a new request; the failure is
-  // logged once and published for the lock holder waiting on it until an eviction succeeds.
-  bool failing = false;
-  uint64_t retry_at_ns = 0;
-  uint32_t failed_at_requests = 0;
-  while (!stop_.load()) {
-    const uint32_t seen = me.requests.load(std::memory_order_acquire);
-    {
-      std::lock_guard<std::mutex> guard(mutex_);
-      const std::vector<frame_id> wanted = frames_->requested_of_me();
-      if (!wanted.empty() && (!failing || seen != failed_at_requests || monotonic_ns() >= retry_at_ns)) {
-        const pager_stats before = pager_->stats();
-        const uint64_t start_ns = monotonic_ns();
-        const int rc = pager_->evict_frames(wanted);
-        const pager_stats after = pager_->stats();
-        const uint64_t end_ns = monotonic_ns();
-        stats_.evictions_served += after.pages_evicted - before.pages_evicted;
-        observe_->evicted(start_ns, end_ns, after.bytes_out - before.bytes_out, after.pages_evicted - before.pages_evicted);
-        publish_store();
-        if (rc != ok) {
-          observe_->evict_failed(rc, last_error(), end_ns);
-          log(failing ? log_level::debug : log_level::error,
-              "device %d: evicting %zu frame(s) another process asked for: %s%s", device_, wanted.size(), last_error(),
-              failing ? "" : "; the pages stay resident here, the process that asked waits until its VRAMSWAP_EVICT_TIMEOUT "
-                             "(tried again every second, and at each new request)");
-          retry_at_ns = end_ns + k_evict_retry_ns;
-          failed_at_requests = seen;
-        } else if (failing) {
-          observe_->evict_succeeded();
-          log(log_level::info, "device %d: evicting for other processes works again", device_);
-        }
-        failing = rc != ok;
-      }
-    }
-    if (stop_.load()) break;
-    futex_wait(&me.requests, seen, k_service_poll_ns);
+// One wake of the service thread: evict the frames other processes asked for. After an
+// eviction fails (a full swap disk, a failing device), the same requests are tried again
+// only after k_evict_retry_ns, or at once on a new request; the failure is logged once and
+// published for the lock holder waiting on it until an eviction succeeds.
+void device_session::serve(uint32_t seen) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  const std::vector<frame_id> wanted = frames_->frames().requested_of_me();
+  if (wanted.empty() || (evict_failing_ && seen == evict_failed_at_requests_ && monotonic_ns() < evict_retry_at_ns_)) return;
+  const pager_stats before = memory().stats();
+  const uint64_t start_ns = monotonic_ns();
+  const int rc = memory().evict_frames(wanted);
+  const pager_stats after = memory().stats();
+  const uint64_t end_ns = monotonic_ns();
+  stats_.evictions_served += after.pages_evicted - before.pages_evicted;
+  member().observe().evicted(start_ns, end_ns, after.bytes_out - before.bytes_out, after.pages_evicted - before.pages_evicted);
+  publish_store();
+  if (rc != ok) {
+    member().observe().evict_failed(rc, last_error(), end_ns);
+    log(evict_failing_ ? log_level::debug : log_level::error,
+        "device %d: evicting %zu frame(s) another process asked for: %s%s", device_, wanted.size(), last_error(),
+        evict_failing_ ? "" : "; the pages stay resident here, the process that asked waits until its VRAMSWAP_EVICT_TIMEOUT "
+                              "(tried again every second, and at each new request)");
+    evict_retry_at_ns_ = end_ns + k_evict_retry_ns;
+    evict_failed_at_requests_ = seen;
+  } else if (evict_failing_) {
+    member().observe().evict_succeeded();
+    log(log_level::info, "device %d: evicting for other processes works again", device_);
   }
+  evict_failing_ = rc != ok;
 }
 
 void device_session::publish_store() noexcept {
   const uint64_t held = store_->bytes_held();
   const uint64_t disk = store_->bytes_on_disk();
-  observe_->stored(held - std::min(held, disk), disk);
+  member().observe().stored(held - std::min(held, disk), disk);
 }
 
 session_stats device_session::stats() const {
   std::lock_guard<std::mutex> guard(mutex_);
   session_stats s = stats_;
-  s.pager = pager_->stats();
+  s.pager = memory().stats();
   s.disk_bytes = store_->bytes_on_disk();
   return s;
+}
+
+void device_session::fill_stats(vramswap_stats_t* out) const {
+  const session_stats s = stats();
+  out->allocated_bytes = s.pager.allocated_bytes;
+  out->allocations = s.pager.allocations;
+  out->resident_bytes = s.pager.resident_bytes;
+  out->disk_bytes = s.disk_bytes;
+  out->host_bytes = s.pager.host_bytes - std::min(s.pager.host_bytes, s.disk_bytes);
+  out->bytes_in = s.pager.bytes_in;
+  out->bytes_out = s.pager.bytes_out;
+  out->acquires = s.acquires;
+  out->evictions_served = s.evictions_served;
+  out->acquire_seconds = s.acquire_seconds;
+  out->lock_wait_seconds = s.lock_wait_seconds;
+  out->evict_seconds = s.pager.evict_seconds;
+  out->restore_seconds = s.pager.restore_seconds;
+}
+
+void device_session::memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const {
+  const pool_connection& pool = member().connection();
+  const uint64_t total = uint64_t{pool.frame_count()} * pool.frame_size();
+  const pager_stats p = memory().stats();
+  // Live pages, whether resident or saved: what this process's memory takes of the pool.
+  const uint64_t mine = p.resident_bytes + p.host_bytes;
+  *total_bytes = total;
+  *free_bytes = total - std::min(total, mine);
 }
 
 }  // namespace vramswap::detail

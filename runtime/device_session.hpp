@@ -1,10 +1,11 @@
-// device_session: one process's participation in time-sharing one device.
+// device_session: the time-sharing policy of a session (runtime/session.hpp): one process's
+// participation in time-sharing one device.
 //
-// It ties the parts together: the pool connection (frames imported from vramswapd), the
-// device lock, a pager whose frames come from the pool (pool_frame_source), a page store
+// It ties the parts together: the pool membership (pool/pool_member.hpp: frames imported
+// from vramswapd, the member slot, the service thread), the device lock, a pager whose frames come from the pool (pool_frame_source), a page store
 // (the device's shared host pool when vramswapd has one, swap/pool_host_store.hpp; else this
-// process's host memory, spilling to disk past VRAMSWAP_HOST_LIMIT), and one background
-// thread that serves other processes' eviction requests.
+// process's host memory, spilling to disk past VRAMSWAP_HOST_LIMIT), and the member's service
+// thread, which serves other processes' eviction requests (serve()).
 //
 // acquire(): take the device lock (FIFO, by priority); take back this process's own idle
 //   frames (cancelling evictions asked for but not done); bring every non-resident page in
@@ -35,15 +36,14 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <thread>
 
 #include "core/backend.hpp"
 #include "core/page_store.hpp"
 #include "core/pager.hpp"
 #include "lock/device_lock.hpp"
-#include "pool/member_observer.hpp"
 #include "pool/pool_connection.hpp"
 #include "pool/pool_frame_source.hpp"
+#include "runtime/session.hpp"
 
 namespace vramswap::detail {
 
@@ -62,51 +62,53 @@ struct session_stats {
   uint64_t last_resident_ns = 0;       // acquire(): memory resident, about to return
 };
 
-class device_session {
+class device_session final : public session {
  public:
   // Connect to `device`'s pool (starting vramswapd when none runs), open its lock, make the
   // pager. Errors say what failed (no server, version mismatch, a bad option, ...).
   static int open(int device, std::unique_ptr<device_session>* out);
-  ~device_session();
-  device_session(const device_session&) = delete;
-  device_session& operator=(const device_session&) = delete;
+  ~device_session() override;
 
-  int acquire(lock_priority priority = lock_priority::normal, int64_t timeout_ns = -1, acquire_info* info = nullptr);
-  int release();
-  bool holding() const noexcept { return lock_.held(); }
+  bool oversubscribed() const noexcept override { return false; }
+  bool mapped_without_lock() const noexcept override { return false; }
+  int acquire(lock_priority priority = lock_priority::normal, int64_t timeout_ns = -1, acquire_info* info = nullptr) override;
+  int release() override;
+  bool holding() const noexcept override { return lock_.held(); }
+  bool resident() const noexcept override { return memory().resident(); }
+  // Total: the pool's bytes; free: what this process's live pages (resident or saved) leave of it.
+  void memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const override;
+  void fill_stats(vramswap_stats_t* out) const override;
 
-  // This process's memory on the device (malloc/free/advise/stats).
-  pager& memory() noexcept { return *pager_; }
   session_stats stats() const;
-  int device() const noexcept { return device_; }
-  backend& get_backend() noexcept { return *be_; }
-  const pool_connection& pool() const noexcept { return *conn_; }
 
  private:
   device_session() = default;
-  void serve_evictions();
+  int build(pool_member& member, frame_source** frames, page_store** store, pager_config* cfg) override;
+  void opened() override;
+  void serve(uint32_t requests_seen) override;
+  void leaving() noexcept override;
+  // Where saved pages go: the device's shared host pool, else host memory and the swap file.
+  void make_page_store(const pool_connection& conn);
   void hand_on(uint64_t called_ns, uint64_t evict_start_ns, uint64_t bytes_out_before);
-  // Observability (issue 9): publish where the saved pages are (host / disk bytes).
+  // Observability: publish where the saved pages are (host / disk bytes).
   void publish_store() noexcept;
 
-  backend* be_ = nullptr;
-  int device_ = -1;
-  std::unique_ptr<pool_connection> conn_;
+  bool eager_release_ = false;
+  bool strict_ = false;
+  uint64_t evict_timeout_ns_ = 0;
   device_lock lock_;
   std::unique_ptr<pool_frame_source> frames_;
   std::unique_ptr<page_store> store_;
-  std::unique_ptr<pager> pager_;
-  bool eager_release_ = false;
-  bool strict_ = false;
   uint32_t depth_ = 0;  // re-entry count, touched by the holding thread only
 
   mutable std::mutex mutex_;  // acquire/release vs the eviction service
-  std::atomic<bool> stop_{false};
-  std::thread server_;
   session_stats stats_;
-  // Observability (issue 9): phase, statistics and trace events in the pool segment, for
-  // `vramswap status|trace` and the metrics endpoint. Called at acquire/release/evictions only.
-  std::unique_ptr<member_observer> observe_;
+  // The eviction service's failure state: after an eviction fails (a full swap disk, a
+  // failing device), the same requests are tried again only after a while, or at once on a
+  // new request. Touched by the service thread only.
+  bool evict_failing_ = false;
+  uint64_t evict_retry_at_ns_ = 0;
+  uint32_t evict_failed_at_requests_ = 0;
 };
 
 }  // namespace vramswap::detail

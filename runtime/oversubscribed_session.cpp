@@ -10,13 +10,11 @@
 #include "core/log.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
-#include "lock/futex.hpp"
 #include "lock/process_identity.hpp"
 
 namespace vramswap::detail {
 
 namespace {
-constexpr uint64_t k_service_poll_ns = 50'000'000;    // the service thread also wakes this often
 constexpr uint64_t k_promote_quiet_ns = 1'000'000'000;  // no request for this long before promoting
 constexpr uint64_t k_burst_linger_ns = 20'000'000;      // the gate stays closed this long for a next request
 constexpr uint64_t k_spare_keep_ns = 30'000'000'000;    // spare host frames kept this long after a reclaim
@@ -26,49 +24,54 @@ constexpr uint64_t k_retry_after_failure_ns = 1'000'000'000;  // a failed demoti
 
 int oversubscribed_session::open(int device, std::unique_ptr<oversubscribed_session>* out) {
   std::unique_ptr<oversubscribed_session> s(new oversubscribed_session());
-  VS_TRY(default_backend(&s->be_));
-  s->device_ = device;
-  uint64_t limit = 0;
-  VS_TRY(option_size(option_id::oversubscribe_limit, &limit, physical_ram()));
-  VS_TRY(pool_connection::connect(*s->be_, device, /*autostart=*/true, &s->conn_));
-  pool_connection& conn = *s->conn_;
-  s->frames_ = std::make_unique<lending_frame_source>(*s->be_, conn.segment(), conn.member(), conn.frames(), limit);
-  s->store_ = std::make_unique<host_tier>(*s->be_, conn.frame_size());
-  pager_config cfg;
-  cfg.frame_size = conn.frame_size();
-  cfg.start_resident = true;  // every page is backed at once: pool frame or host frame
-  VS_TRY(pager::create(*s->be_, device, *s->store_, *s->frames_, cfg, &s->pager_));
-  s->observe_ = std::make_unique<member_observer>(conn.segment(), conn.member());
+  VS_TRY(option_size(option_id::oversubscribe_limit, &s->limit_, physical_ram()));
+  VS_TRY(s->session::open(device));
+  *out = std::move(s);
+  return ok;
+}
+
+int oversubscribed_session::build(pool_member& member, frame_source** frames, page_store** store, pager_config* cfg) {
+  pool_connection& conn = member.connection();
+  frames_ = std::make_unique<lending_frame_source>(*be_, conn.segment(), conn.member(), conn.frames(), limit_);
+  store_ = std::make_unique<host_tier>(*be_, conn.frame_size());
+  cfg->start_resident = true;  // every page is backed at once: pool frame or host frame
+  *frames = frames_.get();
+  *store = store_.get();
+  return ok;
+}
+
+void oversubscribed_session::opened() {
   if (!launch_gate::installed()) {
     log(log_level::warn,
         "device %d: VRAMSWAP_OVERSUBSCRIBE=1 without libvramswap_preload.so: nothing holds this process's kernel launches "
         "while its pages move between pool and host frames, so a reclaim could race with its kernels. Run it with "
         "LD_PRELOAD=libvramswap_preload.so",
-        device);
+        device_);
   }
   log(log_level::info, "device %d: oversubscribed (low priority, no lock): pool frames while free, then up to %" PRIu64
-      " MiB of host memory (VRAMSWAP_OVERSUBSCRIBE_LIMIT)", device, limit >> 20);
-  log_set_device(device);
-  s->server_ = std::thread([p = s.get()] {
-    log_set_device(p->device_);
-    p->serve();
-  });
-  *out = std::move(s);
-  return ok;
+      " MiB of host memory (VRAMSWAP_OVERSUBSCRIBE_LIMIT)", device_, limit_ >> 20);
+  last_request_ns_ = monotonic_ns();
 }
 
 oversubscribed_session::~oversubscribed_session() {
-  stop_.store(true);
-  if (conn_) futex_wake_one(&conn_->segment().member(conn_->member()).requests);
-  if (server_.joinable()) server_.join();
-  pager_.reset();  // unmaps every page; pool frames are scrubbed and freed, host frames released
+  close();  // stops the service thread, destroys the pager (pool frames scrubbed and freed, host frames released)
   store_.reset();
   frames_.reset();
-  conn_.reset();
+}
+
+int oversubscribed_session::acquire(lock_priority, int64_t, acquire_info*) {
+  return fail(err_invalid_argument,
+              "lock(device %d): this process runs oversubscribed (VRAMSWAP_OVERSUBSCRIBE=1): low priority, without the device "
+              "lock, its memory always mapped. Unset VRAMSWAP_OVERSUBSCRIBE to take turns under the lock",
+              device_);
+}
+
+int oversubscribed_session::release() {
+  return fail(err_not_owner, "unlock(device %d): this thread does not hold the device's lock: this process runs oversubscribed "
+              "(VRAMSWAP_OVERSUBSCRIBE=1) and never takes it", device_);
 }
 
 int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
-  pool_layout::member_slot& me = conn_->segment().member(conn_->member());
   const auto t0 = std::chrono::steady_clock::now();
   auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -79,7 +82,7 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
   // lacks one, and reports the limit's error.
   std::vector<frame_id> ready;
   size_t spares = 0;
-  if (frames_->take_host_frames(device_, pager_->frame_size(), wanted.size(), &ready, &spares) != ok) {
+  if (frames_->take_host_frames(device_, memory().frame_size(), wanted.size(), &ready, &spares) != ok) {
     log(log_level::debug, "device %d: reclaim: %zu of %zu host frame(s) ready ahead: %s", device_, ready.size(), wanted.size(),
         last_error());
   }
@@ -102,10 +105,10 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
     for (;;) {
       size_t n = 0;
       pager::remap_timing t;
-      const int rc = pager_->remap_pages(
+      const int rc = memory().remap_pages(
           wanted,
           [&](frame_id* f) -> int {
-            if (ready.empty()) return frames_->take_host_frame(device_, pager_->frame_size(), f);
+            if (ready.empty()) return frames_->take_host_frame(device_, memory().frame_size(), f);
             *f = ready.back();
             ready.pop_back();
             return ok;
@@ -120,13 +123,13 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
         failure = fail(rc, "giving back %zu pool frame(s) a lock holder asked for: %s", wanted.size(), last_error());
         break;
       }
-      if (stop_.load()) break;
+      if (member().stopping()) break;
       const auto t_linger = std::chrono::steady_clock::now();
-      const uint32_t seen = me.requests.load(std::memory_order_acquire);
-      wanted = frames_->requested_of_me();
+      const uint32_t seen = member().requests_seen();
+      wanted = frames_->frames().requested_of_me();
       if (wanted.empty()) {
-        futex_wait(&me.requests, seen, k_burst_linger_ns);
-        wanted = frames_->requested_of_me();
+        member().wait_for_request(seen, k_burst_linger_ns);
+        wanted = frames_->frames().requested_of_me();
       }
       linger_s += since(t_linger);
       if (wanted.empty()) break;
@@ -143,8 +146,8 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
     stats_.demote_seconds += closed_s;
     stats_.last_demote_seconds = closed_s;
   }
-  const uint64_t bytes = uint64_t(moved) * pager_->frame_size();
-  observe_->evicted(monotonic_ns() - uint64_t(s * 1e9), monotonic_ns(), bytes, moved);
+  const uint64_t bytes = uint64_t(moved) * memory().frame_size();
+  member().observe().evicted(monotonic_ns() - uint64_t(s * 1e9), monotonic_ns(), bytes, moved);
   // (A retry that moved nothing, at the limit, says so at debug level: the failure itself
   // was logged once.)
   log(moved > 0 ? log_level::info : log_level::debug,
@@ -159,7 +162,7 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
 
 int oversubscribed_session::promote(uint32_t at_most) {
   std::vector<frame_id> host_backed;
-  for (frame_id f : pager_->resident_frames()) {
+  for (frame_id f : memory().resident_frames()) {
     if (!frames_->is_pool_frame(f)) host_backed.push_back(f);
     if (host_backed.size() == at_most) break;
   }
@@ -168,7 +171,7 @@ int oversubscribed_session::promote(uint32_t at_most) {
   int rc = ok;
   {
     launch_gate::closed gate;
-    rc = pager_->remap_pages(host_backed,
+    rc = memory().remap_pages(host_backed,
                              [this](frame_id* f) -> int {
                                if (frames_->take_pool_frame(f)) return ok;
                                return fail(err_out_of_memory, "promotion: the pool's free frames were taken meanwhile");
@@ -181,49 +184,40 @@ int oversubscribed_session::promote(uint32_t at_most) {
   return rc == err_out_of_memory ? ok : rc;
 }
 
-void oversubscribed_session::serve() {
-  pool_layout::member_slot& me = conn_->segment().member(conn_->member());
-  uint64_t last_request_ns = monotonic_ns();
-  // After a demotion fails (host memory or VRAMSWAP_OVERSUBSCRIBE_LIMIT exhausted), the same
-  // requests are tried again only after k_retry_after_failure_ns, or at once on a new
-  // request; the failure is logged once until a demotion succeeds again.
-  bool failing = false;
-  uint64_t retry_at_ns = 0;
-  uint32_t failed_at_requests = 0;
-  while (!stop_.load()) {
-    const uint32_t seen = me.requests.load(std::memory_order_acquire);
-    if (const uint32_t n = frames_->withdraw_abandoned_requests(); n > 0) {
-      log(log_level::info, "device %d: %u request(s) for pool frames withdrawn: the lock holder that asked is gone", device_, n);
-    }
-    std::vector<frame_id> wanted = frames_->requested_of_me();
-    if (!wanted.empty() && (!failing || seen != failed_at_requests || monotonic_ns() >= retry_at_ns)) {
-      const int rc = serve_requests(std::move(wanted));
-      last_request_ns = monotonic_ns();
-      if (rc != ok) {
-        log(failing ? log_level::debug : log_level::error, "device %d: %s%s", device_, last_error(),
-            failing ? "" : "; the lock holder waits until VRAMSWAP_EVICT_TIMEOUT (tried again every second)");
-        retry_at_ns = last_request_ns + k_retry_after_failure_ns;
-        failed_at_requests = seen;
-      } else if (failing) {
-        log(log_level::info, "device %d: pool frames given back again", device_);
-      }
-      failing = rc != ok;
-    } else if (wanted.empty() && monotonic_ns() - last_request_ns >= k_promote_quiet_ns) {
-      const uint32_t free_frames = frames_->free_pool_frames();
-      if (free_frames > 0 && frames_->host_bytes() > 0 && promote(free_frames) != ok) {
-        log(log_level::warn, "device %d: moving pages back into free pool frames: %s", device_, last_error());
-      }
-      if (frames_->spare_bytes() > 0 && monotonic_ns() - last_request_ns >= k_spare_keep_ns) {
-        const uint64_t spare = frames_->spare_bytes();
-        const size_t n = frames_->release_spares();
-        log(log_level::info, "device %d: released %zu spare host frame(s) (%" PRIu64 " MiB): no reclaim for %.0f s", device_, n,
-            spare >> 20, k_spare_keep_ns / 1e9);
-      }
-    }
-    observe_->stored(frames_->host_bytes(), 0);
-    if (stop_.load()) break;
-    futex_wait(&me.requests, seen, k_service_poll_ns);
+// One wake of the service thread. After a demotion fails (host memory or
+// VRAMSWAP_OVERSUBSCRIBE_LIMIT exhausted), the same requests are tried again only after
+// k_retry_after_failure_ns, or at once on a new request; the failure is logged once until a
+// demotion succeeds again.
+void oversubscribed_session::serve(uint32_t seen) {
+  if (const uint32_t n = frames_->withdraw_abandoned_requests(); n > 0) {
+    log(log_level::info, "device %d: %u request(s) for pool frames withdrawn: the lock holder that asked is gone", device_, n);
   }
+  std::vector<frame_id> wanted = frames_->frames().requested_of_me();
+  if (!wanted.empty() && (!failing_ || seen != failed_at_requests_ || monotonic_ns() >= retry_at_ns_)) {
+    const int rc = serve_requests(std::move(wanted));
+    last_request_ns_ = monotonic_ns();
+    if (rc != ok) {
+      log(failing_ ? log_level::debug : log_level::error, "device %d: %s%s", device_, last_error(),
+          failing_ ? "" : "; the lock holder waits until VRAMSWAP_EVICT_TIMEOUT (tried again every second)");
+      retry_at_ns_ = last_request_ns_ + k_retry_after_failure_ns;
+      failed_at_requests_ = seen;
+    } else if (failing_) {
+      log(log_level::info, "device %d: pool frames given back again", device_);
+    }
+    failing_ = rc != ok;
+  } else if (wanted.empty() && monotonic_ns() - last_request_ns_ >= k_promote_quiet_ns) {
+    const uint32_t free_frames = frames_->free_pool_frames();
+    if (free_frames > 0 && frames_->host_bytes() > 0 && promote(free_frames) != ok) {
+      log(log_level::warn, "device %d: moving pages back into free pool frames: %s", device_, last_error());
+    }
+    if (frames_->spare_bytes() > 0 && monotonic_ns() - last_request_ns_ >= k_spare_keep_ns) {
+      const uint64_t spare = frames_->spare_bytes();
+      const size_t n = frames_->release_spares();
+      log(log_level::info, "device %d: released %zu spare host frame(s) (%" PRIu64 " MiB): no reclaim for %.0f s", device_, n,
+          spare >> 20, k_spare_keep_ns / 1e9);
+    }
+  }
+  member().observe().stored(frames_->host_bytes(), 0);
 }
 
 oversubscribed_stats oversubscribed_session::stats() const {
@@ -231,14 +225,26 @@ oversubscribed_stats oversubscribed_session::stats() const {
   oversubscribed_stats s = stats_;
   s.host_frame_bytes = frames_->host_bytes();
   s.spare_host_bytes = frames_->spare_bytes();
-  const uint64_t resident = pager_->stats().resident_bytes;
+  const uint64_t resident = memory().stats().resident_bytes;
   s.pool_frame_bytes = resident - std::min(resident, s.host_frame_bytes);
   return s;
 }
 
+void oversubscribed_session::fill_stats(vramswap_stats_t* out) const {
+  const pager_stats p = memory().stats();
+  const oversubscribed_stats o = stats();
+  out->allocated_bytes = p.allocated_bytes;
+  out->allocations = p.allocations;
+  out->resident_bytes = p.resident_bytes;
+  out->host_frame_bytes = o.host_frame_bytes;
+  out->pages_demoted = o.pages_demoted;
+  out->pages_promoted = o.pages_promoted;
+  out->reclaim_seconds = o.demote_seconds;
+}
+
 void oversubscribed_session::memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const {
-  const uint64_t fs = conn_->frame_size();
-  const uint64_t pool = uint64_t(conn_->segment().frame_count()) * fs;
+  const uint64_t fs = member().connection().frame_size();
+  const uint64_t pool = uint64_t(member().segment().frame_count()) * fs;
   const uint64_t limit = frames_->host_limit();
   const uint64_t host_used = std::min(frames_->host_bytes(), limit);
   *total_bytes = pool + limit;

@@ -1,4 +1,5 @@
-// oversubscribed_session: a low-priority process's memory on one device (issue 8).
+// oversubscribed_session: the oversubscription policy of a session (runtime/session.hpp): a
+// low-priority process's memory on one device.
 //
 // VRAMSWAP_OVERSUBSCRIBE=1 makes a process low priority: it never takes the device lock and
 // runs beside whoever holds it. Its memory is always mapped, so its kernels may run at any
@@ -7,8 +8,8 @@
 // device over its link), up to VRAMSWAP_OVERSUBSCRIBE_LIMIT (pool/lending_frame_source.hpp).
 // Allocations therefore succeed while host memory lasts, however small the pool.
 //
-// Reclaim (demotion): a lock holder that needs frames asks for lent frames first. This
-// session's service thread wakes, takes host frames for them (spares first: host frames
+// Reclaim (demotion): a lock holder that needs frames asks for lent frames first. The
+// member's service thread (pool/pool_member.hpp) wakes, takes host frames for them (spares first: host frames
 // are kept for reuse, pool/lending_frame_source.hpp), closes the launch gate
 // (core/launch_gate.hpp: no new device work of this process starts, and the work inside
 // drains), synchronizes the device, and moves each asked-for page into a host frame
@@ -26,17 +27,15 @@
 // device work with it. Without the shim nothing does, and the session says so once.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <thread>
+#include <vector>
 
 #include "core/backend.hpp"
 #include "core/pager.hpp"
 #include "pool/lending_frame_source.hpp"
-#include "pool/member_observer.hpp"
-#include "pool/pool_connection.hpp"
+#include "runtime/session.hpp"
 #include "swap/host_tier.hpp"
 
 namespace vramswap::detail {
@@ -53,39 +52,48 @@ struct oversubscribed_stats {
   uint64_t spare_host_bytes = 0;  // host frames kept for the next reclaim
 };
 
-class oversubscribed_session {
+class oversubscribed_session final : public session {
  public:
   static int open(int device, std::unique_ptr<oversubscribed_session>* out);
-  ~oversubscribed_session();
-  oversubscribed_session(const oversubscribed_session&) = delete;
-  oversubscribed_session& operator=(const oversubscribed_session&) = delete;
+  ~oversubscribed_session() override;
 
-  pager& memory() noexcept { return *pager_; }
-  backend& get_backend() noexcept { return *be_; }
-  oversubscribed_stats stats() const;
+  bool oversubscribed() const noexcept override { return true; }
+  bool mapped_without_lock() const noexcept override { return true; }
+  // The lock is not this process's to take: err_invalid_argument, naming VRAMSWAP_OVERSUBSCRIBE.
+  int acquire(lock_priority priority = lock_priority::normal, int64_t timeout_ns = -1, acquire_info* info = nullptr) override;
+  // Never holding, so never released: err_not_owner.
+  int release() override;
+  bool holding() const noexcept override { return false; }
+  bool resident() const noexcept override { return true; }  // every page is in a pool or host frame
   // The memory-info view (docs/oversubscription.md): total = pool + the host limit; free =
   // free pool frames + the host limit not yet used.
-  void memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const;
+  void memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const override;
+  void fill_stats(vramswap_stats_t* out) const override;
+
+  oversubscribed_stats stats() const;
 
  private:
   oversubscribed_session() = default;
-  void serve();
+  int build(pool_member& member, frame_source** frames, page_store** store, pager_config* cfg) override;
+  void opened() override;
+  void serve(uint32_t requests_seen) override;
   // Demotion: serve `wanted` and the requests that follow it closely, under one closing of
   // the gate. Returns the first failure (its pages stay where they are, still requested).
   int serve_requests(std::vector<frame_id> wanted);
   int promote(uint32_t at_most);
 
-  backend* be_ = nullptr;
-  int device_ = -1;
-  std::unique_ptr<pool_connection> conn_;
+  uint64_t limit_ = 0;  // VRAMSWAP_OVERSUBSCRIBE_LIMIT
   std::unique_ptr<lending_frame_source> frames_;
   std::unique_ptr<host_tier> store_;  // the pager needs one; an oversubscribed pager never evicts
-  std::unique_ptr<pager> pager_;
-  std::unique_ptr<member_observer> observe_;
   mutable std::mutex mutex_;  // stats
   oversubscribed_stats stats_;
-  std::atomic<bool> stop_{false};
-  std::thread server_;
+  // The service thread's state (touched by it only): when the last request came, and after
+  // a demotion fails (host memory or VRAMSWAP_OVERSUBSCRIBE_LIMIT exhausted), when to try
+  // the same requests again.
+  uint64_t last_request_ns_ = 0;
+  bool failing_ = false;
+  uint64_t retry_at_ns_ = 0;
+  uint32_t failed_at_requests_ = 0;
 };
 
 }  // namespace vramswap::detail

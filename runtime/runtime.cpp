@@ -18,6 +18,7 @@
 #include "core/options.hpp"
 #include "runtime/device_session.hpp"
 #include "runtime/oversubscribed_session.hpp"
+#include "runtime/session.hpp"
 #include "runtime/stream_allocator.hpp"
 #include "pool/pool_segment.hpp"
 #include "lock/shared_segment.hpp"
@@ -25,24 +26,12 @@
 namespace vramswap::detail::rt {
 namespace {
 
-// One of `session` (time-sharing under the lock) and `over` (VRAMSWAP_OVERSUBSCRIBE=1: low
-// priority, no lock) is set.
+// A device's session: time-sharing under the lock (device_session) or, with
+// VRAMSWAP_OVERSUBSCRIBE=1, low priority without it (oversubscribed_session).
 struct device_state {
-  std::unique_ptr<device_session> session;
-  std::unique_ptr<oversubscribed_session> over;
+  std::unique_ptr<session> policy;
   std::unique_ptr<stream_allocator> async;  // over the session's pager; destroyed before it
   std::atomic<uint64_t> holder_deaths{0};
-
-  pager& memory() { return session ? session->memory() : over->memory(); }
-  backend& get_backend() { return session ? session->get_backend() : over->get_backend(); }
-  // The lock is this process's to take only when it is not oversubscribed.
-  int check_lockable(const char* fn, int device) const {
-    if (!over) return ok;
-    return fail(err_invalid_argument,
-                "%s(device %d): this process runs oversubscribed (VRAMSWAP_OVERSUBSCRIBE=1): low priority, without the device "
-                "lock, its memory always mapped. Unset VRAMSWAP_OVERSUBSCRIBE to take turns under the lock",
-                fn, device);
-  }
 };
 
 // Sessions by device. Opened under g_mutex, never closed before exit, so a pointer taken
@@ -80,7 +69,7 @@ int state_for(const char* fn, int device, device_state** out) {
   VS_TRY(check_process(fn, device));
   std::lock_guard<std::mutex> guard(g_mutex);
   if (device >= 0 && static_cast<size_t>(device) < g_devices.size() && g_devices[device] &&
-      (g_devices[device]->session || g_devices[device]->over)) {
+      g_devices[device]->policy) {
     *out = g_devices[device].get();
     return ok;
   }
@@ -102,12 +91,16 @@ int state_for(const char* fn, int device, device_state** out) {
   VS_TRY(option_uint(option_id::oversubscribe, &oversubscribe));
   auto st = std::make_unique<device_state>();
   if (oversubscribe == 1) {
-    VS_TRY(add_context(oversubscribed_session::open(device, &st->over), "%s(device %d): opening the device's oversubscribed session: ",
+    std::unique_ptr<oversubscribed_session> over;
+    VS_TRY(add_context(oversubscribed_session::open(device, &over), "%s(device %d): opening the device's oversubscribed session: ",
                        fn, device));
+    st->policy = std::move(over);
   } else {
-    VS_TRY(add_context(device_session::open(device, &st->session), "%s(device %d): opening the device's session: ", fn, device));
+    std::unique_ptr<device_session> shared;
+    VS_TRY(add_context(device_session::open(device, &shared), "%s(device %d): opening the device's session: ", fn, device));
+    st->policy = std::move(shared);
   }
-  st->async = std::make_unique<stream_allocator>(st->get_backend(), device, st->memory());
+  st->async = std::make_unique<stream_allocator>(st->policy->get_backend(), device, st->policy->memory());
   if (g_devices.size() <= static_cast<size_t>(device)) g_devices.resize(device + 1);
   g_devices[device] = std::move(st);
   g_owner_pid.store(::getpid());
@@ -190,9 +183,8 @@ int lock(int device, uint32_t priority, int64_t timeout_ns, bool* holder_died) n
     }
     device_state* st = nullptr;
     VS_TRY(state_for("lock", device, &st));
-    VS_TRY(st->check_lockable("lock", device));
     acquire_info info;
-    const int rc = st->session->acquire(static_cast<lock_priority>(priority), timeout_ns, &info);
+    const int rc = st->policy->acquire(static_cast<lock_priority>(priority), timeout_ns, &info);
     if (rc != ok) return rc;
     ++held_slot(device);
     if (info.previous_holder_died) {
@@ -215,9 +207,9 @@ int unlock(int device) noexcept {
   }
   device_state* st = nullptr;
   VS_TRY(state_for("unlock", device, &st));
-  const int rc = st->session->release();
+  const int rc = st->policy->release();
   // A failed last release (the device could not be synchronized) still hands the lock on.
-  if (!st->session->holding()) {
+  if (!st->policy->holding()) {
     t_held[device] = 0;
   } else if (rc == ok) {
     --t_held[device];
@@ -230,7 +222,7 @@ int malloc(int device, size_t size, uintptr_t* out) noexcept {
   VS_TRY(state_for("malloc", device, &st));
   if (size == 0) return fail(err_invalid_argument, "malloc(device %d): size 0", device);
   device_ptr p = 0;
-  VS_TRY(add_context(st->memory().malloc(size, &p), "malloc(%zu bytes, device %d): ", size, device));
+  VS_TRY(add_context(st->policy->memory().malloc(size, &p), "malloc(%zu bytes, device %d): ", size, device));
   *out = p;
   return ok;
 }
@@ -245,7 +237,7 @@ int free(int device, uintptr_t ptr) noexcept {
                 "nothing was freed",
                 static_cast<size_t>(ptr), device);
   }
-  return add_context(st->memory().free(ptr), "free(0x%zx, device %d): ", static_cast<size_t>(ptr), device);
+  return add_context(st->policy->memory().free(ptr), "free(0x%zx, device %d): ", static_cast<size_t>(ptr), device);
 }
 
 int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noexcept {
@@ -275,24 +267,14 @@ int free_async(int device, uintptr_t ptr, uintptr_t stream) noexcept {
 int resident(int device, bool* out) noexcept {
   device_state* st = nullptr;
   VS_TRY(state_for("resident", device, &st));
-  *out = st->over ? true : st->memory().resident();
+  *out = st->policy->resident();
   return ok;
 }
 
 int memory_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) noexcept {
   device_state* st = nullptr;
   VS_TRY(state_for("memory_info", device, &st));
-  if (st->over) {
-    st->over->memory_info(free_bytes, total_bytes);
-    return ok;
-  }
-  const pool_connection& pool = st->session->pool();
-  const uint64_t total = uint64_t{pool.frame_count()} * pool.frame_size();
-  const pager_stats p = st->memory().stats();
-  // Live pages, whether resident or saved: what this process's memory takes of the pool.
-  const uint64_t mine = p.resident_bytes + p.host_bytes;
-  *total_bytes = total;
-  *free_bytes = total - std::min(total, mine);
+  st->policy->memory_info(free_bytes, total_bytes);
   return ok;
 }
 
@@ -300,14 +282,14 @@ bool owns(int device, uintptr_t ptr) noexcept {
   if (forked_child() || device < 0) return false;
   std::lock_guard<std::mutex> guard(g_mutex);
   if (static_cast<size_t>(device) >= g_devices.size() || !g_devices[device]) return false;
-  pager& p = g_devices[device]->memory();
+  pager& p = g_devices[device]->policy->memory();
   return ptr >= p.arena_base() && ptr < p.arena_base() + p.arena_size();
 }
 
 int oversubscribed(int device, bool* out) noexcept {
   device_state* st = nullptr;
   VS_TRY(state_for("oversubscribed", device, &st));
-  *out = st->over != nullptr;
+  *out = st->policy->oversubscribed();
   return ok;
 }
 
@@ -324,7 +306,7 @@ int advise(int device, uintptr_t ptr, size_t size, uint8_t a) noexcept {
   }
   device_state* st = nullptr;
   VS_TRY(state_for("advise", device, &st));
-  return add_context(st->memory().advise(ptr, size, static_cast<advice>(a)), "advise(0x%zx, %zu bytes, device %d): ",
+  return add_context(st->policy->memory().advise(ptr, size, static_cast<advice>(a)), "advise(0x%zx, %zu bytes, device %d): ",
                      static_cast<size_t>(ptr), size, device);
 }
 
@@ -338,34 +320,8 @@ int stats(int device, vramswap_stats_t* out) noexcept {
     const stream_allocator_stats a = st->async->stats();
     r.cached_bytes = a.cached_bytes;
     r.graph_bytes = a.graph_bytes;
-    if (st->over) {
-      const pager_stats p = st->over->memory().stats();
-      const oversubscribed_stats o = st->over->stats();
-      r.allocated_bytes = p.allocated_bytes;
-      r.allocations = p.allocations;
-      r.resident_bytes = p.resident_bytes;
-      r.host_frame_bytes = o.host_frame_bytes;
-      r.pages_demoted = o.pages_demoted;
-      r.pages_promoted = o.pages_promoted;
-      r.reclaim_seconds = o.demote_seconds;
-      *out = r;
-      return ok;
-    }
-    const session_stats s = st->session->stats();
-    r.allocated_bytes = s.pager.allocated_bytes;
-    r.allocations = s.pager.allocations;
-    r.resident_bytes = s.pager.resident_bytes;
-    r.disk_bytes = s.disk_bytes;
-    r.host_bytes = s.pager.host_bytes - std::min(s.pager.host_bytes, s.disk_bytes);
-    r.bytes_in = s.pager.bytes_in;
-    r.bytes_out = s.pager.bytes_out;
-    r.acquires = s.acquires;
-    r.evictions_served = s.evictions_served;
+    st->policy->fill_stats(&r);
     r.lock_holder_deaths = st->holder_deaths.load();
-    r.acquire_seconds = s.acquire_seconds;
-    r.lock_wait_seconds = s.lock_wait_seconds;
-    r.evict_seconds = s.pager.evict_seconds;
-    r.restore_seconds = s.pager.restore_seconds;
     *out = r;
     return ok;
   } catch (const std::bad_alloc&) {
@@ -378,12 +334,12 @@ namespace {
 int copy(const char* fn, int device, uintptr_t dev, void* host, size_t size, bool to_device) {
   device_state* st = nullptr;
   VS_TRY(state_for(fn, device, &st));
-  if (!st->over && held_by_this_thread(device) == 0) {
+  if (!st->policy->mapped_without_lock() && held_by_this_thread(device) == 0) {
     return fail(err_not_owner, "%s(device %d): take the device's lock first: memory is resident only while it is held", fn,
                 device);
   }
   if (size == 0) return ok;
-  backend& be = st->get_backend();
+  backend& be = st->policy->get_backend();
   void* staging = nullptr;
   VS_TRY(be.host_alloc(size, &staging));
   stream_id s = 0;

@@ -5,6 +5,7 @@
 
 #include "core/log.hpp"
 #include "core/status.hpp"
+#include "runtime/process_stats_fields.hpp"
 #include "runtime/runtime.hpp"
 #include "vramswap/vramswap.hpp"
 
@@ -137,26 +138,9 @@ stats get_stats(int device) {
   vramswap_stats_t s;
   if (const int rc = rt::stats(device, &s); rc != ok) throw_last(rc);
   stats r;
-  r.allocated_bytes = s.allocated_bytes;
-  r.allocations = s.allocations;
-  r.resident_bytes = s.resident_bytes;
-  r.host_bytes = s.host_bytes;
-  r.disk_bytes = s.disk_bytes;
-  r.bytes_in = s.bytes_in;
-  r.bytes_out = s.bytes_out;
-  r.acquires = s.acquires;
-  r.evictions_served = s.evictions_served;
-  r.lock_holder_deaths = s.lock_holder_deaths;
-  r.acquire_seconds = s.acquire_seconds;
-  r.lock_wait_seconds = s.lock_wait_seconds;
-  r.evict_seconds = s.evict_seconds;
-  r.restore_seconds = s.restore_seconds;
-  r.cached_bytes = s.cached_bytes;
-  r.graph_bytes = s.graph_bytes;
-  r.host_frame_bytes = s.host_frame_bytes;
-  r.pages_demoted = s.pages_demoted;
-  r.pages_promoted = s.pages_promoted;
-  r.reclaim_seconds = s.reclaim_seconds;
+#define VRAMSWAP_FIELD(name, type) r.name = s.name;
+  VRAMSWAP_PROCESS_STATS(VRAMSWAP_FIELD)
+#undef VRAMSWAP_FIELD
   return r;
 }
 

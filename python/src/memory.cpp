@@ -4,6 +4,7 @@
 #include <string>
 
 #include "bindings.hpp"
+#include "runtime/process_stats_fields.hpp"
 #include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
 
@@ -11,6 +12,22 @@ namespace py = pybind11;
 
 namespace vramswap::detail::python {
 namespace {
+// stats()'s docstring names the dict's keys from the list that makes them.
+const std::string& stats_doc() {
+  static const std::string doc = [] {
+    std::string text = "This process's numbers on the device, as a dict (the fields of vramswap::stats): ";
+    const char* separator = "";
+#define VRAMSWAP_FIELD(name, type) \
+  text += separator;               \
+  text += #name;                   \
+  separator = ", ";
+    VRAMSWAP_PROCESS_STATS(VRAMSWAP_FIELD)
+#undef VRAMSWAP_FIELD
+    return text + ".";
+  }();
+  return doc;
+}
+
 advice parse_advice(const std::string& text) {
   if (text == "normal") return advice::normal;
   if (text == "discardable") return advice::discardable;
@@ -62,34 +79,13 @@ advise again after writing), or 'normal'.)doc");
           s = get_stats(device);
         }
         py::dict d;
-        d["allocated_bytes"] = s.allocated_bytes;
-        d["allocations"] = s.allocations;
-        d["resident_bytes"] = s.resident_bytes;
-        d["host_bytes"] = s.host_bytes;
-        d["disk_bytes"] = s.disk_bytes;
-        d["bytes_in"] = s.bytes_in;
-        d["bytes_out"] = s.bytes_out;
-        d["acquires"] = s.acquires;
-        d["evictions_served"] = s.evictions_served;
-        d["lock_holder_deaths"] = s.lock_holder_deaths;
-        d["acquire_seconds"] = s.acquire_seconds;
-        d["lock_wait_seconds"] = s.lock_wait_seconds;
-        d["evict_seconds"] = s.evict_seconds;
-        d["restore_seconds"] = s.restore_seconds;
-        d["cached_bytes"] = s.cached_bytes;
-        d["graph_bytes"] = s.graph_bytes;
-        d["host_frame_bytes"] = s.host_frame_bytes;
-        d["pages_demoted"] = s.pages_demoted;
-        d["pages_promoted"] = s.pages_promoted;
-        d["reclaim_seconds"] = s.reclaim_seconds;
+#define VRAMSWAP_FIELD(name, type) d[#name] = s.name;
+        VRAMSWAP_PROCESS_STATS(VRAMSWAP_FIELD)
+#undef VRAMSWAP_FIELD
         return d;
       },
       py::arg("device") = 0,
-      R"doc(This process's numbers on the device, as a dict (the fields of vramswap::stats):
-allocated_bytes, allocations, resident_bytes, host_bytes, disk_bytes, bytes_in, bytes_out,
-acquires, evictions_served, lock_holder_deaths, acquire_seconds, lock_wait_seconds,
-evict_seconds, restore_seconds, cached_bytes, graph_bytes, host_frame_bytes, pages_demoted,
-pages_promoted, reclaim_seconds.)doc");
+      stats_doc().c_str());
   m.def(
       "release_cached",
       [](int device) {

@@ -152,7 +152,7 @@ TEST_F(LendingFrameSource, RequestsOfAMemberThatLeftAreWithdrawnAndLiveOnesKept)
   ASSERT_TRUE(pool_->move(0, pool_->read(0), frame_requested, 3, live));
   ASSERT_TRUE(pool_->move(1, pool_->read(1), frame_requested, 3, gone));
   pool_->remove_member(gone);
-  EXPECT_EQ(s.requested_of_me().size(), 2u);
+  EXPECT_EQ(s.frames().requested_of_me().size(), 2u);
   EXPECT_EQ(s.withdraw_abandoned_requests(), 1u);
   const frame_word f0 = frame_word::decode(pool_->read(0));
   const frame_word f1 = frame_word::decode(pool_->read(1));
@@ -160,7 +160,7 @@ TEST_F(LendingFrameSource, RequestsOfAMemberThatLeftAreWithdrawnAndLiveOnesKept)
   EXPECT_EQ(f0.requester, live);
   EXPECT_EQ(f1.state, frame_lent) << "the request of a member that left is withdrawn";
   EXPECT_EQ(f1.owner, 3u);
-  EXPECT_EQ(s.requested_of_me(), std::vector<frame_id>{local_[0]});
+  EXPECT_EQ(s.frames().requested_of_me(), std::vector<frame_id>{local_[0]});
   EXPECT_EQ(s.withdraw_abandoned_requests(), 0u);
   ASSERT_EQ(s.give_back(a), ok) << last_error();
   ASSERT_EQ(s.give_back(b), ok) << last_error();

@@ -1,0 +1,40 @@
+#include "runtime/session.hpp"
+
+#include "core/log.hpp"
+#include "core/status.hpp"
+#include "runtime/fault_report.hpp"
+
+namespace vramswap::detail {
+
+int session::open(int device) {
+  VS_TRY(default_backend(&be_));
+  device_ = device;
+  VS_TRY(pool_member::join(*be_, device, &member_));
+  frame_source* frames = nullptr;
+  page_store* store = nullptr;
+  pager_config cfg;
+  cfg.frame_size = member_->connection().frame_size();
+  VS_TRY(build(*member_, &frames, &store, &cfg));
+  VS_TRY(pager::create(*be_, device, *store, *frames, cfg, &pager_));
+  opened();
+  log_set_device(device);
+  member_->start_service(device, [this](uint32_t requests_seen) { serve(requests_seen); });
+  return ok;
+}
+
+void session::close() noexcept {
+  if (closed_) return;
+  closed_ = true;
+  if (pager_ && member_) leaving();
+  if (member_) member_->stop_service();
+  // A pager watched for faults (the time-sharing policy on the host backend) stops being
+  // watched before it goes; for one that never was, this does nothing.
+  if (pager_) fault_unwatch(*pager_);
+  pager_.reset();  // unmaps every page; its pool frames are zeroed and given back
+}
+
+// The policy's destructor has called close() and destroyed its frame source and store;
+// leaving the pool is last (the server frees whatever this member still owns).
+session::~session() { member_.reset(); }
+
+}  // namespace vramswap::detail
