@@ -79,11 +79,26 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   };
   std::vector<move> moves(batch);
   auto slot_address = [&](size_t slot) { return scratch_ + slot * frame_size_; };
+  // A slot whose mapping cannot be removed would make every later map there fail: the
+  // scratch range is left behind (with the frame mapped in it, which therefore never goes
+  // back) and the next remap reserves another.
+  bool scratch_lost = false;
+  std::string scratch_why;
+  auto unmap_slot = [&](device_ptr slot) {
+    if (be_.unmap(slot, frame_size_) == ok) return true;
+    if (!scratch_lost) scratch_why = last_error();
+    scratch_lost = true;
+    return false;
+  };
   // 3. The page's copy is in its new frame: switch the page to it; the old frame moves to
   // the slot to be scrubbed.
   auto switch_page = [&](move& m, device_ptr slot) -> int {
     const device_ptr va = arena_.page_address(m.page);
-    be_.unmap(slot, frame_size_);
+    if (!unmap_slot(slot)) {
+      // The new frame stays mapped at the slot: the page stays in its old frame.
+      return fail(err_cuda, "remap_pages: unmapping scratch slot 0x%" PRIxPTR " (page %" PRIu64 "'s new frame): %s", slot, m.page,
+                  scratch_why.c_str());
+    }
     int rc = be_.unmap(va, frame_size_);
     if (rc == ok) {
       rc = be_.map(va, frame_size_, m.to, 0);
@@ -109,8 +124,8 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     if (frames_.scrub_before_give_back(m.from)) {
       // Zero the old frame before another process gets it: map it at the free slot.
       int s = be_.map(slot, frame_size_, m.from, 0);
-      if (s == ok && (s = be_.set_access(slot, frame_size_, access_flags::read_write)) != ok) be_.unmap(slot, frame_size_);
-      if (s == ok && (s = be_.memset_d8(slot, 0, frame_size_, out_stream_)) != ok) be_.unmap(slot, frame_size_);
+      if (s == ok && (s = be_.set_access(slot, frame_size_, access_flags::read_write)) != ok) unmap_slot(slot);
+      if (s == ok && (s = be_.memset_d8(slot, 0, frame_size_, out_stream_)) != ok) unmap_slot(slot);
       if (s != ok) {
         // Not zeroed: keep it out of the pool rather than hand our bytes to someone else.
         log(log_level::error, "remap_pages: scrubbing the old frame of page %" PRIu64 " failed (%s); the frame is kept", m.page,
@@ -129,8 +144,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   };
   on.not_copied = [&](uint64_t, size_t slot) {
     // The page never left its old frame: the new one goes back, unused.
-    be_.unmap(slot_address(slot), frame_size_);
-    frames_.give_back(moves[slot].to);
+    if (unmap_slot(slot_address(slot))) frames_.give_back(moves[slot].to);
   };
   copy_pipeline copies(be_, out_stream_, events_, {}, std::move(on));
   for (size_t first = 0; first < pages.size() && !copies.failed(); first += batch) {
@@ -147,10 +161,10 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
       const size_t slot = copies.next_slot();
       const device_ptr at = slot_address(slot);
       int rc = be_.map(at, frame_size_, nf, 0);
-      if (rc == ok && (rc = be_.set_access(at, frame_size_, access_flags::read_write)) != ok) be_.unmap(at, frame_size_);
+      if (rc == ok && (rc = be_.set_access(at, frame_size_, access_flags::read_write)) != ok && !unmap_slot(at)) nf = 0;
       if (rc != ok) {
         copies.note_failure(rc);
-        frames_.give_back(nf);
+        if (nf != 0) frames_.give_back(nf);
         break;
       }
       moves[slot] = {p, table_[p].frame, nf, false};
@@ -169,7 +183,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
       const move& m = moves[slot];
       if (!m.switched) continue;
       const bool scrub = frames_.scrub_before_give_back(m.from);
-      if (scrub) be_.unmap(slot_address(slot), frame_size_);
+      if (scrub && !unmap_slot(slot_address(slot))) continue;  // mapped there still: kept
       if (scrubbed != ok && scrub) {
         log(log_level::error, "remap_pages: the scrub of page %" PRIu64 "'s old frame may not have completed; the frame is kept", m.page);
       } else {
@@ -177,6 +191,14 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
       }
     }
     lap(&spent.scrub_wait_s);
+    if (scratch_lost) break;
+  }
+  if (scratch_lost) {
+    log(log_level::error, "remap_pages: a scratch slot could not be unmapped (%s); its range is left behind, with the frame mapped there, and the next remap reserves another",
+        scratch_why.c_str());
+    copies.note_failure(fail(err_cuda, "remap_pages: a scratch slot could not be unmapped: %s", scratch_why.c_str()));
+    scratch_ = 0;
+    scratch_size_ = 0;
   }
   if (timing != nullptr) *timing = spent;
   stats_.pages_remapped += done;
