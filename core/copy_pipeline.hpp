@@ -61,7 +61,7 @@ class copy_pipeline {
 
   // `copied_events`: one per slot of the window (their count is the window); recorded
   // behind each copy. `followed_events`: as many, recorded behind the work that follows a
-  // copy, or empty when no page has any. The events outlive the pipeline.
+  // copy, or empty when no page has any. The events must outlive the pipeline.
   copy_pipeline(backend& be, stream_id stream, const std::vector<event_id>& copied_events,
                 const std::vector<event_id>& followed_events, handlers on);
   // Decides what is still in flight (complete_all()).
@@ -114,8 +114,8 @@ class copy_pipeline {
 
   backend& be_;
   const stream_id stream_;
-  const std::vector<event_id>& copied_events_;
-  const std::vector<event_id>& followed_events_;
+  const std::vector<event_id> copied_events_;  // copies of the ids (a few), the events stay the caller's
+  const std::vector<event_id> followed_events_;
   handlers on_;
   std::deque<in_flight> in_flight_;
   size_t next_slot_ = 0;
