@@ -2,8 +2,8 @@
 
 #include <chrono>
 #include <cinttypes>
-#include <deque>
 
+#include "core/copy_pipeline.hpp"
 #include "core/log.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
@@ -347,57 +347,28 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
   VS_TRY(add_context(be_.device_synchronize(device_), "evict: synchronizing device %d failed before any page moved, nothing lost: ", device_));
 
   // A page's copy out, then (when the frame source asks for it) its frame's scrub, queued
-  // on one stream: `copied` is recorded between the two, `done` after both. The scrub runs
-  // only after the copy completed (stream order), and queued right behind it, it costs the
-  // transfer nothing.
-  struct in_flight {
-    uint64_t page;
-    event_id copied;
-    event_id done;
-    bool scrubbed;
-  };
-  std::deque<in_flight> pending;
-  size_t next_event = 0;
-  int failure = ok;
-  std::string failure_detail;
-  auto note_failure = [&](int rc) {
-    if (failure == ok) {
-      failure = rc;
-      failure_detail = last_error();
+  // on out_stream behind it (core/copy_pipeline.hpp): the scrub runs only after the copy
+  // completed (stream order), and queued right behind it, it costs the transfer nothing.
+  // Pages in flight are completed even after another page failed: a copy that completed
+  // saved the page, which then leaves its frame like any other (a page whose copy
+  // completed and that stayed mapped would hold its only good bytes in a slot that the
+  // failure path must not drop).
+  copy_pipeline::handlers on;
+  on.copied = [&](uint64_t page, size_t, bool scrubbed) {
+    // A scrub not confirmed is done again (or the bytes put back) by unback_saved_page.
+    const int rc = unback_saved_page(page, scrubbed);
+    if (rc == ok) {
+      stats_.bytes_out += frame_size_;
+      ++stats_.pages_evicted;
     }
+    return rc;
   };
-
-  // Completes the oldest queued page. Its events are waited for even after another page
-  // failed: a copy that completed saved the page, which then leaves its frame like any
-  // other (a page whose copy completed and that stayed mapped would hold its only good
-  // bytes in a slot that the failure path must not drop).
-  auto finish_oldest = [&]() {
-    const in_flight f = pending.front();
-    pending.pop_front();
-    int rc = be_.event_synchronize(f.done);
-    bool saved = rc == ok;
-    if (!saved) {
-      // Nothing queued for this page may still run once its frame is left (a late scrub
-      // would zero whatever is mapped there next): wait for the whole stream.
-      be_.stream_synchronize(out_stream_);
-      // Copy and scrub not confirmed together: the copy alone may have been. Then the slot
-      // holds the bytes and the frame, perhaps zeroed, is left or refilled from it.
-      if (f.done != f.copied) saved = be_.event_synchronize(f.copied) == ok;
-    }
-    int left = ok;
-    if (saved) {
-      left = unback_saved_page(f.page, /*scrubbed=*/rc == ok && f.scrubbed);
-      if (left == ok) {
-        stats_.bytes_out += frame_size_;
-        ++stats_.pages_evicted;
-      }
-    } else {
-      // The copy is not known to have completed, so neither has the scrub behind it: the
-      // frame still holds the page's bytes; the partial copy is dropped.
-      store_.release(f.page);
-    }
-    if (rc != ok || left != ok) note_failure(rc != ok ? rc : left);
+  on.not_copied = [&](uint64_t page, size_t) {
+    // The copy is not known to have completed, so neither has the scrub behind it: the
+    // frame still holds the page's bytes; the partial copy is dropped.
+    store_.release(page);
   };
+  copy_pipeline copies(be_, out_stream_, events_, scrub_events_, std::move(on));
 
   // Tell the store how many pages will be saved, so a store with a disk tier reserves the
   // space for what goes past its host budget in one piece, before its first write. A hint:
@@ -411,7 +382,7 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
   }
   if (to_save > 0 && store_.expect_saves(to_save) != ok) clear_error();
 
-  for (uint64_t p = 0; p < table_.size() && failure == ok; ++p) {
+  for (uint64_t p = 0; p < table_.size() && !copies.failed(); ++p) {
     page_entry& e = table_[p];
     if (e.state != page_state::resident || (chosen != nullptr && !(*chosen)[p])) continue;
     const advice adv = arena_.page_advice(p);
@@ -419,7 +390,7 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
       drop_saved_copy(p);
       const int rc = unback_page(p, page_state::discarded);
       if (rc != ok) {
-        note_failure(rc);
+        copies.note_failure(rc);
         break;
       }
       ++stats_.pages_discarded;
@@ -429,7 +400,7 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     if (e.host_copy_valid && adv == advice::read_mostly) {
       const int rc = unback_saved_page(p, /*scrubbed=*/false);
       if (rc != ok) {
-        note_failure(rc);
+        copies.note_failure(rc);
         break;
       }
       e.host_copy_valid = false;  // the copy is now the page's only home, not a spare
@@ -438,8 +409,8 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
       continue;
     }
     if (e.host_copy_valid) drop_saved_copy(p);  // stale under the current advice
-    if (pending.size() == copies_in_flight_) finish_oldest();
-    if (failure != ok) break;
+    copies.make_room();
+    if (copies.failed()) break;
     void* host = nullptr;
     // A store shared with other processes may have no slot free now: one comes back when a
     // process restoring (perhaps into the frames we free) completes a copy in. Finish our
@@ -448,51 +419,28 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     int rc;
     for (;;) {
       rc = store_.try_slot_for_write(p, frame_size_, &host);
-      if (rc != err_busy || pending.empty()) break;
-      finish_oldest();
-      if (failure != ok) break;
+      if (rc != err_busy || copies.empty()) break;
+      copies.complete_oldest();
+      if (copies.failed()) break;
     }
-    if (failure != ok) break;  // rc is err_busy: no slot was taken for p
+    if (copies.failed()) break;  // rc is err_busy: no slot was taken for p
     if (rc == err_busy) rc = store_.slot_for_write(p, frame_size_, &host);
     if (rc != ok) {
-      note_failure(rc);  // p keeps its frame, untouched
+      copies.note_failure(rc);  // p keeps its frame, untouched
       break;
     }
-    const bool scrub = frames_.scrub_before_give_back(e.frame);
-    const in_flight f{p, events_[next_event], scrub ? scrub_events_[next_event] : events_[next_event], scrub};
-    rc = be_.copy_d2h(host, arena_.page_address(p), frame_size_, out_stream_);
-    if (rc == ok) rc = be_.event_record(f.copied, out_stream_);
-    if (rc != ok) {
-      // Nothing may still be writing into the slot when it is dropped; the copy only read
-      // the frame, so the page is whole where it is.
-      const std::string why = last_error();
-      be_.stream_synchronize(out_stream_);
-      store_.release(p);
-      note_failure(fail(rc, "%s", why.c_str()));
-      break;
-    }
-    if (scrub) {
-      rc = be_.memset_d8(arena_.page_address(p), 0, frame_size_, out_stream_);
-      if (rc == ok) rc = be_.event_record(f.done, out_stream_);
-      if (rc != ok) {
-        // The copy is queued with its event, and perhaps the scrub without one: wait for
-        // both, then the page completes as saved, its frame scrubbed again (or its bytes
-        // put back) by unback_saved_page.
-        const std::string why = last_error();
-        be_.stream_synchronize(out_stream_);
-        note_failure(fail(rc, "%s", why.c_str()));
-        pending.push_back({p, f.copied, f.copied, false});
-        next_event = (next_event + 1) % events_.size();
-        break;
-      }
-    }
-    pending.push_back(f);
-    next_event = (next_event + 1) % events_.size();
+    const device_ptr va = arena_.page_address(p);
+    const auto copy_out = [&](stream_id s) { return be_.copy_d2h(host, va, frame_size_, s); };
+    const auto scrub = [&](stream_id s) { return be_.memset_d8(va, 0, frame_size_, s); };
+    // On failure the pipeline has waited for the stream and dropped p's slot (the copy only
+    // read the frame, so the page is whole where it is), or keeps p in flight with its copy
+    // alone (its scrub failed to queue).
+    if (copies.queue(p, copy_out, frames_.scrub_before_give_back(e.frame) ? copy_pipeline::queue_fn(scrub) : nullptr) != ok) break;
   }
-  while (!pending.empty()) finish_oldest();
-  if (failure != ok) {
-    return fail(failure, "evict: stopped with %" PRIu64 " page(s) still resident, nothing lost: %s",
-                table_.count(page_state::resident), failure_detail.c_str());
+  copies.complete_all();
+  if (copies.failed()) {
+    return fail(copies.failure(), "evict: stopped with %" PRIu64 " page(s) still resident, nothing lost: %s",
+                table_.count(page_state::resident), copies.failure_detail().c_str());
   }
   return ok;
 }
@@ -530,8 +478,6 @@ int pager::unback_saved_page(uint64_t page, bool scrubbed) {
 int pager::restore_all() {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto t0 = std::chrono::steady_clock::now();
-  int failure = ok;
-  std::string failure_detail;
   // Every live page is resident exactly when the two counts agree (a resident page is
   // always live: freeing the last allocation on a page unbacks it).
   const size_t needed = live_pages_ - resident_pages_;
@@ -540,15 +486,6 @@ int pager::restore_all() {
     stats_.restore_seconds += since(t0);
     return ok;
   }
-  failure = frames_.prepare(device_, needed);
-  // Copies in queued and not yet known to be complete, oldest first; each has an event of
-  // the ring (at most copies_in_flight).
-  struct in_flight {
-    uint64_t page;
-    event_id event;
-  };
-  std::deque<in_flight> copying;
-  size_t next_event = 0;
   // A page's copy in has completed: its saved copy is given back at once (or kept, for
   // read_mostly pages), so that a store shared with other processes can hand the slot to a
   // process evicting during this same handoff, and a store with a budget reuses it.
@@ -562,98 +499,92 @@ int pager::restore_all() {
     stats_.bytes_in += frame_size_;
     ++stats_.pages_restored;
   };
-  // Completes the oldest copy if it is done (wait: wait for it). False when it is not done
-  // or its event failed (then `failure` is set).
-  auto finish_oldest_copy = [&](bool wait) {
-    const in_flight c = copying.front();
-    bool done = true;
-    const int rc = wait ? be_.event_synchronize(c.event) : be_.event_query(c.event, &done);
-    if (rc != ok) {
-      failure = rc;
-      return false;
+  // A page's copy in is not known complete: its saved copy stays its home.
+  auto put_back = [&](uint64_t p) {
+    if (table_[p].state != page_state::resident || unback_page(p, page_state::host) == ok) return;
+    // The frame could not be left (and its scrub may have run): complete the copy in
+    // instead, so that the page is whole where it is.
+    void* host = nullptr;
+    int back = store_.slot_for_read(p, &host);
+    if (back == ok) back = be_.copy_h2d(arena_.page_address(p), host, frame_size_, in_stream_);
+    if (back == ok) back = be_.stream_synchronize(in_stream_);
+    if (back == ok) {
+      copied_in(p);
+    } else {
+      log(log_level::error, "pager: page %" PRIu64 " could neither leave its frame nor get its bytes in (%s); its saved copy is kept", p,
+          last_error());
+      table_[p].host_copy_valid = true;
     }
-    if (!done) return false;
-    copying.pop_front();
-    copied_in(c.page);
-    return true;
   };
-  for (uint64_t p = 0; p < table_.size() && failure == ok; ++p) {
+  copy_pipeline::handlers on;
+  on.copied = [&](uint64_t p, size_t, bool) {
+    copied_in(p);
+    return ok;
+  };
+  on.not_copied = [&](uint64_t p, size_t) { put_back(p); };
+  copy_pipeline copies(be_, in_stream_, events_, {}, std::move(on));
+  copies.note_failure(frames_.prepare(device_, needed));
+  for (uint64_t p = 0; p < table_.size() && !copies.failed(); ++p) {
     page_entry& e = table_[p];
     if (e.state == page_state::resident || arena_.page_live_count(p) == 0) continue;
     const page_state was = e.state;
     void* host = nullptr;
-    if (was == page_state::host && (failure = store_.slot_for_read(p, &host)) != ok) break;
-    // Give back the saved copies of what has arrived, without waiting.
-    while (!copying.empty() && finish_oldest_copy(false)) {
+    if (was == page_state::host) {
+      copies.note_failure(store_.slot_for_read(p, &host));
+      if (copies.failed()) break;
     }
-    if (failure != ok) break;
+    // Give back the saved copies of what has arrived, without waiting.
+    copies.complete_finished();
+    if (copies.failed()) break;
     // No frame free: another process must free one, perhaps one evicting into a host store
     // shared with us that waits for our slots. Finish our copies one at a time (each gives
     // its saved copy back) and look again in between, so we block only once none is left:
     // we never wait holding slots it could use, and a frame that comes free meanwhile is
     // taken without emptying the copy pipeline.
     frame_id f = 0;
-    while ((failure = frames_.try_take(device_, frame_size_, &f)) == err_busy) {
-      if (copying.empty()) {
-        failure = frames_.take(device_, frame_size_, &f);
+    int rc;
+    while ((rc = frames_.try_take(device_, frame_size_, &f)) == err_busy) {
+      if (copies.empty()) {
+        rc = frames_.take(device_, frame_size_, &f);
         break;
       }
-      failure = ok;
-      if (!finish_oldest_copy(true)) break;
+      copies.complete_oldest();
+      if (copies.failed()) break;
     }
-    if (failure != ok || (failure = map_frame(p, f)) != ok) break;
+    if (copies.failed()) break;  // rc is err_busy: no frame was taken for p
+    if (rc == ok) rc = map_frame(p, f);
+    if (rc != ok) {
+      copies.note_failure(rc);
+      break;
+    }
     const device_ptr va = arena_.page_address(p);
     if (was == page_state::host) {
-      if (copying.size() == events_.size()) finish_oldest_copy(true);  // frees its event
-      if (failure == ok) failure = be_.copy_h2d(va, host, frame_size_, in_stream_);
-      if (failure == ok) failure = be_.event_record(events_[next_event], in_stream_);
-      // Even when queueing failed: the failure path below puts the page back (unmapped,
-      // its saved copy its home).
-      copying.push_back({p, events_[next_event]});
-      next_event = (next_event + 1) % events_.size();
+      // Waits for the oldest copy first when the window is full; on failure the pipeline
+      // puts p back (unmapped, its saved copy its home).
+      const auto copy_in = [&](stream_id s) { return be_.copy_h2d(va, host, frame_size_, s); };
+      if (copies.queue(p, copy_in) != ok) break;
     } else if (was == page_state::discarded) {
-      failure = be_.memset_d8(va, 0, frame_size_, in_stream_);
-      if (failure != ok) {
+      rc = be_.memset_d8(va, 0, frame_size_, in_stream_);
+      if (rc != ok) {
         // Not zero-filled: the page goes back to discarded (restored zero-filled later).
-        failure_detail = last_error();
+        copies.note_failure(rc);
         be_.stream_synchronize(in_stream_);
         unback_page(p, page_state::discarded);
+        break;
       }
     }
-    if (failure != ok) break;
   }
-  if (failure != ok) failure_detail = last_error();
-  const int sync = be_.stream_synchronize(in_stream_);
-  if (sync != ok && failure == ok) {
-    failure = sync;
-    failure_detail = last_error();
-  }
-  while (failure == ok && !copying.empty()) finish_oldest_copy(true);
-  if (failure != ok && failure_detail.empty()) failure_detail = last_error();
-  if (failure != ok) {
-    // Copies in not known to be complete: their saved copies stay the pages' home. Pages
-    // whose copy in completed keep their frames (they are resident and whole).
-    for (const in_flight& c : copying) {
-      if (table_[c.page].state != page_state::resident || unback_page(c.page, page_state::host) == ok) continue;
-      // The frame could not be left (and its scrub may have run): complete the copy in
-      // instead, so that the page is whole where it is.
-      void* host = nullptr;
-      int back = store_.slot_for_read(c.page, &host);
-      if (back == ok) back = be_.copy_h2d(arena_.page_address(c.page), host, frame_size_, in_stream_);
-      if (back == ok) back = be_.stream_synchronize(in_stream_);
-      if (back == ok) {
-        copied_in(c.page);
-      } else {
-        log(log_level::error, "pager: page %" PRIu64 " could neither leave its frame nor get its bytes in (%s); its saved copy is kept",
-            c.page, last_error());
-        table_[c.page].host_copy_valid = true;
-      }
-    }
-    stats_.restore_seconds += since(t0);
-    return fail(failure, "restore_all: stopped, nothing lost (pages not restored keep their saved copies): %s", failure_detail.c_str());
+  // The zero fills have no events: one synchronize for them (and the copies) at the end.
+  copies.note_failure(be_.stream_synchronize(in_stream_));
+  copies.complete_all();
+  stats_.restore_seconds += since(t0);
+  if (copies.failed()) {
+    // Pages whose copy in completed keep their frames (they are resident and whole); the
+    // others keep their saved copies.
+    return fail(copies.failure(), "restore_all: stopped, nothing lost (pages not restored keep their saved copies): %s",
+                copies.failure_detail().c_str());
   }
   resident_ = true;
-  stats_.restore_seconds += since(t0);
   return ok;
 }
 

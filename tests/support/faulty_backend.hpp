@@ -32,13 +32,14 @@ enum class fault_op : unsigned {
   event_synchronize,
   event_query,
   device_synchronize,
+  copy_d2d,
   count_
 };
 
 inline const char* fault_op_name(fault_op op) {
   static const char* const names[] = {"map",          "unmap",           "set_access",        "stream_synchronize",
                                       "copy_d2h",     "copy_h2d",        "memset_d8",         "event_record",
-                                      "event_synchronize", "event_query", "device_synchronize"};
+                                      "event_synchronize", "event_query", "device_synchronize", "copy_d2d"};
   return names[static_cast<unsigned>(op)];
 }
 
@@ -118,6 +119,7 @@ class faulty_backend final : public backend {
     return real_.memset_d8(dst, value, size, stream);
   }
   int do_copy_d2d(int, device_ptr dst, device_ptr src, size_t size, stream_id stream) override {
+    VS_TRY(inject(fault_op::copy_d2d));
     return real_.copy_d2d(dst, src, size, stream);
   }
   int do_event_create(int device, event_id* out) override { return real_.event_create(device, out); }

@@ -1,0 +1,212 @@
+// pager::remap_pages, how oversubscription moves pages between pool frames and host frames:
+// exactly the pages of the old frames move, each into the new frame made for it, at the
+// same address and with every byte; the other pages stay where they are; every old frame is
+// scrubbed before it is given back. When a new frame cannot be had the pages not yet moved
+// stay in their frames, and a failure at any step (support/faulty_backend.hpp) leaves every
+// page resident, in its old frame or its new one, with every byte.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "support/pager_frames_fixture.hpp"
+
+namespace vramswap::detail {
+namespace {
+
+using test::fault_op;
+using test::k_fixture_page;
+
+class PagerRemap : public test::PagerFramesTest {
+ protected:
+  // Pages moved by the tests: more than the copy window (4), so that they go in batches.
+  const std::vector<uint64_t> moving = {0, 1, 2, 4, 5, 6, 7, 9};
+
+  std::vector<frame_id> frames_of(const std::vector<uint64_t>& pages) const {
+    const std::vector<frame_id> all = page_frames();
+    std::vector<frame_id> out;
+    for (uint64_t i : pages) out.push_back(all.at(i));
+    return out;
+  }
+  bool moves(uint64_t i) const { return std::find(moving.begin(), moving.end(), i) != moving.end(); }
+
+  // A new_frame for remap_pages: frames in `where`, recorded in the order asked for; the
+  // call numbered `fail_at` (0-based) fails.
+  struct frame_maker {
+    test::keeping_frames* frames;
+    frame_location where;
+    size_t fail_at = SIZE_MAX;
+    std::vector<frame_id> made;
+    int operator()(frame_id* out) {
+      if (made.size() == fail_at) return fail(err_out_of_memory, "no host frame: the test refuses new frame #%zu", fail_at);
+      VS_TRY(frames->make(0, k_fixture_page, where, out));
+      made.push_back(*out);
+      return ok;
+    }
+  };
+  int remap(const std::vector<frame_id>& old_frames, frame_maker& maker, size_t* moved) {
+    return pg->remap_pages(old_frames, [&](frame_id* out) { return maker(out); }, moved);
+  }
+};
+
+TEST_P(PagerRemap, PagesMoveIntoTheirNewFramesAndBackWithEveryByte) {
+  write_all(51);
+  const std::vector<frame_id> before = page_frames();
+  // Demotion: into host frames.
+  frame_maker to_host{frames.get(), frame_location::host};
+  size_t moved = 0;
+  ASSERT_EQ(remap(frames_of(moving), to_host, &moved), ok) << last_error();
+  ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+  EXPECT_EQ(moved, moving.size());
+  EXPECT_EQ(pg->stats().pages_remapped, moving.size());
+  ASSERT_EQ(to_host.made.size(), moving.size());
+  std::vector<frame_id> expected = before;
+  for (size_t k = 0; k < moving.size(); ++k) expected[moving[k]] = to_host.made[k];
+  EXPECT_EQ(page_frames(), expected) << "each page in the frame made for it, in page order; the others where they were";
+  for (uint64_t i = 0; i < k_pages; ++i) EXPECT_EQ(pg->state_of(page_address(i)), page_state::resident) << "page " << i;
+  for (frame_id f : to_host.made) {
+    frame_location at = frame_location::device;
+    ASSERT_EQ(be->frame_location_of(f, &at), ok) << last_error();
+    EXPECT_EQ(at, frame_location::host);
+  }
+  std::vector<frame_id> returned = frames->given_back();
+  std::vector<frame_id> old_frames;
+  for (uint64_t i : moving) old_frames.push_back(before[i]);
+  std::sort(returned.begin(), returned.end());
+  std::sort(old_frames.begin(), old_frames.end());
+  EXPECT_EQ(returned, old_frames) << "every old frame is given back, nothing else";
+  for (frame_id f : frames->given_back()) EXPECT_TRUE(zeroed(f));
+  EXPECT_TRUE(all_hold(51));
+
+  // Promotion: back into device frames, new bytes first.
+  write_all(52);
+  const size_t returned_before = frames->given_back().size();
+  frame_maker to_device{frames.get(), frame_location::device};
+  ASSERT_EQ(remap(to_host.made, to_device, &moved), ok) << last_error();
+  ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+  EXPECT_EQ(moved, moving.size());
+  for (size_t k = 0; k < moving.size(); ++k) expected[moving[k]] = to_device.made[k];
+  EXPECT_EQ(page_frames(), expected);
+  EXPECT_EQ(given_back_since(returned_before).size(), moving.size());
+  for (frame_id f : given_back_since(returned_before)) EXPECT_TRUE(zeroed(f));
+  EXPECT_TRUE(all_hold(52));
+
+  // The moved pages evict and restore like any other.
+  ASSERT_EQ(pg->evict_all(), ok) << last_error();
+  ASSERT_EQ(pg->restore_all(), ok) << last_error();
+  EXPECT_TRUE(all_hold(52));
+}
+
+TEST_P(PagerRemap, FramesThatBackNoPageMoveNothing) {
+  write_all(61);
+  const std::vector<frame_id> before = page_frames();
+  frame_id stranger = 0;
+  ASSERT_EQ(frames->make(0, k_fixture_page, frame_location::device, &stranger), ok) << last_error();
+  frame_maker maker{frames.get(), frame_location::host};
+  size_t moved = 99;
+  ASSERT_EQ(remap({stranger}, maker, &moved), ok) << last_error();
+  EXPECT_EQ(moved, 0u);
+  EXPECT_TRUE(maker.made.empty()) << "no new frame is asked for";
+  EXPECT_EQ(page_frames(), before);
+  EXPECT_TRUE(frames->given_back().empty());
+  EXPECT_TRUE(all_hold(61));
+}
+
+TEST_P(PagerRemap, ANewFrameThatCannotBeHadLeavesThePagesNotYetMovedInPlace) {
+  // Refused in the second batch, and then at the very first frame.
+  for (size_t refused : {size_t{5}, size_t{0}}) {
+    write_all(70 + refused);
+    const std::vector<frame_id> before = page_frames();
+    const size_t returned_before = frames->given_back().size();
+    frame_maker maker{frames.get(), frame_location::host, refused};
+    size_t moved = 99;
+    clear_error();
+    EXPECT_EQ(remap(frames_of(moving), maker, &moved), err_out_of_memory);
+    const std::string why = last_error();
+    EXPECT_NE(why.find(std::to_string(refused) + " of " + std::to_string(moving.size()) + " page(s) moved"), std::string::npos) << why;
+    EXPECT_NE(why.find("the test refuses new frame"), std::string::npos) << why;
+    EXPECT_EQ(moved, refused);
+    ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+    std::vector<frame_id> expected = before;
+    for (size_t k = 0; k < refused; ++k) expected[moving[k]] = maker.made[k];
+    EXPECT_EQ(page_frames(), expected) << "refused at frame " << refused;
+    EXPECT_EQ(given_back_since(returned_before).size(), refused) << "the old frames of the pages moved, no other";
+    for (frame_id f : given_back_since(returned_before)) EXPECT_TRUE(zeroed(f));
+    EXPECT_TRUE(all_hold(70 + refused));
+  }
+}
+
+// Every operation a remap makes fails once, at every position a clean run reaches.
+TEST_P(PagerRemap, AFailureAtAnyStepLeavesEveryPageWholeInItsOldOrItsNewFrame) {
+  std::vector<uint64_t> counts;
+  {
+    write_all(80);
+    frame_maker maker{frames.get(), frame_location::host};
+    const std::vector<frame_id> request = frames_of(moving);
+    be->count_calls();
+    ASSERT_EQ(remap(request, maker, nullptr), ok) << last_error();
+    for (unsigned op = 0; op < static_cast<unsigned>(fault_op::count_); ++op) counts.push_back(be->calls(static_cast<fault_op>(op)));
+  }
+  uint64_t seed = 81;
+  uint64_t failures = 0;
+  for (unsigned op = 0; op < static_cast<unsigned>(fault_op::count_); ++op) {
+    const auto o = static_cast<fault_op>(op);
+    for (uint64_t n = 0; n < counts[op]; ++n) {
+      const std::string where = std::string(test::fault_op_name(o)) + " call #" + std::to_string(n) + " failing";
+      write_all(++seed);
+      const std::vector<frame_id> before = page_frames();
+      const size_t returned_before = frames->given_back().size();
+      frame_maker maker{frames.get(), frame_location::host};
+      size_t moved = 99;
+      be->fail_at(o, n);
+      clear_error();
+      const int rc = remap(frames_of(moving), maker, &moved);
+      be->disarm();
+      if (rc != ok) {
+        ++failures;
+        const std::string why = last_error();
+        EXPECT_TRUE(why.find("the others stay in their frames") != std::string::npos ||
+                    why.find("remap_pages: synchronizing device") != std::string::npos)
+            << where << ": " << why;
+      }
+      ASSERT_EQ(pg->check_invariants(), ok) << where << ": " << last_error();
+      const std::vector<frame_id> now = page_frames();
+      ASSERT_EQ(now.size(), k_pages) << where << ": every page stays resident";
+      size_t changed = 0;
+      for (size_t k = 0, i = 0; i < k_pages; ++i) {
+        if (!moves(i)) {
+          EXPECT_EQ(now[i], before[i]) << where << ": page " << i << " was not asked for";
+          continue;
+        }
+        if (now[i] != before[i]) {
+          ++changed;
+          EXPECT_TRUE(k < maker.made.size() && now[i] == maker.made[k]) << where << ": page " << i << " is in a frame not made for it";
+        }
+        ++k;
+      }
+      EXPECT_EQ(moved, changed) << where;
+      for (frame_id f : given_back_since(returned_before)) {
+        if (std::find(before.begin(), before.end(), f) != before.end()) {
+          EXPECT_TRUE(zeroed(f)) << where << ": an old frame";
+        }
+      }
+      ASSERT_TRUE(all_hold(seed)) << where;
+    }
+  }
+  EXPECT_GT(failures, 10u) << "the sweep must have made remaps fail";
+  // Once the faults are gone, the pages still move.
+  write_all(99);
+  frame_maker maker{frames.get(), frame_location::device};
+  std::vector<frame_id> all = page_frames();
+  size_t moved = 0;
+  ASSERT_EQ(remap(all, maker, &moved), ok) << last_error();
+  EXPECT_EQ(moved, k_pages);
+  EXPECT_TRUE(all_hold(99));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, PagerRemap, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
+
+}  // namespace
+}  // namespace vramswap::detail
