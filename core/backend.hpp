@@ -52,7 +52,7 @@ using device_ptr = uintptr_t;
 
 struct device_info {
   int ordinal = -1;
-  std::string name;          // "NVIDIA H200", "vramswap host device 0"
+  std::string name;          // the driver's name for the device, or "vramswap host device 0"
   std::string uuid;          // "GPU-8a3f..." (cuda) or "host-0" (host): stable per device
   uint64_t total_bytes = 0;  // device memory
   uint64_t free_bytes = 0;   // as the driver reports it now

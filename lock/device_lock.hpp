@@ -25,7 +25,7 @@
 // regular (jitter under half the mean), the next waiter in line sleeps only until shortly
 // before the holder's expected release and spins through it (k_predict_margin_ns + the
 // jitter each side, never more than k_predict_spin_max_ns), so a sleeping thread's wake-up
-// latency (~80 us on a VM) is not in the handoff at all. A missed prediction falls back to
+// latency (tens of microseconds, more on a VM) is not in the handoff at all. A missed prediction falls back to
 // sleeping until the grant. Training loops, whose steps take about the same time, are the
 // case this serves; the cost is that spin, once per handoff.
 //
@@ -37,7 +37,7 @@
 // limited through the segment) and which calls the same recovery function. A process is
 // alive when /proc/<pid>/stat exists, is not a zombie and shows the start time recorded in
 // its slot, so PID reuse cannot fool the check. The next waiter is granted the lock within
-// about 20 ms of the holder's death (measured: see docs/lock.md) and learns of the death
+// a liveness period or two of the holder's death (docs/lock.md has the numbers) and learns of the death
 // through acquire_info::previous_holder_died.
 //
 // Ownership, decided:

@@ -11,7 +11,7 @@
 // It never waits: an oversubscribed process asks nobody to evict anything.
 //
 // Host frames given back are kept as spares, and taken before new ones: creating a host
-// frame pins its memory, ~10 ms per 32 MiB on the H200 machine (one at a time: the driver
+// frame pins its memory, milliseconds per frame (one at a time: the driver
 // does not create them faster from several threads), which a reclaim pays per page, while
 // the lock holder waits. Spares count against the limit like frames in use (in use + spare
 // <= limit always); the session releases them when no reclaim came for a while.

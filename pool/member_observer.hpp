@@ -1,4 +1,4 @@
-// member_observer: what a session publishes about itself for observers (issue 9).
+// member_observer: what a session publishes about itself for observers.
 //
 // A device session reports its phase, its statistics and its trace events through this
 // class into its member slot and trace ring of the pool segment (pool/pool_layout.hpp), where

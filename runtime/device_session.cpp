@@ -179,8 +179,8 @@ int device_session::release() {
     return unlock;
   }
   // The default: nothing moves. Hand the lock on first, then wait for our device work, so
-  // that the next holder does not wait for a device round trip (a synchronize of an idle
-  // device costs ~45 us on the H200 machine, more than the rest of a handoff). Our memory is
+  // that the next holder does not wait for a device round trip (a synchronize, even of an
+  // idle device, costs more than the rest of a handoff: bench/results/handoff.md). Our memory is
   // safe meanwhile: frames change hands only through our own eviction, which synchronizes
   // first. The caller still gets back from release() only once its work is done.
   lock_.announce_release();  // the next waiter's wake-up overlaps what follows

@@ -62,7 +62,7 @@ grep -E "^-- vramswap" "$OUT/build.log"
 cmake --build "$build" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 2; }
 
 status=0
-# tests:oversub: only oversubscription (issue 8): the multi-process suite on cuda and the
+# tests:oversub: only oversubscription: the multi-process suite on cuda and the
 # preload shim's GPU suite.
 if [[ $what == *tests:oversub* ]]; then
   : >"$OUT/gpu-tests.log"

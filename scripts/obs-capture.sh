@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Capture the README's `vramswap status` screen and a trace from a real run (issue 9).
+# Capture the README's `vramswap status` screen and a trace from a real run.
 #
 #   device: run(command="bash scripts/obs-capture.sh", carry=[".devdeps"])   (after device-run.sh built build/device)
 #   here:   BUILD=build/plain VRAMSWAP_BACKEND=host bash scripts/obs-capture.sh

@@ -1,4 +1,4 @@
-"""Oversubscription benchmark (issue 8): unmodified programs under the preload shim.
+"""Oversubscription benchmark: unmodified programs under the preload shim.
 
 Run by scripts/device-run.sh (bench:oversubscribe), which sets VRAMSWAP_BUILD_DIR. Prints a
 markdown report on stdout.
@@ -137,7 +137,7 @@ def reclaim(pool):
 
 def main():
     sys.stdout.reconfigure(line_buffering=True)  # a run cut short keeps what it measured
-    print("# Oversubscription benchmark (issue 8)\n")
+    print("# Oversubscription benchmark\n")
     print(f"Command: `bash scripts/device-run.sh bench:oversubscribe` (this file: bench/python/bench_oversubscribe.py).\n")
     # VRAMSWAP_BENCH_PARTS=kernel,torch,reclaim (the default: all) picks sections.
     parts = os.environ.get("VRAMSWAP_BENCH_PARTS", "kernel,torch,reclaim").split(",")

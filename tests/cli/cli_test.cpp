@@ -1,5 +1,5 @@
 // Description: `vramswap status`, `vramswap trace` and vramswapd's metrics endpoint against a
-// live multi-process scenario (issue 9). session_worker clients (tests/cpp_api) over more
+// live multi-process scenario. session_worker clients (tests/cpp_api) over more
 // than half the pool each take turns on the host backend while the tests run the real
 // `vramswap` binary and scrape the real server on loopback. JSON is parsed by python3
 // (json_check.py); the cases that need it skip, saying so, without it.

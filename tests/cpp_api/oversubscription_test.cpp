@@ -1,4 +1,4 @@
-// Oversubscription end to end, with real processes (issue 8): oversub_worker is a
+// Oversubscription end to end, with real processes: oversub_worker is a
 // low-priority job running without the lock on more memory than the pool has; session_worker
 // clients take turns under the lock and take the job's pool frames back while it runs. Both
 // check every byte of their memory all along. Host backend (CI); scripts/device-run.sh runs

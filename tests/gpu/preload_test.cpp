@@ -1,4 +1,4 @@
-// The preload shim on the GPU (issue 8): unmodified programs under libvramswap_preload.so.
+// The preload shim on the GPU: unmodified programs under libvramswap_preload.so.
 //   - plain_cuda (cudaMalloc, kernels) oversubscribed on 1.5x the pool completes with every
 //     word right, built with the shared CUDA runtime and with the static one (nvcc's default);
 //   - a lock user (plain_cuda again, normal priority under the shim) takes frames back from a

@@ -106,7 +106,7 @@ def test_enable_after_cuda_started_is_refused_clearly(deployment):
 
 
 def test_time_sharing_example_is_bit_exact_with_three_processes(deployment):
-    # Small sizes here (the H200 run in scripts/device-run.sh uses the example's defaults):
+    # Small sizes here (the GPU run in scripts/device-run.sh uses the example's defaults):
     # 3 x ~0.75 GiB against a 1.1 GiB pool, so every turn swaps.
     env = gpu_env(deployment)
     env.pop("VRAMSWAP_POOL_SIZE")
