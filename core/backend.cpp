@@ -4,6 +4,7 @@
 #include "core/backend.hpp"
 
 #include <cinttypes>
+#include <iterator>
 
 #include "core/status.hpp"
 
@@ -314,8 +315,18 @@ int backend::unmap(device_ptr va, size_t size) {
     return fail(err_invalid_argument, "unmap: [0x%" PRIxPTR ", 0x%" PRIxPTR ") ends inside the mapping that ends at 0x%" PRIxPTR
                 "; unmap whole mappings", va, va + size, cursor);
   }
-  VS_TRY(do_unmap(device, va, size));
-  for (auto m = first; m != it;) {
+  // One mapping at a time, each struck from the books as soon as it is gone, so that a
+  // failure part way leaves them true: the mappings before it unmapped, the rest mapped.
+  const size_t run = static_cast<size_t>(std::distance(first, it));
+  size_t done = 0;
+  for (auto m = first; m != it; ++done) {
+    if (const int rc = do_unmap(device, m->first, m->second.size); rc != ok) {
+      if (done > 0) {
+        add_context(rc, "unmap [0x%" PRIxPTR ", 0x%" PRIxPTR "): %zu of its %zu mappings were unmapped, then ", va, va + size, done,
+                    run);
+      }
+      return rc;
+    }
     --frames_[m->second.frame].mappings;
     m = mappings_.erase(m);
   }

@@ -162,6 +162,17 @@ class backend {
  protected:
   explicit backend(backend_kind kind) : kind_(kind) {}
 
+  // What the caller left behind, from the base's books (the one record of what exists), for
+  // an implementation's destructor to undo. Destructors only: the derived destructor runs
+  // before this class's, so the books are still whole, and no other thread may use the
+  // backend by then. Each visits under mutex_, so `visit` must not call back into the base.
+  template <class Visit>  // visit(device_ptr va, size_t size, int device)
+  void visit_mappings(Visit&& visit);
+  template <class Visit>  // visit(device_ptr va, size_t size, int device)
+  void visit_reservations(Visit&& visit);
+  template <class Visit>  // visit(void* ptr, size_t size, bool allocated): host_alloc'd, else registered
+  void visit_pinned(Visit&& visit);
+
  private:
   // --- the work, per implementation. Arguments are already validated. ------------------
   virtual int do_device_count(int* count) = 0;
@@ -174,6 +185,8 @@ class backend {
   virtual int do_import_frame(int device, int fd, size_t size, frame_id* out) = 0;
   virtual int do_release_frame(frame_id frame) = 0;
   virtual int do_map(int device, device_ptr va, size_t size, frame_id frame, size_t offset) = 0;
+  // Exactly one whole mapping: unmap() takes a run of them one at a time (CUDA's cuMemUnmap
+  // is documented for whole mappings only), so both backends fail alike part way through.
   virtual int do_unmap(int device, device_ptr va, size_t size) = 0;
   virtual int do_set_access(int device, device_ptr va, size_t size, access_flags flags) = 0;
   virtual int do_host_alloc(size_t size, void** out) = 0;
@@ -240,6 +253,27 @@ class backend {
   std::unordered_map<stream_id, int> streams_;  // stream -> device
   std::unordered_map<event_id, int> events_;    // event -> device
 };
+
+template <class Visit>
+void backend::visit_mappings(Visit&& visit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [va, m] : mappings_) {
+    const auto f = frames_.find(m.frame);  // map() recorded the frame; release_frame() refuses while mapped
+    if (f != frames_.end()) visit(va, m.size, f->second.device);
+  }
+}
+
+template <class Visit>
+void backend::visit_reservations(Visit&& visit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [va, r] : reservations_) visit(va, r.size, r.device);
+}
+
+template <class Visit>
+void backend::visit_pinned(Visit&& visit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [p, rec] : pinned_) visit(reinterpret_cast<void*>(p), rec.size, rec.allocated);
+}
 
 // Make a backend of the given kind. err_unavailable (with the reason: no libcuda, no GPU,
 // built without cuda.h, ...) when it cannot work on this machine.

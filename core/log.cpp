@@ -7,6 +7,7 @@
 #include <ctime>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "core/options.hpp"
 
@@ -30,24 +31,38 @@ int prefix(char* line, size_t size) noexcept {
   return std::snprintf(line, size, "%s.%06ldZ vramswap[%d] dev %s ", when, ts.tv_nsec / 1000, static_cast<int>(getpid()), dev);
 }
 
-log_level read_level() noexcept {
+// VRAMSWAP_LOG's level; *bad_text is set to the value when it is none of the levels.
+log_level read_level(std::string* bad_text) noexcept {
   try {
     const std::string text = option_text(option_id::log_level);
     if (text == "error") return log_level::error;
     if (text == "warn") return log_level::warn;
     if (text == "info") return log_level::info;
     if (text == "debug") return log_level::debug;
-    char line[160];
-    prefix(line, sizeof line);
-    std::fprintf(stderr, "%swarn: VRAMSWAP_LOG=\"%s\" is not one of error|warn|info|debug; using info\n", line, text.c_str());
+    *bad_text = text;
   } catch (...) {
   }
   return log_level::info;
 }
 
+// Read once, on the first log call. Not a function-local static: reading VRAMSWAP_LOG may be
+// the process's first use of an option, which logs the options in force, which asks for the
+// level again; that inner call reads it too (the environment is read by then) instead of
+// re-entering a static's initialisation, and only the call that settles the level warns.
+std::atomic<int> g_level{-1};
+
 log_level current_level() noexcept {
-  static const log_level level = read_level();
-  return level;
+  int level = g_level.load(std::memory_order_acquire);
+  if (level >= 0) return static_cast<log_level>(level);
+  std::string bad_text;
+  const int read = static_cast<int>(read_level(&bad_text));
+  if (!g_level.compare_exchange_strong(level, read, std::memory_order_acq_rel)) return static_cast<log_level>(level);
+  if (!bad_text.empty()) {
+    char line[160];
+    prefix(line, sizeof line);
+    std::fprintf(stderr, "%swarn: VRAMSWAP_LOG=\"%s\" is not one of error|warn|info|debug; using info\n", line, bad_text.c_str());
+  }
+  return static_cast<log_level>(read);
 }
 
 const char* level_name(log_level level) noexcept {

@@ -41,8 +41,73 @@ constexpr other_variable k_other[] = {
     {"VRAMSWAP_BUILD_DIR", "bench/python/bench_oversubscribe.py"},
 };
 
-std::mutex g_override_mutex;
-std::optional<std::string> g_override[static_cast<size_t>(option_id::count_)];
+constexpr size_t k_options = static_cast<size_t>(option_id::count_);
+
+// The values in force: overrides (option_set) and the environment's values, the latter read
+// once per process, on the first use of any option, and kept (mimalloc reads its options
+// the same way). A process's settings are then one consistent set however late a part of
+// it asks, and reading an option costs no walk of the environment. Empty means unset.
+std::mutex g_values_mutex;  // guards the three below
+std::optional<std::string> g_override[k_options];
+std::optional<std::string> g_environment[k_options];
+bool g_environment_read = false;
+
+void read_environment_locked() {
+  for (size_t i = 0; i < k_options; ++i) {
+    const char* env = std::getenv(k_table[i].env_name);
+    if (env != nullptr && *env != '\0') {
+      g_environment[i] = env;
+    } else {
+      g_environment[i].reset();
+    }
+  }
+  g_environment_read = true;
+}
+
+// The effective options, one line each, at debug level. Called outside g_values_mutex: the
+// log reads VRAMSWAP_LOG through option_text.
+void log_effective_options(const char* when) {
+  if (!log_enabled(log_level::debug)) return;
+  struct line {
+    std::string text;
+    const char* source;
+  };
+  std::vector<line> lines;
+  {
+    std::lock_guard<std::mutex> lock(g_values_mutex);
+    for (size_t i = 0; i < k_options; ++i) {
+      if (g_override[i]) {
+        lines.push_back({*g_override[i], "set by the program"});
+      } else if (g_environment[i]) {
+        lines.push_back({*g_environment[i], "from the environment"});
+      } else {
+        lines.push_back({k_table[i].default_text, "the default"});
+      }
+    }
+  }
+  log(log_level::debug, "options: %s; in force for this process:", when);
+  for (size_t i = 0; i < k_options; ++i) {
+    log(log_level::debug, "options: %s=\"%s\" (%s)", k_table[i].env_name, lines[i].text.c_str(), lines[i].source);
+  }
+}
+
+// f() under g_values_mutex, with the environment read; the caller that read it first then
+// logs what is in force.
+template <class F>
+auto with_values(F&& f) {
+  bool first = false;
+  decltype(f()) result{};
+  {
+    std::lock_guard<std::mutex> lock(g_values_mutex);
+    if (!g_environment_read) {
+      read_environment_locked();
+      first = true;
+    }
+    result = f();
+  }
+  if (first) log_effective_options("read the environment once");
+  return result;
+}
 
 constexpr const char* k_size_forms = "bytes, or a number with a K/M/G/T suffix (\"4096\", \"32MiB\", \"1.5G\")";
 
@@ -227,25 +292,29 @@ const other_variable* other_variables(size_t* count) noexcept {
 }
 
 std::string option_text(option_id id) {
-  {
-    std::lock_guard<std::mutex> lock(g_override_mutex);
-    if (const auto& o = g_override[static_cast<size_t>(id)]) return *o;
-  }
-  if (const char* env = std::getenv(describe(id).env_name); env != nullptr && *env != '\0') return env;
-  return describe(id).default_text;
+  const auto i = static_cast<size_t>(id);
+  return with_values([i]() -> std::string {
+    if (g_override[i]) return *g_override[i];
+    if (g_environment[i]) return *g_environment[i];
+    return k_table[i].default_text;
+  });
 }
 
 bool option_is_default(option_id id) {
+  const auto i = static_cast<size_t>(id);
+  return with_values([i] { return !g_override[i] && !g_environment[i]; });
+}
+
+void options_reread_for_testing() {
   {
-    std::lock_guard<std::mutex> lock(g_override_mutex);
-    if (g_override[static_cast<size_t>(id)]) return false;
+    std::lock_guard<std::mutex> lock(g_values_mutex);
+    read_environment_locked();
   }
-  const char* env = std::getenv(describe(id).env_name);
-  return env == nullptr || *env == '\0';
+  log_effective_options("read the environment again (a test asked)");
 }
 
 void option_set(option_id id, const char* value) {
-  std::lock_guard<std::mutex> lock(g_override_mutex);
+  std::lock_guard<std::mutex> lock(g_values_mutex);
   auto& slot = g_override[static_cast<size_t>(id)];
   if (value == nullptr) {
     slot.reset();
@@ -275,19 +344,10 @@ int option_size(option_id id, uint64_t* out, uint64_t percent_base) {
 }
 
 int option_uint(option_id id, uint64_t* out) {
-  const option_form& f = describe(id).form;
-  return option_uint(id, out, f.min, f.max);
-}
-
-int option_uint(option_id id, uint64_t* out, uint64_t min_value, uint64_t max_value) {
   const std::string text = option_text(id);
   const option_form& f = describe(id).form;
   uint64_t v = 0;
   if (const char* why = count_problem(text.c_str(), f.min, f.max, &v)) return bad_value(id, text.c_str(), why);
-  if (v < min_value || v > max_value) {
-    return fail(err_invalid_argument, "%s=\"%s\" is out of range; expected a whole number from %llu to %llu", describe(id).env_name,
-                text.c_str(), static_cast<unsigned long long>(min_value), static_cast<unsigned long long>(max_value));
-  }
   *out = v;
   return ok;
 }

@@ -1,10 +1,14 @@
 // Configuration: one table of VRAMSWAP_* environment variables (mimalloc's options.c idea).
 //
-// Each option is read from the environment when asked for, unless a programmatic override
-// was set with option_set(), which wins. Sizes accept K/M/G/T suffixes (powers of two, with
-// or without "iB"/"B"), some also a percentage of a base. A malformed value is an error that
-// names the variable, the value and what would be accepted; it is never silently replaced
-// by the default.
+// Each option's kind and bounds are its form in the table; the typed accessors read and
+// check it by that form alone, so a bound lives in one place. The environment is read once
+// per process, on the first use of any option, and kept: setting a variable later in the
+// process changes nothing (options_reread_for_testing() is the tests' way round that). What
+// is then in force is logged once at debug level (VRAMSWAP_LOG=debug). An override set with
+// option_set() wins over the environment, at once. Sizes accept K/M/G/T suffixes (powers of
+// two, with or without "iB"/"B"), some also a percentage of a base. A malformed value is
+// an error that names the variable, the value and what would be accepted; it is never
+// silently replaced by the default.
 #pragma once
 
 #include <cstddef>
@@ -128,6 +132,10 @@ bool option_is_default(option_id id);
 // Programmatic override (wins over the environment); nullptr removes it.
 void option_set(option_id id, const char* value);
 
+// Tests only: read the environment again, for a test that sets a variable and then needs
+// this process to see it (the environment is otherwise read once per process).
+void options_reread_for_testing();
+
 // Parse "4096", "32M", "32MiB", "1.5G" (binary units). With percent_base != 0, "50%" means
 // half of percent_base. Returns err_invalid_argument with a detail naming `what`.
 int parse_size(const char* text, uint64_t* out, const char* what, uint64_t percent_base = 0) noexcept;
@@ -141,8 +149,6 @@ int option_size(option_id id, uint64_t* out, uint64_t percent_base = 0);
 uint64_t physical_ram() noexcept;
 // A count or flag option, in the range of its form.
 int option_uint(option_id id, uint64_t* out);
-// The same, further limited to [min_value, max_value].
-int option_uint(option_id id, uint64_t* out, uint64_t min_value, uint64_t max_value);
 
 // What the option accepts, in words ("a whole number from 1 to 4096"), as its errors say it.
 std::string option_accepted(option_id id);

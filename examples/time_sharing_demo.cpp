@@ -43,6 +43,14 @@ namespace {
 
 constexpr uint64_t MiB = 1ull << 20;
 
+// The demo's value for an option the user left unset: in this process's options (which read
+// the environment once, already) and in the environment the workers are spawned with.
+void default_setting(option_id id, const char* value) {
+  if (!option_is_default(id)) return;
+  option_set(id, value);
+  ::setenv(describe(id).env_name, value, 1);
+}
+
 void check(int rc, const char* what) {
   if (rc == ok) return;
   std::fprintf(stderr, "time_sharing_demo[%d]: %s failed: %s: %s\n", static_cast<int>(getpid()), what, status_name(rc), last_error());
@@ -116,12 +124,12 @@ int main(int argc, char** argv) {
   check(be->get_device_info(0, &info), "get_device_info");
   // Memory per process: 60% of the pool each, so that no two fit at once. The demo's pool
   // is kept small (VRAMSWAP_POOL_SIZE, default here 256 MiB) so it runs anywhere.
-  if (option_is_default(option_id::pool_size)) ::setenv("VRAMSWAP_POOL_SIZE", "256MiB", 1);
+  default_setting(option_id::pool_size, "256MiB");
   uint64_t pool = 0;
   check(option_size(option_id::pool_size, &pool, info.total_bytes), "VRAMSWAP_POOL_SIZE");
-  if (option_is_default(option_id::frame_size)) ::setenv("VRAMSWAP_FRAME_SIZE", "2MiB", 1);
+  default_setting(option_id::frame_size, "2MiB");
   // The pool server it starts goes away soon after the demo (unless one was already running).
-  if (option_is_default(option_id::pool_idle_exit)) ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "10", 1);
+  default_setting(option_id::pool_idle_exit, "10");
   const uint64_t each = argc > 2 ? std::strtoull(argv[2], nullptr, 10) * MiB : pool * 6 / 10 / MiB * MiB;
   std::printf("device 0: %s (%s backend); pool %.0f MiB; %d processes of %.0f MiB each (%.1fx the pool together), %d turns each\n\n",
               info.name.c_str(), be->name(), pool / double(MiB), procs, each / double(MiB), procs * double(each) / pool, rounds);

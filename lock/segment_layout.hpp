@@ -6,14 +6,15 @@
 //   slot      one cache line describing one participant thread of the lock: waiting or holding
 //   ticket    a 64-bit counter value taken at enqueue; lower ticket = earlier = served first
 //             within a priority class
-//   managed   the rest of the segment, a Boost.Interprocess managed area where later
-//   area      components (frame table, membership, statistics) construct named objects
 //
 // Offsets (k_segment_size bytes in all):
 //   0                      segment_header      (one cache line)
 //   64                     lock_state          (robust mutex, counters, hints)
-//   k_slots_offset         waiter_slot[k_slot_count]
-//   k_managed_offset       Boost managed_external_buffer, to the end of the segment
+//   k_slots_offset         waiter_slot[k_slot_count], then zeros to the end
+//
+// Every byte is ours and plain POSIX: no library's structure lives in the segment, so no
+// library's version is part of its format (the pool's shared state has a segment of its
+// own, pool/pool_segment.hpp).
 //
 // Versioning (the LMDB rule): `magic` identifies the object; `format` encodes the layout
 // version and every size the layout depends on. A process that finds a different magic or
@@ -40,7 +41,9 @@ constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-end
 // 2: lock_state's hold-time hints.
 // 3: a waiter that gives up frees its own slot without the mutex and the grant is a CAS;
 //    a segment is removed by its last user (users hold a read lock on it while mapped).
-constexpr uint64_t k_layout_version = 3;
+// 4: no Boost managed area after the slots (the segment ends at k_segment_size, 64 KiB),
+//    and the header records no Boost version.
+constexpr uint64_t k_layout_version = 4;
 
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_slot_count = 256;  // participant threads per device, waiting or holding
@@ -113,24 +116,20 @@ struct alignas(k_cache_line) segment_header {
   std::atomic<uint64_t> magic;
   uint64_t format;          // format_word() of the creator
   uint64_t segment_size;    // bytes; equals the object's size
-  uint64_t boost_version;   // BOOST_VERSION of the creator: the managed area's layout depends on it
-  uint64_t managed_offset;  // where the Boost managed area starts
-  uint64_t managed_size;
-  uint64_t reserved_[2];
+  uint64_t reserved_[5];
 };
 static_assert(sizeof(segment_header) == k_cache_line);
 
 constexpr size_t k_lock_state_offset = sizeof(segment_header);
 constexpr size_t k_slots_offset = k_lock_state_offset + ((sizeof(lock_state) + k_cache_line - 1) / k_cache_line) * k_cache_line;
-constexpr size_t k_managed_offset = 64 * 1024;
-constexpr size_t k_segment_size = 1024 * 1024;  // untouched pages cost nothing on tmpfs
-static_assert(k_slots_offset + k_slot_count * sizeof(waiter_slot) <= k_managed_offset);
+constexpr size_t k_segment_size = 64 * 1024;  // whole pages; untouched ones cost nothing on tmpfs
+static_assert(k_slots_offset + k_slot_count * sizeof(waiter_slot) <= k_segment_size);
 
 // version:16 | sizeof(pthread_mutex_t):8 | sizeof(lock_state):12 | sizeof(waiter_slot):8 |
-// k_slot_count:12 | k_managed_offset/4096:8
+// k_slot_count:12 | k_segment_size/4096:8
 constexpr uint64_t format_word() {
   return (k_layout_version << 48) | (uint64_t{sizeof(pthread_mutex_t)} << 40) | (uint64_t{sizeof(lock_state)} << 28) |
-         (uint64_t{sizeof(waiter_slot)} << 20) | (uint64_t{k_slot_count} << 8) | (k_managed_offset / 4096);
+         (uint64_t{sizeof(waiter_slot)} << 20) | (uint64_t{k_slot_count} << 8) | (k_segment_size / 4096);
 }
 constexpr uint64_t format_version(uint64_t format) { return format >> 48; }
 

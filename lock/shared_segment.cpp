@@ -10,7 +10,6 @@
 #include <pthread.h>
 
 #include <atomic>
-#include <boost/version.hpp>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -23,7 +22,6 @@
 #include "lock/segment_layout.hpp"
 
 namespace vramswap::detail {
-namespace bip = boost::interprocess;
 using namespace lock_layout;
 
 namespace {
@@ -63,7 +61,7 @@ int initialize(int fd, const std::string& name, void** base_out) {
   void* base = ::mmap(nullptr, k_segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) return fail_errno(errno, "lock: mmap /dev/shm%s", name.c_str());
   // A creator may have died half-way: start from zeros, whatever it left.
-  std::memset(base, 0, k_managed_offset);
+  std::memset(base, 0, k_segment_size);
   lock_state* state = lock_state_of(base);
   new (state) lock_state{};
   int rc = robust_mutex_init(&state->mutex);
@@ -74,19 +72,9 @@ int initialize(int fd, const std::string& name, void** base_out) {
   state->holder_slot = k_no_slot;
   waiter_slot* slots = slots_of(base);
   for (uint32_t i = 0; i < k_slot_count; ++i) new (&slots[i]) waiter_slot{};
-  try {
-    bip::managed_external_buffer managed(bip::create_only, static_cast<char*>(base) + k_managed_offset,
-                                         k_segment_size - k_managed_offset);
-  } catch (const std::exception& e) {
-    ::munmap(base, k_segment_size);
-    return fail(err_internal, "lock: cannot create the managed area of /dev/shm%s: %s", name.c_str(), e.what());
-  }
   segment_header* header = header_of(base);
   header->format = format_word();
   header->segment_size = k_segment_size;
-  header->boost_version = BOOST_VERSION;
-  header->managed_offset = k_managed_offset;
-  header->managed_size = k_segment_size - k_managed_offset;
   // Publish last: before this store the segment is "not initialized" to everyone.
   header->magic.store(k_magic, std::memory_order_release);
   log(log_level::debug, "lock: initialized /dev/shm%s (%zu bytes, format %#llx)", name.c_str(), k_segment_size,
@@ -114,20 +102,11 @@ int validate(const void* base, size_t size, const std::string& name) {
                 static_cast<unsigned long long>(format_version(header->format)),
                 static_cast<unsigned long long>(format_word()), static_cast<unsigned long long>(k_layout_version));
   }
-  if (header->boost_version != BOOST_VERSION) {
+  if (header->segment_size != size || size != k_segment_size) {
     return fail(err_version_mismatch,
-                "lock: /dev/shm%s was made by a build with Boost %llu, this one uses Boost %d; the managed area's layout "
-                "differs: every process sharing a device must use the same vramswap build",
-                name.c_str(), static_cast<unsigned long long>(header->boost_version), BOOST_VERSION);
-  }
-  if (header->segment_size != size || header->managed_offset != k_managed_offset ||
-      header->managed_offset + header->managed_size != size) {
-    return fail(err_version_mismatch,
-                "lock: /dev/shm%s is %zu bytes but its header says %llu (managed area %llu+%llu): corrupt; stop the "
-                "processes using it and remove it",
-                name.c_str(), size, static_cast<unsigned long long>(header->segment_size),
-                static_cast<unsigned long long>(header->managed_offset),
-                static_cast<unsigned long long>(header->managed_size));
+                "lock: /dev/shm%s is %zu bytes but its header says %llu and this library's segments are %zu: corrupt; "
+                "stop the processes using it and remove it (rm /dev/shm%s)",
+                name.c_str(), size, static_cast<unsigned long long>(header->segment_size), k_segment_size, name.c_str());
   }
   return ok;
 }
@@ -265,13 +244,11 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
   std::unique_ptr<shared_segment> segment;
   try {
     segment.reset(new shared_segment());
-    segment->managed_ = bip::managed_external_buffer(bip::open_only, static_cast<char*>(base) + k_managed_offset,
-                                                     k_segment_size - k_managed_offset);
     segment->name_ = std::move(name);
-  } catch (const std::exception& e) {
+  } catch (const std::bad_alloc&) {
     ::close(fd);
     ::munmap(base, size);
-    return fail(err_version_mismatch, "lock: cannot open the managed area of /dev/shm%s: %s", name.c_str(), e.what());
+    return fail(err_out_of_memory, "lock: out of host memory opening /dev/shm%s", name.c_str());
   }
   segment->base_ = base;
   segment->size_ = size;

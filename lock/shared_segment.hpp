@@ -17,18 +17,18 @@
 // creator killed half-way leaves magic 0 and the next opener simply initializes again;
 // nobody uses a segment before seeing its magic, so nobody sees the half-built one.
 //
-// The first k_managed_offset bytes are ours (header, lock); the rest is a Boost
-// managed_external_buffer in which later components construct named objects. Our header
-// comes first so the version check runs before any Boost structure is read: a segment made
-// by another layout version, or by a build with another Boost version, is refused by name.
+// Every byte is ours (header, lock state, slots: lock/segment_layout.hpp), and every step is
+// plain POSIX: shm_open's object opened by path with O_NOFOLLOW and checked by fstat
+// (lock/ownership.hpp), fchown/fchmod, flock for creation, an OFD read lock per user, mmap,
+// shm_unlink. The header is checked first: a segment of another layout version is refused
+// by name. docs/lock.md, "Why plain POSIX", says why Boost.Interprocess is not used here.
 #pragma once
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
-
-#include <boost/interprocess/managed_external_buffer.hpp>
 
 namespace vramswap::detail {
 
@@ -62,7 +62,6 @@ class shared_segment {
 
   void* base() const noexcept { return base_; }
   const std::string& name() const noexcept { return name_; }
-  boost::interprocess::managed_external_buffer& managed() noexcept { return managed_; }
 
  private:
   shared_segment() = default;
@@ -73,7 +72,6 @@ class shared_segment {
   int fd_ = -1;                 // kept open with a read lock on byte 0: "in use"
   uint64_t forks_at_open_ = 0;  // forks of this process before it opened the segment
   std::string name_;
-  boost::interprocess::managed_external_buffer managed_;
 };
 
 }  // namespace vramswap::detail

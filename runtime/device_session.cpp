@@ -24,7 +24,7 @@ double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::ste
 
 int flag_option(option_id id, bool* out) {
   uint64_t v = 0;
-  VS_TRY(option_uint(id, &v, 0, 1));
+  VS_TRY(option_uint(id, &v));
   *out = v == 1;
   return ok;
 }
@@ -35,7 +35,7 @@ int device_session::open(int device, std::unique_ptr<device_session>* out) {
   VS_TRY(flag_option(option_id::eager_release, &s->eager_release_));
   VS_TRY(flag_option(option_id::strict, &s->strict_));
   uint64_t evict_timeout_s = 0;
-  VS_TRY(option_uint(option_id::evict_timeout, &evict_timeout_s, 1, 86400));
+  VS_TRY(option_uint(option_id::evict_timeout, &evict_timeout_s));
   s->evict_timeout_ns_ = evict_timeout_s * 1'000'000'000ull;
   VS_TRY(s->session::open(device));
   *out = std::move(s);

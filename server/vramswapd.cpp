@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
   }
   if (!foreground && !idle_given) {
     uint64_t seconds = 0;
-    if (option_uint(option_id::pool_idle_exit, &seconds, 0, 365ull * 24 * 3600) != ok) {
+    if (option_uint(option_id::pool_idle_exit, &seconds) != ok) {
       std::fprintf(stderr, "vramswapd: %s\n", last_error());
       report(static_cast<int>(ready_fd), std::string("error ") + last_error());
       return 1;

@@ -25,8 +25,8 @@ using namespace vramswap::detail;
 int main(int argc, char** argv) {
   const long pairs = argc > 1 ? std::max(1L, std::atol(argv[1])) : 1000000L;
   const long windows = argc > 2 ? std::clamp(std::atol(argv[2]), 1L, pairs) : 10L;
-  if (option_is_default(option_id::pool_size)) ::setenv("VRAMSWAP_POOL_SIZE", "256MiB", 1);
-  if (option_is_default(option_id::pool_idle_exit)) ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "5", 1);
+  if (option_is_default(option_id::pool_size)) option_set(option_id::pool_size, "256MiB");
+  if (option_is_default(option_id::pool_idle_exit)) option_set(option_id::pool_idle_exit, "5");
   void* const stream = nullptr;  // the legacy default stream
   // Open the session (starting a server records details on the way), then start from a
   // recorded failure, as a real program has: success must leave it as it is.

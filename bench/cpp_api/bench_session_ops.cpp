@@ -20,8 +20,8 @@ using bench::check;
 
 int main(int argc, char** argv) {
   const int n = argc > 1 ? std::max(1, std::atoi(argv[1])) : 2000;
-  if (option_is_default(option_id::pool_size)) ::setenv("VRAMSWAP_POOL_SIZE", "256MiB", 1);
-  if (option_is_default(option_id::pool_idle_exit)) ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "5", 1);
+  if (option_is_default(option_id::pool_size)) option_set(option_id::pool_size, "256MiB");
+  if (option_is_default(option_id::pool_idle_exit)) option_set(option_id::pool_idle_exit, "5");
   std::unique_ptr<device_session> s;
   check(device_session::open(0, &s), "session");
   device_ptr p = 0;

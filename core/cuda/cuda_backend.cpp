@@ -47,7 +47,7 @@
 //   release_frame     cuMemRelease (the memory goes when no process maps or holds it)
 //   map / unmap       cuMemMap(va, size, offset, handle, 0) / cuMemUnmap, one call per
 //                     mapping: the driver cannot unmap part of a mapping, and documents only
-//                     whole mappings, so a run of several is unmapped mapping by mapping
+//                     whole mappings, so the base hands a run of several over one by one
 //   set_access        cuMemSetAccess {DEVICE ordinal, PROT_READ | PROT_READWRITE}
 //   host_alloc/free   cuMemHostAlloc(PORTABLE) / cuMemFreeHost
 //   host_(un)register cuMemHostRegister_v2(PORTABLE) / cuMemHostUnregister
@@ -65,11 +65,13 @@
 //                     capture elsewhere, counts as capturing)
 // Handles: frame, stream and event ids index tables of CUmemGenericAllocationHandle /
 // CUstream / CUevent (ids from per-kind counters starting at 1, guarded by a mutex that is
-// never held across a blocking driver call).
+// never held across a blocking driver call). Nothing else is kept here: which reservations,
+// mappings and pinned ranges exist is the base class's books, the one record for both
+// backends.
 //
 // Teardown: the destructor frees whatever the caller left (events, streams after a
-// synchronize, mappings, reservations, frames, pinned memory), then releases the primary
-// contexts it retained. It never throws; at process exit the driver may already be shut
+// synchronize, mappings, reservations, frames, pinned memory; the middle three as the
+// base's books list them), then releases the primary contexts it retained. It never throws; at process exit the driver may already be shut
 // down, and CUDA_ERROR_DEINITIALIZED is then expected and ignored; anything else is logged.
 #include <fcntl.h>
 #include <unistd.h>
@@ -78,7 +80,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -189,10 +190,6 @@ class cuda_backend final : public backend {
     CUevent event;
     int device;
   };
-  struct range_entry {
-    size_t size;
-    int device;
-  };
 
   // Retain `device`'s primary context (first time only) and make it current in `scope`.
   int use_device(int device, context_scope* scope);
@@ -206,7 +203,8 @@ class cuda_backend final : public backend {
   int do_unreserve(int device, device_ptr va, size_t size) override;
   int do_create_frame(int device, size_t size, frame_id* out) override;
   int do_create_host_frame(int device, size_t size, frame_id* out) override;
-  int record_frame(CUmemGenericAllocationHandle handle, int device, frame_id* out);
+  // Give a new CUDA allocation its frame id; released again if it cannot be recorded.
+  int record_frame(const char* fn, CUmemGenericAllocationHandle handle, int device, frame_id* out);
   int do_export_frame(frame_id frame, int* fd_out) override;
   int do_import_frame(int device, int fd, size_t size, frame_id* out) override;
   int do_release_frame(frame_id frame) override;
@@ -239,6 +237,9 @@ class cuda_backend final : public backend {
   std::mutex context_mutex_;         // guards contexts_ (held while retaining one)
   std::vector<CUcontext> contexts_;  // retained primary contexts; null until first use
 
+  // The CUDA objects behind the ids handed to the base. What exists, where, and how it is
+  // mapped is in the base's books alone: reservations, mappings and pinned memory have no
+  // CUDA handle, so they have no table here (the destructor reads them from the base).
   std::mutex table_mutex_;  // guards everything below; never held across a blocking call
   frame_id next_frame_ = 1;
   stream_id next_stream_ = 1;
@@ -246,11 +247,6 @@ class cuda_backend final : public backend {
   std::unordered_map<frame_id, frame_entry> frame_table_;
   std::unordered_map<stream_id, stream_entry> stream_table_;
   std::unordered_map<event_id, event_entry> event_table_;
-  // Kept only so that the destructor can undo what the caller left behind, and so that a
-  // run of mappings is unmapped one mapping at a time.
-  std::map<device_ptr, range_entry> live_reservations_;
-  std::map<device_ptr, range_entry> live_mappings_;
-  std::unordered_map<void*, bool> live_host_;  // pinned host memory -> allocated (vs registered)
 };
 
 // --- helpers ------------------------------------------------------------------------------
@@ -311,32 +307,37 @@ cuda_backend::~cuda_backend() {
     tally.note(d_.cuStreamSynchronize(s.stream), "cuStreamSynchronize");
     tally.note(d_.cuStreamDestroy(s.stream), "cuStreamDestroy");
   }
-  for (const auto& [va, m] : live_mappings_) {
+  visit_mappings([&](device_ptr va, size_t size, int device) {
     context_scope scope(d_);
-    if (use_device(m.device, &scope) != 0) continue;
-    tally.note(d_.cuMemUnmap(va, m.size), "cuMemUnmap");
-  }
-  for (const auto& [va, r] : live_reservations_) {
+    if (use_device(device, &scope) != 0) return;
+    tally.note(d_.cuMemUnmap(va, size), "cuMemUnmap");
+  });
+  visit_reservations([&](device_ptr va, size_t size, int device) {
     context_scope scope(d_);
-    if (use_device(r.device, &scope) != 0) continue;
-    tally.note(d_.cuMemAddressFree(va, r.size), "cuMemAddressFree");
-  }
+    if (use_device(device, &scope) != 0) return;
+    tally.note(d_.cuMemAddressFree(va, size), "cuMemAddressFree");
+  });
   for (const auto& [id, f] : frame_table_) {
     context_scope scope(d_);
     if (use_device(f.device, &scope) != 0) continue;
     tally.note(d_.cuMemRelease(f.handle), "cuMemRelease");
   }
-  if (!live_host_.empty()) {
+  {
+    // Device 0's context, entered only if there is pinned memory left to give back.
     context_scope scope(d_);
-    if (use_device(0, &scope) == 0) {
-      for (const auto& [ptr, allocated] : live_host_) {
-        if (allocated) {
-          tally.note(d_.cuMemFreeHost(ptr), "cuMemFreeHost");
-        } else {
-          tally.note(d_.cuMemHostUnregister(ptr), "cuMemHostUnregister");
-        }
+    bool entered = false, usable = false;
+    visit_pinned([&](void* ptr, size_t, bool allocated) {
+      if (!entered) {
+        entered = true;
+        usable = use_device(0, &scope) == 0;
       }
-    }
+      if (!usable) return;
+      if (allocated) {
+        tally.note(d_.cuMemFreeHost(ptr), "cuMemFreeHost");
+      } else {
+        tally.note(d_.cuMemHostUnregister(ptr), "cuMemHostUnregister");
+      }
+    });
   }
   for (size_t i = 0; i < contexts_.size(); ++i) {
     if (contexts_[i] != nullptr) tally.note(d_.cuDevicePrimaryCtxRelease(devices_[i]), "cuDevicePrimaryCtxRelease");
@@ -399,13 +400,6 @@ int cuda_backend::do_reserve(int device, size_t size, size_t alignment, device_p
   VS_TRY(check(d_.cuMemAddressReserve(&va, size, alignment, 0, 0),
                "cuMemAddressReserve(size=%zu, alignment=%zu, addr=0, flags=0) for device %d", size, alignment,
                device));
-  try {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    live_reservations_[static_cast<device_ptr>(va)] = range_entry{size, device};
-  } catch (const std::bad_alloc&) {
-    quietly(d_.cuMemAddressFree(va, size), "cuMemAddressFree (undoing a reservation)");
-    return fail(err_out_of_memory, "reserve: out of host memory recording the reservation");
-  }
   *out = static_cast<device_ptr>(va);
   return 0;
 }
@@ -415,8 +409,6 @@ int cuda_backend::do_unreserve(int device, device_ptr va, size_t size) {
   VS_TRY(use_device(device, &scope));
   VS_TRY(check(d_.cuMemAddressFree(va, size), "cuMemAddressFree(va=0x%llx, size=%zu) on device %d", hex(va), size,
                device));
-  std::lock_guard<std::mutex> lock(table_mutex_);
-  live_reservations_.erase(va);
   return 0;
 }
 
@@ -429,7 +421,7 @@ int cuda_backend::do_create_frame(int device, size_t size, frame_id* out) {
   CUmemGenericAllocationHandle handle = 0;
   VS_TRY(check(d_.cuMemCreate(&handle, size, &prop, 0),
                "cuMemCreate(size=%zu, PINNED on device %d, POSIX fd handle type)", size, device));
-  return record_frame(handle, device, out);
+  return record_frame("create_frame", handle, device, out);
 }
 
 // Host memory on the NUMA node nearest the device (node 0 where the system has no NUMA, as
@@ -465,10 +457,10 @@ int cuda_backend::do_create_host_frame(int device, size_t size, frame_id* out) {
   CUmemGenericAllocationHandle handle = 0;
   VS_TRY(check(d_.cuMemCreate(&handle, size, &prop, 0), "cuMemCreate(size=%zu, PINNED in host NUMA node %d, for device %d)", size,
                prop.location.id, device));
-  return record_frame(handle, device, out);
+  return record_frame("create_host_frame", handle, device, out);
 }
 
-int cuda_backend::record_frame(CUmemGenericAllocationHandle handle, int device, frame_id* out) {
+int cuda_backend::record_frame(const char* fn, CUmemGenericAllocationHandle handle, int device, frame_id* out) {
   try {
     std::lock_guard<std::mutex> lock(table_mutex_);
     const frame_id id = next_frame_;
@@ -476,8 +468,8 @@ int cuda_backend::record_frame(CUmemGenericAllocationHandle handle, int device, 
     ++next_frame_;
     *out = id;
   } catch (const std::bad_alloc&) {
-    quietly(d_.cuMemRelease(handle), "cuMemRelease (undoing a frame)");
-    return fail(err_out_of_memory, "create_frame: out of host memory recording the frame");
+    quietly(d_.cuMemRelease(handle), "cuMemRelease (undoing a frame that could not be recorded)");
+    return fail(err_out_of_memory, "%s: out of host memory recording the frame", fn);
   }
   return 0;
 }
@@ -524,17 +516,7 @@ int cuda_backend::do_import_frame(int device, int fd, size_t size, frame_id* out
     log(log_level::warn, "cuda: import_frame: fd %d holds memory of device %d, imported for device %d", fd,
         prop.location.id, device);
   }
-  try {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    const frame_id id = next_frame_;
-    frame_table_.emplace(id, frame_entry{handle, device});
-    ++next_frame_;
-    *out = id;
-  } catch (const std::bad_alloc&) {
-    quietly(d_.cuMemRelease(handle), "cuMemRelease (undoing an import)");
-    return fail(err_out_of_memory, "import_frame: out of host memory recording the frame");
-  }
-  return 0;
+  return record_frame("import_frame", handle, device, out);
 }
 
 int cuda_backend::do_release_frame(frame_id frame) {
@@ -558,48 +540,14 @@ int cuda_backend::do_map(int device, device_ptr va, size_t size, frame_id frame,
   VS_TRY(check(d_.cuMemMap(va, size, offset, f.handle, 0),
                "cuMemMap(va=0x%llx, size=%zu, offset=%zu, frame %" PRIu64 ", flags=0) on device %d", hex(va), size,
                offset, frame, device));
-  try {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    live_mappings_[va] = range_entry{size, device};
-  } catch (const std::bad_alloc&) {
-    quietly(d_.cuMemUnmap(va, size), "cuMemUnmap (undoing a mapping)");
-    return fail(err_out_of_memory, "map: out of host memory recording the mapping");
-  }
   return 0;
 }
 
 int cuda_backend::do_unmap(int device, device_ptr va, size_t size) {
-  // The base guarantees [va, va+size) is exactly a run of whole mappings; cuMemUnmap is
-  // documented for one whole mapping, so take them one at a time.
-  std::vector<std::pair<device_ptr, size_t>> run;
-  try {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    for (auto it = live_mappings_.lower_bound(va); it != live_mappings_.end() && it->first < va + size; ++it) {
-      run.emplace_back(it->first, it->second.size);
-    }
-  } catch (const std::bad_alloc&) {
-    return fail(err_out_of_memory, "unmap: out of host memory");
-  }
-  if (run.empty()) {
-    return fail(err_internal, "unmap: no CUDA mapping recorded in [0x%llx, 0x%llx)", hex(va), hex(va + size));
-  }
+  // One whole mapping: the base takes a run of them one at a time.
   context_scope scope(d_);
   VS_TRY(use_device(device, &scope));
-  for (size_t i = 0; i < run.size(); ++i) {
-    const auto [m_va, m_size] = run[i];
-    const int rc = check(d_.cuMemUnmap(m_va, m_size), "cuMemUnmap(va=0x%llx, size=%zu) on device %d", hex(m_va),
-                         m_size, device);
-    if (rc != 0) {
-      if (i > 0) {
-        add_context(rc, "unmap [0x%llx, 0x%llx): %zu of its %zu mappings were unmapped, then ", hex(va),
-                    hex(va + size), i, run.size());
-      }
-      return rc;
-    }
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    live_mappings_.erase(m_va);
-  }
-  return 0;
+  return check(d_.cuMemUnmap(va, size), "cuMemUnmap(va=0x%llx, size=%zu) on device %d", hex(va), size, device);
 }
 
 int cuda_backend::do_set_access(int device, device_ptr va, size_t size, access_flags flags) {
@@ -621,13 +569,6 @@ int cuda_backend::do_host_alloc(size_t size, void** out) {
   VS_TRY(use_device(0, &scope));
   void* p = nullptr;
   VS_TRY(check(d_.cuMemHostAlloc(&p, size, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc(size=%zu, PORTABLE)", size));
-  try {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    live_host_[p] = true;
-  } catch (const std::bad_alloc&) {
-    quietly(d_.cuMemFreeHost(p), "cuMemFreeHost (undoing an allocation)");
-    return fail(err_out_of_memory, "host_alloc: out of host memory recording the allocation");
-  }
   *out = p;
   return 0;
 }
@@ -635,10 +576,7 @@ int cuda_backend::do_host_alloc(size_t size, void** out) {
 int cuda_backend::do_host_free(void* ptr, size_t size) {
   context_scope scope(d_);
   VS_TRY(use_device(0, &scope));
-  VS_TRY(check(d_.cuMemFreeHost(ptr), "cuMemFreeHost(%p) (%zu bytes)", ptr, size));
-  std::lock_guard<std::mutex> lock(table_mutex_);
-  live_host_.erase(ptr);
-  return 0;
+  return check(d_.cuMemFreeHost(ptr), "cuMemFreeHost(%p) (%zu bytes)", ptr, size);
 }
 
 int cuda_backend::do_host_register(void* ptr, size_t size) {
@@ -646,23 +584,13 @@ int cuda_backend::do_host_register(void* ptr, size_t size) {
   VS_TRY(use_device(0, &scope));
   VS_TRY(check(d_.cuMemHostRegister(ptr, size, CU_MEMHOSTREGISTER_PORTABLE),
                "cuMemHostRegister_v2(%p, size=%zu, PORTABLE)", ptr, size));
-  try {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    live_host_[ptr] = false;
-  } catch (const std::bad_alloc&) {
-    quietly(d_.cuMemHostUnregister(ptr), "cuMemHostUnregister (undoing a registration)");
-    return fail(err_out_of_memory, "host_register: out of host memory recording the registration");
-  }
   return 0;
 }
 
 int cuda_backend::do_host_unregister(void* ptr, size_t size) {
   context_scope scope(d_);
   VS_TRY(use_device(0, &scope));
-  VS_TRY(check(d_.cuMemHostUnregister(ptr), "cuMemHostUnregister(%p) (%zu bytes)", ptr, size));
-  std::lock_guard<std::mutex> lock(table_mutex_);
-  live_host_.erase(ptr);
-  return 0;
+  return check(d_.cuMemHostUnregister(ptr), "cuMemHostUnregister(%p) (%zu bytes)", ptr, size);
 }
 
 // --- streams and copies -------------------------------------------------------------------

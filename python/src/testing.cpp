@@ -1,12 +1,14 @@
 // vramswap._testing: what the Python tests need and users should not: copy bytes between
 // Python and device memory (through the backend's pinned copies), close this process's
-// sessions so that each test gets its own pool server.
+// sessions so that each test gets its own pool server, have the options see a changed
+// environment.
 #include <pybind11/stl.h>
 
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "core/options.hpp"
 #include "runtime/runtime.hpp"
 #include "lock/device_lock.hpp"
 #include "bindings.hpp"
@@ -80,6 +82,9 @@ void init_testing(py::module_& m) {
         if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
       },
       py::arg("device") = 0, "Stop the device's pool server and remove its segment names (after reset()).");
+  t.def(
+      "reread_options", [] { options_reread_for_testing(); },
+      "Read the VRAMSWAP_* environment again (it is read once per process otherwise): after a test changes os.environ.");
 }
 
 }  // namespace vramswap::detail::python

@@ -17,6 +17,7 @@
 #include "core/fd_transfer.hpp"
 #include "core/status.hpp"
 #include "support/backends.hpp"
+#include "support/faulty_backend.hpp"
 #include "support/random_bytes.hpp"
 
 extern char** environ;
@@ -119,6 +120,31 @@ TEST_P(BackendConformance, DeviceInfoIsComplete) {
   std::printf("[ info     ] %s backend: %s, uuid %s, %.1f GiB total, %.1f GiB free, granularity %llu KiB\n", be->name(),
               info.name.c_str(), info.uuid.c_str(), info.total_bytes / 1073741824.0, info.free_bytes / 1073741824.0,
               static_cast<unsigned long long>(info.granularity >> 10));
+}
+
+// unmap() hands a run of mappings to the implementation one at a time, striking each from
+// the books as it goes: a failure part way leaves them true (the mappings before it
+// unmapped, the rest mapped), in the failing backend's books and in the real one's below.
+TEST_P(BackendConformance, AnUnmapThatFailsPartWayLeavesTheRestMapped) {
+  test::faulty_backend fb(*be);
+  device_ptr va = 0;
+  ASSERT_EQ(fb.reserve(0, 3 * gran, 0, &va), ok) << last_error();
+  frame_id f[3] = {};
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(fb.create_frame(0, gran, &f[i]), ok) << last_error();
+    ASSERT_EQ(fb.map(va + i * gran, gran, f[i], 0), ok) << last_error();
+  }
+  fb.fail_at(test::fault_op::unmap, 1);
+  EXPECT_FAILS(fb.unmap(va, 3 * gran), err_cuda, "1 of its 3 mappings were unmapped, then injected fault");
+  fb.disarm();
+  EXPECT_FAILS(fb.unmap(va, gran), err_not_mapped, "no mapping starts at");
+  EXPECT_FAILS(be->unmap(va, gran), err_not_mapped, "no mapping starts at");
+  EXPECT_FAILS(fb.release_frame(f[1]), err_busy, "still mapped");
+  EXPECT_EQ(fb.release_frame(f[0]), ok) << last_error();
+  ASSERT_EQ(fb.unmap(va + gran, 2 * gran), ok) << last_error();
+  EXPECT_EQ(fb.release_frame(f[1]), ok) << last_error();
+  EXPECT_EQ(fb.release_frame(f[2]), ok) << last_error();
+  EXPECT_EQ(fb.unreserve(va, 3 * gran), ok) << last_error();
 }
 
 TEST_P(BackendConformance, FrameKeepsItsBytesAcrossUnmapAndRemap) {

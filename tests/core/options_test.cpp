@@ -1,11 +1,14 @@
 #include "core/options.hpp"
 
 #include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -62,6 +65,7 @@ TEST(Options, OverrideBeatsEnvironmentBeatsDefault) {
   EXPECT_TRUE(option_is_default(option_id::frame_size));
   EXPECT_EQ(option_text(option_id::frame_size), "32MiB");
   ::setenv("VRAMSWAP_FRAME_SIZE", "64M", 1);
+  options_reread_for_testing();
   EXPECT_EQ(option_text(option_id::frame_size), "64M");
   option_set(option_id::frame_size, "2M");
   uint64_t v = 0;
@@ -69,17 +73,18 @@ TEST(Options, OverrideBeatsEnvironmentBeatsDefault) {
   EXPECT_EQ(v, 2 * MiB);
   option_set(option_id::frame_size, nullptr);
   ::unsetenv("VRAMSWAP_FRAME_SIZE");
+  options_reread_for_testing();
 }
 
 TEST(Options, UintRangeIsChecked) {
   option_set(option_id::host_devices, "0");
   uint64_t v = 0;
-  EXPECT_EQ(option_uint(option_id::host_devices, &v, 1, 64), err_invalid_argument);
+  EXPECT_EQ(option_uint(option_id::host_devices, &v), err_invalid_argument);
   EXPECT_NE(std::string(last_error()).find("VRAMSWAP_HOST_DEVICES"), std::string::npos);
   option_set(option_id::host_devices, "3x");
-  EXPECT_EQ(option_uint(option_id::host_devices, &v, 1, 64), err_invalid_argument);
+  EXPECT_EQ(option_uint(option_id::host_devices, &v), err_invalid_argument);
   option_set(option_id::host_devices, "3");
-  ASSERT_EQ(option_uint(option_id::host_devices, &v, 1, 64), ok);
+  ASSERT_EQ(option_uint(option_id::host_devices, &v), ok);
   EXPECT_EQ(v, 3u);
   option_set(option_id::host_devices, nullptr);
 }
@@ -143,11 +148,18 @@ std::vector<std::string> good_values(option_id id) {
   return {};
 }
 
-// Sets an environment variable for the scope of one test.
+// Sets an environment variable for the scope of one test, and has the options read it (they
+// read the environment once per process otherwise).
 struct scoped_env {
   std::string name;
-  scoped_env(std::string n, const std::string& value) : name(std::move(n)) { ::setenv(name.c_str(), value.c_str(), 1); }
-  ~scoped_env() { ::unsetenv(name.c_str()); }
+  scoped_env(std::string n, const std::string& value) : name(std::move(n)) {
+    ::setenv(name.c_str(), value.c_str(), 1);
+    options_reread_for_testing();
+  }
+  ~scoped_env() {
+    ::unsetenv(name.c_str());
+    options_reread_for_testing();
+  }
 };
 
 // What this process writes to stderr (the log) while it lives.
@@ -360,6 +372,120 @@ TEST(UnknownNames, EveryVariableTheSourcesReadIsKnown) {
     EXPECT_TRUE(known) << entry << " is read from the environment but is neither an option nor an other_variable (core/options.cpp)";
   }
   EXPECT_TRUE(torch) << "the scan missed the Python package's VRAMSWAP_TORCH";
+}
+
+// The table's bounds are the typed accessors' bounds: each edge of every count, flag and
+// bounded size is taken, and one step past it refused, naming the variable and the range.
+TEST(OptionBounds, TheTypedAccessorsTakeExactlyTheTablesRange) {
+  for (option_id id : all_options()) {
+    const option_desc& d = describe(id);
+    const option_form& f = d.form;
+    SCOPED_TRACE(d.env_name);
+    uint64_t v = 0;
+    if (f.kind == option_kind::count || f.kind == option_kind::flag) {
+      for (uint64_t edge : {f.min, f.max}) {
+        option_set(id, std::to_string(edge).c_str());
+        ASSERT_EQ(option_uint(id, &v), ok) << last_error();
+        EXPECT_EQ(v, edge);
+      }
+      std::vector<uint64_t> outside = {f.max + 1};
+      if (f.min > 0) outside.push_back(f.min - 1);
+      for (uint64_t past : outside) {
+        option_set(id, std::to_string(past).c_str());
+        v = 77;
+        EXPECT_EQ(option_uint(id, &v), err_invalid_argument) << past;
+        EXPECT_EQ(v, 77u);
+        EXPECT_NE(std::string(last_error()).find(option_accepted(id)), std::string::npos) << last_error();
+      }
+    } else if (f.kind == option_kind::size && f.percent_of == nullptr) {
+      const uint64_t step = f.multiple > 1 ? f.multiple : 1;
+      const uint64_t low = f.min == 0 ? 0 : (f.min + step - 1) / step * step;
+      option_set(id, std::to_string(low).c_str());
+      ASSERT_EQ(option_size(id, &v), ok) << last_error();
+      EXPECT_EQ(v, low);
+      if (f.min > 0) {
+        option_set(id, std::to_string(f.min - 1).c_str());
+        EXPECT_EQ(option_size(id, &v), err_invalid_argument);
+        EXPECT_NE(std::string(last_error()).find(d.env_name), std::string::npos) << last_error();
+      }
+      if (f.max != UINT64_MAX) {
+        option_set(id, std::to_string(f.max / step * step).c_str());
+        ASSERT_EQ(option_size(id, &v), ok) << last_error();
+        option_set(id, std::to_string(f.max + step).c_str());
+        EXPECT_EQ(option_size(id, &v), err_invalid_argument);
+        EXPECT_NE(std::string(last_error()).find("out of range"), std::string::npos) << last_error();
+      }
+    }
+    option_set(id, nullptr);
+  }
+}
+
+TEST(OptionsReadOnce, AVariableSetLaterIsSeenOnlyAfterTheTestOnlyReread) {
+  ::unsetenv("VRAMSWAP_SWAP_QUEUE_DEPTH");
+  options_reread_for_testing();
+  EXPECT_EQ(option_text(option_id::swap_queue_depth), "32");
+  ::setenv("VRAMSWAP_SWAP_QUEUE_DEPTH", "7", 1);
+  uint64_t v = 0;
+  EXPECT_EQ(option_text(option_id::swap_queue_depth), "32") << "the environment is read once per process";
+  EXPECT_TRUE(option_is_default(option_id::swap_queue_depth));
+  ASSERT_EQ(option_uint(option_id::swap_queue_depth, &v), ok);
+  EXPECT_EQ(v, 32u);
+  options_reread_for_testing();
+  EXPECT_EQ(option_text(option_id::swap_queue_depth), "7");
+  EXPECT_FALSE(option_is_default(option_id::swap_queue_depth));
+  ::unsetenv("VRAMSWAP_SWAP_QUEUE_DEPTH");
+  options_reread_for_testing();
+  EXPECT_EQ(option_text(option_id::swap_queue_depth), "32");
+}
+
+// Run only as the child of the test below (a fresh process, whose first use of an option
+// is here): it changes the environment after the first read and expects no effect.
+TEST(OptionsReadOnceChild, DISABLED_ReadsTheEnvironmentOnce) {
+  EXPECT_EQ(option_text(option_id::swap_queue_depth), "7");
+  ::setenv("VRAMSWAP_SWAP_QUEUE_DEPTH", "9", 1);
+  ::setenv("VRAMSWAP_SWAP_DIR", "/nowhere", 1);
+  uint64_t v = 0;
+  ASSERT_EQ(option_uint(option_id::swap_queue_depth, &v), ok) << last_error();
+  EXPECT_EQ(v, 7u);
+  EXPECT_EQ(option_text(option_id::swap_dir), "/var/tmp");
+  EXPECT_EQ(validate_options(), ok) << last_error();
+}
+
+// A fresh process with VRAMSWAP_LOG=debug: the options in force are logged once, at the
+// first read, each with where its value came from; later changes to the environment are
+// neither seen nor logged.
+TEST(OptionsReadOnce, AFreshProcessLogsTheOptionsInForceOnceAtDebugLevel) {
+  const std::string err_path = "/tmp/vramswap-options-child-" + std::to_string(::getpid()) + ".err";
+  std::string self(4096, '\0');
+  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
+  ASSERT_GT(n, 0) << std::strerror(errno);
+  self.resize(static_cast<size_t>(n));
+  std::string filter = "--gtest_filter=OptionsReadOnceChild.DISABLED_ReadsTheEnvironmentOnce";
+  std::string disabled = "--gtest_also_run_disabled_tests";
+  char* argv[] = {self.data(), filter.data(), disabled.data(), nullptr};
+  std::string env_log = "VRAMSWAP_LOG=debug", env_depth = "VRAMSWAP_SWAP_QUEUE_DEPTH=7", env_path = "PATH=/usr/bin:/bin";
+  char* envp[] = {env_log.data(), env_depth.data(), env_path.data(), nullptr};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, self.c_str(), &fa, nullptr, argv, envp);
+  posix_spawn_file_actions_destroy(&fa);
+  ASSERT_EQ(rc, 0) << "posix_spawn " << self << ": " << std::strerror(rc);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  std::ifstream in(err_path);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  ::unlink(err_path.c_str());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child test failed; its log:\n" << text;
+  for (option_id id : all_options()) {
+    EXPECT_EQ(count_of(text, std::string("options: ") + describe(id).env_name + "=\""), 1u) << describe(id).env_name << "\n" << text;
+  }
+  EXPECT_EQ(count_of(text, "options: VRAMSWAP_SWAP_QUEUE_DEPTH=\"7\" (from the environment)"), 1u) << text;
+  EXPECT_EQ(count_of(text, "options: VRAMSWAP_LOG=\"debug\" (from the environment)"), 1u) << text;
+  EXPECT_EQ(count_of(text, "options: VRAMSWAP_SWAP_DIR=\"/var/tmp\" (the default)"), 1u) << text;
+  EXPECT_EQ(count_of(text, "/nowhere"), 0u) << text;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "runtime/runtime.hpp"
+#include "support/test_env.hpp"
 
 namespace vramswap::detail::test {
 
@@ -17,18 +18,19 @@ api_test_env::api_test_env(int devices) : devices_(devices) {
   if (::mkdtemp(dir) == nullptr) throw std::runtime_error("mkdtemp failed");
   runtime_dir_ = dir;
   // Process-wide (the backend reads them once): the same for every test of the process.
-  ::setenv("VRAMSWAP_BACKEND", "host", 1);
-  ::setenv("VRAMSWAP_HOST_DEVICES", "2", 1);
-  ::setenv("VRAMSWAP_HOST_DEVICE_MEMORY", "256MiB", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_BACKEND", "host");
+  vramswap::detail::test::set_env("VRAMSWAP_HOST_DEVICES", "2");
+  vramswap::detail::test::set_env("VRAMSWAP_HOST_DEVICE_MEMORY", "256MiB");
   ::setenv("VRAMSWAP_LOG", "warn", 0);
   // Per test.
-  ::setenv("VRAMSWAP_SHM_PREFIX", prefix_.c_str(), 1);
-  ::setenv("VRAMSWAP_RUNTIME_DIR", runtime_dir_.c_str(), 1);
-  ::setenv("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY, 1);
-  ::setenv("VRAMSWAP_FRAME_SIZE", "2MiB", 1);
-  ::setenv("VRAMSWAP_POOL_SIZE", "64MiB", 1);
-  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "5", 1);
-  ::setenv("VRAMSWAP_SWAP_DIR", "/var/tmp", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_SHM_PREFIX", prefix_.c_str());
+  vramswap::detail::test::set_env("VRAMSWAP_RUNTIME_DIR", runtime_dir_.c_str());
+  vramswap::detail::test::set_env("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY);
+  vramswap::detail::test::set_env("VRAMSWAP_FRAME_SIZE", "2MiB");
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "64MiB");
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "5");
+  vramswap::detail::test::set_env("VRAMSWAP_SWAP_DIR", "/var/tmp");
+  options_reread_for_testing();  // VRAMSWAP_LOG above, set only where unset
 }
 
 void api_test_env::end() {

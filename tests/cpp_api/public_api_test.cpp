@@ -26,6 +26,7 @@
 #include "support/random_bytes.hpp"
 #include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
+#include "support/test_env.hpp"
 
 extern char** environ;
 
@@ -562,7 +563,7 @@ TEST_F(PublicApi, AnUnknownSettingGetsOneWarningNamingTheClosestOne) {
 }
 
 TEST_F(PublicApi, AMalformedSettingFailsEveryCallUntilCorrected) {
-  ::setenv("VRAMSWAP_EVICT_TIMEOUT", "30s", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_EVICT_TIMEOUT", "30s");
   EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, -1), VRAMSWAP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(vramswap_last_error()).find("VRAMSWAP_EVICT_TIMEOUT=\"30s\" is not a whole number; expected a whole number "
                                                     "from 1 to 86400"),
@@ -576,7 +577,7 @@ TEST_F(PublicApi, AMalformedSettingFailsEveryCallUntilCorrected) {
   }
   EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
   // Nothing was left half made: once corrected, the same process opens its session.
-  ::unsetenv("VRAMSWAP_EVICT_TIMEOUT");
+  vramswap::detail::test::unset_env("VRAMSWAP_EVICT_TIMEOUT");
   {
     vramswap::gpu_lock g(0);
     EXPECT_TRUE(g.owns_lock());

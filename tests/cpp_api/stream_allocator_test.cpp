@@ -19,6 +19,7 @@
 #include "support/random_bytes.hpp"
 #include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
+#include "support/test_env.hpp"
 
 namespace {
 constexpr size_t MiB = size_t{1} << 20;
@@ -96,7 +97,7 @@ TEST_F(StreamAllocator, MisuseIsRefusedAndChangesNothing) {
 }
 
 TEST_F(StreamAllocator, AFullArenaIsMadeRoomInByGivingTheCachesBack) {
-  ::setenv("VRAMSWAP_ARENA_SIZE", "64MiB", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_ARENA_SIZE", "64MiB");
   std::vector<void*> blocks;
   for (int i = 0; i < 6; ++i) blocks.push_back(vramswap::malloc_async(8 * MiB, s1));
   for (void* p : blocks) vramswap::free_async(p, s1);
@@ -112,17 +113,17 @@ TEST_F(StreamAllocator, AFullArenaIsMadeRoomInByGivingTheCachesBack) {
     EXPECT_NE(std::string(e.what()).find("malloc_async"), std::string::npos) << e.what();
   }
   vramswap::free_async(big, s2);
-  ::unsetenv("VRAMSWAP_ARENA_SIZE");
+  vramswap::detail::test::unset_env("VRAMSWAP_ARENA_SIZE");
 }
 
 // Threads allocating and freeing on their own streams (and across them, as a framework's
 // garbage collector does), in an arena small enough that allocations must trim: no block is
 // ever handed out while another live block overlaps it, and at the end every byte is back.
 TEST_F(StreamAllocator, ConcurrentStreamsNeverShareALiveBlock) {
-  ::setenv("VRAMSWAP_ARENA_SIZE", "112MiB", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_ARENA_SIZE", "112MiB");
   // The arena is what must run short here, not the pool: outside the lock each block is
   // backed at once from free frames, so the pool holds the whole arena.
-  ::setenv("VRAMSWAP_POOL_SIZE", "128MiB", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "128MiB");
   std::mutex m;
   std::map<uintptr_t, size_t> live;  // every block handed out and not yet freed
   std::atomic<int> overlaps{0}, failures{0};
@@ -178,14 +179,14 @@ TEST_F(StreamAllocator, ConcurrentStreamsNeverShareALiveBlock) {
   const vramswap::stats s = vramswap::get_stats(0);
   EXPECT_EQ(s.cached_bytes, 0u);
   EXPECT_EQ(s.allocated_bytes, 0u) << "every block given back";
-  ::unsetenv("VRAMSWAP_ARENA_SIZE");
-  ::setenv("VRAMSWAP_POOL_SIZE", "64MiB", 1);
+  vramswap::detail::test::unset_env("VRAMSWAP_ARENA_SIZE");
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "64MiB");
 }
 
 // Eager release evicts everything at unlock: live blocks are copied out and come back
 // intact; a cached block is discardable and costs no copy.
 TEST_F(StreamAllocator, EvictionCopiesLiveBlocksAndDropsCachedOnes) {
-  ::setenv("VRAMSWAP_EAGER_RELEASE", "1", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_EAGER_RELEASE", "1");
   const size_t size = 8 * MiB;  // whole 2 MiB frames: no page shared between the two
   void* live = vramswap::malloc_async(size, s1);
   void* dead = vramswap::malloc_async(size, s1);
@@ -211,7 +212,7 @@ TEST_F(StreamAllocator, EvictionCopiesLiveBlocksAndDropsCachedOnes) {
     vramswap::free_async(reused, s1);
   }
   vramswap::free_async(live, s1);
-  ::unsetenv("VRAMSWAP_EAGER_RELEASE");
+  vramswap::detail::test::unset_env("VRAMSWAP_EAGER_RELEASE");
 }
 
 // The path vramswap.torch takes for every tensor: a success must not leave anything behind

@@ -41,6 +41,7 @@ def deployment():
         env["VRAMSWAP_SERVER"] = os.environ["VRAMSWAP_TEST_SERVER"]
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    vramswap._testing.reread_options()  # the library reads the environment once per process
     try:
         yield env
     finally:
@@ -53,3 +54,4 @@ def deployment():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        vramswap._testing.reread_options()

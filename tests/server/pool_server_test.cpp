@@ -50,6 +50,7 @@
 #include "support/loopback.hpp"
 #include "lock/shared_segment.hpp"
 #include "server/pool_server.hpp"
+#include "support/test_env.hpp"
 
 extern char** environ;
 
@@ -178,22 +179,22 @@ class PoolServer : public ::testing::Test {
     const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(counter++);
     dir_ = "/tmp/vramswap-srvtest-" + tag;
     prefix_ = "vssrv-" + tag + "-";
-    ::setenv("VRAMSWAP_RUNTIME_DIR", dir_.c_str(), 1);
-    ::setenv("VRAMSWAP_SHM_PREFIX", prefix_.c_str(), 1);
-    ::setenv("VRAMSWAP_BACKEND", "host", 1);
-    ::setenv("VRAMSWAP_HOST_DEVICE_MEMORY", "256MiB", 1);
-    ::setenv("VRAMSWAP_FRAME_SIZE", "2MiB", 1);
-    ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "0", 1);
-    ::setenv("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY, 1);
-    ::unsetenv("VRAMSWAP_POOL_SIZE");
-    ::unsetenv("VRAMSWAP_GROUP");
+    vramswap::detail::test::set_env("VRAMSWAP_RUNTIME_DIR", dir_.c_str());
+    vramswap::detail::test::set_env("VRAMSWAP_SHM_PREFIX", prefix_.c_str());
+    vramswap::detail::test::set_env("VRAMSWAP_BACKEND", "host");
+    vramswap::detail::test::set_env("VRAMSWAP_HOST_DEVICE_MEMORY", "256MiB");
+    vramswap::detail::test::set_env("VRAMSWAP_FRAME_SIZE", "2MiB");
+    vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "0");
+    vramswap::detail::test::set_env("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY);
+    vramswap::detail::test::unset_env("VRAMSWAP_POOL_SIZE");
+    vramswap::detail::test::unset_env("VRAMSWAP_GROUP");
   }
 
   void TearDown() override {
     if (saved_log_.empty()) {
-      ::unsetenv("VRAMSWAP_LOG");
+      vramswap::detail::test::unset_env("VRAMSWAP_LOG");
     } else {
-      ::setenv("VRAMSWAP_LOG", saved_log_.c_str(), 1);
+      vramswap::detail::test::set_env("VRAMSWAP_LOG", saved_log_.c_str());
     }
     for (proc& p : procs_) {
       if (p.pid > 0) ::kill(p.pid, SIGKILL);
@@ -213,7 +214,7 @@ class PoolServer : public ::testing::Test {
     pool_segment::remove("host-0");
     device_lock::remove("host-0");
     if (std::system(("rm -rf " + dir_).c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
-    for (const char* v : {"VRAMSWAP_RUNTIME_DIR", "VRAMSWAP_SHM_PREFIX", "VRAMSWAP_SERVER", "VRAMSWAP_POOL_IDLE_EXIT"}) ::unsetenv(v);
+    for (const char* v : {"VRAMSWAP_RUNTIME_DIR", "VRAMSWAP_SHM_PREFIX", "VRAMSWAP_SERVER", "VRAMSWAP_POOL_IDLE_EXIT"}) vramswap::detail::test::unset_env(v);
   }
 
   // A client running `steps`, remembered for TearDown; its stderr to `err_file` when given.
@@ -307,9 +308,9 @@ TEST_F(PoolServer, ServesZeroedFramesSharedBetweenClients) {
 TEST_F(PoolServer, EightClientsStartingAtOnceGetExactlyOneServer) {
   // No VRAMSWAP_SERVER: clients find vramswapd next to the binary holding vramswap's code
   // (dladdr), here the link beside pool_client (tests/server/CMakeLists.txt).
-  ::unsetenv("VRAMSWAP_SERVER");
-  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
-  ::setenv("VRAMSWAP_LOG", "info", 1);  // the server's log is checked below
+  vramswap::detail::test::unset_env("VRAMSWAP_SERVER");
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "1");
+  vramswap::detail::test::set_env("VRAMSWAP_LOG", "info");  // the server's log is checked below
   std::vector<proc*> clients;
   for (int i = 0; i < 8; ++i) clients.push_back(&client({"connect", "zero", "0", "2", "ready", "hold"}));
   std::set<long> servers;
@@ -334,20 +335,20 @@ TEST_F(PoolServer, EightClientsStartingAtOnceGetExactlyOneServer) {
 TEST_F(PoolServer, TwoPrefixesInOneRuntimeDirAreTwoPools) {
   // The prefix names the server's files as it names the segments: a client under another
   // prefix starts its own server with its own size, and never joins the first one's pool.
-  ::unsetenv("VRAMSWAP_SERVER");
-  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
-  ::setenv("VRAMSWAP_POOL_SIZE", "64MiB", 1);
+  vramswap::detail::test::unset_env("VRAMSWAP_SERVER");
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "1");
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "64MiB");
   proc& a = client({"connect", "ready", "hold"});
   const std::vector<long> fa = fields(read_line(a, 60s));
   ASSERT_EQ(fa.size(), 3u);
   EXPECT_EQ(fa[1], 32);
 
   const std::string other = prefix_ + "b-";
-  ::setenv("VRAMSWAP_SHM_PREFIX", other.c_str(), 1);
-  ::setenv("VRAMSWAP_POOL_SIZE", "32MiB", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_SHM_PREFIX", other.c_str());
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "32MiB");
   proc& b = client({"connect", "ready", "hold"});
   const std::vector<long> fb = fields(read_line(b, 60s));
-  ::setenv("VRAMSWAP_SHM_PREFIX", prefix_.c_str(), 1);
+  vramswap::detail::test::set_env("VRAMSWAP_SHM_PREFIX", prefix_.c_str());
   ASSERT_EQ(fb.size(), 3u);
   EXPECT_EQ(fb[1], 16);
   EXPECT_NE(fb[2], fa[2]) << "the second prefix joined the first prefix's server";
@@ -360,20 +361,20 @@ TEST_F(PoolServer, TwoPrefixesInOneRuntimeDirAreTwoPools) {
   for (proc* c : {&a, &b}) EXPECT_EQ(reap(c->pid), 0), c->pid = -1;
   EXPECT_EQ(reap(static_cast<pid_t>(fa[2]), 20s), 0);
   EXPECT_EQ(reap(static_cast<pid_t>(fb[2]), 20s), 0);
-  ::setenv("VRAMSWAP_SHM_PREFIX", other.c_str(), 1);
+  vramswap::detail::test::set_env("VRAMSWAP_SHM_PREFIX", other.c_str());
   std::string other_name;
   ASSERT_EQ(pool_segment::name_for("host-0", &other_name), ok);
-  ::setenv("VRAMSWAP_SHM_PREFIX", prefix_.c_str(), 1);
+  vramswap::detail::test::set_env("VRAMSWAP_SHM_PREFIX", prefix_.c_str());
   EXPECT_NE(::access(("/dev/shm" + other_name).c_str(), F_OK), 0) << "segment left behind";
 }
 
 TEST_F(PoolServer, ClientAskingForAnotherSizeIsToldTheRunningPoolsSize) {
-  ::setenv("VRAMSWAP_POOL_SIZE", "64MiB", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "64MiB");
   const pid_t server = start_server();
   ASSERT_GT(server, 0);
   std::unique_ptr<backend> be;
   ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
-  ::setenv("VRAMSWAP_POOL_SIZE", "32MiB", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "32MiB");
   std::unique_ptr<pool_connection> c;
   ::testing::internal::CaptureStderr();  // the log writes to fd 2; its level is at least warn
   const int rc = pool_connection::connect(*be, 0, false, &c);
@@ -387,7 +388,7 @@ TEST_F(PoolServer, ClientAskingForAnotherSizeIsToldTheRunningPoolsSize) {
   c.reset();
 
   // Asking for what runs says nothing.
-  ::setenv("VRAMSWAP_POOL_SIZE", "64MiB", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "64MiB");
   ::testing::internal::CaptureStderr();
   ASSERT_EQ(pool_connection::connect(*be, 0, false, &c), ok) << last_error();
   EXPECT_EQ(::testing::internal::GetCapturedStderr().find("VRAMSWAP_POOL_SIZE"), std::string::npos);
@@ -474,8 +475,8 @@ TEST_F(PoolServer, StoppedClientsDoNotStopTheServer) {
 }
 
 TEST_F(PoolServer, ExitsAfterTheIdleTimeout) {
-  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
-  ::setenv("VRAMSWAP_LOG", "info", 1);  // the server's log is checked below
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "1");
+  vramswap::detail::test::set_env("VRAMSWAP_LOG", "info");  // the server's log is checked below
   // Started on demand; stays while a client is attached (2 s > 1 s), then exits idle.
   proc& a = client({"connect", "ready", "hold"});
   const std::vector<long> f = fields(read_line(a, 60s));
@@ -520,8 +521,8 @@ TEST_F(PoolServer, KilledServerIsNoticedAndReplaced) {
 // rest of LD_PRELOAD; a server started by hand under the shim refuses, saying how to start it.
 // The preloaded names do not exist: ld.so warns and goes on, which is all these cases need.
 TEST_F(PoolServer, AClientUnderThePreloadShimStartsTheServerWithoutIt) {
-  ::unsetenv("VRAMSWAP_SERVER");
-  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
+  vramswap::detail::test::unset_env("VRAMSWAP_SERVER");
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "1");
   ::setenv("LD_PRELOAD", "/nonexistent/libvramswap_preload.so", 1);
   proc& c = client({"connect", "ready", "hold"});
   ::unsetenv("LD_PRELOAD");
@@ -565,7 +566,7 @@ TEST_F(PoolServer, ASecondRuntimeDirGetsNoSecondPool) {
   ASSERT_EQ(fields(read_line(a)).size(), 3u);
 
   const std::string other = dir_ + "-b";
-  ::setenv("VRAMSWAP_RUNTIME_DIR", other.c_str(), 1);
+  vramswap::detail::test::set_env("VRAMSWAP_RUNTIME_DIR", other.c_str());
   proc second = spawn({VRAMSWAP_SERVER_BINARY, "--foreground", "--ready-fd", "1"});
   const std::string report = read_line(second, 30s);
   ::close(second.in);
@@ -580,12 +581,12 @@ TEST_F(PoolServer, ASecondRuntimeDirGetsNoSecondPool) {
     EXPECT_NE(report.find("kill -TERM " + std::to_string(first)), std::string::npos) << report;
   }
   // A client there starting a server on demand is told the same (and hangs on to nothing).
-  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "1");
   proc& b = client({"connect", "ready", "hold"});
   const std::string b_ready = read_line(b, 60s);
   EXPECT_TRUE(b_ready.empty()) << "a client of the second runtime dir got a pool: " << b_ready;
-  ::setenv("VRAMSWAP_RUNTIME_DIR", dir_.c_str(), 1);
-  ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "0", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_RUNTIME_DIR", dir_.c_str());
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "0");
 
   // Clients of the first server still see its frame table: frame 3 is A's, so another
   // client can neither take it nor have written into it.
@@ -771,13 +772,13 @@ TEST_F(PoolServer, NoServerAndNoAutostartIsAClearError) {
   EXPECT_EQ(pool_connection::connect(*be, 0, false, &c), err_unavailable);
   EXPECT_NE(std::string(last_error()).find("no pool server listens on " + dir_ + "/" + prefix_ + "host-0.sock"), std::string::npos) << last_error();
 
-  ::setenv("VRAMSWAP_SERVER", "/nonexistent/vramswapd", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_SERVER", "/nonexistent/vramswapd");
   EXPECT_EQ(pool_connection::connect(*be, 0, true, &c), err_unavailable);
   EXPECT_NE(std::string(last_error()).find("VRAMSWAP_SERVER=/nonexistent/vramswapd"), std::string::npos) << last_error();
 
   // A server that cannot start says why, through the client.
-  ::setenv("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY, 1);
-  ::setenv("VRAMSWAP_POOL_SIZE", "lots", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY);
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "lots");
   EXPECT_EQ(pool_connection::connect(*be, 0, true, &c), err_unavailable);
   EXPECT_NE(std::string(last_error()).find("VRAMSWAP_POOL_SIZE"), std::string::npos) << last_error();
 }
@@ -807,7 +808,7 @@ TEST_F(PoolServer, ServerThatNeverGetsReadyIsKilledWithinTheStartBound) {
   const std::string log = dir_ + "/" + prefix_ + "host-0.log";
   const auto t0 = std::chrono::steady_clock::now();
 
-  ::setenv("VRAMSWAP_SERVER", forking.c_str(), 1);
+  vramswap::detail::test::set_env("VRAMSWAP_SERVER", forking.c_str());
   proc& starter = client({"connect"}, dir_ + "-starter.err");
   const pid_t starter_pid = starter.pid;
   ASSERT_TRUE(eventually([&] { return pid_in(forked_pid) > 0; }, 20s)) << "the fake server never ran";
@@ -817,13 +818,13 @@ TEST_F(PoolServer, ServerThatNeverGetsReadyIsKilledWithinTheStartBound) {
 
   // Another pool (prefix) at the same time, whose server does not even fork.
   const std::string other_dir = dir_ + "-b";
-  ::setenv("VRAMSWAP_SERVER", plain.c_str(), 1);
-  ::setenv("VRAMSWAP_RUNTIME_DIR", other_dir.c_str(), 1);
-  ::setenv("VRAMSWAP_SHM_PREFIX", (prefix_ + "b-").c_str(), 1);
+  vramswap::detail::test::set_env("VRAMSWAP_SERVER", plain.c_str());
+  vramswap::detail::test::set_env("VRAMSWAP_RUNTIME_DIR", other_dir.c_str());
+  vramswap::detail::test::set_env("VRAMSWAP_SHM_PREFIX", (prefix_ + "b-").c_str());
   proc& lone = client({"connect"}, dir_ + "-lone.err");
-  ::setenv("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY, 1);
-  ::setenv("VRAMSWAP_RUNTIME_DIR", dir_.c_str(), 1);
-  ::setenv("VRAMSWAP_SHM_PREFIX", prefix_.c_str(), 1);
+  vramswap::detail::test::set_env("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY);
+  vramswap::detail::test::set_env("VRAMSWAP_RUNTIME_DIR", dir_.c_str());
+  vramswap::detail::test::set_env("VRAMSWAP_SHM_PREFIX", prefix_.c_str());
 
   const int bound = pool_connection::k_start_timeout_s;
   for (proc* p : {&starter, &waiter1, &waiter2, &lone}) {
@@ -909,7 +910,7 @@ TEST_F(PoolServer, SomethingElseAtTheSocketPathIsRefusedNotReplaced) {
   }
 
   // Now it is the stale socket of a dead server (nobody listens): replaced.
-  ::setenv("VRAMSWAP_LOG", "info", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_LOG", "info");
   const pid_t server = start_server({"--idle-exit", "0"});
   ASSERT_GT(server, 0);
   EXPECT_EQ(run_client({"connect-noauto", "zero", "0", "1"}), 0);
@@ -1025,7 +1026,7 @@ TEST_F(PoolServer, InProcessServerGivesAllMemoryBack) {
   ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
   device_info before;
   ASSERT_EQ(be->get_device_info(0, &before), ok);
-  ::setenv("VRAMSWAP_POOL_SIZE", "25%", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "25%");
   pool_server_options o;
   o.be = be.get();
   std::unique_ptr<pool_server> server;
@@ -1054,11 +1055,11 @@ TEST_F(PoolServer, BadSizesAreRefusedByName) {
   pool_server_options o;
   o.be = be.get();
   std::unique_ptr<pool_server> server;
-  ::setenv("VRAMSWAP_FRAME_SIZE", "3MiB", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_FRAME_SIZE", "3MiB");
   clear_error();
   EXPECT_EQ(pool_server::start(o, &server), err_invalid_argument);
   EXPECT_NE(std::string(last_error()).find("VRAMSWAP_FRAME_SIZE"), std::string::npos) << last_error();
-  ::setenv("VRAMSWAP_FRAME_SIZE", "2MiB", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_FRAME_SIZE", "2MiB");
   o.pool_size = "1TiB";
   EXPECT_EQ(pool_server::start(o, &server), err_out_of_memory);
   EXPECT_NE(std::string(last_error()).find("does not fit"), std::string::npos) << last_error();
@@ -1090,7 +1091,7 @@ TEST_F(PoolServer, HostPoolTooSmallOrLargerThanRamIsRefusedByName) {
 TEST_F(PoolServer, HostPoolIsSharedByItsClients) {
   std::unique_ptr<backend> be;
   ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
-  ::setenv("VRAMSWAP_POOL_SIZE", "25%", 1);
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "25%");
   pool_server_options o;
   o.be = be.get();
   o.host_pool = "40MiB";

@@ -14,6 +14,7 @@
 
 #include "core/options.hpp"
 #include "lock/device_lock.hpp"
+#include "support/test_env.hpp"
 
 extern char** environ;
 
@@ -22,7 +23,7 @@ namespace {
 
 TEST(SwapTurns, TwoProcessesLargerThanTheirHostBudgetTakeTurns) {
   const std::string prefix = "vstest-swap-" + std::to_string(::getpid()) + "-";
-  ::setenv("VRAMSWAP_SHM_PREFIX", prefix.c_str(), 1);
+  vramswap::detail::test::set_env("VRAMSWAP_SHM_PREFIX", prefix.c_str());
   option_set(option_id::shm_prefix, prefix.c_str());
   char log_path[] = "/tmp/vramswap-turns-XXXXXX";
   const int fd = ::mkstemp(log_path);
