@@ -305,7 +305,8 @@ TEST_F(PoolServer, ServesZeroedFramesSharedBetweenClients) {
 }
 
 TEST_F(PoolServer, EightClientsStartingAtOnceGetExactlyOneServer) {
-  // No VRAMSWAP_SERVER: clients find vramswapd next to libvramswap (dladdr).
+  // No VRAMSWAP_SERVER: clients find vramswapd next to the object that holds the pool client
+  // (dladdr): pool_client itself, built beside vramswapd.
   ::unsetenv("VRAMSWAP_SERVER");
   ::setenv("VRAMSWAP_POOL_IDLE_EXIT", "1", 1);
   ::setenv("VRAMSWAP_LOG", "info", 1);  // the server's log is checked below
