@@ -16,8 +16,10 @@
 // comment lists them. The C API's codes map to them one to one (throw_error): the comment on
 // each function in vramswap/vramswap.h says what each code means there, and the first call
 // about a device may also throw what opening its session throws:
-//   unavailable       a forked child (below); no usable backend (no CUDA driver or device);
-//                     vramswapd not found, or it could not start, or it exited meanwhile.
+//   unavailable       a forked child (below); another copy of the runtime opened sessions in
+//                     this process first (below: one runtime per process); no usable backend
+//                     (no CUDA driver or device); vramswapd not found, or it could not start,
+//                     or it exited meanwhile.
 //   invalid_argument  no such device; a malformed VRAMSWAP_* setting (named in what()).
 //   timeout           vramswapd did not get ready, or did not answer, in time.
 //   version_mismatch  vramswapd, or a shared segment, of another vramswap version.
@@ -33,7 +35,8 @@
 //     the preload shim (libvramswap_preload.so) each carry their own copy of the runtime,
 //     with its own session per device. Use exactly one of them in a process: a program run
 //     under the shim must neither link libvramswap.so nor import vramswap, or it gets two
-//     sessions that take turns with each other and two members of the pool.
+//     sessions that take turns with each other and two members of the pool. The copy that
+//     opens a session first keeps the process; any other throws unavailable, naming both.
 //   - The lock is per device and per thread. A thread that holds a device's lock may lock it
 //     again (counted: every lock needs its unlock). Another thread of the same process that
 //     locks the device waits like any other process. Unlock on the thread that locked.
