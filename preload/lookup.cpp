@@ -246,7 +246,7 @@ void* replacement_by_name(const char* symbol) {
 }  // namespace
 
 // dlsym's answer for a caller at `caller`: the shim's function, or nullptr to let the real
-// dlsym answer (see the trampoline below).
+// dlsym answer (dlsym_trampoline.cpp).
 void* lookup_for(const void* caller, void* handle, const char* symbol) {
   if (symbol == nullptr || symbol[0] != 'c' || symbol[1] != 'u') return nullptr;
   void* ours = replacement_by_name(symbol);
@@ -261,67 +261,3 @@ dlsym_fn real_dlsym_function() {
 }
 
 }  // namespace vramswap::detail::preload
-
-// --- exported: dlsym ---------------------------------------------------------------------
-// glibc's dlsym looks at its caller: RTLD_NEXT, and RTLD_DEFAULT from an object loaded with
-// RTLD_LOCAL (libcuda looks up its own dependencies' symbols that way), are resolved in the
-// scope of the object that called. Forwarding with an ordinary call would make the shim that
-// caller, and libcuda crashes on the symbols it then cannot find. So dlsym is a trampoline:
-// it asks dlsym_decide (with the caller's return address) whether to answer with a
-// replacement, and otherwise jumps to the real dlsym with the stack as it found it, so the
-// real one sees the original caller. x86-64 only (the CUDA platforms the shim targets).
-extern "C" {
-__attribute__((visibility("hidden"))) void* vramswap_real_dlsym_ptr = nullptr;
-}
-extern "C" __attribute__((visibility("hidden"))) void* vramswap_dlsym_decide(void* handle, const char* symbol, const void* caller) {
-  if (vramswap_real_dlsym_ptr == nullptr) vramswap_real_dlsym_ptr = reinterpret_cast<void*>(vramswap::detail::preload::real_dlsym_function());
-  return vramswap::detail::preload::lookup_for(caller, handle, symbol);
-}
-
-#if !defined(__x86_64__)
-#error "libvramswap_preload.so: the dlsym trampoline is written for x86-64"
-#endif
-__asm__(R"(
-    .text
-    .globl dlsym
-    .type dlsym, @function
-dlsym:
-    push %rdi
-    push %rsi
-    sub $8, %rsp
-    mov 24(%rsp), %rdx
-    call vramswap_dlsym_decide
-    add $8, %rsp
-    pop %rsi
-    pop %rdi
-    test %rax, %rax
-    jnz 1f
-    jmp *vramswap_real_dlsym_ptr(%rip)
-1:
-    ret
-    .size dlsym, .-dlsym
-)");
-
-// --- diagnostics ---------------------------------------------------------------------------
-// VRAMSWAP_PRELOAD_BACKTRACE=1: on a crash (SIGSEGV, SIGBUS, SIGILL), print the native
-// stack to stderr before dying, for reports of a program that fails only under the shim.
-#include <execinfo.h>
-#include <signal.h>
-#include <unistd.h>
-
-namespace {
-void crash_backtrace(int sig) {
-  void* frames[64];
-  const int n = backtrace(frames, 64);
-  const char head[] = "vramswap preload: crashed; native stack:\n";
-  (void)!write(2, head, sizeof head - 1);
-  backtrace_symbols_fd(frames, n, 2);
-  signal(sig, SIG_DFL);
-  raise(sig);
-}
-__attribute__((constructor)) void install_crash_backtrace() {
-  const char* on = std::getenv("VRAMSWAP_PRELOAD_BACKTRACE");
-  if (on == nullptr || std::strcmp(on, "1") != 0) return;
-  for (int sig : {SIGSEGV, SIGBUS, SIGILL}) signal(sig, crash_backtrace);
-}
-}  // namespace

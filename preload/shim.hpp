@@ -10,8 +10,12 @@
 //               of the functions below and the real ones for everything else. The driver's
 //               and the runtime's exported symbols are interposed too, for programs that
 //               call them directly.
+//               The exported dlsym itself is an x86-64 trampoline (dlsym_trampoline.cpp)
+//               over lookup.cpp's decision.
 //   memory.cpp  what the replaced functions do: allocation, free and memory info through the
 //               vramswap runtime (runtime/runtime.hpp).
+// Beside them: exports.cpp (the driver's and runtime's symbols by name) and
+// crash_backtrace.cpp (VRAMSWAP_PRELOAD_BACKTRACE).
 // Every driver function that queues device work (launches, graph launches, copies,
 // memsets, stream memory operations) is handed out wrapped in the launch gate
 // (core/launch_gate.hpp), the safe point for moving an oversubscribed process's pages.

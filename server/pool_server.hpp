@@ -126,20 +126,25 @@ class pool_server {
     uint64_t hung_up_ns = 0;  // when its connection closed (0: still connected)
   };
 
+  // start(), run(), request_stop() and these: pool_server.cpp.
   pool_server() = default;
+  void teardown() noexcept;
+  // The pool: pool_frames.cpp.
   int build_pool(uint64_t pool_bytes) noexcept;
   int build_host_pool(uint64_t bytes) noexcept;
   int scrub(const uint32_t* indices, size_t count) noexcept;
+  // The handshake: pool_handshake.cpp.
   int open_socket() noexcept;
-  int open_metrics(const std::string& port_text, const char* what) noexcept;
   void accept_one() noexcept;
   void serve_new(int fd) noexcept;
   void refuse(int fd, int status, const char* fmt, ...) noexcept __attribute__((format(printf, 4, 5)));
   bool peer_allowed(pid_t pid, uid_t uid, gid_t gid, std::string* why) noexcept;
+  // Repair: pool_repair.cpp.
   void repair(const client& c) noexcept;
   // The device lock's repair; false (and retried from run()) while its mutex is stuck.
   bool repair_lock() noexcept;
-  void teardown() noexcept;
+  // The metrics endpoint: pool_metrics.cpp.
+  int open_metrics(const std::string& port_text, const char* what) noexcept;
 
   backend* be_ = nullptr;
   int device_ = 0;

@@ -3,10 +3,77 @@
  *
  * Every function returns VRAMSWAP_OK (0) or one of the negative codes below, and records a
  * message for the calling thread that vramswap_last_error() returns until the next failure
- * on that thread. Nothing here throws or aborts. Thread-safe.
+ * on that thread: it names the call and what it was about, and says what to do. Nothing
+ * here throws or aborts. Thread-safe. Each function's comment lists the codes it returns.
  *
- * The rules of the C++ header apply (ownership per thread, re-entry counted, device order,
- * fork): see the comment at the top of vramswap/vramswap.hpp and docs/api.md.
+ * Caveats
+ * =======
+ * What a user must know so as not to hurt themselves (docs/api.md has the reasons):
+ *
+ * - One runtime per process. libvramswap.so, the Python module (vramswap._vramswap) and the
+ *   preload shim (libvramswap_preload.so) each carry their own copy of the runtime, with
+ *   its own session per device. A process must use exactly one of them: a program run
+ *   under the shim must neither link libvramswap.so nor import vramswap, or it gets two
+ *   sessions that take turns with each other (its own allocations swapped out by its own
+ *   lock) and two members of the pool. The copy that opens a session first keeps the
+ *   process; any other refuses to open one (VRAMSWAP_ERR_UNAVAILABLE, naming both copies).
+ * - The lock is per device and per thread. A thread that holds a device's lock may lock it
+ *   again (counted: each vramswap_lock needs its vramswap_unlock, and only the last one
+ *   hands the lock on); another thread of the same process that locks the device waits
+ *   like another process would. Unlock on the thread that locked.
+ * - Several devices: lock them in increasing device order (0 before 1). A thread that holds
+ *   device d and makes a waiting lock (timeout_ns != 0) of a device below d gets
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT instead of a possible deadlock with another process. A
+ *   try (timeout_ns 0) may go in any order.
+ * - fork after first use: a child forked after this process first used vramswap (any call
+ *   that opened a device's session) cannot use vramswap, nor CUDA: every call there returns
+ *   VRAMSWAP_ERR_UNAVAILABLE, and it never holds the parent's locks. Start helpers with
+ *   posix_spawn or fork + exec. A child forked before first use is a fresh user.
+ * - Memory is the device's only while the lock is held. Allocating and freeing need no
+ *   lock, but the device (kernels, copies) may touch this process's memory only while one
+ *   of its threads holds the device's lock. Outside the lock, an allocation is backed at
+ *   once only if the pool has free frames for it; vramswap_malloc otherwise backs it at the
+ *   next lock (touching it before then is an illegal address on CUDA, a SIGSEGV on the host
+ *   backend), vramswap_malloc_async fails with VRAMSWAP_ERR_OUT_OF_MEMORY. Memory touched
+ *   outside the lock may have gone to another process since: allocate and first-touch
+ *   outside the lock only at start-up, everything else under it.
+ * - Device memory that is not vramswap's (cudaMalloc without the shim, CUDA's own context,
+ *   cuBLAS and cuDNN workspaces) is never swapped: it stays on the device outside the pool.
+ * - Oversubscription (VRAMSWAP_OVERSUBSCRIBE=1, docs/oversubscription.md): such a process is
+ *   low priority and never takes the lock (vramswap_lock returns
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT); its memory is always mapped, in pool frames while free,
+ *   else in host memory up to VRAMSWAP_OVERSUBSCRIBE_LIMIT (then VRAMSWAP_ERR_OUT_OF_MEMORY),
+ *   and its kernels run at any time. Its device work is made safe to move only through the
+ *   preload shim's launch gate: use it through the shim. The processes that take turns get
+ *   its frames back when they need them; one that cannot give them back (at its limit) makes
+ *   their vramswap_lock fail with VRAMSWAP_ERR_TIMEOUT after VRAMSWAP_EVICT_TIMEOUT.
+ * - A lock taken over from a process that died holding it is granted normally (VRAMSWAP_OK):
+ *   the lock was repaired and this process's memory is intact; the death is logged and
+ *   counted (vramswap_stats_t.lock_holder_deaths). The dead process's work is not undone.
+ * - Configuration is read from VRAMSWAP_* environment variables when a device's session
+ *   opens; a malformed one fails that call and every later one until it is corrected
+ *   (VRAMSWAP_ERR_INVALID_ARGUMENT, naming the variable).
+ *
+ * Opening a session. The first call about a device (any of the functions below but
+ * vramswap_unlock, vramswap_last_error and vramswap_status_name) opens the device's session:
+ * it checks the VRAMSWAP_* settings, connects to the device's pool server vramswapd (starting
+ * it when none runs) and opens the device's lock. A failed open is not cached: the next call
+ * tries again. Besides their own, those functions return the errors of opening it:
+ *   VRAMSWAP_ERR_UNAVAILABLE       a forked child (above); another copy of the runtime opened
+ *                                  sessions in this process first (above: one runtime per
+ *                                  process; the message names both copies); no usable backend
+ *                                  (no CUDA driver or device); vramswapd not found, or it
+ *                                  could not start, or it exited while this process waited.
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  no such device; a malformed VRAMSWAP_* setting; a runtime
+ *                                  dir whose socket path is too long.
+ *   VRAMSWAP_ERR_TIMEOUT           vramswapd did not get ready, or did not answer, in time.
+ *   VRAMSWAP_ERR_VERSION_MISMATCH  vramswapd, or a shared segment, of another vramswap version.
+ *   VRAMSWAP_ERR_NOT_OWNER         the pool server or the runtime dir belongs to another user
+ *                                  (VRAMSWAP_GROUP shares them), or the server refused this uid.
+ *   VRAMSWAP_ERR_BUSY              the pool server has no free member slot.
+ *   VRAMSWAP_ERR_OUT_OF_MEMORY     out of host memory.
+ *   VRAMSWAP_ERR_CUDA              the CUDA driver failed.
+ *   VRAMSWAP_ERR_SYSTEM            an OS call failed (the message has errno's text).
  */
 #ifndef VRAMSWAP_VRAMSWAP_H
 #define VRAMSWAP_VRAMSWAP_H
@@ -53,28 +120,66 @@ extern "C" {
 #define VRAMSWAP_ADVICE_DISCARDABLE 1 /* contents need not survive eviction: restored zero-filled */
 #define VRAMSWAP_ADVICE_READ_MOSTLY 2 /* not written while the hint stands: host copy kept */
 
-/* Take `device`'s lock. timeout_ns: -1 waits forever; 0 only tries (VRAMSWAP_ERR_BUSY when
- * that would wait); > 0 waits at most that long (VRAMSWAP_ERR_TIMEOUT). Returns when this
- * process's memory on the device is resident. A thread holding the lock may take it again
- * (counted). VRAMSWAP_ERR_INVALID_ARGUMENT for a bad device or priority, or a waiting lock of
- * a device below one this thread holds (take devices in increasing order). A timeout's message
- * names the holder (pid, command, how long, whether stopped) and the waiters ahead.
- * Signals do not end the wait: their handlers run and it goes on (like pthread_mutex_lock). */
+/* Take `device`'s lock. timeout_ns: -1 waits forever; 0 only tries; > 0 waits at most that
+ * long. Returns when this process's memory on the device is resident. A thread holding the
+ * lock may take it again (counted; priority and timeout are then ignored). Signals do not end
+ * the wait: their handlers run and it goes on (like pthread_mutex_lock).
+ * Errors (nothing is held after any of them):
+ *   VRAMSWAP_ERR_BUSY              timeout_ns 0 and the lock is taken.
+ *   VRAMSWAP_ERR_TIMEOUT           timeout_ns > 0 ran out; the message names the holder (pid,
+ *                                  command, how long, whether stopped) and the waiters ahead.
+ *                                  Also: granted, but a process did not give back the frames
+ *                                  this one needs within VRAMSWAP_EVICT_TIMEOUT (it is named).
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  priority not VRAMSWAP_PRIORITY_*; timeout_ns < -1; a waiting
+ *                                  lock of a device below one this thread holds; an
+ *                                  oversubscribed process (VRAMSWAP_OVERSUBSCRIBE=1).
+ *   VRAMSWAP_ERR_OUT_OF_MEMORY, VRAMSWAP_ERR_IO, VRAMSWAP_ERR_CUDA, VRAMSWAP_ERR_UNAVAILABLE
+ *                                  granted, but bringing this process's memory back failed
+ *                                  (host memory, a swap read, the driver, or the pool server
+ *                                  exited meanwhile); the lock was released again.
+ *   VRAMSWAP_ERR_INTERNAL          a bug in vramswap (the lock's state is inconsistent).
+ *   and the errors of opening a session (above). */
 VRAMSWAP_C_API int vramswap_lock(int device, int priority, int64_t timeout_ns);
 /* vramswap_lock, but a signal handler that runs on this thread while it waits ends the wait
- * (like sem_wait's EINTR): VRAMSWAP_ERR_INTERRUPTED, with this thread out of the queue and
- * nothing held. For a program whose SIGINT handler sets a flag and wants the wait to stop.
- * Direct the signal at the waiting thread (pthread_kill, or block it in other threads): a
- * handler that runs on another thread does not end the wait. When the grant and the signal
- * cross, the grant wins: VRAMSWAP_OK, held. */
+ * (like sem_wait's EINTR). For a program whose SIGINT handler sets a flag and wants the wait
+ * to stop. Direct the signal at the waiting thread (pthread_kill, or block it in other
+ * threads): a handler that runs on another thread does not end the wait. When the grant and
+ * the signal cross, the grant wins: VRAMSWAP_OK, held.
+ * Errors: those of vramswap_lock, and
+ *   VRAMSWAP_ERR_INTERRUPTED       a signal handler ran on this thread while it waited; it is
+ *                                  out of the queue and holds nothing. */
 VRAMSWAP_C_API int vramswap_lock_interruptible(int device, int priority, int64_t timeout_ns);
 /* Undo one vramswap_lock of this thread; the last one hands the lock on, then waits for this
- * process's device work to finish before it returns. VRAMSWAP_ERR_NOT_OWNER when this thread does not hold it. */
+ * process's device work to finish before it returns.
+ * Errors:
+ *   VRAMSWAP_ERR_NOT_OWNER         this thread does not hold the lock (unlock without lock, one
+ *                                  too many, or a lock taken by another thread); nothing changed.
+ *   VRAMSWAP_ERR_UNAVAILABLE       a forked child (the lock is the parent's); nothing changed.
+ *   VRAMSWAP_ERR_CUDA              the lock was handed on, but this process's device work failed
+ *                                  (the message has the driver's error).
+ *   VRAMSWAP_ERR_IO, VRAMSWAP_ERR_NO_SPACE, VRAMSWAP_ERR_OUT_OF_MEMORY
+ *                                  with VRAMSWAP_EAGER_RELEASE or VRAMSWAP_STRICT: evicting
+ *                                  failed; the lock was released, memory not evicted stays.
+ *   VRAMSWAP_ERR_INTERNAL          a bug in vramswap. */
 VRAMSWAP_C_API int vramswap_unlock(int device);
 
-/* Device memory, cudaMalloc-like (256-byte aligned); *out is set only on success. */
+/* Device memory, cudaMalloc-like (256-byte aligned); *out is set only on success. The address
+ * never changes, whatever is swapped. Without the lock: see Caveats.
+ * Errors:
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  out is NULL; size is 0.
+ *   VRAMSWAP_ERR_OUT_OF_MEMORY     the arena or the pool cannot hold it (an oversubscribed
+ *                                  process: VRAMSWAP_OVERSUBSCRIBE_LIMIT reached).
+ *   VRAMSWAP_ERR_CUDA              the driver failed mapping its pages.
+ *   and the errors of opening a session. */
 VRAMSWAP_C_API int vramswap_malloc(void** out, size_t size, int device);
-/* Free what vramswap_malloc returned; NULL is ignored. */
+/* Free what vramswap_malloc returned; NULL is ignored (VRAMSWAP_OK).
+ * Errors:
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  ptr is not what vramswap_malloc returned on this device (an
+ *                                  interior pointer, freed already, or a vramswap_malloc_async
+ *                                  block: those go back through vramswap_free_async); nothing
+ *                                  was freed.
+ *   VRAMSWAP_ERR_CUDA              the driver failed unmapping its pages.
+ *   and the errors of opening a session. */
 VRAMSWAP_C_API int vramswap_free(void* ptr, int device);
 /* Stream-ordered allocation, cudaMallocAsync-like, for frameworks that allocate and free at a
  * high rate (vramswap.torch uses it). `stream` is a CUstream / cudaStream_t (NULL: the legacy
@@ -84,13 +189,34 @@ VRAMSWAP_C_API int vramswap_free(void* ptr, int device);
  * found no room synchronized the device and gave the caches back. Kept blocks cost no
  * transfer time: evictions drop them. Memory allocated for, or freed on, a stream that is
  * being captured into a CUDA graph belongs to the graph and is held until the process exits.
- * Blocks from vramswap_malloc_async go back only through vramswap_free_async. */
+ * Blocks from vramswap_malloc_async go back only through vramswap_free_async.
+ *
+ * vramswap_malloc_async errors:
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  out is NULL; size is 0.
+ *   VRAMSWAP_ERR_OUT_OF_MEMORY     no room; or no thread of this process holds the lock and the
+ *                                  pool has no free frames to back it now (allocate inside the
+ *                                  lock); nothing changed.
+ *   VRAMSWAP_ERR_CUDA              asking the driver whether `stream` is being captured failed
+ *                                  (not a valid stream?), or mapping the block's pages failed.
+ *   and the errors of opening a session.
+ * vramswap_free_async: NULL is ignored (VRAMSWAP_OK). Errors:
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  ptr is not what vramswap_malloc_async returned on this device,
+ *                                  or it was given back already; nothing was freed.
+ *   VRAMSWAP_ERR_CUDA              as for vramswap_malloc_async.
+ *   and the errors of opening a session. */
 VRAMSWAP_C_API int vramswap_malloc_async(void** out, size_t size, int device, void* stream);
 VRAMSWAP_C_API int vramswap_free_async(void* ptr, int device, void* stream);
-/* Synchronize the device and give every kept block back (vramswap_stats' cached_bytes -> 0). */
+/* Synchronize the device and give every kept block back (vramswap_stats' cached_bytes -> 0).
+ * Errors:
+ *   VRAMSWAP_ERR_CUDA              synchronizing the device, or unmapping, failed.
+ *   and the errors of opening a session. */
 VRAMSWAP_C_API int vramswap_release_cached(int device);
 
-/* Attach advice (VRAMSWAP_ADVICE_*) to [ptr, ptr + size), a range inside one allocation. */
+/* Attach advice (VRAMSWAP_ADVICE_*) to [ptr, ptr + size), a range inside one allocation.
+ * Errors:
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  advice is not a VRAMSWAP_ADVICE_* value; the range is not
+ *                                  inside one live allocation of this device.
+ *   and the errors of opening a session. */
 VRAMSWAP_C_API int vramswap_advise(void* ptr, size_t size, int advice, int device);
 
 /* This process's numbers on one device. Versioned by size: set `size` to
@@ -120,13 +246,16 @@ typedef struct vramswap_stats_t {
   uint64_t pages_promoted;     /* moved back into free pool frames */
   double reclaim_seconds;      /* total time demoting (the launch gate closed) */
 } vramswap_stats_t;
-/* VRAMSWAP_ERR_INVALID_ARGUMENT when out is NULL or out->size is smaller than 16 bytes. */
+/* Errors:
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  out is NULL, or out->size is smaller than 16 bytes.
+ *   VRAMSWAP_ERR_OUT_OF_MEMORY     out of host memory.
+ *   and the errors of opening a session (so the first vramswap_stats may start vramswapd). */
 VRAMSWAP_C_API int vramswap_stats(int device, vramswap_stats_t* out);
 
 /* The message of the last failure on this thread ("" if none). Valid until the thread's
- * next vramswap call. */
+ * next vramswap call. Never fails. */
 VRAMSWAP_C_API const char* vramswap_last_error(void);
-/* The short, stable name of a code ("timeout"); "unknown" for anything else. */
+/* The short, stable name of a code ("timeout"); "unknown" for anything else. Never fails. */
 VRAMSWAP_C_API const char* vramswap_status_name(int code);
 
 #ifdef __cplusplus

@@ -12,23 +12,61 @@
 // (started on demand) and lives until the process exits. Configuration comes from VRAMSWAP_*
 // environment variables (README.md).
 //
-// Rules (docs/api.md explains each):
-//   - Ownership is per thread. A thread that holds a device's lock may lock it again
-//     (counted: every lock needs its unlock). Another thread of the same process that locks
-//     the device waits like any other process.
+// Errors. Every function below that can fail throws one of the exceptions of "errors"; its
+// comment lists them. The C API's codes map to them one to one (throw_error): the comment on
+// each function in vramswap/vramswap.h says what each code means there, and the first call
+// about a device may also throw what opening its session throws:
+//   unavailable       a forked child (below); another copy of the runtime opened sessions in
+//                     this process first (below: one runtime per process); no usable backend
+//                     (no CUDA driver or device); vramswapd not found, or it could not start,
+//                     or it exited meanwhile.
+//   invalid_argument  no such device; a malformed VRAMSWAP_* setting (named in what()).
+//   timeout           vramswapd did not get ready, or did not answer, in time.
+//   version_mismatch  vramswapd, or a shared segment, of another vramswap version.
+//   out_of_memory     out of host memory.
+//   cuda_error        the CUDA driver failed.
+//   error             code() VRAMSWAP_ERR_NOT_OWNER (the pool server or runtime dir belongs to
+//                     another user), VRAMSWAP_ERR_BUSY (the server has no free member slot),
+//                     VRAMSWAP_ERR_SYSTEM (an OS call failed).
+// A failed open is not cached: the next call tries again.
+//
+// Caveats (docs/api.md explains each):
+//   - One runtime per process. libvramswap.so, the Python module (vramswap._vramswap) and
+//     the preload shim (libvramswap_preload.so) each carry their own copy of the runtime,
+//     with its own session per device. Use exactly one of them in a process: a program run
+//     under the shim must neither link libvramswap.so nor import vramswap, or it gets two
+//     sessions that take turns with each other and two members of the pool. The copy that
+//     opens a session first keeps the process; any other throws unavailable, naming both.
+//   - The lock is per device and per thread. A thread that holds a device's lock may lock it
+//     again (counted: every lock needs its unlock). Another thread of the same process that
+//     locks the device waits like any other process. Unlock on the thread that locked.
 //   - Several devices: take their locks in increasing device order (0 before 1). A thread
 //     that holds device d and makes a blocking or timed lock of a device below d gets
 //     vramswap::invalid_argument instead of a possible deadlock. try_lock() may go in any
 //     order (it never waits), so std::lock(a, b) works.
-//   - fork: a child forked after vramswap was used in the parent cannot use vramswap (nor
-//     CUDA): every call there throws vramswap::unavailable saying so. Start helpers with
-//     posix_spawn/exec (Python multiprocessing: the "spawn" start method). A child forked
-//     before first use may use vramswap for itself.
+//   - fork after first use: a child forked after vramswap was used in the parent cannot use
+//     vramswap (nor CUDA): every call there throws vramswap::unavailable saying so. Start
+//     helpers with posix_spawn/exec (Python multiprocessing: the "spawn" start method). A
+//     child forked before first use may use vramswap for itself.
+//   - Memory is the device's only while the lock is held. malloc and free need no lock, but
+//     the device (kernels, copies) may touch this process's memory only while one of its
+//     threads holds the lock. Outside the lock an allocation is backed at once only if the
+//     pool has free frames for it; malloc otherwise backs it at the next lock (touching it
+//     before is an illegal address on CUDA, a SIGSEGV on the host backend), malloc_async
+//     throws out_of_memory. Memory touched outside the lock may have gone to another process
+//     since: allocate and first-touch outside the lock only at start-up.
+//   - Device memory that is not vramswap's (cudaMalloc, CUDA's context, library workspaces)
+//     is never swapped: it stays on the device, outside the pool.
+//   - Oversubscription (VRAMSWAP_OVERSUBSCRIBE=1, docs/oversubscription.md): such a process
+//     is low priority and never takes the lock (gpu_lock throws invalid_argument); its memory
+//     is always mapped, in pool frames while free, else in host memory up to
+//     VRAMSWAP_OVERSUBSCRIBE_LIMIT (then out_of_memory), and its device work is made safe to
+//     move only by the preload shim's launch gate: run such programs under the shim. One that
+//     cannot give frames back makes the lock holders' gpu_lock throw timeout after
+//     VRAMSWAP_EVICT_TIMEOUT, naming it.
 //   - A lock taken from a process that died holding it is granted normally; the death is
-//     logged and counted (stats::lock_holder_deaths), not thrown: the lock's state was
-//     repaired, and this process's own memory is intact.
-//   - Device memory (malloc) may be allocated and freed with or without the lock; it may be
-//     touched by the device (kernels, copies) only while this process holds the lock.
+//     logged and counted (stats::lock_holder_deaths, gpu_lock::previous_holder_died()), not
+//     thrown: the lock's state was repaired, and this process's own memory is intact.
 #pragma once
 
 #include <chrono>
@@ -108,11 +146,26 @@ enum class priority : uint32_t { normal = 1, high = 2 };  // high waiters go fir
 // generic code can drive one (std::unique_lock<vramswap::gpu_lock>, std::scoped_lock,
 // std::lock for try_lock-based deadlock avoidance). Such code needs a gpu_lock that does
 // not yet own: make it with std::defer_lock.
+//
+// What taking the lock throws (the constructors that take it, lock(), try_lock*()), nothing
+// held after any of them:
+//   invalid_argument  a waiting lock of a device below one this thread holds; an
+//                     oversubscribed process; lock() on a guard that owns already.
+//   timeout           (waiting forms) granted, but a process did not give back the frames
+//                     this one needs within VRAMSWAP_EVICT_TIMEOUT; the timed constructor
+//                     also when its time ran out.
+//   out_of_memory, cuda_error, unavailable, error (code() VRAMSWAP_ERR_IO)
+//                     granted, but bringing this process's memory back failed; the lock was
+//                     released again.
+//   error             code() VRAMSWAP_ERR_INTERNAL: a bug in vramswap.
+//   and what opening the device's session throws (above).
+// try_lock() and try_lock_for() return false where the lock was taken or the time ran out.
 class VRAMSWAP_API gpu_lock {
  public:
   // Wait for the lock (no time limit).
   explicit gpu_lock(int device = 0, priority p = priority::normal);
-  // Wait at most `timeout`; throws vramswap::timeout when it runs out.
+  // Wait at most `timeout`; throws vramswap::timeout when it runs out (its message names the
+  // holder and the waiters ahead).
   gpu_lock(int device, std::chrono::nanoseconds timeout, priority p = priority::normal);
   // Take it only if that needs no waiting; owns_lock() tells.
   gpu_lock(int device, std::try_to_lock_t, priority p = priority::normal);
@@ -138,7 +191,11 @@ class VRAMSWAP_API gpu_lock {
                                                       : std::chrono::nanoseconds(0));
   }
   // Throws vramswap::error (code VRAMSWAP_ERR_NOT_OWNER) when this guard does not own the
-  // lock, and unavailable in a forked child.
+  // lock (nothing changed), unavailable in a forked child (nothing changed), cuda_error when
+  // the lock was handed on but this process's device work failed, and out_of_memory or
+  // vramswap::error (VRAMSWAP_ERR_IO, VRAMSWAP_ERR_NO_SPACE) when evicting failed under
+  // VRAMSWAP_EAGER_RELEASE or VRAMSWAP_STRICT (the lock was released). After any but the
+  // first two the guard no longer owns.
   void unlock();
   // Stop managing the lock without releasing it; the caller must release it through the C
   // API (vramswap_unlock) from this thread. Returns whether it was owned.
@@ -170,10 +227,14 @@ enum class advice : uint8_t {
 };
 
 // Device memory of this process on `device`, cudaMalloc-like (256-byte aligned). The
-// address never changes, whatever is swapped. Throws out_of_memory, invalid_argument (size 0,
-// bad device). Allocation without the lock is fine; the memory is backed at the next lock.
+// address never changes, whatever is swapped. Allocation without the lock is fine (Caveats).
+// Throws invalid_argument (size 0), out_of_memory (the arena or the pool cannot hold it; an
+// oversubscribed process at its limit), cuda_error (mapping its pages), and what opening the
+// device's session throws.
 VRAMSWAP_API void* malloc(size_t size, int device = 0);
-// Free what malloc returned (nullptr is ignored). Throws invalid_argument for anything else.
+// Free what malloc returned (nullptr is ignored). Throws invalid_argument for anything else
+// (an interior pointer, a double free, a malloc_async block; nothing is freed), cuda_error
+// (unmapping its pages), and what opening the device's session throws.
 VRAMSWAP_API void free(void* ptr, int device = 0);
 // Stream-ordered allocation (cudaMallocAsync-like; `stream` is a cudaStream_t, nullptr the
 // legacy default stream), for code that allocates and frees at a high rate. free_async is
@@ -182,11 +243,19 @@ VRAMSWAP_API void free(void* ptr, int device = 0);
 // allocation that found no room did the same. Kept blocks are never copied by an eviction.
 // Memory allocated for, or freed on, a stream being captured into a CUDA graph is the
 // graph's until the process exits. See vramswap_malloc_async in vramswap.h.
+// malloc_async throws invalid_argument (size 0), out_of_memory (no room; or outside the lock
+// with no free frame to back it now: allocate inside the lock), cuda_error (asking whether
+// `stream` is being captured, or mapping). free_async throws invalid_argument (not a
+// malloc_async block of this device, or given back already; nothing is freed), cuda_error.
+// release_cached synchronizes the device: cuda_error. All three also throw what opening the
+// device's session throws.
 VRAMSWAP_API void* malloc_async(size_t size, void* stream, int device = 0);
 VRAMSWAP_API void free_async(void* ptr, void* stream, int device = 0);
 VRAMSWAP_API void release_cached(int device = 0);
 // Attach a hint to [ptr, ptr + size), a range inside one allocation. Any later advise of a
-// read_mostly range (after writing it) drops its kept copy.
+// read_mostly range (after writing it) drops its kept copy. Throws invalid_argument (not an
+// advice value; the range is not inside one live allocation), and what opening the device's
+// session throws.
 VRAMSWAP_API void advise(void* ptr, size_t size, advice a, int device = 0);
 
 // This process's numbers on one device. Plain data; see vramswap_stats_t for the C version.
@@ -213,7 +282,8 @@ struct stats {
   uint64_t pages_promoted = 0;    // moved back into free pool frames
   double reclaim_seconds = 0;     // total time demoting
 };
-// Opens the device's session if needed (so it may start the pool server).
+// Opens the device's session if needed (so it may start the pool server). Throws
+// out_of_memory (host memory), and what opening the device's session throws.
 VRAMSWAP_API stats get_stats(int device = 0);
 
 }  // namespace vramswap

@@ -1,0 +1,154 @@
+#include "runtime/single_runtime.hpp"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <string>
+
+#include "core/log.hpp"
+#include "core/status.hpp"
+
+namespace vramswap::detail {
+namespace {
+
+std::mutex g_claim_mutex;
+pid_t g_claimed_for = 0;  // the pid this copy claimed (0: none; another after a fork)
+int g_claim_fd = -1;      // the claim, open for the life of the process
+int g_owner_fd = -1;      // the socket whose name carries this copy's path
+
+// A forked child must not keep its parent's claim: it could outlive the parent, and a new
+// process given the parent's pid would then find the name taken. (The child cannot use
+// vramswap anyway: runtime.hpp, fork.) exec closes them by itself (SOCK_CLOEXEC).
+void drop_claim_in_child() {
+  if (g_claim_fd >= 0) ::close(g_claim_fd);
+  if (g_owner_fd >= 0) ::close(g_owner_fd);
+  g_claim_fd = g_owner_fd = -1;
+}
+
+// The file this copy of the runtime was loaded from: a shared object's path, or the program's
+// own when the runtime is linked into it (whose link map name is empty, and whose dladdr name
+// is argv[0], perhaps relative: /proc/self/exe says where it is).
+std::string this_copy() {
+  Dl_info info{};
+  link_map* map = nullptr;
+  if (::dladdr1(reinterpret_cast<const void*>(&claim_process_for_this_runtime), &info, reinterpret_cast<void**>(&map),
+                RTLD_DL_LINKMAP) != 0 &&
+      map != nullptr && map->l_name != nullptr && map->l_name[0] != '\0') {
+    return map->l_name;
+  }
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return "the program";
+  exe[n] = '\0';
+  return exe;
+}
+
+// Abstract socket names are per network namespace, which containers with the host's network
+// share while each has a pid namespace of its own, where pids repeat. The name therefore says
+// which pid namespace the pid is in, and when this process started, so that it is this
+// process's alone.
+std::string process_tag(pid_t pid) {
+  char ns[64];
+  const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  std::string tag = n > 0 ? std::string(ns, static_cast<size_t>(n)) : std::string("pid:[?]");
+  tag += "-" + std::to_string(pid);
+  // Field 22 of /proc/self/stat, the start time in clock ticks since boot; the command (field
+  // 2) may hold spaces and parentheses, so count from its closing parenthesis.
+  std::ifstream stat("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  if (close != std::string::npos) {
+    size_t at = close + 2;  // field 3
+    for (int field = 3; field < 22 && at != std::string::npos; ++field) {
+      at = text.find(' ', at);
+      if (at != std::string::npos) ++at;
+    }
+    if (at != std::string::npos) tag += "-" + text.substr(at, text.find(' ', at) - at);
+  }
+  return tag;
+}
+
+std::string claim_name(pid_t pid) { return "vramswap-runtime-" + process_tag(pid); }
+std::string owner_prefix(pid_t pid) { return claim_name(pid) + "-by:"; }
+
+// Binds a new socket to the abstract name `name` (truncated to fit); the descriptor, or -1
+// with errno.
+int bind_abstract(const std::string& name) {
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const size_t len = std::min(name.size(), sizeof addr.sun_path - 1);
+  std::memcpy(addr.sun_path + 1, name.data(), len);  // sun_path[0] == '\0': the abstract namespace
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len)) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+// The claiming copy's path, from its second socket's name in /proc/net/unix (abstract names
+// are shown there with a leading '@').
+std::string claiming_copy(pid_t pid) {
+  const std::string prefix = "@" + owner_prefix(pid);
+  std::ifstream in("/proc/net/unix");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find(prefix);
+    if (at != std::string::npos) return line.substr(at + prefix.size());
+  }
+  return "another copy (its name could not be read from /proc/net/unix)";
+}
+
+}  // namespace
+
+int claim_process_for_this_runtime(const char* fn, int device) noexcept {
+  try {
+    std::lock_guard<std::mutex> guard(g_claim_mutex);
+    const pid_t pid = ::getpid();
+    if (g_claimed_for == pid) return ok;
+    const std::string mine = this_copy();
+    g_claim_fd = bind_abstract(claim_name(pid));
+    if (g_claim_fd < 0) {
+      if (errno != EADDRINUSE) {
+        log(log_level::warn, "%s(device %d): cannot check that this process runs one copy of vramswap's runtime (%s): %s",
+            fn, device, mine.c_str(), std::strerror(errno));
+        g_claimed_for = pid;
+        return ok;
+      }
+      return fail(err_unavailable,
+                  "%s(device %d): this process already runs vramswap's runtime from %s, and this copy (%s) would be a second "
+                  "one: libvramswap.so, the Python module and the preload shim (libvramswap_preload.so) each carry their own "
+                  "runtime, and two in one process are two sessions that take turns with each other. Use one of them: run a "
+                  "program that links libvramswap or imports vramswap without LD_PRELOAD=libvramswap_preload.so",
+                  fn, device, claiming_copy(pid).c_str(), mine.c_str());
+    }
+    static std::once_flag at_fork;
+    std::call_once(at_fork, [] { ::pthread_atfork(nullptr, nullptr, drop_claim_in_child); });
+    g_owner_fd = bind_abstract(owner_prefix(pid) + mine);
+    if (g_owner_fd < 0) {
+      log(log_level::debug, "runtime: cannot publish this copy's path (%s) for the single-runtime check: %s", mine.c_str(),
+          std::strerror(errno));
+    }
+    g_claimed_for = pid;
+    return ok;
+  } catch (const std::exception&) {
+    return fail(err_out_of_memory, "%s(device %d): out of host memory", fn, device);
+  }
+}
+
+}  // namespace vramswap::detail

@@ -1,0 +1,228 @@
+// pool_server's handshake: the listening socket (and the stale one of a dead server it
+// replaces), accepting a client, checking its credentials and hello, and sending it the
+// welcome, the frames' descriptors and the host pool's (pool/pool_protocol.hpp).
+#include "server/pool_server.hpp"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "core/fd_transfer.hpp"
+#include "core/log.hpp"
+#include "core/status.hpp"
+#include "lock/ownership.hpp"
+#include "lock/process_identity.hpp"
+#include "lock/shared_segment.hpp"
+#include "pool/pool_protocol.hpp"
+#include "pool/pool_segment.hpp"
+
+namespace vramswap::detail {
+namespace {
+
+constexpr int k_client_io_timeout_s = 5;  // a client that stops reading during its handshake is dropped
+
+// What may be at the socket path before we bind: nothing, or the socket of a dead server of
+// ours (we hold the server flock, so no live one of ours listens), which is removed. Anything
+// else is refused and left alone: a file, a link or a directory is not ours to delete, and a
+// socket somebody listens on is not stale.
+int remove_stale_socket(const std::string& path, const sockaddr_un& addr) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return ok;
+    return fail_errno(errno, "vramswapd: lstat %s", path.c_str());
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    const char* kind = S_ISREG(st.st_mode) ? "a regular file" : S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "not a socket";
+    return fail(err_busy,
+                "vramswapd: %s is %s (owner uid %u, %lld bytes), not a pool server's socket; it is left alone: move it "
+                "away or remove it, then start the server again",
+                path.c_str(), kind, static_cast<unsigned>(st.st_uid), static_cast<long long>(st.st_size));
+  }
+  if (st.st_uid != ::geteuid()) {
+    return fail(err_not_owner,
+                "vramswapd: the socket %s belongs to uid %u, not to this server's uid %u; it is left alone: remove it (as its "
+                "owner or root), or set VRAMSWAP_RUNTIME_DIR to a directory of your own",
+                path.c_str(), static_cast<unsigned>(st.st_uid), static_cast<unsigned>(::geteuid()));
+  }
+  const int probe = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (probe < 0) return fail_errno(errno, "vramswapd: socket(AF_UNIX, SOCK_SEQPACKET)");
+  int rc;
+  do {
+    rc = ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+  } while (rc != 0 && errno == EINTR);
+  const int e = errno;
+  ::close(probe);
+  if (rc == 0 || (e != ECONNREFUSED && e != ENOENT)) {
+    return fail(err_busy,
+                "vramswapd: something listens on %s although this server holds the device's server lock (%s); it is left "
+                "alone: find that process (ss -xlp | grep %s) and stop it",
+                path.c_str(), rc == 0 ? "it accepted a connection" : std::strerror(e), path.c_str());
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return fail_errno(errno, "vramswapd: removing the stale socket %s", path.c_str());
+  log(log_level::info, "vramswapd: removed the stale socket %s of a dead server", path.c_str());
+  return ok;
+}
+
+}  // namespace
+
+int pool_server::open_socket() noexcept {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path_.size() >= sizeof addr.sun_path) {
+    return fail(err_invalid_argument, "vramswapd: socket path %s is longer than %zu bytes; use a shorter VRAMSWAP_RUNTIME_DIR",
+                socket_path_.c_str(), sizeof addr.sun_path - 1);
+  }
+  std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size() + 1);
+  listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (listen_fd_ < 0) return fail_errno(errno, "vramswapd: socket(AF_UNIX, SOCK_SEQPACKET)");
+  VS_TRY(remove_stale_socket(socket_path_, addr));
+  gid_t gid = 0;
+  bool group = false;
+  VS_TRY(configured_group(&gid, &group));
+  // Bind under a tight umask so that the socket is never, even briefly, open to others.
+  const mode_t old_mask = ::umask(group ? 0007 : 0077);
+  const int brc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  const int bind_errno = errno;
+  ::umask(old_mask);
+  if (brc != 0) return fail_errno(bind_errno, "vramswapd: bind %s", socket_path_.c_str());
+  socket_bound_ = true;
+  if (group && ::chown(socket_path_.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return fail_errno(errno, "vramswapd: cannot give %s to group %u (VRAMSWAP_GROUP)", socket_path_.c_str(), static_cast<unsigned>(gid));
+  }
+  if (::chmod(socket_path_.c_str(), group ? 0660 : 0600) != 0) return fail_errno(errno, "vramswapd: chmod %s", socket_path_.c_str());
+  if (::listen(listen_fd_, 128) != 0) return fail_errno(errno, "vramswapd: listen on %s", socket_path_.c_str());
+  return ok;
+}
+
+void pool_server::accept_one() noexcept {
+  const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) {
+    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) log(log_level::warn, "vramswapd: accept: %s", std::strerror(errno));
+    return;
+  }
+  serve_new(fd);
+}
+
+void pool_server::refuse(int fd, int status, const char* fmt, ...) noexcept {
+  pool_protocol::welcome w{};
+  w.magic = pool_protocol::k_magic;
+  w.version = pool_protocol::k_version;
+  w.status = status;
+  w.server_pid = ::getpid();
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(w.message, sizeof w.message, fmt, ap);
+  va_end(ap);
+  log(log_level::warn, "vramswapd: refused a client (%s): %s", status_name(status), w.message);
+  send_fds(fd, nullptr, 0, &w, sizeof w);
+  // Drop whatever else the peer sent, so that the close does not reset the connection
+  // (which would discard the welcome before the peer reads it).
+  char sink[256];
+  while (::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+  }
+  ::close(fd);
+}
+
+bool pool_server::peer_allowed(pid_t pid, uid_t uid, gid_t peer_gid, std::string* why) noexcept {
+  if (uid == ::geteuid() || uid == 0) return true;
+  gid_t gid = 0;
+  bool group = false;
+  if (configured_group(&gid, &group) == ok && group && (peer_gid == gid || process_in_group(pid, gid))) return true;
+  char text[200];
+  std::snprintf(text, sizeof text, "uid %u may not use this pool: it belongs to uid %u%s", static_cast<unsigned>(uid),
+                static_cast<unsigned>(::geteuid()), group ? " and the peer is not in VRAMSWAP_GROUP" : " (VRAMSWAP_GROUP is not set)");
+  *why = text;
+  return false;
+}
+
+void pool_server::serve_new(int fd) noexcept {
+  using pool_protocol::hello;
+  using pool_protocol::welcome;
+  using pool_protocol::frame_batch;
+  using pool_protocol::k_version;
+  constexpr uint32_t k_magic = pool_protocol::k_magic;
+  timeval tv{k_client_io_timeout_s, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  ucred cred{};
+  socklen_t cred_len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
+    refuse(fd, err_system, "SO_PEERCRED failed: %s", std::strerror(errno));
+    return;
+  }
+  // The hello first, even from a peer about to be refused: closing a Unix socket with
+  // unread data resets the connection, and the peer would lose the welcome that says why.
+  hello h{};
+  size_t len = 0;
+  size_t nfds = 0;
+  if (recv_fds(fd, nullptr, 0, &nfds, &h, sizeof h, &len) != ok) {
+    refuse(fd, err_invalid_argument, "no valid hello from pid %d: %s", static_cast<int>(cred.pid), last_error());
+    return;
+  }
+  std::string why;
+  if (!peer_allowed(cred.pid, cred.uid, cred.gid, &why)) {
+    refuse(fd, err_not_owner, "%s", why.c_str());
+    return;
+  }
+  if (len != sizeof h || h.magic != k_magic || h.version != k_version) {
+    refuse(fd, err_version_mismatch,
+           "pid %d sent a %zu-byte hello with magic %#x, protocol version %u; this server (pid %d) speaks protocol version %u "
+           "(%zu-byte hello, magic %#x): run client and server from the same vramswap version",
+           static_cast<int>(cred.pid), len, len >= 4 ? h.magic : 0u, len >= 8 ? h.version : 0u, static_cast<int>(::getpid()),
+           k_version, sizeof h, k_magic);
+    return;
+  }
+  if (h.pid != cred.pid) {
+    refuse(fd, err_invalid_argument,
+           "the hello names pid %d but the socket's peer is pid %d: client and server must share a PID namespace", h.pid,
+           static_cast<int>(cred.pid));
+    return;
+  }
+  if (check_liveness({h.pid, h.start_time}) != liveness::alive) {
+    refuse(fd, err_invalid_argument, "pid %d's start time %" PRIu64 " does not match /proc/%d/stat", h.pid, h.start_time, h.pid);
+    return;
+  }
+  uint32_t member = 0;
+  if (segment_->add_member(h.pid, h.start_time, &member) != ok) {
+    refuse(fd, err_busy, "%s", last_error());
+    return;
+  }
+  welcome w{};
+  w.magic = k_magic;
+  w.version = k_version;
+  w.status = ok;
+  w.member = member;
+  w.frame_count = frame_count();
+  w.server_pid = ::getpid();
+  w.frame_size = frame_size_;
+  std::snprintf(w.segment_name, sizeof w.segment_name, "%s", segment_->name().c_str());
+  w.host_slot_count = host_slots_;
+  w.host_pool_bytes = uint64_t{host_slots_} * frame_size_;
+  int rc = send_fds(fd, nullptr, 0, &w, sizeof w);
+  for (uint32_t first = 0; rc == ok && first < frame_count(); first += static_cast<uint32_t>(k_max_fds_per_message)) {
+    frame_batch b{first, static_cast<uint32_t>(std::min<size_t>(k_max_fds_per_message, frame_count() - first))};
+    rc = send_fds(fd, &exported_[first], b.count, &b, sizeof b);
+  }
+  if (rc == ok && host_slots_ > 0) {
+    pool_protocol::host_pool hp{w.host_pool_bytes, host_slots_, 0};
+    rc = send_fds(fd, &host_pool_fd_, 1, &hp, sizeof hp);
+  }
+  if (rc != ok) {
+    log(log_level::warn, "vramswapd: pid %d left during its handshake: %s", h.pid, last_error());
+    segment_->remove_member(member);
+    ::close(fd);
+    return;
+  }
+  clients_.push_back(client{fd, member, h.pid, h.start_time, 0});
+  log(log_level::info, "vramswapd: member %u: pid %d attached (%zu clients)", member, h.pid, clients_.size());
+}
+}  // namespace vramswap::detail

@@ -1,0 +1,76 @@
+// pool_server's repair of a member whose process is gone: its frames scrubbed and freed, its
+// host slots and member slot freed, waiters woken, and the device lock repaired.
+#include "server/pool_server.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "core/log.hpp"
+#include "core/status.hpp"
+#include "lock/device_lock.hpp"
+#include "lock/process_identity.hpp"
+#include "pool/pool_segment.hpp"
+
+namespace vramswap::detail {
+
+using namespace pool_layout;
+
+void pool_server::repair(const client& c) noexcept {
+  std::vector<uint32_t> owned;
+  for (uint32_t f = 0; f < frame_count(); ++f) {
+    const frame_word w = frame_word::decode(segment_->read(f));
+    if (w.state != frame_free && w.owner == c.member) owned.push_back(f);
+  }
+  uint32_t freed = 0;
+  if (!owned.empty()) {
+    if (scrub(owned.data(), owned.size()) != ok) {
+      // Never hand out a frame that still holds the dead member's data: keep them owned.
+      log(log_level::error, "vramswapd: cannot scrub the %zu frames of dead member %u (pid %d); they stay out of the pool: %s",
+          owned.size(), c.member, static_cast<int>(c.pid), last_error());
+      owned.clear();
+    }
+    for (uint32_t f : owned) {
+      // Only the state can change under us (a lock holder may request an idle frame of the
+      // dead member); the owner cannot, so retry until it is ours to free.
+      for (uint64_t seen = segment_->read(f);; seen = segment_->read(f)) {
+        const frame_word w = frame_word::decode(seen);
+        if (w.state == frame_free || w.owner != c.member) break;
+        if (segment_->move(f, seen, frame_free, k_no_member, k_no_member)) {
+          ++freed;
+          break;
+        }
+      }
+    }
+  }
+  frames_repaired_ += freed;
+  // Its host slots: freed, not zeroed (a slot is only read by an owner that wrote all of it
+  // first; see pool_layout.hpp). Before remove_member, so a new member in this slot index
+  // never finds slots it did not take.
+  const uint32_t slots = host_slots_ > 0 ? segment_->free_slots_of(c.member) : 0;
+  slots_repaired_ += slots;
+  segment_->member(c.member).holding.store(0, std::memory_order_relaxed);
+  segment_->remove_member(c.member);
+  segment_->notify_freed();
+  const bool lock_repaired = repair_lock();
+  const bool dead = check_liveness({c.pid, c.start_time}) == liveness::dead;
+  log(log_level::info, "vramswapd: member %u: pid %d %s; %u frames scrubbed and freed, %u host slots freed (%zu clients left)%s",
+      c.member, static_cast<int>(c.pid), dead ? "is gone" : "closed its connection", freed, slots, clients_.size() - 1,
+      lock_repaired ? "" : "; the device lock's repair did not run (see the warning above)");
+}
+
+bool pool_server::repair_lock() noexcept {
+  const int lrc = lock_->repair_now(k_lock_repair_wait_ns);
+  if (lrc == err_timeout) {
+    // Its internal mutex is held by a client that does not run (stopped): the waiters'
+    // own liveness scans do the same repair once it is free; retry meanwhile, and say so once.
+    if (!lock_repair_pending_) log(log_level::warn, "vramswapd: %s; the lock's repair is retried every %d ms", last_error(), k_lock_repair_retry_ms);
+    lock_repair_pending_ = true;
+    return false;
+  }
+  if (lrc != ok) log(log_level::warn, "vramswapd: device lock repair failed: %s", last_error());
+  if (lock_repair_pending_ && lrc == ok) log(log_level::info, "vramswapd: the device lock's repair ran");
+  lock_repair_pending_ = false;
+  return lrc == ok;
+}
+}  // namespace vramswap::detail

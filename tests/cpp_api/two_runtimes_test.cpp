@@ -1,0 +1,72 @@
+// One copy of the runtime per process (runtime/single_runtime.hpp): two_runtimes_worker, a
+// real process that links the runtime and loads libvramswap.so as well, finds the second
+// copy refusing to open a session, in either order, with a message that names both copies.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cpp_api/api_test_env.hpp"
+#include "support/child_output.hpp"
+#include "vramswap/vramswap.h"
+
+extern char** environ;
+
+namespace vramswap::detail::test {
+namespace {
+
+class TwoRuntimes : public ::testing::Test {
+ protected:
+  // Runs the worker in `order`; its exit status, and its stdout in *out.
+  int run_worker(const std::string& order, std::string* out) {
+    const std::string out_path = env_.runtime_dir() + "/worker-" + order + ".out";
+    std::vector<std::string> args = {VRAMSWAP_TWO_RUNTIMES_WORKER, VRAMSWAP_LIBRARY, order};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    pid_t pid = 0;
+    const int spawned = ::posix_spawn(&pid, VRAMSWAP_TWO_RUNTIMES_WORKER, &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (spawned != 0) return -1;
+    int status = 0;
+    if (::waitpid(pid, &status, 0) != pid) return -1;
+    *out = slurp(out_path);
+    ::unlink(out_path.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  void expect_second_refused(const std::string& order, const std::string& first_copy, const std::string& second_copy) {
+    std::string out;
+    ASSERT_EQ(run_worker(order, &out), 0) << out;
+    EXPECT_NE(out.find("first=0\n"), std::string::npos) << "the first copy must open its session:\n" << out;
+    EXPECT_NE(out.find("second=" + std::to_string(VRAMSWAP_ERR_UNAVAILABLE) + "\n"), std::string::npos)
+        << "the second copy must refuse with VRAMSWAP_ERR_UNAVAILABLE:\n" << out;
+    const size_t message = out.find("second_error=");
+    ASSERT_NE(message, std::string::npos) << out;
+    const std::string text = out.substr(message);
+    EXPECT_NE(text.find("already runs vramswap's runtime from " + first_copy), std::string::npos) << text;
+    EXPECT_NE(text.find("this copy (" + second_copy + ")"), std::string::npos) << text;
+    EXPECT_NE(text.find("LD_PRELOAD=libvramswap_preload.so"), std::string::npos) << "the message says what to do:\n" << text;
+  }
+
+  api_test_env env_{1};
+};
+
+TEST_F(TwoRuntimes, TheLibraryRefusesWhenTheProgramsOwnCopyCameFirst) {
+  expect_second_refused("own-first", VRAMSWAP_TWO_RUNTIMES_WORKER, VRAMSWAP_LIBRARY);
+}
+
+TEST_F(TwoRuntimes, TheProgramsOwnCopyRefusesWhenTheLibraryCameFirst) {
+  expect_second_refused("library-first", VRAMSWAP_LIBRARY, VRAMSWAP_TWO_RUNTIMES_WORKER);
+}
+
+}  // namespace
+}  // namespace vramswap::detail::test
