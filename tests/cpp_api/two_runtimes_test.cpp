@@ -68,5 +68,60 @@ TEST_F(TwoRuntimes, TheProgramsOwnCopyRefusesWhenTheLibraryCameFirst) {
   expect_second_refused("library-first", VRAMSWAP_LIBRARY, VRAMSWAP_TWO_RUNTIMES_WORKER);
 }
 
+// Containers that share the host's network (one network namespace, hence one abstract
+// socket namespace) but each have a pid namespace repeat pids: two processes, each pid 1 of a
+// pid namespace made here with unshare, both run one copy of the runtime and both must be
+// allowed to (the claim names the pid namespace and the start time, not the pid alone).
+TEST_F(TwoRuntimes, ProcessesWithTheSamePidInTwoPidNamespacesBothClaimTheirOwn) {
+  struct child {
+    pid_t pid = -1;
+    int in = -1;   // its stdin: closing it ends the child
+    int out = -1;  // its stdout
+  };
+  auto start = [](child* c) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return false;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    const char* argv[] = {"unshare", "--pid", "--fork", "--mount-proc", VRAMSWAP_RUNTIME_CLAIM_WORKER, nullptr};
+    const int spawned = ::posix_spawnp(&c->pid, "unshare", &actions, nullptr, const_cast<char**>(argv), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(in[0]);
+    ::close(out[1]);
+    c->in = in[1];
+    c->out = out[0];
+    return spawned == 0;
+  };
+  auto first_line = [](int fd) {
+    std::string line;
+    char ch;
+    while (::read(fd, &ch, 1) == 1 && ch != '\n') line += ch;
+    return line;
+  };
+  child a, b;
+  ASSERT_TRUE(start(&a)) << "posix_spawnp(unshare) failed";
+  const std::string line_a = first_line(a.out);
+  if (line_a.empty()) {
+    ::close(a.in);
+    int status = 0;
+    ::waitpid(a.pid, &status, 0);
+    GTEST_SKIP() << "cannot make a pid namespace here (unshare --pid --fork --mount-proc failed, exit "
+                 << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << "): this case needs root or user namespaces";
+  }
+  ASSERT_TRUE(start(&b)) << "posix_spawnp(unshare) failed";
+  const std::string line_b = first_line(b.out);
+  EXPECT_EQ(line_a, "claim=0 pid=1") << "the first process in its own pid namespace";
+  EXPECT_EQ(line_b, "claim=0 pid=1") << "the second, pid 1 of another pid namespace, while the first holds its claim";
+  for (child* c : {&a, &b}) {
+    ::close(c->in);
+    int status = 0;
+    EXPECT_EQ(::waitpid(c->pid, &status, 0), c->pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+    ::close(c->out);
+  }
+}
+
 }  // namespace
 }  // namespace vramswap::detail::test
