@@ -83,7 +83,8 @@ if [[ $what == *tests* ]]; then
   # The suites that exercise the GPU, verbosely, for the record: the cuda halves of the
   # parameterized suites and everything in tests/gpu/.
   : >"$OUT/gpu-tests.log"
-  for t in "$build"/tests/core/backend_conformance_test "$build"/tests/core/pager_test "$build"/tests/core/pager_faults_test; do
+  for t in "$build"/tests/core/backend_conformance_test "$build"/tests/core/pager_test "$build"/tests/core/pager_faults_test \
+           "$build"/tests/core/pager_evict_frames_test "$build"/tests/core/pager_remap_test; do
     echo "=== $(basename "$t") (cuda)" >>"$OUT/gpu-tests.log"
     "$t" --gtest_filter='*cuda*' >>"$OUT/gpu-tests.log" 2>&1 || status=1
   done
