@@ -9,10 +9,8 @@
 #include "core/status.hpp"
 #include "runtime/fault_report.hpp"
 #include "lock/futex.hpp"
-#include "swap/pool_host_store.hpp"
 #include "lock/process_identity.hpp"
-#include "swap/host_tier.hpp"
-#include "swap/tiered_store.hpp"
+#include "swap/store_chain.hpp"
 
 namespace vramswap::detail {
 
@@ -49,31 +47,7 @@ int device_session::open(int device, std::unique_ptr<device_session>* out) {
   pool_connection& conn = *s->conn_;
   s->frames_ = std::make_unique<pool_frame_source>(conn.segment(), conn.member(), conn.frames(), evict_timeout_s * 1'000'000'000ull,
                                                    [c = s->conn_.get()] { return c->server_alive(); });
-  if (conn.host_pool() != nullptr) {
-    // Saved pages go to the device's shared host pool (vramswapd's VRAMSWAP_HOST_POOL),
-    // pinned once at attach: this process pins nothing of its own, and has no disk tier.
-    s->store_ = std::make_unique<pool_host_store>(conn.segment(), conn.member(), conn.host_pool(), evict_timeout_s * 1'000'000'000ull,
-                                                  [c = s->conn_.get()] { return c->server_alive(); });
-    if (!option_is_default(option_id::host_limit) || !option_is_default(option_id::swap_dir)) {
-      log(log_level::warn,
-          "device %d: the pool server has a shared host pool (%u slots): saved pages go there; VRAMSWAP_HOST_LIMIT and "
-          "VRAMSWAP_SWAP_DIR are not used (no per-process host tier, no swap file)",
-          device, conn.host_slot_count());
-    }
-  } else {
-    // Saved pages: pinned host memory up to VRAMSWAP_HOST_LIMIT, then the swap file. Where no
-    // swap file can be made (a directory without O_DIRECT, say), keep them in host memory.
-    tiered_config tc;
-    tc.slot_size = conn.frame_size();
-    tc.label = "device " + std::to_string(device);
-    std::unique_ptr<tiered_store> tiered;
-    if (tiered_store::create(*s->be_, tc, &tiered) == ok) {
-      s->store_ = std::move(tiered);
-    } else {
-      log(log_level::warn, "device %d: no disk tier (%s); saved pages stay in host memory without a limit", device, last_error());
-      s->store_ = std::make_unique<host_tier>(*s->be_, conn.frame_size());
-    }
-  }
+  VS_TRY(make_page_store(*s->be_, device, conn, evict_timeout_s * 1'000'000'000ull, &s->store_));
   pager_config cfg;
   cfg.frame_size = conn.frame_size();
   cfg.start_resident = false;  // backed at acquire, from the pool
@@ -255,7 +229,7 @@ void device_session::serve_evictions() {
 
 void device_session::publish_store() noexcept {
   const uint64_t held = store_->bytes_held();
-  const uint64_t disk = store_->bytes_on_disk();
+  const uint64_t disk = held - std::min(held, store_->bytes_in_tier(0));
   observe_->stored(held - std::min(held, disk), disk);
 }
 
@@ -263,7 +237,7 @@ session_stats device_session::stats() const {
   std::lock_guard<std::mutex> guard(mutex_);
   session_stats s = stats_;
   s.pager = pager_->stats();
-  s.disk_bytes = store_->bytes_on_disk();
+  s.disk_bytes = store_->bytes_held() - std::min(store_->bytes_held(), store_->bytes_in_tier(0));
   return s;
 }
 
