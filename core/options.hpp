@@ -90,10 +90,12 @@ constexpr option_form percent_form(const char* percent_of) {
     "past it, least recently used pages go to the swap file")                                    \
   X(host_pool, "VRAMSWAP_HOST_POOL", "0", percent_form("RAM"),                                   \
     "pinned host memory for saved pages shared by all processes of a device, made by vramswapd: " \
-    "size, or percent of RAM; 0: none (each process keeps its own host tier, VRAMSWAP_HOST_LIMIT)") \
+    "size, or percent of RAM; 0: none (each process keeps its own host tier, VRAMSWAP_HOST_LIMIT); " \
+    "with VRAMSWAP_SWAP_DIR set as well, saved pages past the pool spill to each process's swap file") \
   X(swap_dir, "VRAMSWAP_SWAP_DIR", "/var/tmp", text_form(),                                      \
     "directory of the swap files (one per process and device, unlinked, O_DIRECT); "             \
-    "its filesystem must support O_TMPFILE and O_DIRECT (ext4, xfs, btrfs, tmpfs >= 6.6)")      \
+    "its filesystem must support O_TMPFILE and O_DIRECT (ext4, xfs, btrfs, tmpfs >= 6.6); "    \
+    "with a shared host pool (VRAMSWAP_HOST_POOL), setting it puts a swap file behind the pool") \
   X(swap_queue_depth, "VRAMSWAP_SWAP_QUEUE_DEPTH", "32", count_form(1, 4096),                    \
     "disk requests in flight per swap file (1..4096)")                                           \
   X(swap_block, "VRAMSWAP_SWAP_BLOCK", "1MiB", size_form(4096, 1ull << 30, 4096),                \

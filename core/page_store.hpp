@@ -1,9 +1,14 @@
 // Where the contents of non-resident pages live, as the pager sees it: pinned host memory.
 //
 // The pager (core/) moves bytes between device frames and host memory over PCIe; a
-// page_store (implemented in swap/: the host tier, later spilling to the disk tier) owns
-// that host memory. Keeping the interface here lets core/ stay independent of swap/
-// (arrows point one way: swap -> core).
+// page_store (implemented in swap/: a chain of tiers, swap/tiered_store.hpp) owns that
+// host memory. Keeping the interface here lets core/ stay independent of swap/ (arrows
+// point one way: swap -> core).
+//
+// Tiers. A store is a chain: tier 0 holds the pinned slots the pager copies with; a store
+// may keep pages further down (tier 1 and on: a swap file) and bring them back into tier 0
+// for slot_for_read. Core names no tier: it asks the store which tier holds a page, and
+// what the tier is called.
 //
 // A slot is identified by the caller's key (the pager uses the page's index in its arena).
 // Slot memory is always pinned (registered with the backend once, reused), so copies run at
@@ -30,34 +35,37 @@ class page_store {
   // (and freeing slots as its copies in complete), may be waiting for. Stores of one process
   // only keep the default.
   virtual int try_slot_for_write(uint64_t key, size_t size, void** host) { return slot_for_write(key, size, host); }
-  // Pinned host memory holding page `key`'s saved bytes (a store with a disk tier may read
-  // them back first). err_invalid_argument when the key has no slot.
+  // Pinned host memory holding page `key`'s saved bytes (a store with tiers behind its
+  // slots may read them back first). err_invalid_argument when the key has no slot.
   virtual int slot_for_read(uint64_t key, void** host) = 0;
   // The saved copy of `key` is no longer needed; its memory is reused. No-op if none.
   virtual int release(uint64_t key) = 0;
   virtual bool holds(uint64_t key) const = 0;
-  // Bytes of saved pages held, in every tier (pinned host memory and, for a store with a
-  // disk tier, the swap file): each saved page counts once.
+  // Bytes of saved pages held, in every tier: each saved page counts once.
   virtual uint64_t bytes_held() const = 0;
 
-  // Optional, for stores with a disk tier (defaults do nothing):
+  // Where saved pages are. Tier 0 is the slots; tier_of says where `key`'s saved copy
+  // lives (0 also when the key has none); bytes_in_tier(t) sums the pages tier_of puts in t.
+  virtual unsigned tier_count() const { return 1; }
+  virtual unsigned tier_of(uint64_t key) const {
+    (void)key;
+    return 0;
+  }
+  virtual uint64_t bytes_in_tier(unsigned tier) const { return tier == 0 ? bytes_held() : 0; }
+  // A name for the tier, for reports ("host", "host pool", "swap file").
+  virtual const char* tier_name(unsigned tier) const { return tier == 0 ? "host" : "?"; }
+
+  // Optional, for stores with tiers behind their slots (defaults do nothing):
   //
   // The caller's copy out of slot_for_read(key)'s memory has completed. The saved copy stays
-  // (until release), but a store that also has it on disk may reuse the host memory at once,
-  // so a restore larger than the host budget need not pin more than the budget. Without
-  // this call the memory stays the caller's until release(key).
+  // (until release), but a store that also has it further down may reuse the slot at once,
+  // so a restore larger than the slots need not pin more than them. Without this call the
+  // memory stays the caller's until release(key).
   virtual void read_done(uint64_t key) { (void)key; }
-  // Bytes of saved pages whose only copy is on disk.
-  virtual uint64_t bytes_on_disk() const { return 0; }
-  // Is `key`'s saved copy only on disk (not in host memory)?
-  virtual bool on_disk(uint64_t key) const {
-    (void)key;
-    return false;
-  }
   // The caller is about to save up to `pages` pages it does not hold (slot_for_write for
-  // new keys), as an eviction does before its first copy. A store with a disk tier reserves
-  // the disk space for the part that will not fit in host memory now, in one piece, before
-  // any of it is written. A hint: 0 (ok) or an error (e.g. no space) that the saves
+  // new keys), as an eviction does before its first copy. A store with a tier behind its
+  // slots reserves the room there for the part that will not fit the slots now, in one
+  // piece, before any of it is written. A hint: 0 (ok) or an error (e.g. no space) that the saves
   // themselves will meet again, page by page; the caller may go on either way.
   virtual int expect_saves(uint64_t pages) {
     (void)pages;

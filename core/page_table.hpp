@@ -3,10 +3,8 @@
 //   unbacked  no frame and no saved copy: a page no live allocation touches, or one
 //             allocated while the process was evicted and not yet brought in
 //   resident  mapped at its address in frame `frame`, accessible
-//   host      not mapped; its bytes are saved in the page store (pinned host memory, or
-//             the store's swap file: where is the store's business)
-//   disk      never stored in the table: pager::state_of() reports it for a saved page
-//             whose only copy is in the store's swap file (swap/tiered_store)
+//   host      not mapped; its bytes are saved in the page store (in which of the store's
+//             tiers is the store's business: page_store::tier_of)
 //   discarded not mapped; its contents were dropped on eviction (discardable advice) and
 //             come back zero-filled
 //
@@ -22,7 +20,7 @@
 
 namespace vramswap::detail {
 
-enum class page_state : uint8_t { unbacked, resident, host, disk, discarded };
+enum class page_state : uint8_t { unbacked, resident, host, discarded };
 const char* page_state_name(page_state s) noexcept;
 
 struct page_entry {

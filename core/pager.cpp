@@ -15,7 +15,6 @@ const char* page_state_name(page_state s) noexcept {
     case page_state::unbacked: return "unbacked";
     case page_state::resident: return "resident";
     case page_state::host: return "host";
-    case page_state::disk: return "disk";
     case page_state::discarded: return "discarded";
   }
   return "?";
@@ -609,8 +608,7 @@ page_state pager::state_of(device_ptr ptr) const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (ptr < arena_.base() || ptr >= arena_.base() + arena_.size()) return page_state::unbacked;
   const uint64_t page = (ptr - arena_.base()) / frame_size_;
-  const page_state s = table_[page].state;
-  return s == page_state::host && store_.on_disk(page) ? page_state::disk : s;
+  return table_[page].state;
 }
 
 int pager::check_invariants() const {

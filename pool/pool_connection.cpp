@@ -677,11 +677,9 @@ int pool_connection::handshake() noexcept {
 }
 
 // The shared host pool: receive its memfd, map it MAP_SHARED, fault it in and register it
-// with the backend once (pinned for the connection's life), as host_tier does for its own
-// chunks: cuMemHostRegister of memory already faulted in is ~10x faster than allocating
-// pinned memory, and copies need pinned memory to run at the link's rate. The server
-// faulted the memfd in (committed); here the pages are only mapped, never written, since
-// other members' saved pages are in them.
+// with the backend once (pinned for the connection's life), as the stores pin their own
+// chunks (core/pinned_chunk.hpp). The server faulted the memfd in (committed); here the
+// pages are only mapped, never written, since other members' saved pages are in them.
 int pool_connection::attach_host_pool(uint32_t slot_count, uint64_t bytes) noexcept {
   using namespace pool_protocol;
   pool_protocol::host_pool hp{};
@@ -704,32 +702,14 @@ int pool_connection::attach_host_pool(uint32_t slot_count, uint64_t bytes) noexc
     return fail(err_version_mismatch, "pool: the shared host pool's memfd is %lld bytes, the server announced %" PRIu64,
                 static_cast<long long>(st.st_size), bytes);
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.fd, 0);
-  if (p == MAP_FAILED) return fail_errno(errno, "pool: mapping the shared host pool (%" PRIu64 " bytes)", bytes);
-  ::madvise(p, bytes, MADV_HUGEPAGE);  // best effort
-  // Map every page now (MADV_POPULATE_WRITE, Linux 5.14; it writes nothing). Older kernels
-  // answer EINVAL: the registration below faults the pages in itself.
-  if (::madvise(p, bytes, 23 /* MADV_POPULATE_WRITE */) != 0 && errno != EINVAL) {
-    const int e = errno;
-    ::munmap(p, bytes);
-    return fail(err_out_of_memory, "pool: cannot fault in the shared host pool (%" PRIu64 " bytes): %s", bytes, std::strerror(e));
-  }
-  const int rc = be_.host_register(p, bytes);
-  if (rc != ok) {
-    ::munmap(p, bytes);
-    return add_context(rc, "pool: pinning the shared host pool (%" PRIu64 " bytes; VRAMSWAP_HOST_POOL of the server): ", bytes);
-  }
-  host_pool_ = static_cast<char*>(p);
-  host_pool_bytes_ = bytes;
+  // Faulted in without writing: other members' saved pages are in it (core/pinned_chunk.hpp).
+  VS_TRY(pinned_chunk::map_shared(be_, memfd.fd, bytes, "pool: the shared host pool (VRAMSWAP_HOST_POOL of the server)", &host_pool_));
   host_slot_count_ = slot_count;
   return ok;
 }
 
 pool_connection::~pool_connection() {
-  if (host_pool_ != nullptr) {
-    if (be_.host_unregister(host_pool_) != ok) log(log_level::warn, "pool: unpinning the shared host pool: %s", last_error());
-    ::munmap(host_pool_, host_pool_bytes_);
-  }
+  host_pool_ = pinned_chunk();  // unpins the shared host pool before the frames go
   // One line for all failures: after a device fault every release fails, and a pool has
   // thousands of frames.
   size_t failed = 0;

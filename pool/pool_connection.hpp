@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/pinned_chunk.hpp"
 
 namespace vramswap::detail {
 
@@ -100,7 +101,7 @@ class pool_connection {
   const std::vector<frame_id>& frames() const noexcept { return frames_; }
   // The shared host pool, mapped and pinned in this process (nullptr / 0: the server has
   // none). Slot i is host_pool() + i * frame_size(); who holds it: segment().read_slot(i).
-  char* host_pool() const noexcept { return host_pool_; }
+  char* host_pool() const noexcept { return host_pool_.base(); }
   uint32_t host_slot_count() const noexcept { return host_slot_count_; }
   // The connection's socket, for poll(): it becomes readable/hung-up when the server dies.
   int socket_fd() const noexcept { return fd_; }
@@ -122,8 +123,7 @@ class pool_connection {
   uint64_t frame_size_ = 0;
   std::vector<frame_id> frames_;
   std::unique_ptr<pool_segment> segment_;
-  char* host_pool_ = nullptr;
-  uint64_t host_pool_bytes_ = 0;
+  pinned_chunk host_pool_;  // the shared host pool, mapped and pinned; empty when none
   uint32_t host_slot_count_ = 0;
 };
 

@@ -8,10 +8,8 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "runtime/fault_report.hpp"
-#include "swap/pool_host_store.hpp"
 #include "lock/process_identity.hpp"
-#include "swap/host_tier.hpp"
-#include "swap/tiered_store.hpp"
+#include "swap/store_chain.hpp"
 
 namespace vramswap::detail {
 
@@ -49,41 +47,11 @@ int device_session::build(pool_member& member, frame_source** frames, page_store
   VS_TRY(add_context(device_lock::open(info.uuid, &lock_), "device %d: opening its lock: ", device_));
   frames_ = std::make_unique<pool_frame_source>(conn.segment(), conn.member(), conn.frames(), evict_timeout_ns_,
                                                 [c = &conn] { return c->server_alive(); });
-  make_page_store(conn);
+  VS_TRY(make_page_store(*be_, device_, conn, evict_timeout_ns_, &store_));
   cfg->start_resident = false;  // backed at acquire, from the pool
   *frames = frames_.get();
   *store = store_.get();
   return ok;
-}
-
-// The page store, chosen from the pool server's host pool, VRAMSWAP_HOST_LIMIT and
-// VRAMSWAP_SWAP_DIR.
-void device_session::make_page_store(const pool_connection& conn) {
-  if (conn.host_pool() != nullptr) {
-    // Saved pages go to the device's shared host pool (vramswapd's VRAMSWAP_HOST_POOL),
-    // pinned once at attach: this process pins nothing of its own, and has no disk tier.
-    store_ = std::make_unique<pool_host_store>(conn.segment(), conn.member(), conn.host_pool(), evict_timeout_ns_,
-                                               [c = &conn] { return c->server_alive(); });
-    if (!option_is_default(option_id::host_limit) || !option_is_default(option_id::swap_dir)) {
-      log(log_level::warn,
-          "device %d: the pool server has a shared host pool (%u slots): saved pages go there; VRAMSWAP_HOST_LIMIT and "
-          "VRAMSWAP_SWAP_DIR are not used (no per-process host tier, no swap file)",
-          device_, conn.host_slot_count());
-    }
-  } else {
-    // Saved pages: pinned host memory up to VRAMSWAP_HOST_LIMIT, then the swap file. Where no
-    // swap file can be made (a directory without O_DIRECT, say), keep them in host memory.
-    tiered_config tc;
-    tc.slot_size = conn.frame_size();
-    tc.label = "device " + std::to_string(device_);
-    std::unique_ptr<tiered_store> tiered;
-    if (tiered_store::create(*be_, tc, &tiered) == ok) {
-      store_ = std::move(tiered);
-    } else {
-      log(log_level::warn, "device %d: no disk tier (%s); saved pages stay in host memory without a limit", device_, last_error());
-      store_ = std::make_unique<host_tier>(*be_, conn.frame_size());
-    }
-  }
 }
 
 void device_session::opened() {
@@ -242,15 +210,15 @@ void device_session::serve(uint32_t seen) {
 
 void device_session::publish_store() noexcept {
   const uint64_t held = store_->bytes_held();
-  const uint64_t disk = store_->bytes_on_disk();
-  member().observe().stored(held - std::min(held, disk), disk);
+  const uint64_t disk = held - std::min(held, store_->bytes_in_tier(0));
+  member().observe().stored(held - disk, disk);
 }
 
 session_stats device_session::stats() const {
   std::lock_guard<std::mutex> guard(mutex_);
   session_stats s = stats_;
   s.pager = memory().stats();
-  s.disk_bytes = store_->bytes_on_disk();
+  s.disk_bytes = store_->bytes_held() - std::min(store_->bytes_held(), store_->bytes_in_tier(0));
   return s;
 }
 

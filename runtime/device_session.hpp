@@ -87,8 +87,6 @@ class device_session final : public session {
   void opened() override;
   void serve(uint32_t requests_seen) override;
   void leaving() noexcept override;
-  // Where saved pages go: the device's shared host pool, else host memory and the swap file.
-  void make_page_store(const pool_connection& conn);
   void hand_on(uint64_t called_ns, uint64_t evict_start_ns, uint64_t bytes_out_before);
   // Observability: publish where the saved pages are (host / disk bytes).
   void publish_store() noexcept;

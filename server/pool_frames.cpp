@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/options.hpp"
+#include "core/pinned_chunk.hpp"
 #include "core/status.hpp"
 #include "server/human_size.hpp"
 
@@ -108,13 +109,8 @@ int pool_server::build_host_pool(uint64_t bytes) noexcept {
         const uint64_t from = std::min<uint64_t>(bytes, t * per), to = std::min<uint64_t>(bytes, from + per);
         if (from == to) return;
         char* base = static_cast<char*>(p) + from;
-        if (::madvise(base, to - from, 23 /* MADV_POPULATE_WRITE, Linux 5.14 */) == 0) return;
-        if (errno != EINVAL) {
-          errors[t] = errno;
-          return;
-        }
-        // An older kernel: touch every page (the memfd is new: its bytes are zeros already).
-        for (uint64_t off = 0; off < to - from; off += 4096) static_cast<volatile char*>(base)[off] = 0;
+        // The memfd is new: no one's bytes are in it yet, so an older kernel may touch its pages.
+        errors[t] = fault_in_writable(base, to - from, populate_fallback::touch);
       });
     }
   } catch (const std::exception&) {

@@ -109,6 +109,7 @@ class swap_file {
   // err_unavailable (with the reason) when the directory cannot hold a swap file;
   // err_invalid_argument for bad sizes; err_system when io_uring cannot be set up.
   static int open(const swap_file_config& cfg, std::unique_ptr<swap_file>* out);
+  const swap_file_config& config() const noexcept { return cfg_; }
   ~swap_file();  // waits for requests in flight: the kernel may still be using buffers
   swap_file(const swap_file&) = delete;
   swap_file& operator=(const swap_file&) = delete;

@@ -1,16 +1,28 @@
-// tiered_store: the page store with a host budget and a disk tier behind it.
+// tiered_store: the page store, a chain of tiers.
 //
-// Host tier. Pinned slots (one page each) in chunks, mapped, faulted in and registered with
-// the backend once, exactly as host_tier does, and also registered with the swap file's
-// io_uring as fixed buffers, so disk transfers go straight to and from the same pinned
-// memory that the device copies use: a page moves device -> slot -> disk and back with no
-// extra copy. At most `host_limit` bytes of slots are used (VRAMSWAP_HOST_LIMIT).
+//   slots    a slot provider (swap/slot_provider.hpp): this process's own pinned chunks
+//            (pinned_slots), or the slots of the device's shared host pool (pool_slots,
+//            with a few pinned slots of its own behind it when there is a swap file:
+//            fallback_slots). The pager copies to and from these slots; with a backing
+//            tier they are also registered with the swap file's io_uring as fixed
+//            buffers, so a page moves device -> slot -> disk and back with no extra copy.
+//   budget   optional: at most this many slots are used (VRAMSWAP_HOST_LIMIT); without
+//            one, the provider's own size is the limit (a shared pool is full when its
+//            slots are all taken; own chunks without a budget grow as needed).
+//   backing  optional: a swap_file (swap/swap_file.hpp), one unlinked O_DIRECT file per
+//            process and device, extents of one page, io_uring at `queue_depth` requests.
 //
-// Disk tier. A swap_file (swap/swap_file.hpp): one unlinked O_DIRECT file per process and
-// device, extents of one page, io_uring at `queue_depth` requests.
+// Which tier holds a page is the store's business: tier_of(key) says (page_store's tiers:
+// 0 the slots, 1 the backing tier), and core names none of them. The chains in use are
+// built from the options by make_page_store (swap/store_chain.hpp).
 //
-// Spilling (eviction). slot_for_write() needs a free slot. Under the budget it takes one;
-// at the budget it writes least recently used pages to disk and frees their slots. The
+// Without a backing tier a store with no free slot can only wait: for own chunks it never
+// has to (they grow); with the shared pool, slot_for_write sleeps until another process
+// gives a slot back, up to VRAMSWAP_EVICT_TIMEOUT, and try_slot_for_write answers err_busy
+// at once (core/page_store.hpp; the deadlock argument is in docs/swap.md).
+//
+// Spilling (eviction). slot_for_write() needs a free slot. Under the budget, and while the
+// provider has one, it takes one; at the budget or with the provider empty it writes least recently used pages to disk and frees their slots. The
 // writes are asynchronous and run ahead: once the free slots fall below `spill_ahead`
 // pages, the oldest pages are queued for writing, so the disk is busy while the caller's
 // device-to-host copies fill the next slots: both links work at once, and eviction runs at
@@ -51,7 +63,11 @@
 // it was (the pager leaves it resident). A failed read leaves the page on disk and frees
 // the slot; slot_for_read returns the error, and can be asked again.
 //
-// Thread-safe: one mutex. Completions are collected inside calls (no thread of its own):
+// With the shared pool, pages spilled give their pool slots back at once: another process
+// may take them. A process whose pool slots are all taken by others stages its pages
+// through its own fallback slots.
+//
+// Thread-safe: one mutex (let go only while waiting for another process's give-back). Completions are collected inside calls (no thread of its own):
 // writes that run ahead finish in the kernel and are accounted at the next call.
 #pragma once
 
@@ -66,6 +82,7 @@
 
 #include "core/backend.hpp"
 #include "core/page_store.hpp"
+#include "swap/slot_provider.hpp"
 #include "swap/swap_file.hpp"
 
 namespace vramswap::detail {
@@ -96,23 +113,48 @@ struct tiered_stats {
   uint64_t budget_overruns = 0; // slots taken past the budget (see the class comment)
 };
 
-class tiered_store final : public page_store {
+// The swap file's settings from `cfg`, its zeros replaced by the options (VRAMSWAP_SWAP_*).
+int swap_file_config_from_options(const tiered_config& cfg, swap_file_config* out);
+
+// Pages written (or read) ahead that keep a swap file of `fc`'s queue busy, for pages of
+// `slot_size` bytes: what spill_ahead and read_ahead default to.
+unsigned pages_ahead(const swap_file_config& fc, size_t slot_size);
+
+// A chain, as make_page_store and the stores below assemble it.
+struct tier_chain {
+  std::unique_ptr<slot_provider> slots;  // required
+  size_t budget_slots = 0;               // 0: no budget (only with no backing tier or a shared pool)
+  std::unique_ptr<swap_file> backing;    // optional
+  unsigned write_window = 16;            // as in tiered_config
+  unsigned spill_ahead = 0;
+  unsigned read_ahead = 0;
+  std::string label = "device 0";
+};
+
+class tiered_store : public page_store {
  public:
-  // Opens the swap file at once: a directory that cannot hold it is an error here
-  // (err_unavailable with the reason), not at the first eviction.
+  // The host budget with the swap file behind it, from `cfg` and the options. Opens the
+  // swap file at once: a directory that cannot hold it is an error here (err_unavailable
+  // with the reason), not at the first eviction.
   static int create(backend& be, tiered_config cfg, std::unique_ptr<tiered_store>* out);
+  // Any chain; `spill_ahead`/`read_ahead` 0 are sized from the backing tier's queue.
+  static int assemble(tier_chain chain, std::unique_ptr<tiered_store>* out);
   ~tiered_store() override;  // waits for disk requests in flight
   tiered_store(const tiered_store&) = delete;
   tiered_store& operator=(const tiered_store&) = delete;
 
   int slot_for_write(uint64_t key, size_t size, void** host) override;
+  int try_slot_for_write(uint64_t key, size_t size, void** host) override;
   int slot_for_read(uint64_t key, void** host) override;
   int release(uint64_t key) override;
   bool holds(uint64_t key) const override;
   uint64_t bytes_held() const override;
   void read_done(uint64_t key) override;
-  uint64_t bytes_on_disk() const override;
   int expect_saves(uint64_t pages) override;
+  unsigned tier_count() const override { return file_ ? 2 : 1; }
+  unsigned tier_of(uint64_t key) const override;
+  uint64_t bytes_in_tier(unsigned tier) const override;
+  const char* tier_name(unsigned tier) const override;
 
   // Wait for every disk request in flight; returns the first error among them, if any
   // (the pages concerned stay in their slots).
@@ -120,11 +162,21 @@ class tiered_store final : public page_store {
   // Write every page that has no valid disk copy to disk and free its slot, except slots
   // lent out or in the write window. For tests and benchmarks.
   int spill_all();
-  bool on_disk(uint64_t key) const override;  // the page's only copy is on disk
   tiered_stats stats() const;
-  swap_file::io_stats io_stats() const;
+  swap_file::io_stats io_stats() const;  // zeros without a backing tier
   uint64_t host_limit() const noexcept { return budget_slots_ * slot_size_; }
   size_t slot_size() const noexcept { return slot_size_; }
+  bool has_backing() const noexcept { return file_ != nullptr; }
+
+ protected:
+  explicit tiered_store(tier_chain chain);
+  // For the stores that add to a chain (host_tier, pool_host_store): under the mutex.
+  template <class F>
+  auto with_slots(F&& f) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return f(*slots_);
+  }
+  size_t pages_with_slot() const;
 
  private:
   enum class io : uint8_t { none, writing, reading };
@@ -141,9 +193,9 @@ class tiered_store final : public page_store {
     std::string read_detail;
   };
 
-  tiered_store(backend& be, const tiered_config& cfg);
-  int grow_locked(size_t slots);
-  int take_slot_locked(bool for_write, char** out);
+  int write_slot(uint64_t key, size_t size, bool wait, void** host);
+  int take_slot_locked(std::unique_lock<std::mutex>& lock, bool for_write, bool wait, char** out);
+  void give_slot_locked(char* slot);
   int start_spill_locked(uint64_t key, entry& e);
   void spill_ahead_locked();
   void read_ahead_locked(uint64_t after);
@@ -155,22 +207,15 @@ class tiered_store final : public page_store {
   bool protected_locked(const entry& e) const;
   void touch_locked(uint64_t key, entry& e);
 
-  backend& be_;
+  std::unique_ptr<slot_provider> slots_;
   const size_t slot_size_;
-  const size_t chunk_slots_;
-  size_t budget_slots_ = 0;   // VRAMSWAP_HOST_LIMIT in slots
+  size_t budget_slots_ = 0;   // VRAMSWAP_HOST_LIMIT in slots; 0: none
   size_t staging_slots_ = 0;  // of those, kept for reads back from disk (read_ahead + 1)
   unsigned write_window_;
   unsigned spill_ahead_;
   unsigned read_ahead_;
   std::unique_ptr<swap_file> file_;
   mutable std::mutex mutex_;
-  struct chunk {
-    char* base;
-    size_t bytes;
-  };
-  std::vector<chunk> chunks_;
-  std::vector<char*> free_;             // pinned slots not in use
   size_t slots_used_ = 0;               // slots assigned to entries
   std::map<uint64_t, entry> pages_;     // key -> where its bytes are
   std::list<uint64_t> lru_;             // keys with a slot, oldest first

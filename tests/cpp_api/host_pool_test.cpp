@@ -7,6 +7,7 @@
 // server and the others go on intact; a host pool too small for the processes is a clear
 // error naming it. Host backend (CI).
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,7 +16,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -39,15 +42,18 @@ constexpr uint64_t MiB = 1ull << 20;
 // session_worker with 40 MiB uses 21-22 pages of 2 MiB (four allocations, one of 1000 bytes).
 class HostPool : public ::testing::Test {
  protected:
-  void start(uint64_t pool_bytes, uint64_t host_pool_bytes, int evict_timeout_s = 20) {
+  void start(uint64_t pool_bytes, uint64_t host_pool_bytes, int evict_timeout_s = 20, const std::string& swap_dir = "") {
     std::unique_ptr<vramswap::detail::backend> made;
     ASSERT_EQ(make_backend(backend_kind::host, &made), ok) << last_error();
     device_info info;
     ASSERT_EQ(made->get_device_info(0, &info), ok);
-    deploy_.create("hp", info.uuid,
-                   {"VRAMSWAP_BACKEND=host", "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB",
-                    "VRAMSWAP_POOL_SIZE=" + std::to_string(pool_bytes), "VRAMSWAP_HOST_POOL=" + std::to_string(host_pool_bytes),
-                    "VRAMSWAP_EVICT_TIMEOUT=" + std::to_string(evict_timeout_s), "VRAMSWAP_POOL_IDLE_EXIT=5", "VRAMSWAP_LOG=warn"});
+    std::vector<std::string> env = {"VRAMSWAP_BACKEND=host", "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB",
+                                    "VRAMSWAP_POOL_SIZE=" + std::to_string(pool_bytes),
+                                    "VRAMSWAP_HOST_POOL=" + std::to_string(host_pool_bytes),
+                                    "VRAMSWAP_EVICT_TIMEOUT=" + std::to_string(evict_timeout_s), "VRAMSWAP_POOL_IDLE_EXIT=5",
+                                    "VRAMSWAP_LOG=warn"};
+    if (!swap_dir.empty()) env.push_back("VRAMSWAP_SWAP_DIR=" + swap_dir);
+    deploy_.create("hp", info.uuid, env);
     started_ = true;
   }
   void TearDown() override {
@@ -230,6 +236,31 @@ TEST_F(HostPool, HostPoolTooSmallForTheProcessesIsAClearError) {
   }
   EXPECT_GE(failed, 1) << "memory larger than device pool + host pool cannot have been time-shared";
   expect_nothing_leaked(*pool);
+}
+
+// The same two processes and the same too small host pool, with VRAMSWAP_SWAP_DIR set: the
+// pages past the shared host pool go to each process's swap file and come back byte-exact
+// (the workers check every byte after every acquire), where without it one of them fails.
+TEST_F(HostPool, WithASwapDirPagesPastTheHostPoolSpillToDiskAndEveryByteSurvives) {
+  const std::string swap_dir = "/var/tmp/vramswap-hp-swap-" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(swap_dir.c_str(), 0700), 0) << swap_dir << ": " << std::strerror(errno);
+  ASSERT_NO_FATAL_FAILURE(start(48 * MiB, 34 * MiB, 20, swap_dir));  // 24 frames + 17 slots < 42 pages
+  const std::string err0 = deploy_.dir() + "/w0.err", err1 = deploy_.dir() + "/w1.err";
+  std::vector<pid_t> workers;
+  workers.push_back(spawn_worker(40 * MiB, 12, 900, err0));
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
+  watch(*pool);
+  workers.push_back(spawn_worker(40 * MiB, 12, 901, err1));
+  const std::string errs[2] = {err0, err1};
+  for (int i = 0; i < 2; ++i) {
+    const int status = wait_status(workers[i]);
+    EXPECT_TRUE(exited_ok(status)) << "worker " << i << " status " << status << ": " << read_file(errs[i]);
+  }
+  stop_watch();
+  EXPECT_LE(max_used_.load(), 17u);
+  expect_nothing_leaked(*pool);
+  ::rmdir(swap_dir.c_str());  // the swap files were unlinked (O_TMPFILE): it is empty
 }
 
 }  // namespace

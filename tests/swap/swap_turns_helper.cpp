@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   auto evict = [&]() {
     if (pg->evict_all() != ok) die(23, "evict_all");
     if (store->flush() != ok) die(24, "flush");
-    if (store->bytes_on_disk() == 0) die(25, "no page went to disk");
+    if (store->bytes_in_tier(1) == 0) die(25, "no page went to disk");
   };
 
   if (lock.acquire() != ok) die(30, "acquire");

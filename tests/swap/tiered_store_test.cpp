@@ -108,8 +108,8 @@ TEST_P(TieredStore, PagesPastTheBudgetGoToDiskAndComeBackExact) {
   EXPECT_LE(st.host_bytes, (10 - 3) * k_page) << "saved pages leave the staging slots free";
   EXPECT_GE(st.disk_bytes, (n - 7) * k_page);
   EXPECT_EQ(s->bytes_held(), n * k_page);
-  EXPECT_TRUE(s->on_disk(0)) << "the least recently used page went first";
-  EXPECT_FALSE(s->on_disk(n - 1)) << "the newest page is still in host memory";
+  EXPECT_TRUE((s->tier_of(0) == 1)) << "the least recently used page went first";
+  EXPECT_FALSE((s->tier_of(n - 1) == 1)) << "the newest page is still in host memory";
   // Forward (read-ahead order), then backwards, then forward again: always exact.
   for (uint64_t k = 0; k < n; ++k) ASSERT_TRUE(read_back(*s, k, 100 + k));
   for (uint64_t k = n; k-- > 0;) ASSERT_TRUE(read_back(*s, k, 100 + k));
@@ -132,7 +132,7 @@ TEST_P(TieredStore, RewritingAPageOnDiskMakesItsDiskCopyStale) {
   ASSERT_EQ(make_store(*be, 8, dir, nullptr, &s), ok) << last_error();
   for (uint64_t k = 0; k < 12; ++k) ASSERT_EQ(put(*s, k, k + 1), ok);
   ASSERT_EQ(s->spill_all(), ok) << last_error();
-  ASSERT_TRUE(s->on_disk(0));
+  ASSERT_TRUE((s->tier_of(0) == 1));
   ASSERT_EQ(put(*s, 0, 777), ok);  // new bytes for page 0: its old disk copy must not come back
   for (uint64_t k = 20; k < 32; ++k) ASSERT_EQ(put(*s, k, k + 1), ok);  // push page 0 out again
   ASSERT_EQ(s->flush(), ok) << last_error();
@@ -187,10 +187,10 @@ TEST_P(TieredStore, EioOnAReadLeavesThePageOnDisk) {
   ASSERT_EQ(make_store(*be, 8, dir, &faults, &s), ok) << last_error();
   for (uint64_t k = 0; k < 12; ++k) ASSERT_EQ(put(*s, k, 40 + k), ok);
   ASSERT_EQ(s->spill_all(), ok) << last_error();
-  ASSERT_TRUE(s->on_disk(0));
+  ASSERT_TRUE((s->tier_of(0) == 1));
   void* slot = nullptr;
   EXPECT_FAILS(s->slot_for_read(0, &slot), err_io, "stays on disk");
-  EXPECT_TRUE(s->on_disk(0));
+  EXPECT_TRUE((s->tier_of(0) == 1));
   EXPECT_TRUE(s->holds(0));
   fail_reads = false;
   for (uint64_t k = 0; k < 12; ++k) EXPECT_TRUE(read_back(*s, k, 40 + k));
@@ -439,8 +439,9 @@ TEST_P(PagerOverDisk, RandomBytesSurviveDeviceHostDiskHostDevice) {
     ASSERT_EQ(pg->check_invariants(), ok) << last_error();
     ASSERT_EQ(store->flush(), ok);
     EXPECT_EQ(pg->stats().host_bytes, size) << "every page is saved, in one tier or the other";
-    EXPECT_GE(store->bytes_on_disk(), size - 10 * k_page) << "pages past the budget are on disk";
-    EXPECT_EQ(pg->state_of(a), page_state::disk) << "the oldest saved page went to disk first";
+    EXPECT_GE(store->bytes_in_tier(1), size - 10 * k_page) << "pages past the budget are on disk";
+    EXPECT_EQ(pg->state_of(a), page_state::host);
+    EXPECT_EQ(store->tier_of((a - pg->arena_base()) / k_page), 1u) << "the oldest saved page went to disk first";
     // Saved pages stay within the budget.
     EXPECT_LE(store->stats().host_bytes, 10 * k_page);
     ASSERT_EQ(pg->restore_all(), ok) << last_error();

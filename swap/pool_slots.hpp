@@ -1,0 +1,65 @@
+// pool_slots: a slot provider (swap/slot_provider.hpp) of the host pool shared by all the
+// processes of a device.
+//
+// vramswapd, run with VRAMSWAP_HOST_POOL, makes one memfd of frame-size slots that every
+// member maps and registers (pinned) once at attach (pool/pool_connection.hpp), and keeps
+// its slot table in the pool segment (pool/pool_layout.hpp: one compare-and-swap word per
+// slot, free or used by a member). Saving pages in that pool instead of in pinned memory
+// of each process's own means the processes of a device together pin about what they save
+// at once instead of each pinning up to its whole memory.
+//
+// take: scan the table from a hint for a free word and CAS it to used(me); err_busy when
+// none is free. give_back: CAS the word to free and wake every waiter on the pool's
+// slots_freed futex (bumped by every give-back and by the server's repair).
+// wait_for_give_back sleeps on that futex; once `wait_timeout_ns` (VRAMSWAP_EVICT_TIMEOUT)
+// has passed it fails with err_out_of_memory naming the pool's size, which members hold
+// its slots, and what to set.
+//
+// Slots are not zeroed between owners: a slot's bytes are read only by the member that took
+// it, and only after that member wrote the whole slot (the pager copies a whole frame into
+// it and marks the page saved only when the copy completed).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <unordered_set>
+
+#include "pool/pool_segment.hpp"
+#include "swap/slot_provider.hpp"
+
+namespace vramswap::detail {
+
+class pool_slots final : public slot_provider {
+ public:
+  // `base`: this process's mapping of the host pool (slot i at base + i * slot size), pinned.
+  // `server_alive` is asked while waiting, so a dead server ends the wait with a clear error.
+  pool_slots(pool_segment& pool, uint32_t me, char* base, uint64_t wait_timeout_ns, std::function<bool()> server_alive);
+  ~pool_slots() override;  // gives back every slot still taken
+
+  size_t slot_size() const noexcept override { return pool_.host_slot_size(); }
+  int take(bool past_limit, char** slot) override;
+  void give_back(char* slot) override;
+  bool owns(const char* slot) const noexcept override;
+  size_t free_now() const override;
+  uint64_t bytes_pinned() const noexcept override { return 0; }
+  void watch_regions(std::function<void(char*, size_t)> fn) override;
+  bool shared() const noexcept override { return true; }
+  uint32_t give_back_count() const noexcept override;
+  int wait_for_give_back(uint32_t seen, uint64_t waited_ns) override;
+
+  uint32_t slots_taken() const noexcept { return static_cast<uint32_t>(taken_.size()); }
+
+ private:
+  int exhausted_error(uint64_t waited_ns) const;
+  void free_slot(uint32_t s);
+
+  pool_segment& pool_;
+  const uint32_t me_;
+  char* const base_;
+  const uint64_t wait_timeout_ns_;
+  std::function<bool()> server_alive_;
+  std::unordered_set<uint32_t> taken_;
+  uint32_t scan_hint_ = 0;
+};
+
+}  // namespace vramswap::detail
