@@ -2,6 +2,7 @@
 #include "pool/preload_shim.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <signal.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -501,10 +502,24 @@ int pool_connection::find_server(std::string* path, std::string* tried) noexcept
     if (!configured.empty()) {
       candidates.push_back(configured);
     } else {
+      // The object holding this code: a shared object's path from its link map, or, when the
+      // code is linked into the program itself (whose link map name is empty and whose dladdr
+      // name is argv[0], perhaps relative), /proc/self/exe.
       Dl_info info{};
-      if (::dladdr(reinterpret_cast<void*>(&pool_connection::find_server), &info) != 0 && info.dli_fname != nullptr) {
+      link_map* map = nullptr;
+      std::string holder;
+      if (::dladdr1(reinterpret_cast<void*>(&pool_connection::find_server), &info, reinterpret_cast<void**>(&map),
+                    RTLD_DL_LINKMAP) != 0 &&
+          map != nullptr && map->l_name != nullptr && map->l_name[0] != '\0') {
+        holder = map->l_name;
+      } else {
+        char exe[PATH_MAX];
+        const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n > 0) holder.assign(exe, static_cast<size_t>(n));
+      }
+      if (!holder.empty()) {
         char resolved[PATH_MAX];
-        const std::string lib = ::realpath(info.dli_fname, resolved) != nullptr ? resolved : info.dli_fname;
+        const std::string lib = ::realpath(holder.c_str(), resolved) != nullptr ? resolved : holder;
         const std::string dir = directory_of(lib);
         candidates.push_back(dir + "/vramswapd");
         candidates.push_back(dir + "/../bin/vramswapd");
