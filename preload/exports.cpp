@@ -58,7 +58,7 @@ cuda_error_t runtime_context() {
 
 // --- driver ----
 // Not exported: libcuda calls some of its own exported functions through the PLT, which an
-// exported replacement here would capture (seen as a crash in libcuda on the H200 machine).
+// exported replacement here would capture (seen as a crash in libcuda: docs/oversubscription.md).
 // Programs reach the driver through cuGetProcAddress (the CUDA runtime, cuBLAS, PyTorch)
 // or dlsym, both answered by lookup.cpp.
 extern "C" {

@@ -6,8 +6,8 @@
 // CUDA 13.0 broke that rule for two functions: cuCtxSynchronize and cuCtxGetDevice got new
 // ABIs taking a CUcontext (PFN_..._v13000), yet cuda.h still declares the argument-less /
 // one-argument ones under those names. Fetched at 13000, the pointer is the new function;
-// called the way the header says, it crashed inside libcuda on the H200 machine. Fetched at
-// 12000 it is the function the header declares.
+// called the way the header says, it crashes inside libcuda (docs/oversubscription.md, "Two
+// CUDA 13 pitfalls"). Fetched at 12000 it is the function the header declares.
 //
 // Both places that fetch driver functions ask here first: the library's driver table
 // (core/cuda/cuda_driver.cpp) and the preload shim's own lookups (preload/lookup.cpp).
