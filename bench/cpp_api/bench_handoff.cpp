@@ -47,6 +47,7 @@
 
 #include "core/backend.hpp"
 #include "support/bench_util.hpp"
+#include "support/spawn_self.hpp"
 #include "core/status.hpp"
 #include "runtime/device_session.hpp"
 #include "lock/process_identity.hpp"
@@ -59,6 +60,8 @@ extern char** environ;
 using namespace vramswap;
 using namespace vramswap::detail;
 using bench::check;
+using bench::child;
+using bench::spawn_self;
 using bench::parse_list;
 
 namespace {
@@ -103,34 +106,6 @@ int run_worker(uint64_t bytes, int rounds, int hold_ms) {
   return 0;
 }
 
-struct child {
-  pid_t pid = -1;
-  FILE* out = nullptr;
-};
-
-child spawn_self(const std::vector<std::string>& args, const std::vector<std::string>& extra_env) {
-  int pipefd[2];
-  if (::pipe2(pipefd, O_CLOEXEC) != 0) check(fail_errno(errno, "pipe"), "spawn");
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
-  std::vector<std::string> a = args;
-  std::vector<char*> argv;
-  for (auto& x : a) argv.push_back(x.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
-  for (const auto& e : extra_env) env.push_back(e);
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  child c;
-  if (::posix_spawn(&c.pid, "/proc/self/exe", &fa, nullptr, argv.data(), envp.data()) != 0) check(fail(err_system, "posix_spawn"), "spawn");
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(pipefd[1]);
-  c.out = ::fdopen(pipefd[0], "r");
-  return c;
-}
 
 struct event {
   uint64_t ns;
