@@ -90,6 +90,33 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     scratch_lost = true;
     return false;
   };
+  // A new frame that does not become its page's home goes back, but it may hold some or all
+  // of the page's bytes (its copy ran, or ran in part): a source that hands frames to other
+  // processes gets it zeroed first, or not at all. `at_slot`: it is still mapped at `slot`.
+  auto return_new_frame = [&](frame_id f, device_ptr slot, bool at_slot) {
+    if (!frames_.scrub_before_give_back(f)) {
+      if (!at_slot || unmap_slot(slot)) frames_.give_back(f);
+      return;
+    }
+    int s = ok;
+    if (!at_slot && (s = be_.map(slot, frame_size_, f, 0)) == ok &&
+        (s = be_.set_access(slot, frame_size_, access_flags::read_write)) != ok) {
+      unmap_slot(slot);
+      at_slot = false;
+    } else if (!at_slot && s == ok) {
+      at_slot = true;
+    }
+    if (at_slot) {
+      if ((s = be_.memset_d8(slot, 0, frame_size_, out_stream_)) == ok) s = be_.stream_synchronize(out_stream_);
+      if (!unmap_slot(slot)) return;  // mapped there still: kept with the scratch range
+    }
+    if (s != ok || !at_slot) {
+      log(log_level::error, "remap_pages: a new frame that holds page bytes could not be zeroed (%s); the frame is kept",
+          last_error());
+      return;
+    }
+    frames_.give_back(f);
+  };
   // 3. The page's copy is in its new frame: switch the page to it; the old frame moves to
   // the slot to be scrubbed.
   auto switch_page = [&](move& m, device_ptr slot) -> int {
@@ -115,7 +142,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     }
     if (rc != ok) {
       const std::string why = last_error();
-      frames_.give_back(m.to);
+      return_new_frame(m.to, slot, /*at_slot=*/false);  // it holds the page's whole copy
       return fail(rc, "%s", why.c_str());
     }
     m.switched = true;
@@ -143,8 +170,9 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     return rc;
   };
   on.not_copied = [&](uint64_t, size_t slot) {
-    // The page never left its old frame: the new one goes back, unused.
-    if (unmap_slot(slot_address(slot))) frames_.give_back(moves[slot].to);
+    // The page never left its old frame: the new one goes back, with whatever part of the
+    // copy reached it zeroed.
+    return_new_frame(moves[slot].to, slot_address(slot), /*at_slot=*/true);
   };
   copy_pipeline copies(be_, out_stream_, events_, {}, std::move(on));
   for (size_t first = 0; first < pages.size() && !copies.failed(); first += batch) {

@@ -187,10 +187,11 @@ TEST_P(PagerRemap, AFailureAtAnyStepLeavesEveryPageWholeInItsOldOrItsNewFrame) {
         ++k;
       }
       EXPECT_EQ(moved, changed) << where;
+      // Every frame given back is zeroed: an old frame, and a new one that did not become its
+      // page's home (its copy may have reached it in whole or in part).
       for (frame_id f : given_back_since(returned_before)) {
-        if (std::find(before.begin(), before.end(), f) != before.end()) {
-          EXPECT_TRUE(zeroed(f)) << where << ": an old frame";
-        }
+        const bool old_frame = std::find(before.begin(), before.end(), f) != before.end();
+        EXPECT_TRUE(zeroed(f)) << where << (old_frame ? ": an old frame" : ": a new frame given back");
       }
       ASSERT_TRUE(all_hold(seed)) << where;
     }
