@@ -5,7 +5,8 @@
 //   1. Finds the server's socket, <runtime dir>/<prefix><device key>.sock, the prefix being
 //      VRAMSWAP_SHM_PREFIX (usually empty) and the key the device's UUID
 //      (device_info::uuid: "GPU-..." on cuda, "host-N" on the host backend).
-//   2. When nobody listens there and `autostart` is set, starts vramswapd itself, race-free:
+//   2. When nobody listens there and `autostart` is set, starts vramswapd itself
+//      (pool/server_start.hpp), race-free:
 //      under an flock on <runtime dir>/<prefix><key>.start.lock it tries once more (another
 //      client may have just started one), else spawns the server detached (its own session; the
 //      server forks once more so that it is nobody's child), waits until the server says it
@@ -40,35 +41,18 @@
 
 #include "core/backend.hpp"
 #include "core/pinned_chunk.hpp"
+#include "pool/pool_paths.hpp"
+#include "pool/server_start.hpp"
 
 namespace vramswap::detail {
 
 class pool_segment;
 
-// Where a device's pool server keeps its files. The runtime dir is VRAMSWAP_RUNTIME_DIR,
-// else /tmp/vramswap-<uid> (or /tmp/vramswap-g<gid> with VRAMSWAP_GROUP, so that the
-// group's users meet in one place). Mode 0700, or 0770 and owned by VRAMSWAP_GROUP.
-// <p> below is VRAMSWAP_SHM_PREFIX (usually empty): one server per device and prefix.
-struct pool_paths {
-  std::string dir;          // the runtime dir
-  std::string socket;       // <dir>/<p><key>.sock         the server's listening socket
-  std::string server_lock;  // <dir>/<p><key>.server.lock  flock held by the one server of the device
-  std::string start_lock;   // <dir>/<p><key>.start.lock   flock held by a client while it starts one
-  std::string log;          // <dir>/<p><key>.log          a server started on demand logs here
-
-  // The paths for `device_key`. With `create_dir`, creates the runtime dir when missing
-  // (mode as above) and checks an existing one: it must be a directory, not a symlink, owned
-  // by this user (or, with VRAMSWAP_GROUP, owned by that group with mode 0770); anything
-  // else is err_not_owner, naming the directory and its owner. Returns 0,
-  // err_invalid_argument (bad key or VRAMSWAP_GROUP), err_not_owner, err_system.
-  static int make(const std::string& device_key, bool create_dir, pool_paths* out) noexcept;
-};
-
 class pool_connection {
  public:
   // How long a client that finds no server waits for one: for the start lock, for the
   // server it starts to report ready.
-  static constexpr int k_start_timeout_s = 30;
+  static constexpr int k_start_timeout_s = k_server_start_timeout_s;
 
   // Connect to `device`'s pool server (starting one when `autostart` and none runs),
   // import every frame of the pool into `be` and map the pool segment.
@@ -80,11 +64,6 @@ class pool_connection {
   // err_version_mismatch: another protocol version; err_busy: no member slot free), with
   // the server's message; err_version_mismatch (the pool segment); err_system.
   static int connect(backend& be, int device, bool autostart, std::unique_ptr<pool_connection>* out) noexcept;
-
-  // Where vramswapd is looked for: VRAMSWAP_SERVER; else next to the object holding this
-  // code (libvramswap, the Python module, the shim; found with dladdr), then ../bin and
-  // ../libexec from there. *tried lists the candidates looked at.
-  static int find_server(std::string* path, std::string* tried) noexcept;
 
   ~pool_connection();
   pool_connection(const pool_connection&) = delete;

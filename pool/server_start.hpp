@@ -1,0 +1,35 @@
+// Starting a device's pool server on demand (docs/pool_server.md, "Started on demand"):
+// which binary (find_server), one start at a time under an flock on the start lock, the
+// spawn (detached, in a session of its own, with the client's options and without the
+// preload shim), the ready report on a pipe, and one bound over all of it.
+//
+// Return codes: 0, or a negative vramswap::detail::status with the detail in last_error(); never
+// throws.
+#pragma once
+
+#include <string>
+
+#include "pool/pool_paths.hpp"
+
+namespace vramswap::detail {
+
+// The bound over a whole start: waiting for the start lock, the spawn, the ready report (and,
+// in pool_connection, each message of the handshake).
+inline constexpr int k_server_start_timeout_s = 30;
+
+// Connects to the server's SOCK_SEQPACKET socket at `socket_path`: *fd, or err_unavailable
+// when nobody listens there (no such file, or a stale file of a dead server).
+int dial_server(const std::string& socket_path, int* fd) noexcept;
+
+// After dial_server found nobody: starts the device's server, or waits for the client that
+// is starting one, then connects (*fd). err_unavailable (no binary found, or it could not
+// start or died before it was ready: the detail names what was tried or its log),
+// err_timeout (nothing ready within k_server_start_timeout_s), err_not_owner, err_system.
+int start_or_join_server(const pool_paths& paths, int device, int* fd) noexcept;
+
+// Where vramswapd is looked for: VRAMSWAP_SERVER; else next to the object holding this
+// code (libvramswap, the Python module, the shim; found with dladdr), then ../bin and
+// ../libexec from there. *tried lists the candidates looked at.
+int find_server(std::string* path, std::string* tried) noexcept;
+
+}  // namespace vramswap::detail
