@@ -18,6 +18,7 @@
 #include "support/backends.hpp"
 #include "support/random_bytes.hpp"
 #include "support/scratch_fs.hpp"
+#include "support/store_pages.hpp"
 
 namespace vramswap::detail {
 namespace {
@@ -69,20 +70,9 @@ class PoolChain : public ::testing::Test {
   char* memory_ = nullptr;
 };
 
-int put(tiered_store& s, uint64_t key, uint64_t seed) {
-  void* slot = nullptr;
-  const int rc = s.slot_for_write(key, k_page, &slot);
-  if (rc == ok) test::fill_random(slot, k_page, seed);
-  return rc;
-}
-
+int put(tiered_store& s, uint64_t key, uint64_t seed) { return test::put_page(s, key, k_page, seed); }
 ::testing::AssertionResult read_back(tiered_store& s, uint64_t key, uint64_t seed) {
-  void* slot = nullptr;
-  if (s.slot_for_read(key, &slot) != ok) return ::testing::AssertionFailure() << "page " << key << ": " << last_error();
-  const size_t at = test::first_mismatch(slot, k_page, seed);
-  s.read_done(key);
-  if (at != k_page) return ::testing::AssertionFailure() << "page " << key << " differs at byte " << at;
-  return ::testing::AssertionSuccess();
+  return test::page_reads_back(s, key, k_page, seed);
 }
 
 TEST_F(PoolChain, PagesPastTheSharedPoolGoToEachMembersSwapFileAndComeBackExact) {

@@ -31,6 +31,7 @@
 #include "support/backends.hpp"
 #include "support/random_bytes.hpp"
 #include "support/scratch_fs.hpp"
+#include "support/store_pages.hpp"
 
 namespace vramswap::detail {
 namespace {
@@ -66,20 +67,9 @@ int make_store(backend& be, size_t budget, const std::string& dir, io_faults* fa
 }
 
 // Write page `key` (fill_random(seed)) into the store as the pager would: slot, then bytes.
-int put(tiered_store& s, uint64_t key, uint64_t seed) {
-  void* slot = nullptr;
-  const int rc = s.slot_for_write(key, k_page, &slot);
-  if (rc == ok) test::fill_random(slot, k_page, seed);
-  return rc;
-}
-
+int put(tiered_store& s, uint64_t key, uint64_t seed) { return test::put_page(s, key, k_page, seed); }
 ::testing::AssertionResult read_back(tiered_store& s, uint64_t key, uint64_t seed) {
-  void* slot = nullptr;
-  if (s.slot_for_read(key, &slot) != ok) return ::testing::AssertionFailure() << "page " << key << ": " << last_error();
-  const size_t at = test::first_mismatch(slot, k_page, seed);
-  s.read_done(key);
-  if (at != k_page) return ::testing::AssertionFailure() << "page " << key << " differs at byte " << at;
-  return ::testing::AssertionSuccess();
+  return test::page_reads_back(s, key, k_page, seed);
 }
 
 using test::mount_small_ext4;
