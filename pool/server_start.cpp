@@ -1,7 +1,5 @@
 #include "pool/server_start.hpp"
 
-#include <dlfcn.h>
-#include <link.h>
 #include <signal.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -31,6 +29,7 @@
 #include "lock/ownership.hpp"
 #include "lock/process_identity.hpp"
 
+#include "core/code_location.hpp"
 #include "core/fd_guard.hpp"
 #include "pool/preload_shim.hpp"
 
@@ -385,21 +384,7 @@ int find_server(std::string* path, std::string* tried) noexcept {
     if (!configured.empty()) {
       candidates.push_back(configured);
     } else {
-      // The object holding this code: a shared object's path from its link map, or, when the
-      // code is linked into the program itself (whose link map name is empty and whose dladdr
-      // name is argv[0], perhaps relative), /proc/self/exe.
-      Dl_info info{};
-      link_map* map = nullptr;
-      std::string holder;
-      if (::dladdr1(reinterpret_cast<void*>(&find_server), &info, reinterpret_cast<void**>(&map),
-                    RTLD_DL_LINKMAP) != 0 &&
-          map != nullptr && map->l_name != nullptr && map->l_name[0] != '\0') {
-        holder = map->l_name;
-      } else {
-        char exe[PATH_MAX];
-        const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-        if (n > 0) holder.assign(exe, static_cast<size_t>(n));
-      }
+      const std::string holder = object_holding(reinterpret_cast<const void*>(&find_server));
       if (!holder.empty()) {
         char resolved[PATH_MAX];
         const std::string lib = ::realpath(holder.c_str(), resolved) != nullptr ? resolved : holder;

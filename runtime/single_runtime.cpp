@@ -1,7 +1,5 @@
 #include "runtime/single_runtime.hpp"
 
-#include <dlfcn.h>
-#include <link.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -17,6 +15,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/code_location.hpp"
 #include "core/log.hpp"
 #include "core/status.hpp"
 
@@ -37,28 +36,12 @@ void drop_claim_in_child() {
   g_claim_fd = g_owner_fd = -1;
 }
 
-// The file this copy of the runtime was loaded from: a shared object's path, or the program's
-// own when the runtime is linked into it (whose link map name is empty, and whose dladdr name
-// is argv[0], perhaps relative: /proc/self/exe says where it is).
+// The file this copy of the runtime was loaded from: a shared object, or the program.
 std::string this_copy() {
-  Dl_info info{};
-  link_map* map = nullptr;
-  if (::dladdr1(reinterpret_cast<const void*>(&claim_process_for_this_runtime), &info, reinterpret_cast<void**>(&map),
-                RTLD_DL_LINKMAP) != 0 &&
-      map != nullptr && map->l_name != nullptr && map->l_name[0] != '\0') {
-    return map->l_name;
-  }
-  char exe[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return "the program";
-  exe[n] = '\0';
-  return exe;
+  const std::string path = object_holding(reinterpret_cast<const void*>(&claim_process_for_this_runtime));
+  return path.empty() ? "the program" : path;
 }
 
-// Abstract socket names are per network namespace, which containers with the host's network
-// share while each has a pid namespace of its own, where pids repeat. The name therefore says
-// which pid namespace the pid is in, and when this process started, so that it is this
-// process's alone.
 std::string process_tag(pid_t pid) {
   char ns[64];
   const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
