@@ -99,18 +99,14 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
       return;
     }
     int s = ok;
-    if (!at_slot && (s = be_.map(slot, frame_size_, f, 0)) == ok &&
-        (s = be_.set_access(slot, frame_size_, access_flags::read_write)) != ok) {
-      unmap_slot(slot);
-      at_slot = false;
-    } else if (!at_slot && s == ok) {
-      at_slot = true;
+    if (!at_slot) {
+      s = be_.map(slot, frame_size_, f, 0);
+      if (s == ok && (s = be_.set_access(slot, frame_size_, access_flags::read_write)) != ok) unmap_slot(slot);
+      at_slot = s == ok;
     }
-    if (at_slot) {
-      if ((s = be_.memset_d8(slot, 0, frame_size_, out_stream_)) == ok) s = be_.stream_synchronize(out_stream_);
-      if (!unmap_slot(slot)) return;  // mapped there still: kept with the scratch range
-    }
-    if (s != ok || !at_slot) {
+    if (s == ok && (s = be_.memset_d8(slot, 0, frame_size_, out_stream_)) == ok) s = be_.stream_synchronize(out_stream_);
+    if (at_slot && !unmap_slot(slot)) return;  // mapped there still: kept with the scratch range
+    if (s != ok) {
       log(log_level::error, "remap_pages: a new frame that holds page bytes could not be zeroed (%s); the frame is kept",
           last_error());
       return;
