@@ -11,16 +11,16 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "support/bench_util.hpp"
+
 namespace vramswap::detail::bench {
 
-inline double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 inline double gbps(uint64_t bytes, double s) { return static_cast<double>(bytes) / s / 1e9; }
 
 // The plain writer/reader of (a) and (v): `qd` blocks of `block` bytes in flight through
@@ -133,13 +133,13 @@ class plain_io {
 // waits for the discards of the freed blocks. Every measurement starts on a quiet disk: none
 // pays for the cleanup of the one before. Returns the seconds it took.
 inline double settle(const std::string& dir) {
-  const double t0 = now();
+  const double t0 = seconds_now();
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) {
     ::syncfs(fd);
     ::close(fd);
   }
-  return now() - t0;
+  return seconds_now() - t0;
 }
 inline double settle_s = 0;  // the time settle() took in all, printed for the record
 
@@ -150,13 +150,13 @@ inline bool ceiling(const std::string& dir, uint64_t size, unsigned qd, size_t b
   if (!io.open_file(dir) || !io.fallocate(0, size)) return false;
   for (int pass = 0; pass < 2; ++pass) {
     const bool write = pass == 0;
-    const double t0 = now();
+    const double t0 = seconds_now();
     if (!io.pass(write, size)) return false;
-    (write ? *write_s : *read_s) = now() - t0;
+    (write ? *write_s : *read_s) = seconds_now() - t0;
   }
-  const double t0 = now();
+  const double t0 = seconds_now();
   io.close_file();
-  settle_s += now() - t0 + settle(dir);
+  settle_s += seconds_now() - t0 + settle(dir);
   return true;
 }
 

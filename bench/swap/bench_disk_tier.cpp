@@ -66,7 +66,6 @@ constexpr uint64_t k_page = 32 * MiB;
 
 using bench::ceiling;
 using bench::gbps;
-using bench::now;
 using bench::plain_io;
 using bench::settle;
 using bench::settle_s;
@@ -84,33 +83,33 @@ bool writer_variants(const std::string& dir, uint64_t size, unsigned qd, size_t 
               qd, block / MiB, size / double(GiB));
   auto row = [&](const char* what, double s) { std::printf("| %s | %.2f | %.2f |\n", what, gbps(size, s), ceiling_w / s); };
   auto settled = [&]() {
-    const double t0 = now();
+    const double t0 = bench::seconds_now();
     io.close_file();
-    settle_s += now() - t0 + settle(dir);
+    settle_s += bench::seconds_now() - t0 + settle(dir);
   };
   // One fallocate of the whole file, inside the timer: the ceiling plus its reservation, as
   // the tier now reserves a spill.
   if (!io.open_file(dir)) return false;
-  double t0 = now();
+  double t0 = bench::seconds_now();
   if (!io.fallocate(0, size) || !io.pass(true, size)) return false;
-  row("one fallocate of the whole file, then the writes (a new file)", now() - t0);
+  row("one fallocate of the whole file, then the writes (a new file)", bench::seconds_now() - t0);
   // The same file again: every block was written before, nothing to reserve or convert.
-  t0 = now();
+  t0 = bench::seconds_now();
   if (!io.pass(true, size)) return false;
-  row("overwriting the blocks just written (the tier reuses written extents first)", now() - t0);
+  row("overwriting the blocks just written (the tier reuses written extents first)", bench::seconds_now() - t0);
   // A new file while the previous one (SIZE bytes written) is freed in the background: the
   // situation the tier's spill used to be measured in, right after the ceiling's file.
   io.next_close_in_background();
   if (!io.open_file(dir) || !io.fallocate(0, size)) return false;
-  t0 = now();
+  t0 = bench::seconds_now();
   if (!io.pass(true, size)) return false;
-  row("a new file (fallocate untimed) while the previous file is freed in the background", now() - t0);
+  row("a new file (fallocate untimed) while the previous file is freed in the background", bench::seconds_now() - t0);
   settled();
   // The file grows while it is written, 1 GiB at a time, as the tier's did.
   if (!io.open_file(dir)) return false;
-  t0 = now();
+  t0 = bench::seconds_now();
   if (!io.pass(true, size, GiB)) return false;
-  row("1 GiB fallocates as the file is written (a new file)", now() - t0);
+  row("1 GiB fallocates as the file is written (a new file)", bench::seconds_now() - t0);
   settled();
   std::printf("\n");
   return true;
@@ -142,14 +141,14 @@ bool end_to_end(backend& bref, uint64_t e2e, uint64_t e2e_budget, double ceil_w,
     if (be->memset_d8(mem + off, static_cast<uint8_t>(off / k_page * 7 + 1), k_page, s) != ok) return fail_bench("memset");
   }
   if (be->stream_synchronize(s) != ok) return fail_bench("synchronize");
-  double t0 = now();
+  double t0 = bench::seconds_now();
   if (pg->evict_all() != ok) return fail_bench("evict_all");
   if (store->flush() != ok) return fail_bench("flush");
-  const double te = now() - t0;
+  const double te = bench::seconds_now() - t0;
   const tiered_stats es = store->stats();
-  t0 = now();
+  t0 = bench::seconds_now();
   if (pg->restore_all() != ok) return fail_bench("restore_all");
-  const double tre = now() - t0;
+  const double tre = bench::seconds_now() - t0;
   const tiered_stats rs = store->stats();
   // Spot check: the first byte of every page.
   void* probe = nullptr;
@@ -237,7 +236,7 @@ int main(int argc, char** argv) {
     std::printf("(note: the warm-up reached the disk: %.2f GiB reserved, %.2f GiB written before the timer)\n\n",
                 warm.file_bytes / double(GiB), warm.bytes_written / double(GiB));
   }
-  double t0 = now();
+  double t0 = bench::seconds_now();
   // As the pager does when an eviction starts: the store reserves the disk space ahead.
   if (store->expect_saves(pages) != ok) die("expect_saves");
   for (uint64_t k = 0; k < pages; ++k) {
@@ -246,14 +245,14 @@ int main(int argc, char** argv) {
     std::memcpy(slot, &k, sizeof k);  // a stamp to check on the way back
   }
   if (store->spill_all() != ok) die("spill_all");
-  const double tw = now() - t0;
+  const double tw = bench::seconds_now() - t0;
   const tiered_stats after_write = store->stats();
   swap_file::io_stats ios = store->io_stats();
   ios.grows -= warm_io.grows, ios.grow_s -= warm_io.grow_s, ios.submits -= warm_io.submits, ios.sqes -= warm_io.sqes;
   ios.grow_bytes -= warm_io.grow_bytes, ios.grows_in_flight -= warm_io.grows_in_flight;
   ios.fresh_writes -= warm_io.fresh_writes, ios.overwrites -= warm_io.overwrites;
   ios.waits -= warm_io.waits, ios.busy_s -= warm_io.busy_s, ios.full_s -= warm_io.full_s, ios.depth_s -= warm_io.depth_s;
-  t0 = now();
+  t0 = bench::seconds_now();
   for (uint64_t k = 0; k < pages; ++k) {
     void* slot = nullptr;
     if (store->slot_for_read(k, &slot) != ok) die("slot_for_read");
@@ -265,12 +264,12 @@ int main(int argc, char** argv) {
     }
     store->read_done(k);
   }
-  const double tr = now() - t0;
+  const double tr = bench::seconds_now() - t0;
   const tiered_stats after_read = store->stats();
   {
-    const double t = now();
+    const double t = bench::seconds_now();
     store.reset();  // closes the swap file: its blocks are freed before this returns
-    settle_s += now() - t + settle(dir);
+    settle_s += bench::seconds_now() - t + settle(dir);
   }
   if (!ceiling(dir, size, 32, MiB, &cw2, &cr2)) return 1;
   std::printf("ceiling runs before / after the disk tier: write %.2f / %.2f GB/s, read %.2f / %.2f GB/s\n\n", gbps(size, cw),
