@@ -208,9 +208,15 @@ void device_session::serve(uint32_t seen) {
   evict_failing_ = rc != ok;
 }
 
+// Saved bytes not in the store's first tier (host slots): those in the swap file.
+uint64_t device_session::saved_past_host_tier() const noexcept {
+  const uint64_t held = store_->bytes_held();
+  return held - std::min(held, store_->bytes_in_tier(0));
+}
+
 void device_session::publish_store() noexcept {
   const uint64_t held = store_->bytes_held();
-  const uint64_t disk = held - std::min(held, store_->bytes_in_tier(0));
+  const uint64_t disk = saved_past_host_tier();
   member().observe().stored(held - disk, disk);
 }
 
@@ -218,7 +224,7 @@ session_stats device_session::stats() const {
   std::lock_guard<std::mutex> guard(mutex_);
   session_stats s = stats_;
   s.pager = memory().stats();
-  s.disk_bytes = store_->bytes_held() - std::min(store_->bytes_held(), store_->bytes_in_tier(0));
+  s.disk_bytes = saved_past_host_tier();
   return s;
 }
 
