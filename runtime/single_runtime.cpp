@@ -1,5 +1,6 @@
 #include "runtime/single_runtime.hpp"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -7,7 +8,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cinttypes>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -25,7 +30,7 @@ namespace {
 std::mutex g_claim_mutex;
 pid_t g_claimed_for = 0;  // the pid this copy claimed (0: none; another after a fork)
 int g_claim_fd = -1;      // the claim, open for the life of the process
-int g_owner_fd = -1;      // the socket whose name carries this copy's path
+int g_owner_fd = -1;      // the socket whose name carries an address inside this copy
 
 // A forked child must not keep its parent's claim: it could outlive the parent, and a new
 // process given the parent's pid would then find the name taken. (The child cannot use
@@ -36,9 +41,13 @@ void drop_claim_in_child() {
   g_claim_fd = g_owner_fd = -1;
 }
 
-// The file this copy of the runtime was loaded from: a shared object, or the program.
-std::string this_copy() {
-  const std::string path = object_holding(reinterpret_cast<const void*>(&claim_process_for_this_runtime));
+// An address inside this copy of the runtime; another copy in the same process turns it into
+// the file it was loaded from.
+const void* this_copys_code() { return reinterpret_cast<const void*>(&claim_process_for_this_runtime); }
+
+// The file the copy holding `code` was loaded from: a shared object, or the program.
+std::string copy_holding(const void* code) {
+  const std::string path = object_holding(code);
   return path.empty() ? "the program" : path;
 }
 
@@ -84,15 +93,21 @@ int bind_abstract(const std::string& name) {
   return fd;
 }
 
-// The claiming copy's path, from its second socket's name in /proc/net/unix (abstract names
-// are shown there with a leading '@').
+// The claiming copy's path. Its second socket's name (shown in /proc/net/unix with a leading
+// '@') carries an address inside it rather than its path: a path can be longer than a socket
+// name, and the address, in this same address space, leads back to the file.
 std::string claiming_copy(pid_t pid) {
   const std::string prefix = "@" + owner_prefix(pid);
   std::ifstream in("/proc/net/unix");
   std::string line;
   while (std::getline(in, line)) {
     const size_t at = line.find(prefix);
-    if (at != std::string::npos) return line.substr(at + prefix.size());
+    if (at == std::string::npos) continue;
+    const std::string address = line.substr(at + prefix.size());
+    const void* code = reinterpret_cast<const void*>(std::strtoull(address.c_str(), nullptr, 16));
+    Dl_info info{};
+    if (code == nullptr || ::dladdr(code, &info) == 0) return "a copy that is no longer loaded (code at " + address + ")";
+    return copy_holding(code);
   }
   return "another copy (its name could not be read from /proc/net/unix)";
 }
@@ -104,7 +119,7 @@ int claim_process_for_this_runtime(const char* fn, int device) noexcept {
     std::lock_guard<std::mutex> guard(g_claim_mutex);
     const pid_t pid = ::getpid();
     if (g_claimed_for == pid) return ok;
-    const std::string mine = this_copy();
+    const std::string mine = copy_holding(this_copys_code());
     g_claim_fd = bind_abstract(claim_name(pid));
     if (g_claim_fd < 0) {
       if (errno != EADDRINUSE) {
@@ -122,9 +137,11 @@ int claim_process_for_this_runtime(const char* fn, int device) noexcept {
     }
     static std::once_flag at_fork;
     std::call_once(at_fork, [] { ::pthread_atfork(nullptr, nullptr, drop_claim_in_child); });
-    g_owner_fd = bind_abstract(owner_prefix(pid) + mine);
+    char address[2 + 2 * sizeof(void*) + 1];
+    std::snprintf(address, sizeof address, "%" PRIxPTR, reinterpret_cast<uintptr_t>(this_copys_code()));
+    g_owner_fd = bind_abstract(owner_prefix(pid) + address);
     if (g_owner_fd < 0) {
-      log(log_level::debug, "runtime: cannot publish this copy's path (%s) for the single-runtime check: %s", mine.c_str(),
+      log(log_level::debug, "runtime: cannot publish where this copy (%s) lies for the single-runtime check: %s", mine.c_str(),
           std::strerror(errno));
     }
     g_claimed_for = pid;

@@ -12,8 +12,10 @@
 // while their pids repeat): the kernel makes the name unique, it needs no symbol shared
 // between the copies (libvramswap.so exports only the public API), no file to clean up, and
 // it goes with the process (exit, crash, exec: the socket is close-on-exec; a forked child
-// closes its copy, pthread_atfork). A second socket, bound beside it, carries the claiming
-// copy's path in its name, so that the refusal names both copies (/proc/net/unix lists it).
+// closes its copy, pthread_atfork). A second socket, bound beside it, carries an address
+// inside the claiming copy in its name (/proc/net/unix lists it); the refused copy, in the
+// same address space, turns it into that copy's file, so the refusal names both copies
+// however long their paths (a socket name holds 107 bytes).
 // Where the claim cannot be made at all (no socket: seccomp, the descriptor limit), it is
 // skipped with a warning: the guard never stops a process that uses one copy.
 #pragma once

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -22,10 +23,10 @@ namespace {
 
 class TwoRuntimes : public ::testing::Test {
  protected:
-  // Runs the worker in `order`; its exit status, and its stdout in *out.
-  int run_worker(const std::string& order, std::string* out) {
+  // Runs `worker` over `library` in `order`; its exit status, and its stdout in *out.
+  int run_worker(const std::string& worker, const std::string& library, const std::string& order, std::string* out) {
     const std::string out_path = env_.runtime_dir() + "/worker-" + order + ".out";
-    std::vector<std::string> args = {VRAMSWAP_TWO_RUNTIMES_WORKER, VRAMSWAP_LIBRARY, order};
+    std::vector<std::string> args = {worker, library, order};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -33,7 +34,7 @@ class TwoRuntimes : public ::testing::Test {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
     pid_t pid = 0;
-    const int spawned = ::posix_spawn(&pid, VRAMSWAP_TWO_RUNTIMES_WORKER, &actions, nullptr, argv.data(), environ);
+    const int spawned = ::posix_spawn(&pid, worker.c_str(), &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
     if (spawned != 0) return -1;
     int status = 0;
@@ -43,9 +44,13 @@ class TwoRuntimes : public ::testing::Test {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
 
-  void expect_second_refused(const std::string& order, const std::string& first_copy, const std::string& second_copy) {
+  // `order` names which copy comes first: the worker's own ("own-first") or the library.
+  void expect_second_refused(const std::string& worker, const std::string& library, const std::string& order) {
+    const bool own_first = order == "own-first";
+    const std::string& first_copy = own_first ? worker : library;
+    const std::string& second_copy = own_first ? library : worker;
     std::string out;
-    ASSERT_EQ(run_worker(order, &out), 0) << out;
+    ASSERT_EQ(run_worker(worker, library, order, &out), 0) << out;
     EXPECT_NE(out.find("first=0\n"), std::string::npos) << "the first copy must open its session:\n" << out;
     EXPECT_NE(out.find("second=" + std::to_string(VRAMSWAP_ERR_UNAVAILABLE) + "\n"), std::string::npos)
         << "the second copy must refuse with VRAMSWAP_ERR_UNAVAILABLE:\n" << out;
@@ -61,11 +66,27 @@ class TwoRuntimes : public ::testing::Test {
 };
 
 TEST_F(TwoRuntimes, TheLibraryRefusesWhenTheProgramsOwnCopyCameFirst) {
-  expect_second_refused("own-first", VRAMSWAP_TWO_RUNTIMES_WORKER, VRAMSWAP_LIBRARY);
+  expect_second_refused(VRAMSWAP_TWO_RUNTIMES_WORKER, VRAMSWAP_LIBRARY, "own-first");
 }
 
 TEST_F(TwoRuntimes, TheProgramsOwnCopyRefusesWhenTheLibraryCameFirst) {
-  expect_second_refused("library-first", VRAMSWAP_LIBRARY, VRAMSWAP_TWO_RUNTIMES_WORKER);
+  expect_second_refused(VRAMSWAP_TWO_RUNTIMES_WORKER, VRAMSWAP_LIBRARY, "library-first");
+}
+
+// A socket name holds 107 bytes and install paths (a container's, a CI checkout's) can be
+// longer: copies of the worker and the library in a folder whose path is well past that are
+// still both named in full.
+TEST_F(TwoRuntimes, BothCopiesAreNamedInFullHoweverLongTheirPaths) {
+  const std::string folder = env_.runtime_dir() + "/" + std::string(120, 'p') + "/" + std::string(60, 'q');
+  std::filesystem::create_directories(folder);
+  const std::string worker = folder + "/two_runtimes_worker";
+  const std::string library = folder + "/libvramswap.so";
+  std::filesystem::copy_file(VRAMSWAP_TWO_RUNTIMES_WORKER, worker);
+  std::filesystem::copy_file(VRAMSWAP_LIBRARY, library);
+  ASSERT_GT(library.size(), 200u);
+  expect_second_refused(worker, library, "own-first");
+  expect_second_refused(worker, library, "library-first");
+  std::filesystem::remove_all(env_.runtime_dir() + "/" + std::string(120, 'p'));
 }
 
 // Containers that share the host's network (one network namespace, hence one abstract
