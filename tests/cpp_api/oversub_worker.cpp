@@ -1,10 +1,12 @@
 // An oversubscribed (low-priority) job for the multi-process tests: a real process with its
 // own oversubscribed_session, running without the lock.
 //
-// usage: oversub_worker <bytes> <seconds> <seed>
+// usage: oversub_worker <bytes> <seconds> <seed> [<file> <seconds after>]
 // Allocates <bytes> (more than the pool, in the tests) in three allocations, writes random
 // data, then for <seconds> runs rounds: check every byte against the previous round's data,
-// write the next round's. Every copy is queued inside the launch gate, as the preload shim
+// write the next round's. With <file>, the rounds go on until <seconds after> have passed
+// since <file> appeared as well (a test creates it when the job's competitor is done, so
+// that what follows is timed from that moment, however slow the machine). Every copy is queued inside the launch gate, as the preload shim
 // does for a CUDA program's work, so reclaims (demotions) may happen between any two of them.
 // Prints one line of numbers (key=value) on stdout. Exit: 0 ok, 2 an API call failed,
 // 3 data differed.
@@ -43,6 +45,8 @@ int main(int argc, char** argv) {
   const uint64_t bytes = std::strtoull(argv[1], nullptr, 10);
   const double seconds = std::atof(argv[2]);
   const uint64_t seed = std::strtoull(argv[3], nullptr, 10);
+  const char* after_file = argc >= 6 ? argv[4] : nullptr;
+  const double seconds_after = argc >= 6 ? std::atof(argv[5]) : 0;
   launch_gate::set_installed();  // this program brackets its device work itself
 
   std::unique_ptr<oversubscribed_session> session;
@@ -61,6 +65,17 @@ int main(int argc, char** argv) {
   const oversubscribed_stats at_start = session->stats();
 
   const auto t0 = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point file_seen{};
+  auto done = [&] {
+    const auto now = std::chrono::steady_clock::now();
+    if (std::chrono::duration<double>(now - t0).count() < seconds) return false;
+    if (after_file == nullptr) return true;
+    if (file_seen == std::chrono::steady_clock::time_point{}) {
+      if (::access(after_file, F_OK) != 0) return std::chrono::duration<double>(now - t0).count() >= 600;  // bounded
+      file_seen = now;
+    }
+    return std::chrono::duration<double>(now - file_seen).count() >= seconds_after;
+  };
   int round = 0;
   for (;; ++round) {
     for (size_t i = 0; i < blocks.size(); ++i) {
@@ -85,7 +100,7 @@ int main(int argc, char** argv) {
       }
       check(be.stream_synchronize(s), "sync");
     }
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= seconds) break;
+    if (done()) break;
   }
   const oversubscribed_stats st = session->stats();
   std::printf("rounds=%d start_host_bytes=%" PRIu64 " host_bytes=%" PRIu64 " pool_bytes=%" PRIu64 " demoted=%" PRIu64

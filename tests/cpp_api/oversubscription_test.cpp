@@ -43,15 +43,17 @@ class Oversubscription : public ::testing::Test {
   }
   void TearDown() override { deploy_.destroy(); }
 
-  pid_t spawn_job(uint64_t bytes, double seconds, uint64_t seed, const std::vector<std::string>& env = {}) {
-    return deploy_.spawn({VRAMSWAP_OVERSUB_WORKER, std::to_string(bytes), std::to_string(seconds), std::to_string(seed)},
-                         env, out_file(), err_file());
+  pid_t spawn_job(uint64_t bytes, double seconds, uint64_t seed, const std::vector<std::string>& env = {},
+                  const std::vector<std::string>& after = {}) {
+    std::vector<std::string> args = {VRAMSWAP_OVERSUB_WORKER, std::to_string(bytes), std::to_string(seconds), std::to_string(seed)};
+    args.insert(args.end(), after.begin(), after.end());
+    return deploy_.spawn(args, env, out_file(), err_file());
   }
   // A job on 3/4 of the pool (48 MiB: 24 of its 32 frames, lent), running `seconds`; *pool
   // opened once the job holds them. -1 (after a test failure) if it never did.
   pid_t spawn_job_on_three_quarters(double seconds, uint64_t seed, std::unique_ptr<pool_segment>* pool,
-                                    const std::vector<std::string>& env = {}) {
-    const pid_t job = spawn_job(48 * MiB, seconds, seed, env);
+                                    const std::vector<std::string>& env = {}, const std::vector<std::string>& after = {}) {
+    const pid_t job = spawn_job(48 * MiB, seconds, seed, env, after);
     if (!deploy_.open_pool(pool, 10000)) {
       ADD_FAILURE() << "the job's pool never appeared";
       return -1;
@@ -117,12 +119,16 @@ TEST_F(Oversubscription, JobRunsOnOneAndAHalfPoolsWithEveryByteIntact) {
 // job's rounds go on; when the lock user is gone the job's pages move back into the pool.
 TEST_F(Oversubscription, LockUserReclaimsFramesFromARunningJobAndTheJobGetsThemBack) {
   std::unique_ptr<pool_segment> pool;
-  // The job outlives the lock user by more than the quiet time before a promotion, even
-  // when the lock user's turns are slow (a loaded machine).
-  const pid_t job = spawn_job_on_three_quarters(8.0, 21, &pool);
+  // The job outlives the lock user by more than the quiet time before a promotion, however
+  // slow the lock user's turns (a loaded machine): it runs on for 4 s after the user is done.
+  const std::string user_done = deploy_.dir() + "/user-done";
+  const pid_t job = spawn_job_on_three_quarters(1.0, 21, &pool, {}, {user_done, "4"});
   ASSERT_GT(job, 0);
   const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "6", "31", "20"});
   EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed";
+  std::FILE* done = std::fopen(user_done.c_str(), "w");
+  ASSERT_NE(done, nullptr) << user_done;
+  std::fclose(done);
   ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
   std::printf("job: %s", slurp(out_file()).c_str());  // the reclaim numbers, for the log
   auto n = job_numbers();
