@@ -13,7 +13,7 @@
 //         a Chrome/Perfetto trace (JSON, one track group per process) that chrome://tracing
 //         and ui.perfetto.dev open.
 //
-// Devices are found by their pool segments in /dev/shm under VRAMSWAP_SHM_PREFIX; nothing
+// Devices are found by their pool segments in the runtime dir under VRAMSWAP_SHM_PREFIX; nothing
 // here initializes CUDA or any backend. Exit: 0 ok, 1 failure (the reason is printed), 2
 // usage error.
 #include <signal.h>

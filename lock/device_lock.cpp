@@ -9,6 +9,7 @@
 #include "core/status.hpp"
 #include "lock/crash_points.hpp"
 #include "lock/futex.hpp"
+#include "lock/liveness_lease.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/robust_mutex.hpp"
 #include "lock/segment_layout.hpp"
@@ -91,6 +92,7 @@ device_lock& device_lock::operator=(device_lock&& other) noexcept {
     release();
   }
   segment_ = std::move(other.segment_);
+  device_key_ = std::move(other.device_key_);
   holder_pid_.store(other.holder_pid_.load());
   holder_tid_.store(other.holder_tid_.load());
   holder_slot_ = other.holder_slot_;
@@ -109,6 +111,11 @@ int device_lock::open(const std::string& device_key, device_lock* out) noexcept 
   VS_TRY(shared_segment::open(device_key, &segment));
   device_lock opened;
   opened.segment_ = std::move(segment);
+  try {
+    opened.device_key_ = device_key;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "device_lock::open: out of host memory");
+  }
   *out = std::move(opened);
   return ok;
 }
@@ -146,18 +153,21 @@ int device_lock::lock_mutex(uint64_t deadline_ns, bool interruptible) noexcept {
         interruptible ? std::min(deadline_ns, monotonic_ns() + static_cast<uint64_t>(k_liveness_poll_ns)) : deadline_ns;
     const int rc = slice_end == k_forever ? lock_robust(&st->mutex, &device_lock::recover_after_owner_death, this)
                                           : lock_robust_until(&st->mutex, slice_end, &device_lock::recover_after_owner_death, this);
-    if (rc == ok) break;
+    if (rc == ok) {
+      st->mutex_owner_pid_ns.store(current_pid_namespace(), std::memory_order_relaxed);
+      break;
+    }
     if (rc != err_timeout) return rc;
     if (slice_end >= deadline_ns) return mutex_timeout(monotonic_ns() - started);
     if (interrupted(false)) {
-      return fail(err_interrupted, "device_lock::acquire: interrupted while waiting for the internal mutex of /dev/shm%s; not queued",
+      return fail(err_interrupted, "device_lock::acquire: interrupted while waiting for the internal mutex of %s; not queued",
                   segment_->name().c_str());
     }
   }
   if (st->broken != 0) {
     unlock_mutex();
     return fail(err_internal,
-                "lock: /dev/shm%s is marked broken (two holders were found: memory corruption); stop every process "
+                "lock: %s is marked broken (two holders were found: memory corruption); stop every process "
                 "using this device and remove the segment",
                 segment_->name().c_str());
   }
@@ -169,9 +179,19 @@ void device_lock::unlock_mutex() noexcept { unlock_robust(&lock_state_of(segment
 int device_lock::mutex_timeout(uint64_t waited_ns) const noexcept {
   const lock_state* st = lock_state_of(segment_->base());
   const pid_t tid = robust_mutex_owner(&st->mutex);
+  const uint64_t owner_ns = st->mutex_owner_pid_ns.load(std::memory_order_relaxed);
+  if (tid != 0 && !visible_here(owner_ns)) {
+    return fail(err_timeout,
+                "lock: the internal mutex of %s has been held for over %.3f s by thread %d of a process in another PID "
+                "namespace (pid:[%llu]: another container), which holds it for microseconds when running; nobody can take, "
+                "leave or hand on this device's lock meanwhile: if that lasts, find that thread where its namespace is "
+                "visible (the node: `vramswap status`) and resume or end it (a dead owner is repaired at once)",
+                segment_->name().c_str(), static_cast<double>(waited_ns) / 1e9, static_cast<int>(tid),
+                static_cast<unsigned long long>(owner_ns));
+  }
   const pid_t pid = process_of_thread(tid);
   if (tid == 0 || pid == 0) {
-    return fail(err_timeout, "lock: the internal mutex of /dev/shm%s stayed taken for %.3f s (its owner has just let go); retry",
+    return fail(err_timeout, "lock: the internal mutex of %s stayed taken for %.3f s (its owner has just let go); retry",
                 segment_->name().c_str(), static_cast<double>(waited_ns) / 1e9);
   }
   char who[192];
@@ -184,7 +204,7 @@ int device_lock::mutex_timeout(uint64_t waited_ns) const noexcept {
     std::snprintf(advice, sizeof advice, "if that lasts, end it (kill %d: a dead owner is repaired at once)", static_cast<int>(pid));
   }
   return fail(err_timeout,
-              "lock: the internal mutex of /dev/shm%s has been held for over %.3f s by thread %d of %s, which it holds for "
+              "lock: the internal mutex of %s has been held for over %.3f s by thread %d of %s, which it holds for "
               "microseconds when running; nobody can take, leave or hand on this device's lock meanwhile: %s",
               segment_->name().c_str(), static_cast<double>(waited_ns) / 1e9, static_cast<int>(tid), who, advice);
 }
@@ -205,12 +225,15 @@ void device_lock::describe_queue(uint32_t priority, uint64_t ticket, char* buf, 
     appendf(buf, size, &used, "nobody holds it now");
   } else {
     const pid_t pid = __atomic_load_n(&slots[holder].pid, __ATOMIC_RELAXED);
-    describe_process(pid, who, sizeof who);
+    const uint64_t pid_ns = __atomic_load_n(&slots[holder].pid_ns, __ATOMIC_RELAXED);
+    describe_process_in(pid, pid_ns, who, sizeof who);
     appendf(buf, size, &used, "held by %s", who);
     const uint64_t granted = st->holder_slot.load(std::memory_order_relaxed) == holder
                                  ? st->holder_granted_ns.load(std::memory_order_relaxed) : 0;
     if (granted != 0 && granted < now) appendf(buf, size, &used, " for %.3f s", static_cast<double>(now - granted) / 1e9);
-    if (is_stopped_state(process_state(pid))) appendf(buf, size, &used, " (kill -CONT %d resumes it)", static_cast<int>(pid));
+    if (visible_here(pid_ns) && is_stopped_state(process_state(pid))) {
+      appendf(buf, size, &used, " (kill -CONT %d resumes it)", static_cast<int>(pid));
+    }
   }
   if (ticket != 0) {
     uint32_t ahead = 0;
@@ -220,7 +243,8 @@ void device_lock::describe_queue(uint32_t priority, uint64_t ticket, char* buf, 
       const uint64_t t = slots[i].ticket.load(std::memory_order_relaxed);
       if (t == ticket || !(p > priority || (p == priority && t < ticket))) continue;
       if (ahead++ < 4) {
-        describe_process(__atomic_load_n(&slots[i].pid, __ATOMIC_RELAXED), who, sizeof who);
+        describe_process_in(__atomic_load_n(&slots[i].pid, __ATOMIC_RELAXED), __atomic_load_n(&slots[i].pid_ns, __ATOMIC_RELAXED),
+                            who, sizeof who);
         appendf(buf, size, &used, "%s%s", ahead == 1 ? "; waiters ahead: " : ", ", who);
       }
     }
@@ -228,7 +252,7 @@ void device_lock::describe_queue(uint32_t priority, uint64_t ticket, char* buf, 
     if (ahead == 0) appendf(buf, size, &used, "; no waiter ahead");
   }
   const pid_t tid = robust_mutex_owner(&st->mutex);
-  if (tid != 0 && is_stopped_state(process_state(tid))) {
+  if (tid != 0 && visible_here(st->mutex_owner_pid_ns.load(std::memory_order_relaxed)) && is_stopped_state(process_state(tid))) {
     describe_process(process_of_thread(tid), who, sizeof who);
     appendf(buf, size, &used, "; its internal mutex is held by thread %d of %s", static_cast<int>(tid), who);
   }
@@ -240,6 +264,7 @@ bool device_lock::withdraw(uint32_t mine) noexcept {
   uint32_t expected = slot_waiting;
   if (!slot.state.compare_exchange_strong(expected, slot_free, std::memory_order_acq_rel)) return false;
   at_crash_point(crash_point::timeout_slot_freed);
+  let_go_of_lease(mine);
   // A hint: never below zero; a death before this leaves it one high until the next repair.
   uint32_t n = st->waiter_count.load(std::memory_order_relaxed);
   while (n > 0 && !st->waiter_count.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) {
@@ -247,9 +272,23 @@ bool device_lock::withdraw(uint32_t mine) noexcept {
   return true;
 }
 
+// Is the owner of published slot `i` alive? Ours when this object holds its lease (the
+// kernel does not show a description its own locks), else whoever holds the lease elsewhere.
+bool device_lock::slot_owner_alive(uint32_t i) noexcept {
+  return segment_->own_leases().has(i) || lease_held_elsewhere(segment_->lease_fd(), i);
+}
+
+// After our slot `i` was freed: drop its lease, then forget it. Until it is forgotten no
+// thread of this object takes the slot again (acquire skips slots in own_leases), so a drop
+// never takes away the lease of a new owner that shares our open file description.
+void device_lock::let_go_of_lease(uint32_t i) noexcept {
+  drop_lease(segment_->lease_fd(), i);
+  segment_->own_leases().remove(i);
+}
+
 int device_lock::recover_after_owner_death(void* self) noexcept {
   auto* lock = static_cast<device_lock*>(self);
-  log(log_level::warn, "lock: a process died inside the internal critical section of /dev/shm%s; repairing",
+  log(log_level::warn, "lock: a process died inside the internal critical section of %s; repairing",
       lock->segment_->name().c_str());
   return lock->repair_locked();
 }
@@ -267,19 +306,21 @@ int device_lock::repair_locked() noexcept {
     const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
     if (state == slot_free) continue;
     if (state != slot_waiting && state != slot_holding) {
-      log(log_level::warn, "lock: slot %u of /dev/shm%s has unknown state %u; freeing it", i, segment_->name().c_str(),
+      log(log_level::warn, "lock: slot %u of %s has unknown state %u; freeing it", i, segment_->name().c_str(),
           state);
       slots[i].state.store(slot_free, std::memory_order_release);
       repaired = true;
       continue;
     }
-    if (check_liveness({slots[i].pid, slots[i].pid_start_time}) == liveness::alive) continue;
+    if (slot_owner_alive(i)) continue;
     if (state == slot_holding) {
       // Record the death before freeing the slot: a death between the two stores then
       // reports the death twice, never zero times.
+      st->dead_holder_pid_ns = slots[i].pid_ns;
       st->dead_holder_pid = slots[i].pid;
-      log(log_level::warn, "lock: holder pid %d of /dev/shm%s died holding the lock; passing it on", slots[i].pid,
-          segment_->name().c_str());
+      char who[192];
+      describe_process_in(slots[i].pid, slots[i].pid_ns, who, sizeof who);
+      log(log_level::warn, "lock: holder %s of %s died holding the lock; passing it on", who, segment_->name().c_str());
     }
     slots[i].state.store(slot_free, std::memory_order_release);
     repaired = true;
@@ -299,7 +340,7 @@ int device_lock::repair_locked() noexcept {
     } else {
       st->broken = 1;
       return fail(err_internal,
-                  "lock: slots %u and %u of /dev/shm%s both hold the lock, which no sequence of deaths can cause "
+                  "lock: slots %u and %u of %s both hold the lock, which no sequence of deaths can cause "
                   "(memory corruption); the segment is now marked broken: stop every process using this device and "
                   "remove it",
                   holder, i, segment_->name().c_str());
@@ -334,6 +375,7 @@ uint32_t device_lock::dispatch_locked() noexcept {
     // Order: tell the grantee about a dead predecessor, then grant (the state change is the
     // grant), then fix the hints, then forget the death. A compare-and-swap, because a
     // waiter leaves without the mutex (withdraw): if it just left, choose again.
+    slots[best].dead_holder_pid_ns = st->dead_holder_pid_ns;
     slots[best].dead_holder_pid = st->dead_holder_pid;
     uint32_t expected = slot_waiting;
     if (slots[best].state.compare_exchange_strong(expected, slot_holding, std::memory_order_acq_rel)) break;
@@ -366,6 +408,12 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
                 "device_lock::acquire: timeout %lld ns is negative; use -1 to wait forever, 0 to only try",
                 static_cast<long long>(timeout_ns));
   }
+  if (!segment_->opened_in_this_process()) {
+    // A forked child: its descriptor of the segment was its parent's (liveness_lease.hpp).
+    std::unique_ptr<shared_segment> own;
+    VS_TRY(shared_segment::open(device_key_, &own));
+    segment_ = std::move(own);
+  }
   process_identity me{};
   VS_TRY(current_process(&me));
   const pid_t tid = current_tid();
@@ -388,17 +436,24 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
     if (mrc == err_timeout && timeout_ns == 0) return add_context(err_busy, "device_lock::try_acquire: ");
     return mrc;
   }
+  // A free slot whose lease we can take: one just freed may still be leased by its owner
+  // for a moment (it drops the lease after freeing the slot), another process's or ours.
   uint32_t mine = k_no_slot;
-  for (uint32_t i = 0; i < k_slot_count; ++i) {
-    if (slots[i].state.load(std::memory_order_relaxed) == slot_free) {
+  for (uint32_t i = 0; i < k_slot_count && mine == k_no_slot; ++i) {
+    if (slots[i].state.load(std::memory_order_relaxed) != slot_free || segment_->own_leases().has(i)) continue;
+    const int lrc = take_lease(segment_->lease_fd(), i, segment_->name().c_str());
+    if (lrc == ok) {
+      segment_->own_leases().add(i);
       mine = i;
-      break;
+    } else if (lrc != err_busy) {
+      unlock_mutex();
+      return lrc;
     }
   }
   if (mine == k_no_slot) {
     unlock_mutex();
     return fail(err_busy,
-                "device_lock::acquire: all %u slots of /dev/shm%s are taken (that many threads already hold or wait "
+                "device_lock::acquire: all %u slots of %s are taken (that many threads already hold or wait "
                 "for this device); retry later",
                 k_slot_count, segment_->name().c_str());
   }
@@ -410,8 +465,10 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
   slot.pid = me.pid;
   slot.tid = tid;
   slot.pid_start_time = me.start_time;
+  slot.pid_ns = me.pid_ns;
   slot.enqueue_ns = start_ns;
   slot.dead_holder_pid = 0;
+  slot.dead_holder_pid_ns = 0;
   at_crash_point(crash_point::enqueue_slot_filled);
   slot.state.store(slot_waiting, std::memory_order_release);
   ++st->waiter_count;
@@ -425,9 +482,10 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
     at_crash_point(crash_point::timeout_slot_freed);
     --st->waiter_count;
     unlock_mutex();
+    let_go_of_lease(mine);
     char queue[768];
     describe_queue(static_cast<uint32_t>(priority), my_ticket, queue, sizeof queue);
-    return fail(err_busy, "device_lock::try_acquire: /dev/shm%s is taken: %s", segment_->name().c_str(), queue);
+    return fail(err_busy, "device_lock::try_acquire: %s is taken: %s", segment_->name().c_str(), queue);
   }
   unlock_mutex();
 
@@ -443,8 +501,9 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
     info->dead_holder_pid = slot.dead_holder_pid;
   }
   if (slot.dead_holder_pid != 0) {
-    log(log_level::warn, "lock: acquired /dev/shm%s from holder pid %d, which died holding it", segment_->name().c_str(),
-        slot.dead_holder_pid);
+    char who[192];
+    describe_process_in(slot.dead_holder_pid, slot.dead_holder_pid_ns, who, sizeof who);
+    log(log_level::warn, "lock: acquired %s from holder %s, which died holding it", segment_->name().c_str(), who);
   }
   return ok;
 }
@@ -500,16 +559,16 @@ int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeou
   if (!withdraw(mine)) {
     const uint32_t state = slot.state.load(std::memory_order_acquire);
     if (state == slot_holding) return ok;
-    return fail(err_internal, "device_lock::acquire: our queue slot %u of /dev/shm%s was removed while we waited (state %u)",
+    return fail(err_internal, "device_lock::acquire: our queue slot %u of %s was removed while we waited (state %u)",
                 mine, segment_->name().c_str(), state);
   }
   char queue[768];
   describe_queue(my_priority, my_ticket, queue, sizeof queue);
   if (stop) {
-    return fail(err_interrupted, "device_lock::acquire: interrupted after %.3f s of waiting for /dev/shm%s (%s); this thread left the queue",
+    return fail(err_interrupted, "device_lock::acquire: interrupted after %.3f s of waiting for %s (%s); this thread left the queue",
                 static_cast<double>(monotonic_ns() - start_ns) / 1e9, segment_->name().c_str(), queue);
   }
-  return fail(err_timeout, "device_lock::acquire: /dev/shm%s not granted within %.3f s: %s. Wait longer, or see `vramswap status`",
+  return fail(err_timeout, "device_lock::acquire: %s not granted within %.3f s: %s. Wait longer, or see `vramswap status`",
               segment_->name().c_str(), static_cast<double>(timeout_ns) / 1e9, queue);
 }
 
@@ -535,12 +594,12 @@ int device_lock::release() noexcept {
     const pid_t holder_pid = holder_pid_.load(std::memory_order_relaxed);
     if (holder_pid != 0 && holder_pid != me.pid) {
       return fail(err_not_owner,
-                  "device_lock::release: /dev/shm%s was acquired by process %d; a forked child (here pid %d) never "
+                  "device_lock::release: %s was acquired by process %d; a forked child (here pid %d) never "
                   "inherits the lock",
                   segment_->name().c_str(), holder_pid, me.pid);
     }
     return fail(err_not_owner,
-                "device_lock::release: thread %d does not hold /dev/shm%s (release without acquire, a double release, "
+                "device_lock::release: thread %d does not hold %s (release without acquire, a double release, "
                 "or a release from another thread than the one that acquired)",
                 tid, segment_->name().c_str());
   }
@@ -561,8 +620,9 @@ int device_lock::release() noexcept {
     uint32_t expected = slot_holding;
     if (slot.state.compare_exchange_strong(expected, slot_free, std::memory_order_acq_rel)) {
       at_crash_point(crash_point::release_slot_freed);
+      let_go_of_lease(holder_slot_);
     }
-    log(log_level::warn, "lock: released /dev/shm%s without handing it on (%s); the next waiter is granted once that mutex is free",
+    log(log_level::warn, "lock: released %s without handing it on (%s); the next waiter is granted once that mutex is free",
         segment_->name().c_str(), why.c_str());
     return ok;
   }
@@ -571,19 +631,21 @@ int device_lock::release() noexcept {
     unlock_mutex();
     forget_holding();
     return fail(err_internal,
-                "device_lock::release: /dev/shm%s no longer records thread %d as its holder (the segment was removed "
+                "device_lock::release: %s no longer records thread %d as its holder (the segment was removed "
                 "and recreated, or reset); nothing was released",
                 segment_->name().c_str(), tid);
   }
   // Forget first: once the slot is freed, another thread of this process may be granted
   // the lock through this same object and write these fields itself.
   forget_holding();
+  const uint32_t freed = holder_slot_;
   slot.state.store(slot_free, std::memory_order_release);
   at_crash_point(crash_point::release_slot_freed);
   st->holder_slot = k_no_slot;
   record_hold(st, monotonic_ns());
   if (st->waiter_count > 0) dispatch_locked();
   unlock_mutex();
+  let_go_of_lease(freed);
   return ok;
 }
 
@@ -661,7 +723,7 @@ int device_lock::snapshot(std::vector<lock_queue_entry>* out, int64_t wait_ns) n
     const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
     if (state != slot_waiting && state != slot_holding) continue;
     out->push_back({slots[i].pid, slots[i].tid, static_cast<lock_priority>(slots[i].priority.load()), slots[i].ticket.load(),
-                    state == slot_holding, slots[i].enqueue_ns});
+                    state == slot_holding, slots[i].enqueue_ns, slots[i].pid_ns});
   }
   unlock_mutex();
   std::sort(out->begin(), out->end(), [](const lock_queue_entry& a, const lock_queue_entry& b) {

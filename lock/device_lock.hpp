@@ -35,8 +35,10 @@
 // mutex consistent. A holder or waiter that dies outside the mutex is found by the
 // liveness scan, which waiters run at most once per 10 ms across all processes (rate
 // limited through the segment) and which calls the same recovery function. A process is
-// alive when /proc/<pid>/stat exists, is not a zombie and shows the start time recorded in
-// its slot, so PID reuse cannot fool the check. The next waiter is granted the lock within
+// alive while it holds its slot's liveness lease, an OFD lock on the segment file that the
+// kernel drops when the process dies (lock/liveness_lease.hpp): no PID is looked up, so
+// processes of different PID namespaces (containers) judge each other rightly, and PID
+// reuse cannot fool the check. The next waiter is granted the lock within
 // a liveness period or two of the holder's death (docs/lock.md has the numbers) and learns of the death
 // through acquire_info::previous_holder_died.
 //
@@ -47,7 +49,9 @@
 //   - release() by a thread that does not hold the lock (another thread, another process,
 //     no acquire, one release too many) fails with err_not_owner and changes nothing.
 //   - fork: the child never holds the lock. In a child, held() is false and release()
-//     fails with err_not_owner; the child may acquire for itself, queueing like anyone.
+//     fails with err_not_owner; the child may acquire for itself, queueing like anyone (its
+//     first acquire opens the segment anew: the parent's descriptor carries the parent's
+//     liveness leases, which the child must not share).
 //   - A holding thread that exits without releasing keeps the lock until its process exits
 //     (liveness is per process). Do not do that.
 //   - Destroying a device_lock that the calling thread holds releases it.
@@ -105,6 +109,7 @@ struct lock_queue_entry {
   uint64_t ticket;
   bool holding;
   uint64_t enqueue_ns = 0;  // CLOCK_MONOTONIC when the thread asked for the lock
+  uint64_t pid_ns = 0;      // the PID namespace `pid` and `tid` belong to
 };
 
 // Asked by a waiting acquire whether to give up (see Interruption, above). signal_ran: a
@@ -224,6 +229,8 @@ class device_lock {
   int mutex_timeout(uint64_t waited_ns) const noexcept;
   static int recover_after_owner_death(void* self) noexcept;
   int repair_locked() noexcept;
+  bool slot_owner_alive(uint32_t i) noexcept;
+  void let_go_of_lease(uint32_t i) noexcept;
   uint32_t dispatch_locked() noexcept;
   int wait_for_grant(uint32_t slot, uint64_t start_ns, int64_t timeout_ns, uint64_t deadline) noexcept;
   // The waiting slot that would be granted now (read without the mutex: a hint), or k_no_slot.
@@ -236,6 +243,7 @@ class device_lock {
   void forget_holding() noexcept;
 
   std::unique_ptr<shared_segment> segment_;
+  std::string device_key_;  // to open the segment anew in a forked child
   // Which thread of which process holds the lock through this object. Written only by the
   // holding thread; read by any thread to recognize re-entry (a thread only ever finds its
   // own tid here if it wrote it, and the pid check rules out a forked copy).

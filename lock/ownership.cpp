@@ -3,13 +3,14 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <new>
+#include <vector>
 
 #include "core/status.hpp"
 #include "lock/shared_segment.hpp"
@@ -45,16 +46,19 @@ std::string describe_gid(gid_t gid) {
   return text;
 }
 
-bool process_in_group(pid_t pid, gid_t gid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Groups:", 0) != 0) continue;
-    std::istringstream groups(line.substr(7));
-    unsigned long g;
-    while (groups >> g) {
-      if (g == gid) return true;
+bool socket_peer_in_group(int fd, gid_t gid) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.gid == gid) return true;
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes) == 0) {
+      groups.resize(bytes / sizeof(gid_t));
+      return std::find(groups.begin(), groups.end(), gid) != groups.end();
     }
+    if (errno != ERANGE) return false;
+    groups.resize(bytes / sizeof(gid_t) + 1);
   }
   return false;
 }
@@ -64,7 +68,8 @@ int check_owned(const struct stat& st, mode_t kind, const std::string& path, con
   try {
     const bool dir = kind == S_IFDIR;
     const mode_t mode = st.st_mode & 07777;
-    const mode_t allowed = (s.group ? 0660 : 0600) | (dir ? (s.group ? 0110 : 0100) : 0);
+    // A group's directory may be set-group-ID: files made in it then get the group.
+    const mode_t allowed = (s.group ? 0660 : 0600) | (dir ? (s.group ? 02110 : 0100) : 0);
     const char* rm = dir ? "rm -r" : "rm";
     const bool mine = st.st_uid == ::geteuid();
     const bool groups = s.group && st.st_gid == s.gid;

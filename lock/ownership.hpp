@@ -3,7 +3,7 @@
 //
 // An object is used only when it is ours: owned by this process's effective uid, or, in
 // group mode (VRAMSWAP_GROUP), by that group; and with no permission bits beyond 0600 (0660
-// in group mode, the group bits only for VRAMSWAP_GROUP; directories 0700 / 0770). Anything
+// in group mode, the group bits only for VRAMSWAP_GROUP; directories 0700 / 2770). Anything
 // else is refused with err_not_owner, by name and owner, and left alone: an object another
 // user made first may be a trap (a forged lock holder, a mutex "held" by a thread of theirs,
 // a frame table shared with their processes). The check runs on the open descriptor
@@ -35,8 +35,10 @@ std::string owner_tag(const sharing& s);
 std::string describe_uid(uid_t uid);
 std::string describe_gid(gid_t gid);
 
-// Is `gid` among the groups of process `pid` (its /proc/<pid>/status Groups line)?
-bool process_in_group(pid_t pid, gid_t gid);
+// Is `gid` the primary or a supplementary group of the peer of Unix socket `fd`, as the
+// kernel recorded them when it connected (SO_PEERCRED, SO_PEERGROUPS)? Needs no /proc, so it
+// answers for a peer of any PID namespace.
+bool socket_peer_in_group(int fd, gid_t gid);
 
 // Is `st` (fstat of an object open at `path`) ours under the rule above, and of `kind`
 // (S_IFREG or S_IFDIR; directories are allowed the x bits)? `what` names the object for the

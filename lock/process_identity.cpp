@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +19,7 @@ namespace {
 std::atomic<uint64_t> g_fork_generation{0};
 std::atomic<pid_t> g_cached_pid{0};           // 0: not read yet (or reset by a fork)
 std::atomic<uint64_t> g_cached_start_time{0};
+std::atomic<uint64_t> g_cached_pid_ns{0};
 
 void on_fork_child() noexcept {
   g_cached_pid.store(0, std::memory_order_relaxed);
@@ -78,7 +80,35 @@ int current_process(process_identity* out) noexcept {
   }
   out->pid = pid;
   out->start_time = g_cached_start_time.load(std::memory_order_relaxed);
+  out->pid_ns = current_pid_namespace();
   return ok;
+}
+
+uint64_t current_pid_namespace() noexcept {
+  // A process's own PID namespace never changes (unshare and setns move only its children).
+  uint64_t ns = g_cached_pid_ns.load(std::memory_order_relaxed);
+  if (ns == 0) {
+    struct stat st {};
+    if (::stat("/proc/self/ns/pid", &st) == 0) ns = static_cast<uint64_t>(st.st_ino);
+    g_cached_pid_ns.store(ns, std::memory_order_relaxed);
+  }
+  return ns;
+}
+
+uint64_t pid_namespace_of(pid_t pid) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/ns/pid", static_cast<int>(pid));
+  struct stat st {};
+  return pid > 0 && ::stat(path, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+void describe_process_in(pid_t pid, uint64_t pid_ns, char* buf, size_t size) noexcept {
+  if (visible_here(pid_ns)) {
+    describe_process(pid, buf, size);
+  } else if (size > 0) {
+    std::snprintf(buf, size, "pid %d in another PID namespace (pid:[%llu])", static_cast<int>(pid),
+                  static_cast<unsigned long long>(pid_ns));
+  }
 }
 
 pid_t current_tid() noexcept {

@@ -5,10 +5,13 @@
 // reuses its PID, so a reused PID never passes for the old owner. A zombie (killed but not
 // yet reaped by its parent) counts as dead: it can never release anything.
 //
-// Limits: every participant must see the others in its /proc, i.e. share one PID namespace
-// (the same rule as LMDB's pid-based liveness). A PID reused within the same clock tick
-// (10 ms) as the old process's start would fool the check; wrapping the whole PID space
-// that fast does not happen in practice.
+// A pid means something only in its PID namespace: the identity carries that namespace too
+// (the inode of /proc/self/ns/pid), and pids of another namespace (another container) are
+// never looked up in this one's /proc. Whether the owner of a shared slot is alive is asked
+// of its liveness lease instead (lock/liveness_lease.hpp), which works across namespaces;
+// the pid stays for messages, and for the pool server's check of a client it can see.
+// A PID reused within the same clock tick (10 ms) as the old process's start would fool the
+// start-time check; wrapping the whole PID space that fast does not happen in practice.
 #pragma once
 
 #include <sys/types.h>
@@ -20,7 +23,22 @@ namespace vramswap::detail {
 struct process_identity {
   pid_t pid;
   uint64_t start_time;
+  uint64_t pid_ns = 0;  // inode of its /proc/<pid>/ns/pid (0: unknown)
 };
+
+// The inode of this process's PID namespace (/proc/self/ns/pid), cached; 0 when unreadable.
+uint64_t current_pid_namespace() noexcept;
+
+// The inode of the PID namespace of process `pid` (a pid of this namespace), from
+// /proc/<pid>/ns/pid; 0 when it cannot be read.
+uint64_t pid_namespace_of(pid_t pid) noexcept;
+
+// Is a pid recorded with namespace `pid_ns` one this process can look up in its /proc?
+inline bool visible_here(uint64_t pid_ns) noexcept { return pid_ns != 0 && pid_ns == current_pid_namespace(); }
+
+// describe_process for a pid of namespace `pid_ns`: as describe_process when it is this
+// process's namespace, else "pid 1234 in another PID namespace (pid:[4026532123])".
+void describe_process_in(pid_t pid, uint64_t pid_ns, char* buf, size_t size) noexcept;
 
 // This process's identity, cached; refreshed in a forked child (pthread_atfork).
 // Returns 0, or err_unavailable when /proc/self/stat cannot be read.

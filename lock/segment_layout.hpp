@@ -1,7 +1,7 @@
 // The byte layout of a per-device shared segment, as every participating process sees it.
 //
 // Glossary
-//   segment   one POSIX shared-memory object per device (/dev/shm/<prefix>vramswap-<owner>-<key>)
+//   segment   one shared file per device: <runtime dir>/<prefix>vramswap-<owner>-<key>
 //   header    the first bytes: magic + format word, checked before anything else is read
 //   slot      one cache line describing one participant thread of the lock: waiting or holding
 //   ticket    a 64-bit counter value taken at enqueue; lower ticket = earlier = served first
@@ -43,7 +43,9 @@ constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-end
 //    a segment is removed by its last user (users hold a read lock on it while mapped).
 // 4: no Boost managed area after the slots (the segment ends at k_segment_size, 64 KiB),
 //    and the header records no Boost version.
-constexpr uint64_t k_layout_version = 4;
+// 5: a file in the runtime dir; slots are leased (lock/liveness_lease.hpp) and record their
+//    owner's PID namespace, as does the internal mutex's owner.
+constexpr uint64_t k_layout_version = 5;
 
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_slot_count = 256;  // participant threads per device, waiting or holding
@@ -59,21 +61,23 @@ enum slot_state : uint32_t {
 
 // One participant. Written only under lock_state::mutex, except `state`, which the owning
 // waiter also reads without the mutex (to learn of its grant). Publication order for
-// enqueue: first fill every other field, then store `state` (release). A writer that dies
-// before the state store leaves the slot free; one that dies after leaves a complete entry
-// whose owner is dead, which the liveness check removes.
+// enqueue: take the slot's lease, fill every other field, then store `state` (release); the
+// lease is dropped only after the slot is free again. A writer that dies before the state
+// store leaves the slot free; one that dies after leaves a complete entry whose lease is
+// gone, which the liveness check removes.
 struct alignas(k_cache_line) waiter_slot {
   std::atomic<uint32_t> state;       // slot_state; the futex word
   // Atomic (written under the mutex) because the lock's wake-up hints read them without it.
   std::atomic<uint32_t> priority;    // lock_priority value; higher is served first
   std::atomic<uint64_t> ticket;      // FIFO order within a priority class
-  int32_t pid;                       // owning process
+  int32_t pid;                       // owning process, in its own PID namespace
   int32_t tid;                       // owning thread (re-entry and release checks)
   uint64_t pid_start_time;           // /proc/<pid>/stat starttime: defeats PID reuse
   uint64_t enqueue_ns;               // CLOCK_MONOTONIC at enqueue
   int32_t dead_holder_pid;           // set at grant: the previous holder died (0: it did not)
   uint32_t reserved_;
-  uint64_t reserved2_[2];
+  uint64_t pid_ns;                   // the owner's PID namespace (for messages: whose pid)
+  uint64_t dead_holder_pid_ns;       // with dead_holder_pid
 };
 static_assert(sizeof(waiter_slot) == k_cache_line);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -98,6 +102,10 @@ struct alignas(k_cache_line) lock_state {
   // Set by the recovery function, copied into the next grantee's slot, then cleared.
   int32_t dead_holder_pid;
   uint32_t reserved2_;
+  uint64_t dead_holder_pid_ns;  // with dead_holder_pid
+  // A hint for messages: the PID namespace of the internal mutex's latest owner (the mutex
+  // word holds its thread id, which means something only in that namespace).
+  std::atomic<uint64_t> mutex_owner_pid_ns;
   // CLOCK_MONOTONIC time of the last liveness scan; rate-limits scans across all waiters.
   uint64_t last_liveness_scan_ns;
   uint64_t recoveries;  // how many times the recovery function repaired something

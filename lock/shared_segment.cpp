@@ -17,8 +17,10 @@
 #include "core/log.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
+#include "lock/liveness_lease.hpp"
 #include "lock/ownership.hpp"
 #include "lock/robust_mutex.hpp"
+#include "lock/runtime_dir.hpp"
 #include "lock/segment_layout.hpp"
 
 namespace vramswap::detail {
@@ -50,16 +52,16 @@ int initialize(int fd, const std::string& name, void** base_out) {
   bool shared_with_group = false;
   VS_TRY(configured_group(&gid, &shared_with_group));
   if (shared_with_group && ::fchown(fd, static_cast<uid_t>(-1), gid) != 0) {
-    return fail_errno(errno, "lock: cannot give /dev/shm%s to group %u (VRAMSWAP_GROUP); are you a member of it?",
+    return fail_errno(errno, "lock: cannot give %s to group %u (VRAMSWAP_GROUP); are you a member of it?",
                       name.c_str(), static_cast<unsigned>(gid));
   }
-  // Set the mode explicitly: shm_open's mode was filtered by the umask.
-  if (::fchmod(fd, shared_with_group ? 0660 : 0600) != 0) return fail_errno(errno, "lock: fchmod /dev/shm%s", name.c_str());
+  // Set the mode explicitly: the creating open's mode was filtered by the umask.
+  if (::fchmod(fd, shared_with_group ? 0660 : 0600) != 0) return fail_errno(errno, "lock: fchmod %s", name.c_str());
   if (::ftruncate(fd, static_cast<off_t>(k_segment_size)) != 0) {
-    return fail_errno(errno, "lock: cannot size /dev/shm%s to %zu bytes (is /dev/shm full?)", name.c_str(), k_segment_size);
+    return fail_errno(errno, "lock: cannot size %s to %zu bytes (is the runtime dir's file system full?)", name.c_str(), k_segment_size);
   }
   void* base = ::mmap(nullptr, k_segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) return fail_errno(errno, "lock: mmap /dev/shm%s", name.c_str());
+  if (base == MAP_FAILED) return fail_errno(errno, "lock: mmap %s", name.c_str());
   // A creator may have died half-way: start from zeros, whatever it left.
   std::memset(base, 0, k_segment_size);
   lock_state* state = lock_state_of(base);
@@ -77,7 +79,7 @@ int initialize(int fd, const std::string& name, void** base_out) {
   header->segment_size = k_segment_size;
   // Publish last: before this store the segment is "not initialized" to everyone.
   header->magic.store(k_magic, std::memory_order_release);
-  log(log_level::debug, "lock: initialized /dev/shm%s (%zu bytes, format %#llx)", name.c_str(), k_segment_size,
+  log(log_level::debug, "lock: initialized %s (%zu bytes, format %#llx)", name.c_str(), k_segment_size,
       static_cast<unsigned long long>(format_word()));
   *base_out = base;
   return ok;
@@ -89,13 +91,13 @@ int validate(const void* base, size_t size, const std::string& name) {
   const uint64_t magic = header->magic.load(std::memory_order_acquire);
   if (magic != k_magic) {
     return fail(err_version_mismatch,
-                "lock: /dev/shm%s is not a vramswap segment (magic %#llx, expected %#llx): corrupt or made by another "
-                "program; stop the processes using it and remove it (rm /dev/shm%s)",
+                "lock: %s is not a vramswap segment (magic %#llx, expected %#llx): corrupt or made by another "
+                "program; stop the processes using it and remove it (rm %s)",
                 name.c_str(), static_cast<unsigned long long>(magic), static_cast<unsigned long long>(k_magic), name.c_str());
   }
   if (header->format != format_word()) {
     return fail(err_version_mismatch,
-                "lock: /dev/shm%s has layout format %#llx (version %llu), this library needs %#llx (version %llu); "
+                "lock: %s has layout format %#llx (version %llu), this library needs %#llx (version %llu); "
                 "every process sharing a device must use the same vramswap build: stop the others or use another "
                 "VRAMSWAP_SHM_PREFIX",
                 name.c_str(), static_cast<unsigned long long>(header->format),
@@ -104,8 +106,8 @@ int validate(const void* base, size_t size, const std::string& name) {
   }
   if (header->segment_size != size || size != k_segment_size) {
     return fail(err_version_mismatch,
-                "lock: /dev/shm%s is %zu bytes but its header says %llu and this library's segments are %zu: corrupt; "
-                "stop the processes using it and remove it (rm /dev/shm%s)",
+                "lock: %s is %zu bytes but its header says %llu and this library's segments are %zu: corrupt; "
+                "stop the processes using it and remove it (rm %s)",
                 name.c_str(), size, static_cast<unsigned long long>(header->segment_size), k_segment_size, name.c_str());
   }
   return ok;
@@ -180,19 +182,19 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
   (void)fork_counted;
   const uint64_t forks = g_forks.load(std::memory_order_relaxed);
   std::string name;
-  VS_TRY(name_for(device_key, &name));
+  VS_TRY(path_for(device_key, /*create_dir=*/true, &name));
   // Never another user's, never one open to others (lock/ownership.hpp): a squatter could
   // forge a holder or leave the internal mutex "held" by a thread of theirs.
   int fd = -1;
-  VS_TRY(open_owned("/dev/shm" + name, O_RDWR | O_CREAT, "lock: the lock segment", "or use another VRAMSWAP_SHM_PREFIX", &fd));
+  VS_TRY(open_owned(name, O_RDWR | O_CREAT, "lock: the lock segment", "or use another VRAMSWAP_SHM_PREFIX", &fd));
   int rc = ok;
   void* base = nullptr;
   size_t size = 0;
-  bool removed = false;  // by its last user, after our shm_open: open again
+  bool removed = false;  // by its last user, after our open: open again
   {
     while (::flock(fd, LOCK_EX) != 0) {
       if (errno != EINTR) {
-        rc = fail_errno(errno, "lock: flock /dev/shm%s", name.c_str());
+        rc = fail_errno(errno, "lock: flock %s", name.c_str());
         break;
       }
     }
@@ -203,7 +205,7 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
     init_flock held(fd);
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
-      rc = fail_errno(errno, "lock: fstat /dev/shm%s", name.c_str());
+      rc = fail_errno(errno, "lock: fstat %s", name.c_str());
     } else if (st.st_nlink == 0) {
       removed = true;
     } else if (st.st_size == 0) {
@@ -211,7 +213,7 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
       size = k_segment_size;
     } else if (static_cast<size_t>(st.st_size) < sizeof(segment_header)) {
       rc = fail(err_version_mismatch,
-                "lock: /dev/shm%s is only %lld bytes, too small for a vramswap header: corrupt; stop the processes "
+                "lock: %s is only %lld bytes, too small for a vramswap header: corrupt; stop the processes "
                 "using it and remove it",
                 name.c_str(), static_cast<long long>(st.st_size));
     } else {
@@ -219,13 +221,13 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
       base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (base == MAP_FAILED) {
         base = nullptr;
-        rc = fail_errno(errno, "lock: mmap /dev/shm%s", name.c_str());
+        rc = fail_errno(errno, "lock: mmap %s", name.c_str());
       } else if (header_of(base)->magic.load(std::memory_order_acquire) == 0 && size == k_segment_size) {
         // Its creator died before publishing it (we hold the init flock, so nobody else is
         // initializing it, and nobody uses a segment without magic): build it again.
         ::munmap(base, size);
         base = nullptr;
-        log(log_level::warn, "lock: /dev/shm%s was left half-initialized by a dead process; initializing it again",
+        log(log_level::warn, "lock: %s was left half-initialized by a dead process; initializing it again",
             name.c_str());
         rc = initialize(fd, name, &base);
       } else {
@@ -233,7 +235,7 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
       }
     }
     // A user from now on (under the init flock, so that no last user removes it between).
-    if (rc == 0 && !removed && ofd_lock(fd, F_RDLCK) != 0) rc = fail_errno(errno, "lock: fcntl(F_OFD_SETLK) /dev/shm%s", name.c_str());
+    if (rc == 0 && !removed && ofd_lock(fd, F_RDLCK) != 0) rc = fail_errno(errno, "lock: fcntl(F_OFD_SETLK) %s", name.c_str());
   }
   if (rc != 0 || removed) {
     ::close(fd);
@@ -248,7 +250,12 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
   } catch (const std::bad_alloc&) {
     ::close(fd);
     ::munmap(base, size);
-    return fail(err_out_of_memory, "lock: out of host memory opening /dev/shm%s", name.c_str());
+    return fail(err_out_of_memory, "lock: out of host memory opening %s", name.c_str());
+  }
+  if (const int lrc = register_lease_fd(fd); lrc != ok) {
+    ::close(fd);
+    ::munmap(base, size);
+    return lrc;
   }
   segment->base_ = base;
   segment->size_ = size;
@@ -258,10 +265,27 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
   return ok;
 }
 
+bool shared_segment::opened_in_this_process() const noexcept {
+  return g_forks.load(std::memory_order_relaxed) == forks_at_open_;
+}
+
+int shared_segment::path_for(const std::string& device_key, bool create_dir, std::string* out) noexcept {
+  try {
+    std::string name;
+    VS_TRY(name_for(device_key, &name));
+    std::string dir;
+    VS_TRY(runtime_dir(create_dir, &dir));
+    *out = dir + name;
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "lock: out of memory building a segment path");
+  }
+}
+
 int shared_segment::remove(const std::string& device_key) noexcept {
-  std::string name;
-  VS_TRY(name_for(device_key, &name));
-  if (::shm_unlink(name.c_str()) != 0 && errno != ENOENT) return fail_errno(errno, "lock: shm_unlink %s", name.c_str());
+  std::string path;
+  VS_TRY(path_for(device_key, /*create_dir=*/false, &path));
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return fail_errno(errno, "lock: removing the lock segment %s", path.c_str());
   return ok;
 }
 
@@ -278,8 +302,8 @@ void shared_segment::remove_if_unused() noexcept {
   struct stat named {};
   // Only the object we have open: a name removed by hand (remove()) may have a new object now.
   if (ofd_lock(fd_, F_WRLCK) == 0 && ::fstat(fd_, &mine) == 0 && mine.st_nlink > 0 &&
-      ::stat(("/dev/shm" + name_).c_str(), &named) == 0 && named.st_ino == mine.st_ino && named.st_dev == mine.st_dev) {
-    if (::shm_unlink(name_.c_str()) == 0) log(log_level::debug, "lock: removed /dev/shm%s: its last user closed it", name_.c_str());
+      ::stat(name_.c_str(), &named) == 0 && named.st_ino == mine.st_ino && named.st_dev == mine.st_dev) {
+    if (::unlink(name_.c_str()) == 0) log(log_level::debug, "lock: removed %s: its last user closed it", name_.c_str());
   }
   ::flock(fd_, LOCK_UN);
 }
@@ -292,7 +316,8 @@ shared_segment::~shared_segment() {
       } catch (...) {  // a path string that could not be built: keep the segment
       }
     }
-    ::close(fd_);  // drops our read lock
+    unregister_lease_fd(fd_);
+    ::close(fd_);  // drops our read lock (and any lease left, though the lock drops its own)
   }
   if (base_ != nullptr) ::munmap(base_, size_);
 }

@@ -1,9 +1,11 @@
 // One per-device shared segment: create or open, check its version, map it.
 //
-// Name: "/<VRAMSWAP_SHM_PREFIX>vramswap-<owner>-<device key>": the owner is "u<uid>", or
-// "g<gid>" with VRAMSWAP_GROUP (lock/ownership.hpp: owner_tag), the key the GPU UUID, or
-// "host-N" for the host backend's emulated devices; it appears as /dev/shm/<name>.
-// Mode 0600; with VRAMSWAP_GROUP set, 0660 and owned by that group. An existing segment
+// A file in the runtime dir (lock/runtime_dir.hpp), mapped MAP_SHARED by every process of
+// the device: <runtime dir>/<VRAMSWAP_SHM_PREFIX>vramswap-<owner>-<device key>. The owner
+// is "u<uid>", or "g<gid>" with VRAMSWAP_GROUP (lock/ownership.hpp: owner_tag), the key the
+// GPU UUID, or "host-N" for the host backend's emulated devices. Futexes and robust mutexes
+// work in any shared file mapping; a tmpfs runtime dir keeps it out of any disk's way.
+// Mode 0600; with VRAMSWAP_GROUP, 0660 and owned by that group. An existing segment
 // owned by anyone else, or open to others, is refused (err_not_owner) and left alone.
 //
 // Users and removal: each open segment keeps its descriptor with a read lock (an OFD byte
@@ -18,9 +20,10 @@
 // nobody uses a segment before seeing its magic, so nobody sees the half-built one.
 //
 // Every byte is ours (header, lock state, slots: lock/segment_layout.hpp), and every step is
-// plain POSIX: shm_open's object opened by path with O_NOFOLLOW and checked by fstat
+// plain POSIX: the file opened by path with O_NOFOLLOW and checked by fstat
 // (lock/ownership.hpp), fchown/fchmod, flock for creation, an OFD read lock per user, mmap,
-// shm_unlink. The header is checked first: a segment of another layout version is refused
+// unlink. The descriptor also carries the liveness leases of the slots this process fills
+// (lock/liveness_lease.hpp). The header is checked first: a segment of another layout version is refused
 // by name. docs/lock.md, "Why plain POSIX", says why Boost.Interprocess is not used here.
 #pragma once
 
@@ -29,6 +32,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "lock/liveness_lease.hpp"
+#include "lock/segment_layout.hpp"
 
 namespace vramswap::detail {
 
@@ -52,16 +58,27 @@ class shared_segment {
   // this is its last user (docs/lock.md, "Removing a lock segment").
   static int remove(const std::string& device_key) noexcept;
 
-  // The shm_open name for `device_key` under the current VRAMSWAP_SHM_PREFIX and owner
-  // (this user, or VRAMSWAP_GROUP). The one place that builds vramswap's segment names.
+  // The segment's file name for `device_key` under the current VRAMSWAP_SHM_PREFIX and owner
+  // (this user, or VRAMSWAP_GROUP), with a leading '/': "/<p>vramswap-<owner>-<key>". The
+  // one place that builds vramswap's segment names.
   static int name_for(const std::string& device_key, std::string* out) noexcept;
+  // The runtime dir followed by name_for; with `create_dir`, the runtime dir is made or
+  // checked first (runtime_dir).
+  static int path_for(const std::string& device_key, bool create_dir, std::string* out) noexcept;
 
   ~shared_segment();
   shared_segment(const shared_segment&) = delete;
   shared_segment& operator=(const shared_segment&) = delete;
 
   void* base() const noexcept { return base_; }
+  // The segment's path, for messages.
   const std::string& name() const noexcept { return name_; }
+  // The descriptor whose open file description carries this object's slot leases.
+  int lease_fd() const noexcept { return fd_; }
+  // The slots whose leases this object holds (lease_held_elsewhere cannot see them).
+  lease_set<lock_layout::k_slot_count>& own_leases() noexcept { return own_leases_; }
+  // False in a forked child of the process that opened it: its leases are not the child's.
+  bool opened_in_this_process() const noexcept;
 
  private:
   shared_segment() = default;
@@ -72,6 +89,7 @@ class shared_segment {
   int fd_ = -1;                 // kept open with a read lock on byte 0: "in use"
   uint64_t forks_at_open_ = 0;  // forks of this process before it opened the segment
   std::string name_;
+  lease_set<lock_layout::k_slot_count> own_leases_;
 };
 
 }  // namespace vramswap::detail

@@ -41,8 +41,9 @@ int check_server_peer(int fd, const std::string& path) {
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return fail_errno(errno, "pool: SO_PEERCRED on %s", path.c_str());
   sharing who;
   VS_TRY(current_sharing(&who));
-  if (cred.uid == ::geteuid()) return ok;
-  if (who.group && (cred.gid == who.gid || process_in_group(cred.pid, who.gid))) return ok;
+  // Root could read this process's memory anyway: a server run by root gives nothing away.
+  if (cred.uid == ::geteuid() || cred.uid == 0) return ok;
+  if (who.group && socket_peer_in_group(fd, who.gid)) return ok;
   return fail(err_not_owner,
               "pool: the pool server listening on %s (pid %d) runs as %s, not as you (%s)%s: another user's server is never "
               "used (its frames would expose this process's memory to it); have its owner stop it, or use another "
@@ -137,6 +138,7 @@ int pool_connection::handshake() noexcept {
   h.version = k_version;
   h.pid = me.pid;
   h.start_time = me.start_time;
+  h.pid_ns = me.pid_ns;
   const int sent = send_fds(fd_, nullptr, 0, &h, sizeof h);
   const std::string send_error = sent == ok ? "" : last_error();
 
@@ -197,14 +199,16 @@ int pool_connection::handshake() noexcept {
     VS_TRY(rc);
   }
   if (w.host_slot_count > 0) VS_TRY(attach_host_pool(w.host_slot_count, w.host_pool_bytes));
+  // By name, in this process's view of the runtime dir: a container may mount it elsewhere
+  // than the server sees it.
   VS_TRY(pool_segment::open(w.segment_name, &segment_));
   // The segment at that name must be this server's: a frame table of another pool would
   // have this process write into frames that other processes own.
   if (segment_->header()->server_pid != static_cast<int32_t>(server_pid_)) {
     return fail(err_version_mismatch,
-                "pool: the pool segment /dev/shm%s belongs to the pool server pid %d, not to pid %d that welcomed this "
+                "pool: the pool segment %s belongs to the pool server pid %d, not to pid %d that welcomed this "
                 "process; the device's pool changed hands while connecting: connect again",
-                w.segment_name, static_cast<int>(segment_->header()->server_pid), static_cast<int>(server_pid_));
+                segment_->path().c_str(), static_cast<int>(segment_->header()->server_pid), static_cast<int>(server_pid_));
   }
   if (segment_->frame_count() != frames_.size() || segment_->frame_size() != frame_size_ || member_ >= pool_layout::k_member_count) {
     return fail(err_version_mismatch, "pool: segment %s describes %u frames of %" PRIu64 " bytes, the server sent %zu of %" PRIu64,
@@ -214,6 +218,9 @@ int pool_connection::handshake() noexcept {
     return fail(err_version_mismatch, "pool: segment %s describes %u host slots of %" PRIu64 " bytes, the server sent a host pool of %u",
                 w.segment_name, segment_->host_slot_count(), segment_->host_slot_size(), host_slot_count_);
   }
+  // From now until this process ends, the server can tell it alive from dead whatever its
+  // PID namespace (pool/pool_layout.hpp, Members' liveness).
+  VS_TRY(segment_->take_member_lease(member_));
   VS_TRY(set_timeouts(fd_, 0));
   note_pool_size_differs(be_, device_, frames_.size(), frame_size_, static_cast<int>(server_pid_));
   log(log_level::debug, "pool: member %u of %s: %zu frames of %" PRIu64 " bytes from server pid %d", member_, key_.c_str(),

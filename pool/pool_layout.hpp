@@ -1,16 +1,25 @@
 // The byte layout of a device's pool segment: the frame table and the member table that
 // every process sharing the pool maps. Created by the pool server (vramswapd) when it
-// starts, named "/<VRAMSWAP_SHM_PREFIX>vramswap-<owner>-pool-<device key>" (owner "u<uid>",
-// or "g<gid>" with VRAMSWAP_GROUP), mode 0600 (0660 with VRAMSWAP_GROUP).
+// starts, a file in the runtime dir (lock/runtime_dir.hpp) named
+// "<VRAMSWAP_SHM_PREFIX>vramswap-<owner>-pool-<device key>" (owner "u<uid>", or "g<gid>"
+// with VRAMSWAP_GROUP), mode 0600 (0660 with VRAMSWAP_GROUP). Clients open it by that name
+// in their own view of the runtime dir (a container may mount it anywhere).
 //
-// The segment is also the pool's identity: whatever runtime dir a server uses, every server
-// of the device meets at this one name. The server that holds an exclusive flock on it (for
-// its whole life) is the device's one server, and its header says who it is (pid, start
+// The segment is also the pool's identity: every server of the device that uses this
+// runtime dir meets at this one name (another runtime dir is another pool, with a lock of its
+// own). The server that holds an exclusive flock on it (for
+// its whole life) is the pool's one server, and its header says who it is (pid, start
 // time, runtime dir, socket) before anything else is built. A segment whose flock is held
 // is never removed or written by anyone else; a new server replaces (unlinks, then creates
 // anew) only a segment whose flock nobody holds: a dead server's. Clients of the dead one
 // keep their mapping of the old inode, notice the server's death on their socket and stop
 // using it.
+//
+// Members' liveness: each client takes the liveness lease of its member slot
+// (lock/liveness_lease.hpp) on its own descriptor of the segment as soon as it knows its
+// index, and keeps it for its life; the server, on the client's hang-up, repairs at once when
+// the lease is gone (the client is dead, in whatever PID namespace) and otherwise only after
+// a grace period.
 //
 // Glossary
 //   frame   one physical allocation of the pool; index 0..frame_count-1 here, the same
@@ -51,15 +60,16 @@
 // (VRAMSWAP_HOST_POOL): one frame-sized slot of one memfd that every member maps, holding
 // one saved page of its owner. Two states, each transition one compare-and-swap:
 //
-//   free      owner none. Contents: whatever the last owner saved there (not zeroed: a slot
-//             is read only by its owner, and only after that owner wrote the whole slot,
-//             so stale bytes are never read back; docs/swap.md, "Shared host pool").
+//   free      owner none. Contents zero: every member maps the whole host pool, so a page
+//             left in a free slot would be readable by the others after its owner left.
+//             The owner zeroes a slot before it gives it back; the server zeroes a dead
+//             member's slots before it repairs them.
 //   used      owner holds a saved page (or is copying one in) in the slot.
 //
 //   take     free -> used(me)          any member saving a page (lock holder or not)
-//   give     used(me) -> free          owner, once the page is back on the device or dropped;
-//                                       then bumps slots_freed and wakes all
-//   repair   used(dead Y) -> free      server, when Y hung up; then wakes all
+//   give     used(me) -> free          owner, once the page is back on the device or dropped
+//                                       and the slot zeroed; then bumps slots_freed, wakes all
+//   repair   used(dead Y) -> free      server, when Y hung up, after zeroing; then wakes all
 #pragma once
 
 #include <atomic>
@@ -76,7 +86,10 @@ constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-end
 // 4: the header holds the server's identity (claimed, runtime dir, socket): ten lines.
 // 5: a member slot is six lines: the last failure of an eviction asked of it; a member
 //    outside the lock may move a frame free -> idle (memory allocated between turns).
-constexpr uint64_t k_layout_version = 5;
+// 6: a file in the runtime dir; each member slot is leased by its client
+//    (lock/liveness_lease.hpp) and records the client's PID namespace, the header the
+//    server's.
+constexpr uint64_t k_layout_version = 6;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;
 constexpr uint32_t k_no_member = 0xFFFF;
@@ -177,7 +190,9 @@ struct alignas(k_cache_line) member_slot {
   std::atomic<int32_t> evict_status;        // 0, or the vramswap status of the failure
   uint32_t reserved2_;
   std::atomic<uint64_t> evict_failed_ns;    // CLOCK_MONOTONIC of the failure
-  char evict_error[k_cache_line * 4 - 16];  // its detail, NUL-terminated, cut to fit
+  // (Not part of the failure: the member's PID namespace, in which `pid` means something.)
+  uint64_t pid_ns;
+  char evict_error[k_cache_line * 4 - 24];  // its detail, NUL-terminated, cut to fit
 };
 static_assert(sizeof(member_slot) == 6 * k_cache_line);
 
@@ -237,7 +252,8 @@ struct alignas(k_cache_line) pool_header {
   uint64_t host_slot_size;              // bytes per slot (the frame size)
   std::atomic<uint32_t> slots_freed;    // futex: bumped whenever a host slot becomes free
   std::atomic<uint32_t> claimed;        // 1 once the server's identity below (and pid, start time) is written
-  uint32_t reserved2_[8];
+  uint64_t server_pid_ns;               // the server's PID namespace, in which server_pid means something
+  uint32_t reserved2_[6];
   // --- lines 3-10: where the server serves (for the message of a second server) ---
   char server_runtime_dir[k_server_path_bytes];  // NUL-terminated, truncated if longer
   char server_socket[k_server_path_bytes];

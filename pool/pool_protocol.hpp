@@ -9,16 +9,21 @@
 // server's own uid, root, or (with VRAMSWAP_GROUP) a member of that group.
 //
 // Exchange:
-//   client -> hello (exactly sizeof(hello) bytes, no descriptors). `pid` must be the
-//             socket's peer pid as SO_PEERCRED reports it (one PID namespace) and
-//             `start_time` its /proc start time; the server keeps both in the member slot.
+//   client -> hello (exactly sizeof(hello) bytes, no descriptors): `pid`, `start_time` (its
+//             /proc start time) and `pid_ns` (the inode of its PID namespace), each as the
+//             client sees itself. A server in the same PID namespace checks them against
+//             the socket's peer (SO_PEERCRED) and /proc; one in another namespace (the
+//             client is in a container) cannot, and takes them as the client's word, kept
+//             for messages only: no decision rests on a client's pid (liveness is the
+//             member's lease and the socket's hang-up, pool/pool_layout.hpp).
 //   server -> welcome (exactly sizeof(welcome) bytes). status 0: `member`, `frame_count`,
 //             `frame_size` and `segment_name` are valid. status < 0 (a vramswap::detail::status):
 //             only `magic`, `version`, `server_pid` and the NUL-terminated `message` are;
 //             the server closes the connection next. Refusals: err_not_owner (peer's uid
 //             not allowed), err_version_mismatch (bad magic, version or size of the hello;
 //             the welcome then carries the server's own version), err_invalid_argument
-//             (pid not the peer's, or its start time wrong), err_busy (no member slot).
+//             (in one PID namespace: pid not the peer's, or its start time wrong), err_busy
+//             (no member slot).
 //             A client reads magic and status first: a welcome of another version still
 //             has them at the same offsets.
 //   server -> frame_batch messages carrying the frames' descriptors (SCM_RIGHTS), in pool
@@ -30,6 +35,8 @@
 //             memfd (SCM_RIGHTS, exactly one descriptor). The client maps it MAP_SHARED,
 //             faults it in, registers it with its backend once (pinned), closes the
 //             descriptor, and takes host slots from the pool segment's slot table.
+//   client -> (no message) opens the pool segment by `segment_name` in its own view of the
+//             runtime dir and takes its member slot's liveness lease.
 //   then the connection stays open, silent both ways, for the client's lifetime: its
 //   hang-up is how the server learns that the client died (and repairs: scrubs and frees
 //   its frames, frees its member slot, passes on the lock it held); the server's hang-up
@@ -41,6 +48,8 @@
 //   1: hello, welcome, frame batches.
 //   2: the welcome announces the shared host pool (host_slot_count, host_pool_bytes); the
 //      host_pool message follows the frame batches when there is one.
+//   3: the hello carries the client's PID namespace; segment_name is a file name in the
+//      runtime dir (it was a /dev/shm name); clients lease their member slot.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +58,7 @@
 namespace vramswap::detail::pool_protocol {
 
 constexpr uint32_t k_magic = 0x50575356;  // "VSWP"
-constexpr uint32_t k_version = 2;
+constexpr uint32_t k_version = 3;
 
 struct hello {
   uint32_t magic;
@@ -57,6 +66,7 @@ struct hello {
   int32_t pid;
   uint32_t reserved;
   uint64_t start_time;  // /proc start time of the client (PID reuse)
+  uint64_t pid_ns;      // inode of the client's PID namespace (/proc/self/ns/pid)
 };
 
 struct welcome {
@@ -67,7 +77,7 @@ struct welcome {
   uint32_t frame_count;  // descriptors that follow
   int32_t server_pid;
   uint64_t frame_size;
-  char segment_name[160];  // shm name of the pool segment
+  char segment_name[160];  // the pool segment's file name in the runtime dir ("/<name>")
   char message[256];
   // version 2: the shared host pool. 0 slots: none (each client keeps its own host tier).
   uint32_t host_slot_count;  // frame-size slots in the host pool

@@ -17,6 +17,7 @@
 #include "pool/pool_layout.hpp"
 #include "pool/pool_segment.hpp"
 #include "lock/process_identity.hpp"
+#include "lock/runtime_dir.hpp"
 #include "lock/shared_segment.hpp"
 
 namespace vramswap::detail {
@@ -24,7 +25,10 @@ using namespace pool_layout;
 
 namespace {
 
-std::string command_of(pid_t pid) {
+// The command of `pid`, of PID namespace `pid_ns`: only a pid of this process's own
+// namespace can be looked up here.
+std::string command_of(pid_t pid, uint64_t pid_ns) {
+  if (!visible_here(pid_ns)) return "(in another PID namespace)";
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/comm", static_cast<int>(pid));
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
@@ -102,7 +106,7 @@ std::string command_for(const device_report& d, pid_t pid) {
   for (const process_report& p : d.processes) {
     if (p.pid == pid) return p.command;
   }
-  return command_of(pid);
+  return command_of(pid, current_pid_namespace());
 }
 
 }  // namespace
@@ -113,8 +117,11 @@ int discover_devices(std::vector<std::string>* keys) noexcept {
     VS_TRY(pool_segment::name_for("x", &marker));  // "/<prefix>vramswap-<owner>-pool-x"
     marker = marker.substr(1, marker.size() - 2);  // "<prefix>vramswap-<owner>-pool-"
     keys->clear();
-    DIR* d = ::opendir("/dev/shm");
-    if (d == nullptr) return fail_errno(errno, "status: cannot list /dev/shm");
+    std::string dir;
+    VS_TRY(runtime_dir(/*create=*/false, &dir));
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr && errno == ENOENT) return ok;  // no runtime dir: no device in use
+    if (d == nullptr) return fail_errno(errno, "status: cannot list the runtime dir %s", dir.c_str());
     while (const dirent* e = ::readdir(d)) {
       const std::string name = e->d_name;
       if (name.size() > marker.size() && name.compare(0, marker.size(), marker) == 0) keys->push_back(name.substr(marker.size()));
@@ -159,10 +166,10 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     process_report p;
     p.member = m;
     p.pid = s.pid;
-    p.command = command_of(s.pid);
+    p.command = command_of(s.pid, s.pid_ns);
     p.holding = s.holding.load(std::memory_order_relaxed) != 0;
     p.phase = phase_name(s.phase.load(std::memory_order_relaxed));
-    p.stopped = is_stopped_state(process_state(s.pid));
+    p.stopped = visible_here(s.pid_ns) && is_stopped_state(process_state(s.pid));
     p.holding_since_ns = p.holding ? s.holding_since_ns.load(std::memory_order_relaxed) : 0;
     p.frames = owned[m];
     p.resident_bytes = uint64_t{owned[m]} * d.frame_size;
@@ -189,7 +196,7 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
       d.have_queue = true;
       for (const lock_queue_entry& e : q) {
         d.queue.push_back({e.pid, e.tid, e.priority == lock_priority::high ? "high" : "normal", e.ticket, e.holding, e.enqueue_ns,
-                           is_stopped_state(process_state(e.pid))});
+                           visible_here(e.pid_ns) && is_stopped_state(process_state(e.pid))});
         if (e.holding) d.holder_pid = e.pid;
       }
     } else {
@@ -200,9 +207,9 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
 }
 
 int collect_report(const std::string& key, device_report* out) {
-  std::string name, lock_name;
+  std::string name, lock_path;
   VS_TRY(pool_segment::name_for(key, &name));
-  VS_TRY(shared_segment::name_for(key, &lock_name));
+  VS_TRY(shared_segment::path_for(key, /*create_dir=*/false, &lock_path));
   std::unique_ptr<pool_segment> pool;
   VS_TRY(pool_segment::open(name, &pool, /*read_only=*/true));
   // The queue needs the lock's mutex (a consistent snapshot), so the lock segment is mapped
@@ -210,11 +217,11 @@ int collect_report(const std::string& key, device_report* out) {
   device_lock lock;
   bool have_lock = false;
   std::string lock_error;
-  if (::access(("/dev/shm" + lock_name).c_str(), F_OK) == 0) {
+  if (::access(lock_path.c_str(), F_OK) == 0) {
     have_lock = device_lock::open(key, &lock) == ok;
     if (!have_lock) lock_error = last_error();
   } else {
-    lock_error = "no lock segment /dev/shm" + lock_name;
+    lock_error = "no lock segment " + lock_path;
   }
   VS_TRY(collect_report(key, *pool, have_lock ? &lock : nullptr, out));
   if (!have_lock) out->queue_error = lock_error;
@@ -223,7 +230,7 @@ int collect_report(const std::string& key, device_report* out) {
 
 std::string render_text(const std::vector<device_report>& devices) {
   std::string t;
-  if (devices.empty()) t += "no vramswap device in use (no pool segment in /dev/shm)\n";
+  if (devices.empty()) t += "no vramswap device in use (no pool segment in the runtime dir)\n";
   for (const device_report& d : devices) {
     t += fmt("device %s: pool %s = %u frames of %s; free %u (%s), active %u, idle %u, requested %u, lent %u\n", d.key.c_str(),
              bytes_text(uint64_t{d.frame_count} * d.frame_size).c_str(), d.frame_count, bytes_text(d.frame_size).c_str(), d.frames_free,
@@ -250,7 +257,7 @@ std::string render_text(const std::vector<device_report>& devices) {
                                : holder->phase.c_str());
     } else {
       const bool stopped = is_stopped_state(process_state(d.holder_pid));
-      t += fmt("  holder: pid %d (%s), not in the pool%s\n", static_cast<int>(d.holder_pid), command_of(d.holder_pid).c_str(),
+      t += fmt("  holder: pid %d (%s), not in the pool%s\n", static_cast<int>(d.holder_pid), command_of(d.holder_pid, current_pid_namespace()).c_str(),
                stopped ? ", STOPPED (SIGSTOP, Ctrl-Z or a debugger)" : "");
     }
     if (!d.have_queue) {

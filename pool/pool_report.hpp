@@ -1,7 +1,7 @@
 // pool_report: a device's state as observers see it, for `vramswap status`, the pool server's
 // metrics endpoint, and tests. Read from the pool segment (frame table, member slots) and the
 // device lock's queue, without initializing any backend (no CUDA): devices are found by
-// their pool segments in /dev/shm.
+// their pool segments in the runtime dir.
 //
 // The per-process statistics come from one field list (VRAMSWAP_PROCESS_STATS), so the
 // struct, the text and JSON renderings and the Prometheus metrics never disagree (the

@@ -16,8 +16,10 @@
 #include "core/log.hpp"
 #include "core/status.hpp"
 #include "lock/futex.hpp"
+#include "lock/liveness_lease.hpp"
 #include "lock/ownership.hpp"
 #include "lock/process_identity.hpp"
+#include "lock/runtime_dir.hpp"
 #include "lock/shared_segment.hpp"
 
 namespace vramswap::detail {
@@ -30,7 +32,12 @@ namespace {
 // reports what it knows.
 constexpr uint64_t k_claim_wait_ns = 3'000'000'000;
 
-std::string path_of(const std::string& name) { return "/dev/shm" + name; }
+// The segment named `name` ("/<p>vramswap-<owner>-pool-<key>") in this process's view of
+// the runtime dir.
+std::string path_of(const std::string& name) {
+  std::string dir;
+  return runtime_dir(/*create=*/false, &dir) == ok ? dir + name : name;
+}
 
 std::string bounded(const char* text, size_t max) { return std::string(text, ::strnlen(text, max)); }
 
@@ -45,6 +52,7 @@ bool read_identity(int fd, pool_segment::server_identity* who) {
   if (published) {
     who->pid = h->server_pid;
     who->start_time = h->server_start_time;
+    who->pid_ns = h->server_pid_ns;
     who->runtime_dir = bounded(h->server_runtime_dir, sizeof h->server_runtime_dir);
     who->socket = bounded(h->server_socket, sizeof h->server_socket);
   }
@@ -77,22 +85,23 @@ int pool_segment::remove(const std::string& device_key) noexcept {
   try {
     std::string name;
     VS_TRY(name_for(device_key, &name));
-    const int fd = ::open(path_of(name).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return errno == ENOENT ? ok : fail_errno(errno, "pool: open /dev/shm%s to remove it", name.c_str());
+    const std::string path = path_of(name);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? ok : fail_errno(errno, "pool: open %s to remove it", path.c_str());
     // Only a segment whose flock nobody holds is removed, by the one who holds it now: the
     // rule every remover and every server follows (pool/pool_layout.hpp).
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       server_identity who;
       const bool known = read_identity(fd, &who);
       ::close(fd);
-      return fail(err_busy, "pool: /dev/shm%s is held by %s; a live pool is never removed: stop that server first%s", name.c_str(),
+      return fail(err_busy, "pool: %s is held by %s; a live pool is never removed: stop that server first%s", path.c_str(),
                   known ? describe(who).c_str() : "a pool server that is starting",
                   known ? (" (kill -TERM " + std::to_string(who.pid) + ")").c_str() : "");
     }
     struct stat st {};
     int rc = ok;
-    if (::fstat(fd, &st) == 0 && st.st_nlink > 0 && ::shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
-      rc = fail_errno(errno, "pool: shm_unlink %s", name.c_str());
+    if (::fstat(fd, &st) == 0 && st.st_nlink > 0 && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      rc = fail_errno(errno, "pool: removing %s", path.c_str());
     }
     ::close(fd);
     return rc;
@@ -101,24 +110,29 @@ int pool_segment::remove(const std::string& device_key) noexcept {
   }
 }
 
-int pool_segment::adopt(void* base, size_t size, const std::string& name, std::unique_ptr<pool_segment>* out) noexcept {
-  std::unique_ptr<pool_segment> seg(new (std::nothrow) pool_segment());
-  if (!seg) {
+int pool_segment::adopt(void* base, size_t size, const std::string& name, const std::string& path,
+                        std::unique_ptr<pool_segment>* out) noexcept {
+  try {
+    std::unique_ptr<pool_segment> seg(new pool_segment());
+    seg->base_ = base;
+    seg->size_ = size;
+    seg->name_ = name;
+    seg->path_ = path;
+    *out = std::move(seg);
+    return ok;
+  } catch (const std::bad_alloc&) {
     ::munmap(base, size);
     return fail(err_out_of_memory, "pool: out of host memory");
   }
-  seg->base_ = base;
-  seg->size_ = size;
-  seg->name_ = name;
-  *out = std::move(seg);
-  return ok;
 }
 
 int pool_segment::claim(const std::string& device_key, const server_identity& who, std::unique_ptr<pool_segment>* out) noexcept {
   try {
     std::string name;
     VS_TRY(name_for(device_key, &name));
-    const std::string path = path_of(name);
+    std::string dir;
+    VS_TRY(runtime_dir(/*create=*/true, &dir));
+    const std::string path = dir + name;
     const uint64_t deadline = monotonic_ns() + k_claim_wait_ns;
     for (;;) {
       int fd = -1;
@@ -132,14 +146,18 @@ int pool_segment::claim(const std::string& device_key, const server_identity& wh
         ::close(fd);
         if (e == EINTR) continue;
         if (e != EWOULDBLOCK) return fail_errno(e, "pool: flock %s", path.c_str());
-        const bool alive = known && check_liveness({other.pid, other.start_time}) == liveness::alive;
+        // A server of another PID namespace cannot be looked up here: its flock, held, is
+        // all there is to go by, and the deadline tells a live one from one being replaced.
+        const bool visible = known && visible_here(other.pid_ns);
+        const bool alive = visible && check_liveness({other.pid, other.start_time}) == liveness::alive;
         const bool late = monotonic_ns() >= deadline;
         if ((alive && linked) || late) {
           std::string whom = known ? describe(other) : "a pool server that has not yet said who it is (still starting?)";
-          if (known && !alive) whom += ", which this PID namespace does not show as running";
+          if (visible && !alive) whom += ", which this PID namespace does not show as running";
+          if (known && !visible) whom += " in another PID namespace";
           return fail(err_busy,
-                      "pool: device %s already has a pool: %s holds its pool segment %s. One device has one pool, whatever "
-                      "the runtime dir: use that server (its clients set VRAMSWAP_RUNTIME_DIR=%s), or stop it first%s",
+                      "pool: device %s already has a pool in this runtime dir: %s holds its pool segment %s. A runtime dir "
+                      "has one pool per device: use that server (its clients set VRAMSWAP_RUNTIME_DIR=%s), or stop it first%s",
                       device_key.c_str(), whom.c_str(), path.c_str(),
                       known && !other.runtime_dir.empty() ? other.runtime_dir.c_str() : "<its runtime dir>",
                       known ? (" (kill -TERM " + std::to_string(other.pid) + ")").c_str() : "");
@@ -166,7 +184,7 @@ int pool_segment::claim(const std::string& device_key, const server_identity& wh
         const bool known = read_identity(fd, &dead);
         log(log_level::info, "pool: replacing the stale pool segment %s of %s", path.c_str(),
             known ? (describe(dead) + ", no longer running").c_str() : "a pool server that died while starting");
-        const int urc = ::shm_unlink(name.c_str());
+        const int urc = ::unlink(path.c_str());
         const int e = errno;
         ::close(fd);
         if (urc != 0 && e != ENOENT) return fail_errno(e, "pool: removing the stale pool segment %s", path.c_str());
@@ -178,19 +196,20 @@ int pool_segment::claim(const std::string& device_key, const server_identity& wh
       if (::ftruncate(fd, static_cast<off_t>(size)) == 0) base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (base == MAP_FAILED) {
         const int e = errno;
-        ::shm_unlink(name.c_str());
+        ::unlink(path.c_str());
         ::close(fd);
-        return fail_errno(e, "pool: sizing and mapping %s (is /dev/shm full?)", path.c_str());
+        return fail_errno(e, "pool: sizing and mapping %s (is the runtime dir's file system full?)", path.c_str());
       }
       pool_header* h = header_of(base);
       h->server_pid = who.pid;
       h->server_start_time = who.start_time;
+      h->server_pid_ns = current_pid_namespace();
       copy_path(h->server_runtime_dir, who.runtime_dir);
       copy_path(h->server_socket, who.socket);
       h->claimed.store(1, std::memory_order_release);
-      const int rc = adopt(base, size, name, out);
+      const int rc = adopt(base, size, name, path, out);
       if (rc != ok) {
-        ::shm_unlink(name.c_str());
+        ::unlink(path.c_str());
         ::close(fd);
         return rc;
       }
@@ -208,10 +227,10 @@ int pool_segment::initialize(uint32_t frame_count, uint64_t frame_size, uint32_t
   }
   const size_t size = segment_size_for(frame_count, host_slots);
   if (::ftruncate(claim_fd_, static_cast<off_t>(size)) != 0) {
-    return fail_errno(errno, "pool: sizing /dev/shm%s to %zu bytes (is /dev/shm full?)", name_.c_str(), size);
+    return fail_errno(errno, "pool: sizing %s to %zu bytes (is the runtime dir's file system full?)", path_.c_str(), size);
   }
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, claim_fd_, 0);
-  if (base == MAP_FAILED) return fail_errno(errno, "pool: mmap /dev/shm%s", name_.c_str());
+  if (base == MAP_FAILED) return fail_errno(errno, "pool: mmap %s", path_.c_str());
   ::munmap(base_, size_);
   base_ = base;
   size_ = size;
@@ -249,38 +268,58 @@ int pool_segment::create(const std::string& device_key, uint32_t frame_count, ui
 
 int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* out, bool read_only) noexcept {
   int fd = -1;
-  VS_TRY(open_owned(path_of(name), read_only ? O_RDONLY : O_RDWR, "pool: the pool segment", "", &fd));
+  const std::string path = path_of(name);
+  VS_TRY(open_owned(path, read_only ? O_RDONLY : O_RDWR, "pool: the pool segment", "", &fd));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(pool_header)) {
     ::close(fd);
-    return fail(err_version_mismatch, "pool: /dev/shm%s is too small to be a pool segment", name.c_str());
+    return fail(err_version_mismatch, "pool: %s is too small to be a pool segment", path.c_str());
   }
   const size_t size = static_cast<size_t>(st.st_size);
   void* base = ::mmap(nullptr, size, read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (base == MAP_FAILED) return fail_errno(errno, "pool: mmap /dev/shm%s", name.c_str());
+  if (base == MAP_FAILED) {
+    const int e = errno;
+    ::close(fd);
+    return fail_errno(e, "pool: mmap %s", path.c_str());
+  }
   const pool_header* h = header_of(base);
   int rc = ok;
   if (h->magic.load(std::memory_order_acquire) != k_magic) {
-    rc = fail(err_version_mismatch, "pool: /dev/shm%s is not an initialized pool segment (magic %#" PRIx64 ")", name.c_str(),
+    rc = fail(err_version_mismatch, "pool: %s is not an initialized pool segment (magic %#" PRIx64 ")", path.c_str(),
               h->magic.load());
   } else if (h->format != format_word()) {
     rc = fail(err_version_mismatch,
-              "pool: /dev/shm%s has layout format %#" PRIx64 " (version %" PRIu64 "), this build expects %#" PRIx64
+              "pool: %s has layout format %#" PRIx64 " (version %" PRIu64 "), this build expects %#" PRIx64
               "; run client and pool server from the same vramswap version",
-              name.c_str(), h->format, h->format >> 48, format_word());
+              path.c_str(), h->format, h->format >> 48, format_word());
   } else if (h->segment_size != size || segment_size_for(h->frame_count, h->host_slot_count) != size) {
     rc = fail(err_version_mismatch,
-              "pool: /dev/shm%s is %zu bytes, its header says %" PRIu64 ": it was truncated or overwritten, and the processes "
+              "pool: %s is %zu bytes, its header says %" PRIu64 ": it was truncated or overwritten, and the processes "
               "still using it die of SIGBUS when they touch what is missing; stop its pool server (pid %d) and its clients, "
               "and let a new server make it again",
-              name.c_str(), size, h->segment_size, static_cast<int>(h->server_pid));
+              path.c_str(), size, h->segment_size, static_cast<int>(h->server_pid));
   }
-  if (rc != ok) {
-    ::munmap(base, size);
+  if (rc == ok) rc = adopt(base, size, name, path, out);  // unmaps when it fails
+  else ::munmap(base, size);
+  // A member keeps its descriptor: it carries the member's liveness lease (take_member_lease).
+  if (rc == ok && !read_only) rc = register_lease_fd(fd);
+  if (rc != ok || read_only) {
+    ::close(fd);
+    if (rc != ok) out->reset();
     return rc;
   }
-  return adopt(base, size, name, out);
+  (*out)->lease_fd_ = fd;
+  return ok;
+}
+
+int pool_segment::take_member_lease(uint32_t m) noexcept {
+  if (lease_fd_ < 0) return fail(err_internal, "pool: take_member_lease on %s, which this process opened read-only", path_.c_str());
+  return add_context(take_lease(lease_fd_, m, path_.c_str()), "pool: the liveness lease of member %u: ", m);
+}
+
+bool pool_segment::member_alive(uint32_t m) const noexcept {
+  // The server's own descriptor never holds a member's lease, so any lease it sees is the member's.
+  return claim_fd_ >= 0 && lease_held_elsewhere(claim_fd_, m);
 }
 
 pool_segment::~pool_segment() {
@@ -288,8 +327,12 @@ pool_segment::~pool_segment() {
   if (claim_fd_ >= 0) {
     // The server's own segment: its name goes while the flock is still held, so nobody
     // can have replaced it in between (pool/pool_layout.hpp).
-    ::shm_unlink(name_.c_str());
+    ::unlink(path_.c_str());
     ::close(claim_fd_);
+  }
+  if (lease_fd_ >= 0) {
+    unregister_lease_fd(lease_fd_);
+    ::close(lease_fd_);  // drops this member's lease
   }
 }
 
@@ -433,12 +476,16 @@ uint64_t pool_segment::read_trace(uint32_t m, uint64_t* cursor, std::vector<trac
   return lost;
 }
 
-int pool_segment::add_member(pid_t pid, uint64_t start_time, uint32_t* index) noexcept {
+int pool_segment::add_member(pid_t pid, uint64_t start_time, uint64_t pid_ns, uint32_t* index) noexcept {
   for (uint32_t m = 0; m < k_member_count; ++m) {
     member_slot& s = member(m);
     if (s.state.load(std::memory_order_acquire) != member_free) continue;
+    // A slot freed by a repair while its member still lived (hang-up past the grace period)
+    // may still be leased: that member could read the next one's lease as its own.
+    if (member_alive(m)) continue;
     s.pid = pid;
     s.start_time = start_time;
+    s.pid_ns = pid_ns;
     s.requests.store(0);
     s.holding.store(0);
     s.bytes_out.store(0);

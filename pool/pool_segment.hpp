@@ -26,6 +26,7 @@ class pool_segment {
   struct server_identity {
     pid_t pid = 0;
     uint64_t start_time = 0;
+    uint64_t pid_ns = 0;  // read from the header; claim records this process's own
     std::string runtime_dir;
     std::string socket;
   };
@@ -59,6 +60,7 @@ class pool_segment {
   pool_segment& operator=(const pool_segment&) = delete;
 
   const std::string& name() const noexcept { return name_; }
+  const std::string& path() const noexcept { return path_; }
   uint32_t frame_count() const noexcept { return header()->frame_count; }
   uint64_t frame_size() const noexcept { return header()->frame_size; }
   pool_layout::pool_header* header() const noexcept { return pool_layout::header_of(base_); }
@@ -114,18 +116,30 @@ class pool_segment {
   uint64_t read_trace(uint32_t m, uint64_t* cursor, std::vector<trace_event>* out) const;
 
   // --- members (server) ----------------------------------------------------------------
-  // A free member slot for (pid, start time), published live. err_busy when all are taken.
-  int add_member(pid_t pid, uint64_t start_time, uint32_t* index) noexcept;
+  // A free member slot for (pid, start time, PID namespace), published live. err_busy when
+  // all are taken.
+  int add_member(pid_t pid, uint64_t start_time, uint64_t pid_ns, uint32_t* index) noexcept;
+  // Server: does member `m`'s client still hold its liveness lease (pool/pool_layout.hpp,
+  // Members' liveness)? False once the client is dead, whatever its PID namespace.
+  bool member_alive(uint32_t m) const noexcept;
+
+  // --- members (client) ----------------------------------------------------------------
+  // Take member `m`'s liveness lease on this process's descriptor of the segment, for the
+  // life of this object. err_busy when another description holds it; err_system.
+  int take_member_lease(uint32_t m) noexcept;
   void remove_member(uint32_t index) noexcept;
 
  private:
   pool_segment() = default;
   // Wrap a mapping of `size` bytes as a pool_segment (unmapping it if that fails).
-  static int adopt(void* base, size_t size, const std::string& name, std::unique_ptr<pool_segment>* out) noexcept;
+  static int adopt(void* base, size_t size, const std::string& name, const std::string& path,
+                   std::unique_ptr<pool_segment>* out) noexcept;
   void* base_ = nullptr;
   size_t size_ = 0;
-  std::string name_;
+  std::string name_;   // "/<p>vramswap-<owner>-pool-<key>", as the welcome names it
+  std::string path_;   // in this process's view of the runtime dir
   int claim_fd_ = -1;  // the server's flock on the segment (claim); -1 in clients
+  int lease_fd_ = -1;  // a member's descriptor, carrying its liveness lease; -1 in servers and observers
 };
 
 }  // namespace vramswap::detail

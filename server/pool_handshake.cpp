@@ -47,11 +47,18 @@ int remove_stale_socket(const std::string& path, const sockaddr_un& addr) {
                 "away or remove it, then start the server again",
                 path.c_str(), kind, static_cast<unsigned>(st.st_uid), static_cast<long long>(st.st_size));
   }
-  if (st.st_uid != ::geteuid()) {
+  // In group mode the pool is the group's: a socket a member's dead server left behind (the
+  // group's, mode 0660) is this server's to replace.
+  gid_t gid = 0;
+  bool group = false;
+  VS_TRY(configured_group(&gid, &group));
+  const bool groups = group && st.st_gid == gid && (st.st_mode & 0007) == 0;
+  if (st.st_uid != ::geteuid() && !groups) {
     return fail(err_not_owner,
-                "vramswapd: the socket %s belongs to uid %u, not to this server's uid %u; it is left alone: remove it (as its "
-                "owner or root), or set VRAMSWAP_RUNTIME_DIR to a directory of your own",
-                path.c_str(), static_cast<unsigned>(st.st_uid), static_cast<unsigned>(::geteuid()));
+                "vramswapd: the socket %s belongs to %s, group %s, not to this server's %s%s; it is left alone: remove it (as "
+                "its owner or root), or set VRAMSWAP_RUNTIME_DIR to a directory of your own",
+                path.c_str(), describe_uid(st.st_uid).c_str(), describe_gid(st.st_gid).c_str(), describe_uid(::geteuid()).c_str(),
+                group ? (" or group " + describe_gid(gid) + " (VRAMSWAP_GROUP)").c_str() : "");
   }
   const int probe = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (probe < 0) return fail_errno(errno, "vramswapd: socket(AF_UNIX, SOCK_SEQPACKET)");
@@ -132,15 +139,18 @@ void pool_server::refuse(int fd, int status, const char* fmt, ...) noexcept {
   ::close(fd);
 }
 
-bool pool_server::peer_allowed(pid_t pid, uid_t uid, gid_t peer_gid, std::string* why) noexcept {
-  if (uid == ::geteuid() || uid == 0) return true;
+bool pool_server::peer_allowed(int fd, const ucred& peer, std::string* why) noexcept {
+  if (peer.uid == ::geteuid() || peer.uid == 0) return true;
   gid_t gid = 0;
   bool group = false;
-  if (configured_group(&gid, &group) == ok && group && (peer_gid == gid || process_in_group(pid, gid))) return true;
-  char text[200];
-  std::snprintf(text, sizeof text, "uid %u may not use this pool: it belongs to uid %u%s", static_cast<unsigned>(uid),
-                static_cast<unsigned>(::geteuid()), group ? " and the peer is not in VRAMSWAP_GROUP" : " (VRAMSWAP_GROUP is not set)");
-  *why = text;
+  if (configured_group(&gid, &group) == ok && group && socket_peer_in_group(fd, gid)) return true;
+  try {
+    *why = describe_uid(peer.uid) + " may not use this pool: it belongs to " + describe_uid(::geteuid()) +
+           (group ? " and group " + describe_gid(gid) + " (VRAMSWAP_GROUP), of which the peer is not a member"
+                  : " alone (VRAMSWAP_GROUP is not set: set it, for the server and its clients, to share a pool among a group's users)");
+  } catch (const std::bad_alloc&) {
+    *why = "a peer of another user may not use this pool";
+  }
   return false;
 }
 
@@ -169,7 +179,7 @@ void pool_server::serve_new(int fd) noexcept {
     return;
   }
   std::string why;
-  if (!peer_allowed(cred.pid, cred.uid, cred.gid, &why)) {
+  if (!peer_allowed(fd, cred, &why)) {
     refuse(fd, err_not_owner, "%s", why.c_str());
     return;
   }
@@ -181,18 +191,31 @@ void pool_server::serve_new(int fd) noexcept {
            k_version, sizeof h, k_magic);
     return;
   }
-  if (h.pid != cred.pid) {
-    refuse(fd, err_invalid_argument,
-           "the hello names pid %d but the socket's peer is pid %d: client and server must share a PID namespace", h.pid,
-           static_cast<int>(cred.pid));
-    return;
-  }
-  if (check_liveness({h.pid, h.start_time}) != liveness::alive) {
-    refuse(fd, err_invalid_argument, "pid %d's start time %" PRIu64 " does not match /proc/%d/stat", h.pid, h.start_time, h.pid);
-    return;
+  // What the kernel says of the peer, where this server can see it: SO_PEERCRED's pid is
+  // translated into this server's PID namespace (0 when the peer's is not below it), and
+  // /proc/<that pid>/ns/pid names the peer's own namespace. A peer this server sees must have
+  // told the truth; one it cannot see (a sibling container) is taken at its word, and no
+  // decision rests on that word (pool/pool_protocol.hpp, hello).
+  if (cred.pid != 0) {
+    const uint64_t peer_ns = pid_namespace_of(cred.pid);
+    if (peer_ns != 0 && h.pid_ns != peer_ns) {
+      refuse(fd, err_invalid_argument, "the hello names PID namespace pid:[%" PRIu64 "] but the socket's peer (pid %d here) is in "
+             "pid:[%" PRIu64 "]", h.pid_ns, static_cast<int>(cred.pid), peer_ns);
+      return;
+    }
+    if (peer_ns == current_pid_namespace() && h.pid != cred.pid) {
+      refuse(fd, err_invalid_argument, "the hello names pid %d of this server's PID namespace but the socket's peer is pid %d",
+             h.pid, static_cast<int>(cred.pid));
+      return;
+    }
+    if (check_liveness({cred.pid, h.start_time}) != liveness::alive) {
+      refuse(fd, err_invalid_argument, "pid %d's start time %" PRIu64 " does not match /proc/%d/stat", static_cast<int>(cred.pid),
+             h.start_time, static_cast<int>(cred.pid));
+      return;
+    }
   }
   uint32_t member = 0;
-  if (segment_->add_member(h.pid, h.start_time, &member) != ok) {
+  if (segment_->add_member(h.pid, h.start_time, h.pid_ns, &member) != ok) {
     refuse(fd, err_busy, "%s", last_error());
     return;
   }

@@ -2,8 +2,12 @@
 // host slots and member slot freed, waiters woken, and the device lock repaired.
 #include "server/pool_server.hpp"
 
+#include <sys/mman.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/log.hpp"
@@ -44,19 +48,47 @@ void pool_server::repair(const client& c) noexcept {
     }
   }
   frames_repaired_ += freed;
-  // Its host slots: freed, not zeroed (a slot is only read by an owner that wrote all of it
-  // first; see pool_layout.hpp). Before remove_member, so a new member in this slot index
-  // never finds slots it did not take.
-  const uint32_t slots = host_slots_ > 0 ? segment_->free_slots_of(c.member) : 0;
+  // Its host slots: zeroed, then freed (every member maps the whole host pool: a free slot
+  // must hold no one's bytes; pool_layout.hpp). A slot that cannot be zeroed stays out of
+  // the pool. Before remove_member, so a new member in this slot index never finds slots it
+  // did not take.
+  uint32_t slots = 0;
+  if (host_slots_ > 0) {
+    const uint32_t unscrubbed = scrub_host_slots_of(c.member);
+    if (unscrubbed == 0) {
+      slots = segment_->free_slots_of(c.member);
+    } else {
+      log(log_level::error, "vramswapd: cannot zero %u host slots of dead member %u (pid %d); they stay out of the host pool: %s",
+          unscrubbed, c.member, static_cast<int>(c.pid), last_error());
+    }
+  }
   slots_repaired_ += slots;
   segment_->member(c.member).holding.store(0, std::memory_order_relaxed);
   segment_->remove_member(c.member);
   segment_->notify_freed();
   const bool lock_repaired = repair_lock();
-  const bool dead = check_liveness({c.pid, c.start_time}) == liveness::dead;
-  log(log_level::info, "vramswapd: member %u: pid %d %s; %u frames scrubbed and freed, %u host slots freed (%zu clients left)%s",
+  const bool dead = !segment_->member_alive(c.member);
+  log(log_level::info, "vramswapd: member %u: pid %d %s; %u frames scrubbed and freed, %u host slots zeroed and freed (%zu clients left)%s",
       c.member, static_cast<int>(c.pid), dead ? "is gone" : "closed its connection", freed, slots, clients_.size() - 1,
       lock_repaired ? "" : "; the device lock's repair did not run (see the warning above)");
+}
+
+uint32_t pool_server::scrub_host_slots_of(uint32_t member) noexcept {
+  const uint64_t size = frame_size_;
+  uint32_t failed = 0;
+  for (uint32_t s = 0; s < host_slots_; ++s) {
+    const slot_word w = slot_word::decode(segment_->read_slot(s));
+    if (w.state != slot_used || w.owner != member) continue;
+    // Mapped for the moment only: the server keeps no mapping of its members' saved pages.
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, host_pool_fd_, static_cast<off_t>(uint64_t{s} * size));
+    if (p == MAP_FAILED) {
+      if (failed++ == 0) fail_errno(errno, "mapping host slot %u", s);
+      continue;
+    }
+    std::memset(p, 0, size);
+    ::munmap(p, size);
+  }
+  return failed;
 }
 
 bool pool_server::repair_lock() noexcept {

@@ -256,7 +256,7 @@ int pool_server::run() noexcept {
     for (size_t i = 0; i < clients_.size();) {
       const client& c = clients_[i];
       if (c.hung_up_ns != 0 &&
-          (check_liveness({c.pid, c.start_time}) == liveness::dead || now - c.hung_up_ns >= uint64_t{k_repair_grace_ms} * 1'000'000)) {
+          (!segment_->member_alive(c.member) || now - c.hung_up_ns >= uint64_t{k_repair_grace_ms} * 1'000'000)) {
         repair(c);
         clients_.erase(clients_.begin() + static_cast<ptrdiff_t>(i));
         if (clients_.empty()) idle_since = monotonic_ns();

@@ -52,6 +52,7 @@
 // included; the metrics endpoint on a thread of its own. Errors: 0 or a negative vramswap::detail::status with last_error(); never throws.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -138,7 +139,9 @@ class pool_server {
   void accept_one() noexcept;
   void serve_new(int fd) noexcept;
   void refuse(int fd, int status, const char* fmt, ...) noexcept __attribute__((format(printf, 4, 5)));
-  bool peer_allowed(pid_t pid, uid_t uid, gid_t gid, std::string* why) noexcept;
+  bool peer_allowed(int fd, const ucred& peer, std::string* why) noexcept;
+  // Zero every host slot that `member` holds; how many could not be (0: all were).
+  uint32_t scrub_host_slots_of(uint32_t member) noexcept;
   // Repair: pool_repair.cpp.
   void repair(const client& c) noexcept;
   // The device lock's repair; false (and retried from run()) while its mutex is stuck.

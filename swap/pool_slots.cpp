@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -26,9 +27,15 @@ pool_slots::~pool_slots() {
   for (const uint32_t s : taken_) {
     const uint64_t seen = pool_.read_slot(s);
     const slot_word w = slot_word::decode(seen);
-    if (w.state == slot_used && w.owner == me_) any |= pool_.move_slot(s, seen, slot_free, k_no_member);
+    if (w.state != slot_used || w.owner != me_) continue;
+    scrub(s);
+    any |= pool_.move_slot(s, seen, slot_free, k_no_member);
   }
   if (any) pool_.notify_slots_freed();
+}
+
+void pool_slots::scrub(uint32_t s) noexcept {
+  std::memset(base_ + uint64_t{s} * pool_.host_slot_size(), 0, pool_.host_slot_size());
 }
 
 int pool_slots::take(bool past_limit, char** slot) {
@@ -64,9 +71,12 @@ void pool_slots::free_slot(uint32_t s) {
   pool_.notify_slots_freed();
 }
 
+// Zeroed while still ours: once free, the slot is anyone's to take and everyone's to read.
+
 void pool_slots::give_back(char* slot) {
   const uint32_t s = static_cast<uint32_t>(static_cast<uint64_t>(slot - base_) / pool_.host_slot_size());
   taken_.erase(s);
+  scrub(s);
   free_slot(s);
 }
 

@@ -15,9 +15,10 @@
 // has passed it fails with err_out_of_memory naming the pool's size, which members hold
 // its slots, and what to set.
 //
-// Slots are not zeroed between owners: a slot's bytes are read only by the member that took
-// it, and only after that member wrote the whole slot (the pager copies a whole frame into
-// it and marks the page saved only when the copy completed).
+// A slot is zeroed before it is given back (and by this object's destructor for every slot it
+// still holds): every member maps the whole host pool, so a page left in a free slot would
+// stay readable by the others after this process left. A member that dies holding slots has
+// them zeroed by the server's repair.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,7 @@ class pool_slots final : public slot_provider {
  private:
   int exhausted_error(uint64_t waited_ns) const;
   void free_slot(uint32_t s);
+  void scrub(uint32_t s) noexcept;
 
   pool_segment& pool_;
   const uint32_t me_;

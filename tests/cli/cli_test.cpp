@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "lock/process_identity.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "pool/pool_segment.hpp"
@@ -388,7 +389,7 @@ TEST(TraceRing, ReadsInOrderSkipsADeadWritersRecordAndCountsLoss) {
   std::unique_ptr<pool_segment> pool;
   ASSERT_EQ(pool_segment::create("host-9", 4, 2 * MiB, 0, getpid(), 0, &pool), ok) << last_error();
   uint32_t m = 0;
-  ASSERT_EQ(pool->add_member(getpid(), 1, &m), ok);
+  ASSERT_EQ(pool->add_member(getpid(), 1, current_pid_namespace(), &m), ok);
   uint64_t cursor = pool->member(m).trace_start.load();
   std::vector<pool_segment::trace_event> got;
   pool->trace(m, pool_layout::trace_asked, 100, 0, 0, 1);
@@ -420,7 +421,7 @@ TEST(TraceRing, ReadsInOrderSkipsADeadWritersRecordAndCountsLoss) {
   // A new member in a reused slot starts after the previous member's records.
   pool->remove_member(m);
   uint32_t again = 0;
-  ASSERT_EQ(pool->add_member(getpid(), 2, &again), ok);
+  ASSERT_EQ(pool->add_member(getpid(), 2, current_pid_namespace(), &again), ok);
   EXPECT_EQ(again, m);
   EXPECT_EQ(pool->member(again).trace_start.load(), pool->trace_ring_of(m).head.load());
   pool.reset();

@@ -41,9 +41,9 @@ class lock_fixture : public ::testing::Test {
     option_set(option_id::shm_prefix, nullptr);
   }
   std::string segment_path() const {
-    std::string name;
-    EXPECT_EQ(shared_segment::name_for(key_, &name), ok) << last_error();
-    return "/dev/shm" + name;
+    std::string path;
+    EXPECT_EQ(shared_segment::path_for(key_, /*create_dir=*/false, &path), ok) << last_error();
+    return path;
   }
 
   std::string prefix_;

@@ -1,7 +1,7 @@
 // Description: whose segments vramswap uses. Names carry the owner (u<uid>, g<gid> in group
 // mode); a lock or pool segment that another user made first at our name, or one of ours
 // that is open to others, is refused with err_not_owner, naming it and its owner, and left
-// alone. The foreign objects are real files in /dev/shm given to uid 65534 (nobody) with
+// alone. The foreign objects are real files in the runtime dir given to uid 65534 (nobody) with
 // fchown, so those cases need root (CI runs as root) and skip otherwise.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "lock/runtime_dir.hpp"
 #include "pool/pool_segment.hpp"
 #include "lock_test_support.hpp"
 
@@ -35,9 +36,10 @@ class Ownership : public lock_fixture {
     ::close(fd);
   }
   std::string pool_path() const {
-    std::string name;
+    std::string name, dir;
     EXPECT_EQ(pool_segment::name_for(key_, &name), ok) << last_error();
-    return "/dev/shm" + name;
+    EXPECT_EQ(runtime_dir(/*create=*/true, &dir), ok) << last_error();
+    return dir + name;
   }
   std::vector<std::string> made_;
 };

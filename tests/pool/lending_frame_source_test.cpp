@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "lock/process_identity.hpp"
 #include "core/backend.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
@@ -147,8 +148,8 @@ TEST_F(LendingFrameSource, RequestsOfAMemberThatLeftAreWithdrawnAndLiveOnesKept)
   ASSERT_EQ(s.take(0, frame_, &a), ok) << last_error();  // pool frames 0 and 1, lent to member 3
   ASSERT_EQ(s.take(0, frame_, &b), ok) << last_error();
   uint32_t live = 0, gone = 0;
-  ASSERT_EQ(pool_->add_member(::getpid(), 1, &live), ok) << last_error();
-  ASSERT_EQ(pool_->add_member(::getpid(), 2, &gone), ok) << last_error();
+  ASSERT_EQ(pool_->add_member(::getpid(), 1, current_pid_namespace(), &live), ok) << last_error();
+  ASSERT_EQ(pool_->add_member(::getpid(), 2, current_pid_namespace(), &gone), ok) << last_error();
   ASSERT_TRUE(pool_->move(0, pool_->read(0), frame_requested, 3, live));
   ASSERT_TRUE(pool_->move(1, pool_->read(1), frame_requested, 3, gone));
   pool_->remove_member(gone);

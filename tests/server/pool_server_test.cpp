@@ -48,6 +48,7 @@
 #include "pool/pool_segment.hpp"
 #include "lock/process_identity.hpp"
 #include "support/loopback.hpp"
+#include "lock/runtime_dir.hpp"
 #include "lock/shared_segment.hpp"
 #include "server/pool_server.hpp"
 #include "support/test_env.hpp"
@@ -299,10 +300,10 @@ TEST_F(PoolServer, ServesZeroedFramesSharedBetweenClients) {
   EXPECT_NE(::access((dir_ + "/" + prefix_ + "host-0.sock").c_str(), F_OK), 0) << "socket left behind";
   std::string name;
   ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
-  EXPECT_NE(::access(("/dev/shm" + name).c_str(), F_OK), 0) << "pool segment left behind";
+  EXPECT_NE(::access((dir_ + name).c_str(), F_OK), 0) << "pool segment left behind";
   // The lock segment goes with its last user, the server (nobody else opened it here).
   ASSERT_EQ(shared_segment::name_for("host-0", &name), ok);
-  EXPECT_NE(::access(("/dev/shm" + name).c_str(), F_OK), 0) << "lock segment left behind";
+  EXPECT_NE(::access((dir_ + name).c_str(), F_OK), 0) << "lock segment left behind";
 }
 
 TEST_F(PoolServer, EightClientsStartingAtOnceGetExactlyOneServer) {
@@ -365,7 +366,7 @@ TEST_F(PoolServer, TwoPrefixesInOneRuntimeDirAreTwoPools) {
   std::string other_name;
   ASSERT_EQ(pool_segment::name_for("host-0", &other_name), ok);
   vramswap::detail::test::set_env("VRAMSWAP_SHM_PREFIX", prefix_.c_str());
-  EXPECT_NE(::access(("/dev/shm" + other_name).c_str(), F_OK), 0) << "segment left behind";
+  EXPECT_NE(::access((dir_ + other_name).c_str(), F_OK), 0) << "segment left behind";
 }
 
 TEST_F(PoolServer, ClientAskingForAnotherSizeIsToldTheRunningPoolsSize) {
@@ -556,54 +557,50 @@ TEST_F(PoolServer, SecondServerForTheDeviceRefuses) {
   EXPECT_EQ(run_client({"connect-noauto", "zero", "0", "1"}), 0);
 }
 
-TEST_F(PoolServer, ASecondRuntimeDirGetsNoSecondPool) {
-  // One device has one pool whatever the runtime dir: a service manager's server with a
-  // runtime dir of its own, or a client with another VRAMSWAP_RUNTIME_DIR, meets the first
-  // server at the pool segment and is refused, by the first server's pid and runtime dir.
-  const pid_t first = start_server();
+TEST_F(PoolServer, ASecondRuntimeDirIsASecondPoolWithAShareOfItsOwn) {
+  // Two trust domains on one device are two pools (docs/security.md): each runtime dir has
+  // a server, a lock and a frame table of its own, and each pool takes the share of the
+  // device's memory its --pool-size says. Frames of one are never seen from the other.
+  const pid_t first = start_server({"--pool-size", "96M"});
   ASSERT_GT(first, 0);
   proc& a = client({"connect-noauto", "own", "3", "write", "3", "11", "ready", "hold"});
-  ASSERT_EQ(fields(read_line(a)).size(), 3u);
+  const std::vector<long> a_ready = fields(read_line(a));
+  ASSERT_EQ(a_ready.size(), 3u);
+  EXPECT_EQ(a_ready[1], 48) << "96 MiB of 2 MiB frames";
 
   const std::string other = dir_ + "-b";
   vramswap::detail::test::set_env("VRAMSWAP_RUNTIME_DIR", other.c_str());
-  proc second = spawn({VRAMSWAP_SERVER_BINARY, "--foreground", "--ready-fd", "1"});
-  const std::string report = read_line(second, 30s);
-  ::close(second.in);
-  ::close(second.out);
-  if (report.rfind("ready", 0) == 0) {
-    ::kill(second.pid, SIGTERM);
-    servers_.push_back(second.pid);
-    ADD_FAILURE() << "a second server started for the device: " << report;
-  } else {
-    EXPECT_EQ(reap(second.pid), 1);
-    EXPECT_NE(report.find("pool server pid " + std::to_string(first) + " (runtime dir " + dir_ + ","), std::string::npos) << report;
-    EXPECT_NE(report.find("kill -TERM " + std::to_string(first)), std::string::npos) << report;
-  }
-  // A client there starting a server on demand is told the same (and hangs on to nothing).
-  vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "1");
-  proc& b = client({"connect", "ready", "hold"});
-  const std::string b_ready = read_line(b, 60s);
-  EXPECT_TRUE(b_ready.empty()) << "a client of the second runtime dir got a pool: " << b_ready;
-  vramswap::detail::test::set_env("VRAMSWAP_RUNTIME_DIR", dir_.c_str());
-  vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "0");
+  const pid_t second = start_server({"--pool-size", "64M"});
+  ASSERT_GT(second, 0) << "a server of a second runtime dir must start a second pool on the device";
+  proc& b = client({"connect-noauto", "own", "3", "write", "3", "99", "check", "3", "99", "ready", "hold"});
+  const std::vector<long> b_ready = fields(read_line(b));
+  ASSERT_EQ(b_ready.size(), 3u);
+  EXPECT_EQ(b_ready[1], 32) << "64 MiB of 2 MiB frames";
+  EXPECT_EQ(b_ready[2], second) << "the client of the second runtime dir is served by the second server";
+  auto seg_b = open_segment();
+  ASSERT_TRUE(seg_b);
+  EXPECT_EQ(seg_b->header()->server_pid, second);
+  EXPECT_EQ(seg_b->path().rfind(other + "/", 0), 0u) << seg_b->path();
 
-  // Clients of the first server still see its frame table: frame 3 is A's, so another
-  // client can neither take it nor have written into it.
-  EXPECT_NE(run_client({"connect-noauto", "own", "3", "write", "3", "99"}), 0) << "a client took a frame that A owns";
-  EXPECT_EQ(run_client({"connect-noauto", "check", "3", "11", "zero", "0", "3", "zero", "4", std::to_string(k_frames)}), 0)
+  // Back in the first pool: A's bytes and frame table are untouched by the second pool.
+  vramswap::detail::test::set_env("VRAMSWAP_RUNTIME_DIR", dir_.c_str());
+  EXPECT_NE(run_client({"connect-noauto", "own", "3", "write", "3", "42"}), 0) << "a client took a frame that A owns";
+  EXPECT_EQ(run_client({"connect-noauto", "check", "3", "11", "zero", "0", "3", "zero", "4", "48"}), 0)
       << "A's bytes or the free frames changed";
-  auto seg = open_segment();
-  ASSERT_TRUE(seg);
-  EXPECT_EQ(seg->header()->server_pid, first);
+  auto seg_a = open_segment();
+  ASSERT_TRUE(seg_a);
+  EXPECT_EQ(seg_a->header()->server_pid, first);
+  EXPECT_EQ(seg_a->frame_count(), 48u);
+  EXPECT_EQ(stop_server(second), 0);
   EXPECT_EQ(std::system(("rm -rf " + other).c_str()), 0);
 }
 
 TEST_F(PoolServer, PoolSegmentOfAnotherUserIsRefusedByOwner) {
   if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to give a file to uid 65534";
-  std::string name;
+  std::string name, dir;
   ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
-  const std::string path = "/dev/shm" + name;
+  ASSERT_EQ(runtime_dir(/*create=*/true, &dir), ok) << last_error();
+  const std::string path = dir + name;
   give_to_nobody(path);
   std::string said;
   start_refused(&said);
@@ -690,7 +687,7 @@ TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
   };
   process_identity me{};
   ASSERT_EQ(current_process(&me), ok);
-  pool_protocol::hello h{pool_protocol::k_magic, pool_protocol::k_version, me.pid, 0, me.start_time};
+  pool_protocol::hello h{pool_protocol::k_magic, pool_protocol::k_version, me.pid, 0, me.start_time, me.pid_ns};
   pool_protocol::welcome w{};
 
   h.magic = 0x12345678;
@@ -712,7 +709,17 @@ TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
   h.pid = me.pid + 1;
   exchange(&h, sizeof h, &w);
   EXPECT_EQ(w.status, err_invalid_argument);
-  EXPECT_NE(std::string(w.message).find("PID namespace"), std::string::npos) << w.message;
+  EXPECT_NE(std::string(w.message).find("names pid " + std::to_string(me.pid + 1) + " of this server's PID namespace"),
+            std::string::npos) << w.message;
+
+  // A peer the server can see cannot claim to be in a namespace it is not in (and so
+  // escape the pid check).
+  h.pid = me.pid;
+  h.pid_ns = me.pid_ns + 1;
+  exchange(&h, sizeof h, &w);
+  EXPECT_EQ(w.status, err_invalid_argument);
+  EXPECT_NE(std::string(w.message).find("names PID namespace"), std::string::npos) << w.message;
+  h.pid_ns = me.pid_ns;
 
   // Nothing was taken by the refused peers.
   auto seg = open_segment();
@@ -761,7 +768,7 @@ TEST_F(PoolServer, PeerOfAnotherUserIsRefused) {
   EXPECT_EQ(reap(child), 0);
   EXPECT_EQ(w.status, err_not_owner);
   w.message[sizeof w.message - 1] = '\0';
-  EXPECT_NE(std::string(w.message).find("uid 65534 may not use this pool"), std::string::npos) << w.message;
+  EXPECT_NE(std::string(w.message).find("uid 65534 (nobody) may not use this pool"), std::string::npos) << w.message;
 }
 
 TEST_F(PoolServer, NoServerAndNoAutostartIsAClearError) {
@@ -1010,11 +1017,11 @@ TEST_F(PoolServer, TruncatedPoolSegmentIsRefusedByName) {
   std::string name;
   ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
   struct stat st {};
-  ASSERT_EQ(::stat(("/dev/shm" + name).c_str(), &st), 0);
-  ASSERT_EQ(::truncate(("/dev/shm" + name).c_str(), st.st_size / 2), 0);
+  ASSERT_EQ(::stat((dir_ + name).c_str(), &st), 0);
+  ASSERT_EQ(::truncate((dir_ + name).c_str(), st.st_size / 2), 0);
   std::unique_ptr<pool_segment> seg;
   EXPECT_EQ(pool_segment::open(name, &seg), err_version_mismatch);
-  EXPECT_NE(std::string(last_error()).find("/dev/shm" + name + " is " + std::to_string(st.st_size / 2) + " bytes"), std::string::npos)
+  EXPECT_NE(std::string(last_error()).find(dir_ + name + " is " + std::to_string(st.st_size / 2) + " bytes"), std::string::npos)
       << last_error();
   EXPECT_NE(std::string(last_error()).find("SIGBUS"), std::string::npos) << last_error();
 }

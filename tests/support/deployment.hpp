@@ -40,6 +40,7 @@ class deployment {
     ASSERT_NE(::mkdtemp(templ.data()), nullptr);
     dir_ = templ;
     option_set(option_id::shm_prefix, prefix_.c_str());
+    option_set(option_id::runtime_dir, dir_.c_str());  // where the test itself finds the segments
     env_ = std::move(env);
     env_.push_back("VRAMSWAP_SHM_PREFIX=" + prefix_);
     env_.push_back("VRAMSWAP_RUNTIME_DIR=" + dir_);
@@ -67,6 +68,7 @@ class deployment {
     }
     ::rmdir(dir_.c_str());
     option_set(option_id::shm_prefix, nullptr);
+    option_set(option_id::runtime_dir, nullptr);
   }
 
   // Spawn `args` with this process's environment less VRAMSWAP_*, plus the deployment's

@@ -1,0 +1,73 @@
+#include "lock/runtime_dir.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <new>
+#include <string>
+
+#include "core/options.hpp"
+#include "core/status.hpp"
+#include "lock/ownership.hpp"
+
+namespace vramswap::detail {
+
+int runtime_dir(bool create, std::string* out) noexcept {
+  try {
+    sharing who;
+    VS_TRY(current_sharing(&who));
+    std::string dir = option_text(option_id::runtime_dir);
+    if (dir.empty()) dir = who.group ? "/tmp/vramswap-g" + std::to_string(who.gid) : "/tmp/vramswap-" + std::to_string(::geteuid());
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    if (!create) {
+      *out = std::move(dir);
+      return ok;
+    }
+    const mode_t mode = who.group ? 02770 : 0700;
+    if (::mkdir(dir.c_str(), mode & 0777) == 0) {
+      // Set group and mode explicitly: mkdir's mode went through the umask.
+      if (who.group && ::chown(dir.c_str(), static_cast<uid_t>(-1), who.gid) != 0) {
+        return fail_errno(errno, "vramswap: cannot give the runtime dir %s to group %s (VRAMSWAP_GROUP); are you a member of it?",
+                          dir.c_str(), describe_gid(who.gid).c_str());
+      }
+      if (::chmod(dir.c_str(), mode) != 0) return fail_errno(errno, "vramswap: chmod the runtime dir %s", dir.c_str());
+    } else if (errno != EEXIST) {
+      return fail_errno(errno, "vramswap: cannot create the runtime dir %s (VRAMSWAP_RUNTIME_DIR)", dir.c_str());
+    }
+    // Checked on the opened directory, never by a path looked at first (a symlink is refused).
+    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st {};
+    if (dir_fd < 0) {
+      const int e = errno;
+      if ((e == ENOTDIR || e == ELOOP) && ::lstat(dir.c_str(), &st) == 0) {
+        return fail(err_not_owner,
+                    "vramswap: the runtime dir %s is not a directory (a symlink or file is refused); remove it or set "
+                    "VRAMSWAP_RUNTIME_DIR to a directory of your own",
+                    dir.c_str());
+      }
+      if (e == EACCES && ::stat(dir.c_str(), &st) == 0) {
+        return fail(err_not_owner,
+                    "vramswap: the runtime dir %s belongs to %s, group %s, mode %04o, and %s may not enter it: only its "
+                    "owner and that group's members share this pool. Run as a member of group %s (and set "
+                    "VRAMSWAP_GROUP=%s), or use a runtime dir of your own",
+                    dir.c_str(), describe_uid(st.st_uid).c_str(), describe_gid(st.st_gid).c_str(),
+                    static_cast<unsigned>(st.st_mode & 07777), describe_uid(::geteuid()).c_str(),
+                    describe_gid(st.st_gid).c_str(), describe_gid(st.st_gid).c_str());
+      }
+      return fail_errno(e, "vramswap: cannot open the runtime dir %s", dir.c_str());
+    }
+    const int src = ::fstat(dir_fd, &st);
+    const int e = errno;
+    ::close(dir_fd);
+    if (src != 0) return fail_errno(e, "vramswap: fstat the runtime dir %s", dir.c_str());
+    VS_TRY(check_owned(st, S_IFDIR, dir, "vramswap: the runtime dir", who, "or set VRAMSWAP_RUNTIME_DIR to a directory of your own"));
+    *out = std::move(dir);
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "vramswap: out of host memory");
+  }
+}
+
+}  // namespace vramswap::detail
