@@ -1,0 +1,261 @@
+// Pods: processes in separate containers that share only the runtime dir share a device
+// safely. Each "pod" is made here the way a container runtime makes one: unshare gives it a
+// PID, mount, IPC and UTS namespace of its own, a fresh /tmp and /dev/shm (tmpfs), its own
+// /proc, and a uid of its own (setpriv); the only thing the pods have in common is the
+// runtime dir, a group-shared directory (VRAMSWAP_GROUP) outside /tmp. Their pids repeat
+// (each worker is pid 1 of its namespace) and none sees another's /proc.
+//
+// Needs root (namespaces, mounts, other uids); skipped, saying why, elsewhere.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lock/process_identity.hpp"
+
+extern char** environ;
+
+namespace vramswap::detail::test {
+namespace {
+
+constexpr gid_t k_group = 4711;  // the pods' shared group (numeric: needs no /etc/group entry)
+constexpr uid_t k_outsider = 4799;
+
+struct pod {
+  pid_t pid = -1;  // the unshare process, outside the pod
+  int out = -1;    // the worker's stdout
+  std::string err_path;
+};
+
+class Pods : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "skipped: making pods (namespaces, mounts, other uids) needs root";
+    if (std::system("unshare --pid --fork --kill-child --mount --ipc --uts --mount-proc true >/dev/null 2>&1") != 0 ||
+        std::system("command -v setpriv >/dev/null 2>&1") != 0) {
+      GTEST_SKIP() << "skipped: cannot make PID, mount, IPC and UTS namespaces here (unshare failed), or setpriv is missing";
+    }
+    static int counter = 0;
+    // Outside /tmp and /dev/shm, which every pod replaces with a fresh tmpfs of its own.
+    dir_ = "/var/tmp/vramswap-pods-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    ASSERT_EQ(::mkdir(dir_.c_str(), 0700), 0) << dir_;
+    ASSERT_EQ(::chown(dir_.c_str(), 0, k_group), 0);
+    ASSERT_EQ(::chmod(dir_.c_str(), 02770), 0);
+  }
+  void TearDown() override {
+    for (pod& p : pods_) {
+      if (p.pid > 0) {
+        ::kill(p.pid, SIGKILL);
+        ::waitpid(p.pid, nullptr, 0);
+      }
+      if (p.out >= 0) ::close(p.out);
+    }
+    if (server_ > 0) {
+      ::kill(server_, SIGKILL);
+      ::waitpid(server_, nullptr, 0);
+    }
+    if (!dir_.empty()) std::system(("rm -rf " + dir_).c_str());
+  }
+
+  std::vector<std::string> env() const {
+    return {"VRAMSWAP_RUNTIME_DIR=" + dir_, "VRAMSWAP_GROUP=" + std::to_string(k_group), "VRAMSWAP_BACKEND=host",
+            "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_LOG=warn", "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+            std::string("ASAN_OPTIONS=") + (std::getenv("ASAN_OPTIONS") ? std::getenv("ASAN_OPTIONS") : ""),
+            std::string("UBSAN_OPTIONS=") + (std::getenv("UBSAN_OPTIONS") ? std::getenv("UBSAN_OPTIONS") : "")};
+  }
+
+  // Starts `args` as pid 1 of a new pod running as `uid` (in the shared group unless it is
+  // the outsider).
+  pod& start(uid_t uid, const std::vector<std::string>& args) {
+    pod p;
+    p.err_path = dir_ + "/../" + dir_.substr(dir_.rfind('/') + 1) + "-pod" + std::to_string(pods_.size()) + ".err";
+    const std::string groups = uid == k_outsider ? std::to_string(k_outsider) : std::to_string(k_group);
+    const std::string gid = uid == k_outsider ? std::to_string(k_outsider) : std::to_string(k_group);
+    std::vector<std::string> argv = {"unshare", "--pid", "--fork", "--kill-child", "--mount", "--ipc", "--uts", "--mount-proc",
+                                     "--", "sh", "-c",
+                                     "u=$1 g=$2 gs=$3; shift 3; "
+                                     "mount -t tmpfs pod-tmp /tmp && mount -t tmpfs pod-shm /dev/shm && hostname pod && "
+                                     "exec setpriv --reuid=\"$u\" --regid=\"$g\" --groups=\"$gs\" -- \"$@\"",
+                                     "pod", std::to_string(uid), gid, groups};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    std::vector<std::string> e = env();
+    std::vector<char*> cenv;
+    for (std::string& v : e) cenv.push_back(v.data());
+    cenv.push_back(nullptr);
+    int out[2];
+    EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_addopen(&actions, 2, p.err_path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    EXPECT_EQ(::posix_spawnp(&p.pid, "unshare", &actions, nullptr, cargv.data(), cenv.data()), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(out[1]);
+    p.out = out[0];
+    pods_.push_back(p);
+    return pods_.back();
+  }
+
+  static std::string line_of(const pod& p) {
+    std::string line;
+    char ch;
+    while (::read(p.out, &ch, 1) == 1 && ch != '\n') line += ch;
+    return line;
+  }
+  static std::string errors_of(const pod& p) {
+    std::ifstream in(p.err_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  static int finish(pod& p) {
+    int status = 0;
+    const pid_t got = ::waitpid(p.pid, &status, 0);
+    p.pid = -1;
+    ::unlink(p.err_path.c_str());
+    if (got < 0) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  // The pod's worker: the one child of its unshare process (pid 1 inside).
+  static pid_t worker_of(const pod& p) {
+    std::ifstream in("/proc/" + std::to_string(p.pid) + "/task/" + std::to_string(p.pid) + "/children");
+    pid_t child = 0;
+    in >> child;
+    return child;
+  }
+
+  std::string dir_;
+  std::deque<pod> pods_;  // a deque: start() hands out references that later starts keep valid
+  pid_t server_ = -1;
+};
+
+TEST_F(Pods, ThreePodsIncrementACounterExactlyUnderTheLock) {
+  const std::string counter = dir_ + "/counter";
+  {
+    const int fd = ::open(counter.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0660);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, sizeof(uint64_t)), 0);
+    ASSERT_EQ(::fchown(fd, 0, k_group), 0);
+    ASSERT_EQ(::fchmod(fd, 0660), 0);  // past the umask
+    ::close(fd);
+  }
+  constexpr int k_each = 10000;
+  for (uid_t uid : {4701u, 4702u, 4703u}) start(uid, {VRAMSWAP_POD_WORKER, "count", counter, std::to_string(k_each)});
+  for (pod& p : pods_) {
+    const std::string errors = errors_of(p);
+    EXPECT_EQ(finish(p), 0) << errors;
+  }
+  uint64_t total = 0;
+  std::ifstream in(counter, std::ios::binary);
+  in.read(reinterpret_cast<char*>(&total), sizeof total);
+  EXPECT_EQ(total, 3u * k_each) << "three pods each incremented " << k_each << " times under the lock; a lost update means two "
+                                << "held it at once";
+}
+
+TEST_F(Pods, AHolderKilledInOnePodLetsAWaiterInAnotherProceedWithin100ms) {
+  pod& holder = start(4701, {VRAMSWAP_POD_WORKER, "hold"});
+  ASSERT_EQ(line_of(holder), "holding") << errors_of(holder);
+  pod& waiter = start(4702, {VRAMSWAP_POD_WORKER, "wait"});
+  ASSERT_EQ(line_of(waiter), "waiting") << errors_of(waiter);
+  // Still waiting a while later: the live holder in another PID namespace is not taken for dead.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  pollfd none{waiter.out, POLLIN, 0};
+  EXPECT_EQ(::poll(&none, 1, 0), 0) << "the waiter was granted while the holder lived: " << line_of(waiter);
+  const pid_t worker = worker_of(holder);
+  ASSERT_GT(worker, 0);
+  const uint64_t killed = monotonic_ns();
+  ASSERT_EQ(::kill(worker, SIGKILL), 0);
+  const std::string granted = line_of(waiter);
+  uint64_t at = 0;
+  int died = 0;
+  ASSERT_EQ(std::sscanf(granted.c_str(), "granted %" SCNu64 " previous_holder_died=%d", &at, &died), 2) << granted << errors_of(waiter);
+  EXPECT_LT(at - killed, 100'000'000u) << "granted " << (at - killed) / 1e6 << " ms after the holder's SIGKILL";
+  EXPECT_EQ(died, 1) << "the waiter learns that its predecessor died holding the lock";
+  EXPECT_EQ(finish(waiter), 0) << errors_of(waiter);
+  EXPECT_NE(finish(holder), 0) << "the holder was killed";
+}
+
+TEST_F(Pods, TwoPodsTakeTurnsOnTheDeviceWithEveryByteIntact) {
+  // The node's pool server, as a DaemonSet runs it: outside the pods, in the runtime dir.
+  std::vector<std::string> e = env();
+  std::vector<char*> cenv;
+  for (std::string& v : e) cenv.push_back(v.data());
+  cenv.push_back(nullptr);
+  const char* argv[] = {VRAMSWAP_SERVER_BINARY, "--foreground", "--pool-size", "64M", nullptr};
+  ASSERT_EQ(::posix_spawn(&server_, VRAMSWAP_SERVER_BINARY, nullptr, nullptr, const_cast<char**>(argv), cenv.data()), 0);
+  const std::string socket = dir_ + "/host-0.sock";
+  for (int i = 0; i < 300 && ::access(socket.c_str(), F_OK) != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(::access(socket.c_str(), F_OK), 0) << "vramswapd did not create " << socket;
+  // 40 MiB each, 80 MiB together over a 64 MiB pool: every turn brings memory back.
+  const std::string bytes = std::to_string(40u << 20);
+  pod& a = start(4701, {VRAMSWAP_DEMO, "--worker", "0", bytes, "4"});
+  pod& b = start(4702, {VRAMSWAP_DEMO, "--worker", "1", bytes, "4"});
+  std::string turns_a, turns_b;
+  for (std::string l = line_of(a); !l.empty(); l = line_of(a)) turns_a += l + "\n";
+  for (std::string l = line_of(b); !l.empty(); l = line_of(b)) turns_b += l + "\n";
+  const std::string errors = errors_of(a) + errors_of(b);
+  EXPECT_EQ(finish(a), 0) << errors;
+  EXPECT_EQ(finish(b), 0) << errors;
+  EXPECT_EQ(errors.find("DIFFERS"), std::string::npos) << errors;
+  auto count_turns = [](const std::string& t) {
+    size_t n = 0;
+    for (size_t at = t.find("turn "); at != std::string::npos; at = t.find("turn ", at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count_turns(turns_a), 4u) << turns_a;
+  EXPECT_EQ(count_turns(turns_b), 4u) << turns_b;
+}
+
+TEST_F(Pods, APodOutsideTheGroupIsRefusedClearly) {
+  pod& p = start(k_outsider, {VRAMSWAP_POD_WORKER, "hold"});
+  const std::string line = line_of(p);
+  const std::string errors = errors_of(p);
+  EXPECT_EQ(finish(p), 1) << line << errors;
+  EXPECT_NE(errors.find("the runtime dir " + dir_), std::string::npos) << errors;
+  EXPECT_NE(errors.find("may not enter it"), std::string::npos) << errors;
+  EXPECT_NE(errors.find("gid " + std::to_string(k_group)), std::string::npos) << "the message names the group to join:\n" << errors;
+}
+
+TEST_F(Pods, AnyMemberRestartsThePoolAnotherMemberStarted) {
+  // Member 4701's pod starts the pool on demand; its namespace ends with it, and the server
+  // with it (killed: its files stay behind). Member 4702's pod then starts the pool again
+  // over the files 4701 made: they were made for the group.
+  pod& first = start(4701, {VRAMSWAP_DEMO, "--worker", "0", std::to_string(8u << 20), "1"});
+  while (!line_of(first).empty()) {
+  }
+  const std::string errors_first = errors_of(first);
+  ASSERT_EQ(finish(first), 0) << errors_first;
+  struct stat st {};
+  ASSERT_EQ(::stat((dir_ + "/host-0.server.lock").c_str(), &st), 0) << "the first pod's server made its lock file";
+  EXPECT_EQ(st.st_uid, 4701u);
+  EXPECT_EQ(st.st_gid, k_group) << "files in the runtime dir belong to the group";
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  pod& second = start(4702, {VRAMSWAP_DEMO, "--worker", "1", std::to_string(8u << 20), "1"});
+  std::string turns;
+  for (std::string l = line_of(second); !l.empty(); l = line_of(second)) turns += l + "\n";
+  const std::string errors = errors_of(second);
+  EXPECT_EQ(finish(second), 0) << errors;
+  EXPECT_NE(turns.find("turn 1 "), std::string::npos) << turns << errors;
+}
+
+}  // namespace
+}  // namespace vramswap::detail::test
