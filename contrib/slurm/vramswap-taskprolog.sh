@@ -7,13 +7,17 @@
 # stdout; anything else is ignored. Its environment is the task's (the job's, plus SLURM_*),
 # so nothing here is a security boundary: a job can change any of it afterwards.
 #
-# Opt-in: the job requested the vramswap GRES (sbatch/srun --gres=vramswap[:N]). Slurm puts
-# no variable for a count GRES into the task's environment, so the request is read from the
-# job's own record (scontrol show job, one call per task; a user may always see their own job).
+# Opt-in, either of:
+#  - GPU shards (--gres=shard:N; a node whose gres.conf has shards of its GPU): slurmd puts
+#    SLURM_SHARDS_ON_NODE into the task's environment;
+#  - the vramswap count GRES (--gres=vramswap[:N]): Slurm puts no variable for a count GRES
+#    into the environment, so the request is read from the job's own record (scontrol show
+#    job, one call per task; a user may always see their own job).
 #
 # Settings: shell assignments in vramswap-slurm.conf next to slurm.conf (the directory of
 # $SLURM_CONF, which slurmd sets for every task), all optional:
-#   gres=vramswap                 the GRES whose request opts a job in
+#   gres=vramswap                 the count GRES whose request opts a job in
+#   shards=1                      1: a job given GPU shards (SLURM_SHARDS_ON_NODE) opts in too; 0: not
 #   runtime_dir=/run/vramswap     VRAMSWAP_RUNTIME_DIR: one per node, so every job meets the same pool server
 #   group=                        VRAMSWAP_GROUP: a group whose members' jobs share the device
 #                                 (runtime dir root:<group> 0770); empty: only one user's jobs share it
@@ -21,6 +25,7 @@
 #   low_qos=                      QOS names whose jobs get VRAMSWAP_OVERSUBSCRIBE=1 (QOS needs accounting, slurmdbd)
 #   extra=                        more "NAME=value" pairs (space separated) exported to opted-in tasks
 gres=vramswap
+shards=1
 runtime_dir=/run/vramswap
 group=
 low_partitions=
@@ -39,9 +44,12 @@ job=$(scontrol show job -o "$SLURM_JOB_ID" 2>&1) || {
   echo "print vramswap TaskProlog: 'scontrol show job $SLURM_JOB_ID' failed on $(hostname): $job; the job's tasks get no vramswap settings (ask the cluster's admins)"
   exit 0
 }
+asked=0
+[ "$shards" = 1 ] && [ "${SLURM_SHARDS_ON_NODE:-0}" -gt 0 ] 2>/dev/null && asked=1
 # TresPerNode=gres:vramswap:1 (or TresPerJob/PerSocket/PerTask): the job asked for the GRES.
 echo "$job" | tr ' ' '\n' | grep -E '^Tres(PerNode|PerJob|PerSocket|PerTask)=' | tr ',' '\n' |
-  grep -Eq "(^|=)gres[:/]$gres(:|\$)" || exit 0
+  grep -Eq "(^|=)gres[:/]$gres(:|\$)" && asked=1
+[ "$asked" = 1 ] || exit 0
 
 echo "export VRAMSWAP_RUNTIME_DIR=$runtime_dir"
 [ -n "$group" ] && echo "export VRAMSWAP_GROUP=$group"

@@ -5,7 +5,8 @@
 #
 # usage: slurm_test.sh <slurm_job_worker> <vramswapd> <contrib/slurm dir>
 #
-# Two jobs go to the partition "main" and take turns under the lock; two go to the
+# Two jobs go to the partition "main" and take turns under the lock (one opts in with the
+# vramswap count GRES, one with a GPU shard); two go to the
 # low-priority partition "low", for which the TaskProlog sets VRAMSWAP_OVERSUBSCRIBE=1, and
 # run beside them without the lock. Every job verifies every byte it wrote (the worker exits
 # nonzero otherwise). A fifth job does not ask for the vramswap GRES and must get no settings.
@@ -100,7 +101,11 @@ mem=$(echo "$hw" | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
 ((mem > 1024)) && hw=${hw/RealMemory=$mem/RealMemory=1024}
 
 export SLURM_CONF=$tmp/slurm.conf
+# contrib's count GRES as it is, and GPU shards as a GPU node has them (README.md), with an
+# empty file standing in for /dev/nvidia0: slurmd only needs the file to exist.
 cp "$contrib/gres.conf" "$tmp/gres.conf"
+touch "$tmp/fake-nvidia0"
+printf 'Name=gpu File=%s\nName=shard Count=%d File=%s\n' "$tmp/fake-nvidia0" "$jobs" "$tmp/fake-nvidia0" >>"$tmp/gres.conf"
 cat >"$SLURM_CONF" <<EOF
 ClusterName=vramswaptest
 SlurmctldHost=$node(127.0.0.1)
@@ -127,8 +132,8 @@ MpiDefault=none
 ReturnToService=2
 SchedulerParameters=sched_interval=1
 TaskProlog=$contrib/vramswap-taskprolog.sh
-GresTypes=vramswap
-NodeName=$node NodeAddr=127.0.0.1 $hw Gres=vramswap:$jobs State=UNKNOWN
+GresTypes=gpu,shard,vramswap
+NodeName=$node NodeAddr=127.0.0.1 $hw Gres=gpu:1,shard:$jobs,vramswap:$jobs State=UNKNOWN
 PartitionName=main Nodes=$node Default=YES MaxTime=5 OverSubscribe=FORCE:$((jobs + 1)) State=UP
 PartitionName=low Nodes=$node MaxTime=5 OverSubscribe=FORCE:$((jobs + 1)) PriorityTier=1 State=UP
 EOF
@@ -180,7 +185,7 @@ submit() {  # <name> <partition> <bytes> [sbatch options...]
   job_ids+=("${id%%;*}")
 }
 submit main-1 main $bytes --gres=vramswap:1
-submit main-2 main $bytes --gres=vramswap:1
+submit main-2 main $bytes --gres=shard:1  # the other opt-in: a GPU shard
 submit low-1 low $oversub_bytes --gres=vramswap:1
 submit low-2 low $oversub_bytes --gres=vramswap:1
 plain=$(sbatch --parsable --export=NONE -J plain -p main -o "$tmp/out/plain.out" --wrap 'env | grep "^VRAMSWAP_" | sed "s/^/env /"; true') ||
