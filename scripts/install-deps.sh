@@ -5,6 +5,9 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev libboost-dev liburing-dev python3 python3-dev python3-venv)
+# tests/slurm runs real munged, slurmctld and slurmd (with a private config; the packages'
+# own services are not used).
+packages+=(slurmd slurmctld slurm-client munge)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
