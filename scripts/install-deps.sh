@@ -20,15 +20,17 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# Python side: Debian's pip is "externally managed" (PEP 668), so pybind11, scikit-build-core
-# and pytest go into a virtual environment of the build tree, made with Debian's python3 (whose
-# headers python3-dev installed). scripts/test.sh uses it; `pip install .` needs none of it.
+# Python side: Debian's pip is "externally managed" (PEP 668), so pybind11, scikit-build-core,
+# pytest and kubernetes-validate (which bundles the Kubernetes object schemas, for the
+# offline check of deploy/kubernetes/ in tests/deploy) go into a virtual environment of the
+# build tree, made with Debian's python3 (whose headers python3-dev installed).
+# scripts/test.sh uses it; `pip install .` needs none of it.
 venv=build/venv
 python=/usr/bin/python3
 [[ -x $python ]] || python=python3
 cd "$(dirname "$0")/.."
-if ! "$venv/bin/python" -c "import pybind11, pytest, scikit_build_core" >/dev/null 2>&1; then
-  echo "vramswap: making $venv (pybind11, scikit-build-core, pytest)"
-  "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check pybind11 scikit-build-core pytest
+if ! "$venv/bin/python" -c "import pybind11, pytest, scikit_build_core, kubernetes_validate" >/dev/null 2>&1; then
+  echo "vramswap: making $venv (pybind11, scikit-build-core, pytest, kubernetes-validate)"
+  [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check pybind11 scikit-build-core pytest kubernetes-validate
 fi

@@ -4,10 +4,13 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -41,18 +44,29 @@ bool request_complete(const std::string& r) {
          r.size() >= metrics_endpoint::k_max_request;
 }
 
-std::string answer_for(const std::string& request, const metrics_endpoint::render_fn& render) {
-  std::string status = "404 Not Found", body = "only GET /metrics is served here\n";
-  if (request.rfind("GET /metrics ", 0) == 0 || request.rfind("GET /metrics?", 0) == 0 || request.rfind("GET / ", 0) == 0) {
-    try {
-      status = render(&body) ? "200 OK" : "500 Internal Server Error";
-    } catch (const std::exception& e) {
-      status = "500 Internal Server Error";
-      body = std::string("rendering the metrics: ") + e.what() + "\n";
-    }
-  }
-  return "HTTP/1.0 " + status + "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+// Process-wide settings (metrics_endpoint::set_address, note_stopping).
+sockaddr_storage g_address = [] {
+  sockaddr_storage a{};
+  auto* in = reinterpret_cast<sockaddr_in*>(&a);
+  in->sin_family = AF_INET;
+  in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}();
+std::string g_address_text = "127.0.0.1";
+volatile sig_atomic_t g_stopping = 0;
+
+// The path of a request line "GET /path?query HTTP/1.x" (no query), "" when it is not one.
+std::string path_of(const std::string& request, std::string* method) {
+  const size_t sp = request.find(' ');
+  if (sp == std::string::npos) return "";
+  *method = request.substr(0, sp);
+  const size_t end = request.find_first_of(" ?\r\n", sp + 1);
+  return request.substr(sp + 1, end == std::string::npos ? std::string::npos : end - sp - 1);
+}
+
+std::string http(const std::string& status, const std::string& content_type, const std::string& body) {
+  return "HTTP/1.0 " + status + "\r\nContent-Type: " + content_type + "\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\nConnection: close\r\n\r\n" + body;
 }
 
 // Send what is left of c's answer without blocking; false when the connection is done
@@ -71,8 +85,39 @@ bool send_some(connection* c) {
 
 }  // namespace
 
+int metrics_endpoint::set_address(const std::string& text, const char* what) noexcept {
+  try {
+    sockaddr_storage a{};
+    auto* in4 = reinterpret_cast<sockaddr_in*>(&a);
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&a);
+    if (::inet_pton(AF_INET, text.c_str(), &in4->sin_addr) == 1) {
+      in4->sin_family = AF_INET;
+    } else if (::inet_pton(AF_INET6, text.c_str(), &in6->sin6_addr) == 1) {
+      in6->sin6_family = AF_INET6;
+    } else {
+      return fail(err_invalid_argument,
+                  "vramswapd: metrics address \"%s\" (%s) is not an IPv4 or IPv6 address; give a literal address of "
+                  "this host or pod: 127.0.0.1 (the default, loopback only), 0.0.0.0 or :: (every interface, e.g. in a "
+                  "pod's own network namespace), or the pod's IP (status.podIP); host names are not resolved",
+                  text.c_str(), what);
+    }
+    g_address = a;
+    g_address_text = text;
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "vramswapd: out of host memory");
+  }
+}
+
+void metrics_endpoint::note_stopping() noexcept { g_stopping = 1; }
+
+std::string metrics_endpoint::url() const {
+  const bool v6 = address_.find(':') != std::string::npos;
+  return "http://" + (v6 ? "[" + address_ + "]" : address_) + ":" + std::to_string(port_);
+}
+
 int metrics_endpoint::start(const std::string& port_text, const char* what, render_fn render,
-                            std::unique_ptr<metrics_endpoint>* out) noexcept {
+                            std::unique_ptr<metrics_endpoint>* out, int stall_ms) noexcept {
   try {
     char* end = nullptr;
     errno = 0;
@@ -82,23 +127,36 @@ int metrics_endpoint::start(const std::string& port_text, const char* what, rend
     }
     std::unique_ptr<metrics_endpoint> m(new metrics_endpoint());
     m->render_ = std::move(render);
-    m->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    m->address_ = g_address_text;
+    m->stall_ms_ = stall_ms;
+    m->loop_tid_ = static_cast<int>(::gettid());
+    m->last_in_poll_ns_ = monotonic_ns();
+    sockaddr_storage addr = g_address;
+    const bool v6 = addr.ss_family == AF_INET6;
+    m->listen_fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (m->listen_fd_ < 0) return fail_errno(errno, "vramswapd: metrics socket");
     const int one = 1;
     ::setsockopt(m->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(m->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      return fail_errno(errno, "vramswapd: metrics endpoint: bind 127.0.0.1:%lu (%s)", port, what);
+    if (v6) {
+      reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(static_cast<uint16_t>(port));
+    } else {
+      reinterpret_cast<sockaddr_in*>(&addr)->sin_port = htons(static_cast<uint16_t>(port));
+    }
+    const socklen_t addr_len = v6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    if (::bind(m->listen_fd_, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0) {
+      const int e = errno;
+      return fail_errno(e, "vramswapd: metrics endpoint: bind %s%s%s:%lu (%s)%s", v6 ? "[" : "", m->address_.c_str(), v6 ? "]" : "",
+                        port, what,
+                        e == EADDRNOTAVAIL ? "; that address is not one of this host's (or pod's): use one it has, or 0.0.0.0"
+                        : e == EADDRINUSE  ? "; another program listens there: choose another port"
+                                           : "");
     }
     if (::listen(m->listen_fd_, 64) != 0) return fail_errno(errno, "vramswapd: metrics endpoint: listen");
     socklen_t len = sizeof addr;
     if (::getsockname(m->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
       return fail_errno(errno, "vramswapd: metrics endpoint: getsockname");
     }
-    m->port_ = ntohs(addr.sin_port);
+    m->port_ = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
     if (::pipe2(m->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return fail_errno(errno, "vramswapd: metrics endpoint: pipe2");
     try {
       m->thread_ = std::thread([p = m.get()] { p->run(); });
@@ -123,6 +181,111 @@ metrics_endpoint::~metrics_endpoint() {
   close_fd(&stop_pipe_[1]);
 }
 
+void metrics_endpoint::sample_loop(uint64_t now) noexcept {
+  if (!watchable_) return;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/syscall", loop_tid_);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    // The loop's thread is gone (it never is while the server lives), or the kernel has no
+    // such file, and then the loop cannot be watched at all.
+    if (errno == ENOENT && ::access("/proc/self/task", F_OK) == 0 && ::access("/proc/self/syscall", F_OK) == 0) {
+      loop_state_ = "gone (thread " + std::to_string(loop_tid_) + " no longer exists)";
+    } else {
+      watchable_ = false;
+      loop_state_ = std::string(path) + ": " + std::strerror(errno);
+    }
+    return;
+  }
+  char text[128] = {};
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) {
+    watchable_ = false;
+    loop_state_ = std::string(path) + ": " + (n < 0 ? std::strerror(errno) : "empty");
+    return;
+  }
+  // "<nr> <args...>" while in a system call, "running" on a CPU, "-1 ..." blocked elsewhere.
+  char* end = nullptr;
+  const long nr = std::strtol(text, &end, 10);
+  bool in_poll = false;
+  if (end != text) {
+#ifdef SYS_poll
+    in_poll = nr == SYS_poll;
+#endif
+    in_poll = in_poll || nr == SYS_ppoll;
+    loop_state_ = nr < 0 ? "blocked outside any system call" : "in system call " + std::to_string(nr);
+  } else {
+    loop_state_ = "running on a CPU";
+  }
+  if (in_poll) {
+    last_in_poll_ns_ = now;
+    seen_in_poll_ = true;
+  }
+}
+
+bool metrics_endpoint::live(uint64_t now, std::string* body) {
+  sample_loop(now);
+  if (!watchable_) {
+    *body = "ok (the event loop is not watched here: " + loop_state_ + ")\n";
+    return true;
+  }
+  const uint64_t out_ms = (now - last_in_poll_ns_) / 1'000'000;
+  if (loop_state_.rfind("gone", 0) == 0) {
+    *body = "the server's event loop is " + loop_state_ + "\n";
+    return false;
+  }
+  if (out_ms < static_cast<uint64_t>(stall_ms_)) {
+    *body = "ok\n";
+    return true;
+  }
+  *body = "the server's event loop (thread " + std::to_string(loop_tid_) + ") has not been back in poll() for " +
+          std::to_string(out_ms) + " ms (the limit is " + std::to_string(stall_ms_) + " ms); it is " + loop_state_ +
+          ". It serves no handshake, hang-up or repair meanwhile: restart vramswapd (its clients reconnect)\n";
+  return false;
+}
+
+bool metrics_endpoint::ready(uint64_t now, std::string* body) {
+  std::string why;
+  const bool is_live = live(now, &why);
+  if (g_stopping != 0) {
+    *body = "stopping: the server got SIGTERM or SIGINT and is closing its connections and releasing its pool\n";
+    return false;
+  }
+  if (!is_live) {
+    *body = "not ready: " + why;
+    return false;
+  }
+  if (watchable_ && !seen_in_poll_) {
+    *body = "not ready: the pool is built but the server's event loop has not begun serving its socket yet\n";
+    return false;
+  }
+  *body = "ready\n";
+  return true;
+}
+
+std::string metrics_endpoint::answer_for(const std::string& request) {
+  std::string method;
+  const std::string path = path_of(request, &method);
+  const char* text = "text/plain; charset=utf-8";
+  if (method != "GET") return http("405 Method Not Allowed", text, "only GET is served here (/metrics, /healthz, /readyz)\n");
+  std::string body;
+  const uint64_t now = monotonic_ns();
+  if (path == "/healthz") return http(live(now, &body) ? "200 OK" : "503 Service Unavailable", text, body);
+  if (path == "/readyz") return http(ready(now, &body) ? "200 OK" : "503 Service Unavailable", text, body);
+  if (path == "/metrics" || path == "/") {
+    std::string status;
+    try {
+      status = render_(&body) ? "200 OK" : "500 Internal Server Error";
+    } catch (const std::exception& e) {
+      status = "500 Internal Server Error";
+      body = std::string("rendering the metrics: ") + e.what() + "\n";
+    }
+    return http(status, "text/plain; version=0.0.4; charset=utf-8", body);
+  }
+  return http("404 Not Found", text, "no " + path + " here: this endpoint serves GET /metrics, /healthz and /readyz\n");
+}
+
 void metrics_endpoint::run() noexcept {
   std::vector<connection> conns;
   std::vector<pollfd> fds;
@@ -135,7 +298,10 @@ void metrics_endpoint::run() noexcept {
   }
   for (;;) {
     const uint64_t now = monotonic_ns();
-    uint64_t next = UINT64_MAX;
+    // Wake at least every k_sample_ms to sample the loop, so that /healthz knows how long it
+    // has been out of poll() even between probes.
+    sample_loop(now);
+    uint64_t next = watchable_ ? now + uint64_t{k_sample_ms} * 1'000'000 : UINT64_MAX;
     for (const connection& c : conns) next = std::min(next, c.deadline_ns);
     const int timeout_ms = next == UINT64_MAX ? -1 : next <= now ? 0 : static_cast<int>((next - now) / 1'000'000) + 1;
     fds.clear();
@@ -161,7 +327,7 @@ void metrics_endpoint::run() noexcept {
         if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) open = got == 0 && !c.request.empty();
         if (open && (got == 0 || request_complete(c.request))) {
           try {
-            c.answer = answer_for(c.request, render_);
+            c.answer = answer_for(c.request);
           } catch (const std::bad_alloc&) {
             open = false;
           }

@@ -1,9 +1,34 @@
-// metrics_endpoint: the pool server's Prometheus endpoint, served from a thread of its own.
+// metrics_endpoint: the pool server's HTTP endpoint (Prometheus metrics, liveness and
+// readiness), served from a thread of its own.
 //
-// A TCP listener on 127.0.0.1 only (the metrics are not for the network), served by one
-// thread with a poll() loop of its own, so that no scraper, however silent or slow, ever
-// holds up the server's event loop (handshakes, hang-ups, repairs). Every socket is
-// non-blocking and each connection is a small state machine with a deadline:
+//   GET /metrics   the render function's text (Prometheus format); 500 when it fails. Also "/".
+//   GET /healthz   liveness: 200 "ok" while the thread that started the endpoint (the pool
+//                  server's event loop: pool_server starts it on the thread that runs its
+//                  loop) waits in poll(), or left poll() less than stall_ms ago; else 503 with
+//                  what that thread is doing instead, or that it is gone.
+//   GET /readyz    readiness: 200 "ready" once the loop has been seen in poll() (pool_server
+//                  starts the endpoint after the pool and its socket exist, so the pool is
+//                  built and the socket is being accepted on), while live and not stopping;
+//                  503 with the reason otherwise (not serving yet, stalled, stopping).
+//   anything else  404 (other methods 405).
+//
+// The loop is watched from the outside, through /proc/self/task/<tid>/syscall, sampled at
+// least every k_sample_ms: the loop needs no heartbeat of its own and keeps blocking in
+// poll() with no timeout while idle. A loop stuck anywhere (a lock, a driver call, a spin)
+// is out of poll(), and after stall_ms the endpoint says so. Where that file cannot be read
+// (a kernel without it), /healthz answers 200 with a body that says the loop is unwatched.
+//
+// Address: 127.0.0.1 unless set_address() chose another (vramswapd --metrics-address). A
+// non-loopback address is allowed because a pod's kubelet probes and Prometheus reach the
+// server over the pod network; the endpoint exposes only counts and states (frames, members,
+// bytes moved, lock waits), never memory contents, and it accepts no input beyond a
+// request line. Bind it to the pod's own address (or 0.0.0.0 in a
+// pod network namespace), not a host's public interface.
+//
+// Connections: a TCP listener served by one thread with a poll() loop of its own, so that
+// no scraper, however silent or slow, ever holds up the server's event loop (handshakes,
+// hang-ups, repairs). Every socket is non-blocking and each connection is a small state
+// machine with a deadline:
 //
 //   reading    the request, up to its blank line (at most k_max_request bytes), within
 //              k_request_ms of the accept; a connection that says nothing is closed then.
@@ -15,7 +40,9 @@
 // thread: it must be safe to call there (pool_server's reads the pool segment, which is made
 // for concurrent readers, and a device_lock of its own).
 //
-// Threads: start() and the destructor on the owner's thread; render on the endpoint's.
+// Threads: set_address() before any start(); start() and the destructor on the owner's
+// thread (start() on the loop's); note_stopping() anywhere, signal handlers included; render
+// on the endpoint's thread.
 // Errors: 0 or a negative vramswap::detail::status with last_error(); never throws.
 #pragma once
 
@@ -33,15 +60,29 @@ class metrics_endpoint {
   static constexpr int k_answer_ms = 5000;
   static constexpr size_t k_max_connections = 32;
   static constexpr size_t k_max_request = 4096;
+  // The loop may be out of poll() this long before /healthz fails: far above any one step of
+  // the loop (a repair's scrub of a dead member's frames, a handshake's descriptor batches).
+  static constexpr int k_stall_ms = 30000;
+  static constexpr int k_sample_ms = 250;
 
   // Fills *body; true for 200 OK, false for 500 with *body as the error text.
   using render_fn = std::function<bool(std::string* body)>;
 
-  // Listen on 127.0.0.1:`port_text` (0: any free port) and start serving GET /metrics.
-  // err_invalid_argument for a bad port (the message names `what`, the setting it came
-  // from); err_system when the socket, bind or thread fails (bind names the port).
+  // The address every later start() listens on: an IPv4 or IPv6 literal (no host names:
+  // nothing is resolved). Process-wide because pool_server, which starts the endpoint,
+  // carries only the port; vramswapd sets it from --metrics-address before the server
+  // starts. err_invalid_argument naming `what` for anything else.
+  static int set_address(const std::string& text, const char* what) noexcept;
+  // From now on, /readyz of every endpoint of this process answers 503 "stopping".
+  // Async-signal-safe: vramswapd calls it from its SIGTERM handler.
+  static void note_stopping() noexcept;
+
+  // Listen on the address above at `port_text` (0: any free port) and start serving; the
+  // calling thread is the loop that /healthz watches (stall_ms: how long it may be out of
+  // poll()). err_invalid_argument for a bad port (the message names `what`, the setting it
+  // came from); err_system when the socket, bind or thread fails (bind names the address).
   static int start(const std::string& port_text, const char* what, render_fn render,
-                   std::unique_ptr<metrics_endpoint>* out) noexcept;
+                   std::unique_ptr<metrics_endpoint>* out, int stall_ms = k_stall_ms) noexcept;
 
   // Stops the thread (at once: it waits for nothing) and closes every connection.
   ~metrics_endpoint();
@@ -49,15 +90,31 @@ class metrics_endpoint {
   metrics_endpoint& operator=(const metrics_endpoint&) = delete;
 
   uint16_t port() const noexcept { return port_; }
+  // http://ADDRESS:PORT (IPv6 in brackets), for log lines.
+  std::string url() const;
 
  private:
   metrics_endpoint() = default;
   void run() noexcept;
+  // Reads the loop thread's state; updates last_in_poll_ns_ and seen_in_poll_.
+  void sample_loop(uint64_t now) noexcept;
+  // 200 or 503 and the body for /healthz and /readyz.
+  bool live(uint64_t now, std::string* body);
+  bool ready(uint64_t now, std::string* body);
+  std::string answer_for(const std::string& request);
 
   int listen_fd_ = -1;
   int stop_pipe_[2] = {-1, -1};
   uint16_t port_ = 0;
   render_fn render_;
+  std::string address_;
+  int stall_ms_ = k_stall_ms;
+  // The watched loop, touched by the endpoint's thread only once it runs.
+  int loop_tid_ = 0;
+  uint64_t last_in_poll_ns_ = 0;  // the start, until the loop is first seen in poll()
+  bool seen_in_poll_ = false;
+  bool watchable_ = true;         // false once /proc/self/task/<tid>/syscall proved unreadable
+  std::string loop_state_;        // what the last sample saw, for the 503 bodies
   std::thread thread_;
 };
 

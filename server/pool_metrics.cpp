@@ -36,7 +36,7 @@ int pool_server::open_metrics(const std::string& port_text, const char* what) no
   VS_TRY(metrics_endpoint::start(port_text, what, render, &metrics_));
   metrics_port_ = metrics_->port();
   segment_->header()->metrics_port.store(metrics_port_, std::memory_order_release);
-  log(log_level::info, "vramswapd: metrics at http://127.0.0.1:%u/metrics", metrics_port_);
+  log(log_level::info, "vramswapd: metrics at %s/metrics, liveness /healthz, readiness /readyz", metrics_->url().c_str());
   return ok;
 }
 }  // namespace vramswap::detail

@@ -1,6 +1,7 @@
 // vramswapd: the per-device pool server (server/pool_server.hpp; docs/pool_server.md).
 //
-//   vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE] [--host-pool SIZE] [--metrics-port PORT]
+//   vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE] [--host-pool SIZE]
+//             [--metrics-port PORT] [--metrics-address ADDR]
 //
 // Two ways to run it:
 //   on demand   (the default) a client starts it when none listens (pool/pool_connection.cpp).
@@ -10,11 +11,19 @@
 //   --foreground for a service manager or a terminal: stays in the foreground, logs to
 //               stderr, never exits for idleness unless --idle-exit is given.
 // SIGTERM or SIGINT: stop accepting, close every connection, remove the socket and the pool
-// segment, release every frame, exit 0. Exit 1 when the server cannot start (the reason is
-// printed), 2 on a usage error.
+// segment, release every frame, exit 0. The handler is in place before the pool is built, so
+// a container runtime's SIGTERM during a long build ends in the same clean exit right after
+// it instead of killing the process half-way (which would leave the socket and segment for
+// the next server to clean up). Exit 1 when the server cannot start (the reason is printed),
+// 2 on a usage error.
+//
+// The metrics endpoint (--metrics-port) also answers /healthz and /readyz for a container
+// runtime's probes (server/metrics_endpoint.hpp); --metrics-address moves it off loopback so
+// that a pod's kubelet and Prometheus can reach it. docs/deploy.md.
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -26,17 +35,24 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "pool/preload_shim.hpp"
+#include "server/metrics_endpoint.hpp"
 #include "server/pool_server.hpp"
 
 namespace {
 
-vramswap::detail::pool_server* g_server = nullptr;
+std::atomic<vramswap::detail::pool_server*> g_server{nullptr};
+volatile sig_atomic_t g_stop_requested = 0;
 
-void on_stop_signal(int) { if (g_server != nullptr) g_server->request_stop(); }
+void on_stop_signal(int) {
+  g_stop_requested = 1;
+  vramswap::detail::metrics_endpoint::note_stopping();
+  if (vramswap::detail::pool_server* s = g_server.load()) s->request_stop();
+}
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "usage: vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE] [--host-pool SIZE] [--metrics-port PORT]\n"
+               "usage: vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE] [--host-pool SIZE]\n"
+               "                 [--metrics-port PORT] [--metrics-address ADDR]\n"
                "\n"
                "The pool server of one device: creates the device's pool of frames and hands them to the\n"
                "vramswap processes of this user (or of VRAMSWAP_GROUP) over a Unix socket; repairs after a\n"
@@ -53,9 +69,15 @@ void usage(FILE* out) {
                "  --host-pool SIZE     a pinned host pool for saved pages shared by the device's processes:\n"
                "                       bytes or a percentage of RAM (0: none, each process keeps its own\n"
                "                       host tier); default VRAMSWAP_HOST_POOL. docs/swap.md\n"
-               "  --metrics-port PORT  serve Prometheus metrics at http://127.0.0.1:PORT/metrics (loopback\n"
-               "                       only; 0: any free port, shown by `vramswap status`); default\n"
-               "                       VRAMSWAP_METRICS_PORT, else no endpoint\n"
+               "  --metrics-port PORT  serve Prometheus metrics at http://ADDR:PORT/metrics, and liveness\n"
+               "                       (/healthz) and readiness (/readyz) for probes; 0: any free port,\n"
+               "                       shown by `vramswap status`; default VRAMSWAP_METRICS_PORT, else\n"
+               "                       no endpoint\n"
+               "  --metrics-address ADDR\n"
+               "                       the endpoint's IPv4 or IPv6 address (default 127.0.0.1, loopback\n"
+               "                       only); 0.0.0.0 or the pod IP in a Kubernetes pod, for the kubelet\n"
+               "                       and Prometheus. It serves counts and states, never memory\n"
+               "                       contents. docs/deploy.md\n"
                "  --help               this text\n"
                "\n"
                "Environment: VRAMSWAP_RUNTIME_DIR (socket directory; default /tmp/vramswap-<uid>),\n"
@@ -126,6 +148,12 @@ int main(int argc, char** argv) {
     } else if (arg == "--metrics-port" && value != nullptr && parse_int(value, 0, &v) && v <= 65535) {
       options.metrics_port = value;
       ++i;
+    } else if (arg == "--metrics-address" && value != nullptr) {
+      if (metrics_endpoint::set_address(value, "--metrics-address") != ok) {
+        std::fprintf(stderr, "%s\n", last_error());
+        return 2;
+      }
+      ++i;
     } else if (arg == "--ready-fd" && value != nullptr && parse_int(value, 0, &v) && v < 1 << 20) {
       ready_fd = v;  // internal: how a client that starts us learns that we are ready
       ++i;
@@ -166,6 +194,11 @@ int main(int argc, char** argv) {
   }
   ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGHUP, foreground ? SIG_DFL : SIG_IGN);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
 
   std::unique_ptr<pool_server> server;
   if (pool_server::start(options, &server) != ok) {
@@ -175,17 +208,14 @@ int main(int argc, char** argv) {
     report(static_cast<int>(ready_fd), "error " + why);
     return 1;
   }
-  g_server = server.get();
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGINT, &sa, nullptr);
+  g_server.store(server.get());
+  // A signal during the build found no server to stop: stop now, before serving anyone.
+  if (g_stop_requested != 0) server->request_stop();
   report(static_cast<int>(ready_fd), "ready " + std::to_string(::getpid()));
 
   const int rc = server->run();
   if (rc != ok) log(log_level::error, "vramswapd: %s", last_error());
-  g_server = nullptr;
+  g_server.store(nullptr);
   server.reset();
   log(log_level::info, "vramswapd: stopped; pool released");
   return rc == ok ? 0 : 1;

@@ -1,0 +1,413 @@
+// Description: the pool server's HTTP endpoint for container runtimes: /healthz follows the
+// event loop's thread (live while it waits in poll(), 503 naming what it does once it has
+// been out of poll() too long, 503 once it is gone), /readyz (503 until the loop serves,
+// while it is stalled and once the process stops), 404 and 405, --metrics-address (bound
+// where asked, a bad one refused by name); and the real vramswapd, in the foreground with a
+// client attached, answering its probes and exiting 0 promptly on a real SIGTERM, its
+// socket removed and its client told the server is gone.
+//
+// In-process cases drive a thread of their own as the "loop"; process cases run the real
+// vramswapd and pool_client on the host backend. Loopback addresses only.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/status.hpp"
+#include "server/metrics_endpoint.hpp"
+#include "support/test_env.hpp"
+
+extern char** environ;
+
+namespace vramswap::detail {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct reply {
+  int status = 0;  // 0: no answer (connection refused or cut)
+  std::string body;
+};
+
+// One HTTP/1.0 request to address:port; the status code and the body.
+reply request(uint16_t port, const std::string& line, const char* address = "127.0.0.1") {
+  reply r;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return r;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  ::inet_pton(AF_INET, address, &addr.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return r;
+  }
+  const std::string text = line + "\r\n\r\n";
+  (void)!::send(fd, text.data(), text.size(), MSG_NOSIGNAL);
+  std::string all;
+  char buf[4096];
+  for (;;) {
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 5000) <= 0) break;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    all.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (all.rfind("HTTP/1.0 ", 0) != 0) return r;
+  r.status = std::atoi(all.c_str() + 9);
+  const size_t at = all.find("\r\n\r\n");
+  if (at != std::string::npos) r.body = all.substr(at + 4);
+  return r;
+}
+
+bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return predicate();
+}
+
+// A thread that plays the pool server's loop: it starts the endpoint (so it is the watched
+// thread), then does what it is told: wait in poll() on a pipe, block in read() on another,
+// or end.
+class fake_loop {
+ public:
+  enum class step { none, poll, read, end };
+
+  explicit fake_loop(int stall_ms) {
+    if (::pipe2(poll_pipe_, O_CLOEXEC) != 0 || ::pipe2(read_pipe_, O_CLOEXEC) != 0) std::abort();
+    std::promise<int> started;
+    auto f = started.get_future();
+    thread_ = std::thread([this, stall_ms, &started] {
+      auto render = [](std::string* body) {
+        *body = "vramswap_test_metric 1\n";
+        return true;
+      };
+      started.set_value(metrics_endpoint::start("0", "the test", render, &endpoint_, stall_ms));
+      for (;;) {
+        const step s = next_.exchange(step::none);
+        if (s == step::end) return;
+        if (s == step::poll) {
+          pollfd pfd{poll_pipe_[0], POLLIN, 0};
+          ::poll(&pfd, 1, -1);
+          char c;
+          (void)!::read(poll_pipe_[0], &c, 1);
+        } else if (s == step::read) {
+          char c;
+          (void)!::read(read_pipe_[0], &c, 1);
+        } else {
+          std::this_thread::sleep_for(1ms);
+        }
+      }
+    });
+    start_rc = f.get();
+  }
+  ~fake_loop() {
+    if (thread_.joinable()) {
+      go(step::end);
+      thread_.join();
+    }
+    endpoint_.reset();
+    for (int fd : {poll_pipe_[0], poll_pipe_[1], read_pipe_[0], read_pipe_[1]}) ::close(fd);
+  }
+  // Leave whatever it waits in (poll or read), then do `s`.
+  void go(step s) {
+    next_.store(s);
+    (void)!::write(poll_pipe_[1], "x", 1);
+    (void)!::write(read_pipe_[1], "x", 1);
+    std::this_thread::sleep_for(20ms);  // let it take one wake-up byte; the other is drained below
+    drain(poll_pipe_[0]);
+    drain(read_pipe_[0]);
+    next_.store(s);
+  }
+  void join() {
+    go(step::end);
+    thread_.join();
+  }
+  uint16_t port() const { return endpoint_ ? endpoint_->port() : 0; }
+  int start_rc = -1;
+
+ private:
+  static void drain(int fd) {
+    pollfd pfd{fd, POLLIN, 0};
+    char c;
+    while (::poll(&pfd, 1, 0) > 0) (void)!::read(fd, &c, 1);
+  }
+  int poll_pipe_[2];
+  int read_pipe_[2];
+  std::atomic<step> next_{step::none};
+  std::unique_ptr<metrics_endpoint> endpoint_;
+  std::thread thread_;
+};
+
+TEST(HealthEndpoint, LivenessAndReadinessFollowTheLoopThread) {
+  fake_loop loop(600);
+  ASSERT_EQ(loop.start_rc, ok) << "the endpoint should start on 127.0.0.1: " << last_error();
+  const uint16_t port = loop.port();
+  // Not yet in poll(): alive (within the stall limit) but not ready.
+  reply r = request(port, "GET /readyz HTTP/1.0");
+  EXPECT_EQ(r.status, 503) << "/readyz before the loop first waits in poll() should be 503; body: " << r.body;
+  EXPECT_NE(r.body.find("has not begun serving"), std::string::npos) << "/readyz should say the loop is not serving yet: " << r.body;
+  r = request(port, "GET /healthz HTTP/1.0");
+  EXPECT_EQ(r.status, 200) << "/healthz within the stall limit should be 200; body: " << r.body;
+
+  loop.go(fake_loop::step::poll);
+  EXPECT_TRUE(eventually([&] { return request(port, "GET /readyz HTTP/1.0").status == 200; }))
+      << "/readyz should turn 200 once the loop waits in poll(); last body: " << request(port, "GET /readyz HTTP/1.0").body;
+  r = request(port, "GET /healthz HTTP/1.0");
+  EXPECT_EQ(r.status, 200) << "/healthz with the loop in poll() should be 200; body: " << r.body;
+  EXPECT_EQ(r.body, "ok\n") << "/healthz should answer \"ok\"";
+  // Stay in poll() past the stall limit: still alive (waiting in poll() is the loop's idle state).
+  std::this_thread::sleep_for(900ms);
+  r = request(port, "GET /healthz HTTP/1.0");
+  EXPECT_EQ(r.status, 200) << "an idle loop waiting in poll() longer than the stall limit is alive; body: " << r.body;
+
+  // Stuck in read(): 503 once past the limit, naming the system call.
+  loop.go(fake_loop::step::read);
+  EXPECT_EQ(request(port, "GET /healthz HTTP/1.0").status, 200) << "a loop just out of poll() is still within the limit";
+  EXPECT_TRUE(eventually([&] { return request(port, "GET /healthz HTTP/1.0").status == 503; }, 5s))
+      << "/healthz should turn 503 once the loop has been out of poll() for 600 ms";
+  r = request(port, "GET /healthz HTTP/1.0");
+  EXPECT_NE(r.body.find("has not been back in poll()"), std::string::npos) << "the 503 should say why: " << r.body;
+  EXPECT_NE(r.body.find("in system call"), std::string::npos) << "the 503 should say where the loop is: " << r.body;
+  r = request(port, "GET /readyz HTTP/1.0");
+  EXPECT_EQ(r.status, 503) << "a stalled loop is not ready; body: " << r.body;
+
+  // Back in poll(): live again.
+  loop.go(fake_loop::step::poll);
+  EXPECT_TRUE(eventually([&] { return request(port, "GET /healthz HTTP/1.0").status == 200; }, 5s))
+      << "/healthz should recover once the loop is back in poll()";
+
+  // Paths and methods.
+  r = request(port, "GET /metrics HTTP/1.0");
+  EXPECT_EQ(r.status, 200) << "/metrics should render; body: " << r.body;
+  EXPECT_EQ(r.body, "vramswap_test_metric 1\n") << "/metrics should be the render function's text";
+  r = request(port, "GET /nothing-here HTTP/1.0");
+  EXPECT_EQ(r.status, 404) << "an unknown path should be 404; body: " << r.body;
+  EXPECT_NE(r.body.find("/healthz"), std::string::npos) << "the 404 should list what is served: " << r.body;
+  EXPECT_EQ(request(port, "POST /healthz HTTP/1.0").status, 405) << "a POST should be 405";
+  EXPECT_EQ(request(port, "GET /healthz?verbose HTTP/1.0").status, 200) << "a query string should not change the path";
+
+  // The loop's thread ends: gone.
+  loop.join();
+  EXPECT_TRUE(eventually([&] { return request(port, "GET /healthz HTTP/1.0").status == 503; }, 5s))
+      << "/healthz should be 503 once the loop's thread is gone";
+  r = request(port, "GET /healthz HTTP/1.0");
+  EXPECT_NE(r.body.find("gone"), std::string::npos) << "the 503 should say the loop is gone: " << r.body;
+}
+
+TEST(HealthEndpoint, BindsTheAddressItIsGivenAndRefusesABadOneByName) {
+  clear_error();
+  EXPECT_EQ(metrics_endpoint::set_address("localhost", "--metrics-address"), err_invalid_argument)
+      << "a host name should be refused (nothing is resolved)";
+  const std::string why = last_error();
+  EXPECT_NE(why.find("\"localhost\""), std::string::npos) << "the error should quote the address: " << why;
+  EXPECT_NE(why.find("--metrics-address"), std::string::npos) << "the error should name the setting: " << why;
+  EXPECT_NE(why.find("0.0.0.0"), std::string::npos) << "the error should say what to give instead: " << why;
+  EXPECT_EQ(metrics_endpoint::set_address("127.0.0.300", "x"), err_invalid_argument) << "an out-of-range octet should be refused";
+
+  // 127.0.0.2 is loopback too, and not the default: the endpoint must be there, not on 127.0.0.1.
+  ASSERT_EQ(metrics_endpoint::set_address("127.0.0.2", "--metrics-address"), ok) << last_error();
+  {
+    fake_loop loop(30000);
+    ASSERT_EQ(loop.start_rc, ok) << "the endpoint should bind 127.0.0.2: " << last_error();
+    loop.go(fake_loop::step::poll);
+    EXPECT_TRUE(eventually([&] { return request(loop.port(), "GET /readyz HTTP/1.0", "127.0.0.2").status == 200; }))
+        << "the endpoint should answer on 127.0.0.2";
+    EXPECT_EQ(request(loop.port(), "GET /readyz HTTP/1.0", "127.0.0.1").status, 0)
+        << "the endpoint should not listen on 127.0.0.1 when given 127.0.0.2";
+  }
+  ASSERT_EQ(metrics_endpoint::set_address("127.0.0.1", "the test"), ok) << last_error();
+}
+
+// --- the real vramswapd -------------------------------------------------------------------
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+pid_t spawn(const std::vector<std::string>& args, const std::string& out_file, const std::string& err_file) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&fa, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    ADD_FAILURE() << "posix_spawn " << args[0] << ": " << std::strerror(rc);
+    return -1;
+  }
+  return pid;
+}
+
+// Exit status (128 + signal when killed); -1 when it did not end within `timeout`.
+int reap(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    if (r < 0 || std::chrono::steady_clock::now() > deadline) return -1;
+    std::this_thread::sleep_for(2ms);
+  }
+}
+
+class Vramswapd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static int counter = 0;
+    const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    dir_ = "/tmp/vramswap-healthtest-" + tag;
+    test::set_env("VRAMSWAP_RUNTIME_DIR", dir_.c_str());
+    test::set_env("VRAMSWAP_SHM_PREFIX", ("vshealth-" + tag + "-").c_str());
+    test::set_env("VRAMSWAP_BACKEND", "host");
+    test::set_env("VRAMSWAP_HOST_DEVICE_MEMORY", "256MiB");
+    test::set_env("VRAMSWAP_FRAME_SIZE", "2MiB");
+    test::set_env("VRAMSWAP_SERVER", VRAMSWAP_SERVER_BINARY);
+    test::unset_env("VRAMSWAP_METRICS_PORT");
+    test::unset_env("VRAMSWAP_POOL_SIZE");
+    test::unset_env("VRAMSWAP_GROUP");
+    files_ = "/tmp/vramswap-healthtest-" + tag + "-";
+  }
+  void TearDown() override {
+    for (pid_t p : pids_) {
+      ::kill(p, SIGKILL);
+      reap(p, 5s);
+    }
+    (void)!std::system(("rm -rf " + dir_ + " " + files_ + "*").c_str());
+  }
+  std::string dir_;
+  std::string files_;
+  std::vector<pid_t> pids_;
+};
+
+TEST_F(Vramswapd, AnswersItsProbesAndExitsZeroPromptlyOnSigtermWithAClientAttached) {
+  const std::string server_err = files_ + "server.err";
+  const pid_t server = spawn({VRAMSWAP_SERVER_BINARY, "--foreground", "--metrics-port", "0", "--metrics-address", "127.0.0.1"},
+                             "/dev/null", server_err);
+  ASSERT_GT(server, 0);
+  pids_.push_back(server);
+  // The port: vramswapd logs "metrics at http://127.0.0.1:PORT/metrics".
+  uint16_t port = 0;
+  ASSERT_TRUE(eventually([&] {
+    const std::string log = read_file(server_err);
+    const size_t at = log.find("metrics at http://127.0.0.1:");
+    if (at == std::string::npos) return false;
+    port = static_cast<uint16_t>(std::atoi(log.c_str() + at + std::strlen("metrics at http://127.0.0.1:")));
+    return port != 0;
+  }, 20s)) << "vramswapd should log its metrics URL; its stderr: " << read_file(server_err);
+
+  EXPECT_TRUE(eventually([&] { return request(port, "GET /readyz HTTP/1.0").status == 200; }))
+      << "a serving vramswapd's /readyz should be 200; last body: " << request(port, "GET /readyz HTTP/1.0").body;
+  reply r = request(port, "GET /healthz HTTP/1.0");
+  EXPECT_EQ(r.status, 200) << "a serving vramswapd's /healthz should be 200; body: " << r.body;
+  EXPECT_EQ(r.body, "ok\n") << "a serving vramswapd should answer \"ok\"";
+  r = request(port, "GET /metrics HTTP/1.0");
+  EXPECT_EQ(r.status, 200) << "/metrics should be 200; body: " << r.body;
+  EXPECT_NE(r.body.find("vramswap_pool_frames"), std::string::npos) << "/metrics should carry the pool's gauges: " << r.body;
+  EXPECT_EQ(request(port, "GET /favicon.ico HTTP/1.0").status, 404) << "an unknown path should be 404";
+
+  // A client that attaches and then waits for the server to go.
+  const std::string client_out = files_ + "client.out";
+  const std::string client_err = files_ + "client.err";
+  const pid_t client = spawn({VRAMSWAP_POOL_CLIENT, "connect-noauto", "ready", "wait-server-gone", "30"}, client_out, client_err);
+  ASSERT_GT(client, 0);
+  pids_.push_back(client);
+  ASSERT_TRUE(eventually([&] { return read_file(client_out).find("ready ") != std::string::npos; }, 20s))
+      << "the client should attach; its stderr: " << read_file(client_err);
+  std::string socket_path;
+  {
+    const std::string log = read_file(server_err);
+    const size_t at = log.find("; socket ");
+    ASSERT_NE(at, std::string::npos) << "vramswapd should log its socket: " << log;
+    socket_path = log.substr(at + 9, log.find_first_of(",\n", at + 9) - at - 9);
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(socket_path.c_str(), &st), 0) << "the socket " << socket_path << " should exist while serving";
+
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(server, SIGTERM), 0);
+  const int rc = reap(server, 5s);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(rc, 0) << "vramswapd should exit 0 on SIGTERM within 5 s (-1: still running); its stderr: " << read_file(server_err);
+  EXPECT_LT(took, 2.0) << "vramswapd should exit promptly on SIGTERM";
+  pids_.erase(pids_.begin());
+  const std::string log = read_file(server_err);
+  EXPECT_NE(log.find("stopping on request (1 clients attached)"), std::string::npos)
+      << "vramswapd should say it stopped on request with the client attached: " << log;
+  EXPECT_NE(log.find("stopped; pool released"), std::string::npos) << "vramswapd should say it released the pool: " << log;
+  EXPECT_NE(::stat(socket_path.c_str(), &st), 0) << "the socket " << socket_path << " should be removed on SIGTERM";
+  EXPECT_EQ(request(port, "GET /healthz HTTP/1.0").status, 0) << "the endpoint should be closed after exit";
+
+  EXPECT_EQ(reap(client, 10s), 0) << "the attached client should notice the server's end and exit 0; its stderr: "
+                                  << read_file(client_err);
+  pids_.clear();
+  EXPECT_NE(read_file(client_out).find("server-gone"), std::string::npos) << "the client should report the server gone";
+}
+
+TEST_F(Vramswapd, RefusesABadMetricsAddressByName) {
+  const std::string err = files_ + "err";
+  const pid_t server = spawn({VRAMSWAP_SERVER_BINARY, "--foreground", "--metrics-port", "0", "--metrics-address", "gpu-node-1"},
+                             "/dev/null", err);
+  ASSERT_GT(server, 0);
+  const int rc = reap(server, 10s);
+  EXPECT_EQ(rc, 2) << "a bad --metrics-address is a usage error (exit 2); stderr: " << read_file(err);
+  const std::string said = read_file(err);
+  EXPECT_NE(said.find("\"gpu-node-1\""), std::string::npos) << "the error should quote the address: " << said;
+  EXPECT_NE(said.find("not an IPv4 or IPv6 address"), std::string::npos) << "the error should say what is wrong: " << said;
+  // An address this host does not have: exit 1 at start, naming it.
+  const pid_t other = spawn({VRAMSWAP_SERVER_BINARY, "--foreground", "--metrics-port", "0", "--metrics-address", "192.0.2.1"},
+                            "/dev/null", err);
+  ASSERT_GT(other, 0);
+  pids_.push_back(other);
+  EXPECT_EQ(reap(other, 20s), 1) << "an address the host lacks should fail the start (exit 1); stderr: " << read_file(err);
+  pids_.clear();
+  EXPECT_NE(read_file(err).find("192.0.2.1"), std::string::npos) << "the error should name the address: " << read_file(err);
+}
+
+// Last: note_stopping() is process-wide and stays.
+TEST(HealthEndpointStopping, ReadinessIs503OnceStopping) {
+  fake_loop loop(30000);
+  ASSERT_EQ(loop.start_rc, ok) << last_error();
+  loop.go(fake_loop::step::poll);
+  ASSERT_TRUE(eventually([&] { return request(loop.port(), "GET /readyz HTTP/1.0").status == 200; })) << "should be ready first";
+  metrics_endpoint::note_stopping();
+  const reply r = request(loop.port(), "GET /readyz HTTP/1.0");
+  EXPECT_EQ(r.status, 503) << "/readyz should be 503 once stopping; body: " << r.body;
+  EXPECT_NE(r.body.find("stopping"), std::string::npos) << "the 503 should say it is stopping: " << r.body;
+  EXPECT_EQ(request(loop.port(), "GET /healthz HTTP/1.0").status, 200) << "stopping is not dead: /healthz stays 200";
+}
+
+}  // namespace
+}  // namespace vramswap::detail
