@@ -54,7 +54,7 @@ echo "$job" | tr ' ' '\n' | grep -E '^Tres(PerNode|PerJob|PerSocket|PerTask)=' |
 echo "export VRAMSWAP_RUNTIME_DIR=$runtime_dir"
 [ -n "$group" ] && echo "export VRAMSWAP_GROUP=$group"
 if [ ! -d "$runtime_dir" ]; then
-  echo "print vramswap TaskProlog: $runtime_dir (VRAMSWAP_RUNTIME_DIR) does not exist on $(hostname): the first job makes it, for its own user only; the node's admins should create it (contrib/slurm/README.md, node setup)"
+  echo "print vramswap TaskProlog: $runtime_dir (VRAMSWAP_RUNTIME_DIR) does not exist on $(hostname): the first job makes it, for its own user only; the node's admins should create it (docs/deploy.md, Slurm node setup)"
 fi
 
 # Low priority: a listed partition (SLURM_JOB_PARTITION is in every task's environment) or

@@ -73,11 +73,18 @@ class Pods : public ::testing::Test {
     if (!dir_.empty()) std::system(("rm -rf " + dir_).c_str());
   }
 
+  // The pods' whole environment: the runtime dir and group, the backend (host, or
+  // VRAMSWAP_PODS_BACKEND=cuda on a GPU machine: frames then pass between the pods as CUDA
+  // descriptors over the socket), and what the programs need to load and to sanitize.
   std::vector<std::string> env() const {
-    return {"VRAMSWAP_RUNTIME_DIR=" + dir_, "VRAMSWAP_GROUP=" + std::to_string(k_group), "VRAMSWAP_BACKEND=host",
-            "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_LOG=warn", "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
-            std::string("ASAN_OPTIONS=") + (std::getenv("ASAN_OPTIONS") ? std::getenv("ASAN_OPTIONS") : ""),
-            std::string("UBSAN_OPTIONS=") + (std::getenv("UBSAN_OPTIONS") ? std::getenv("UBSAN_OPTIONS") : "")};
+    const char* backend = std::getenv("VRAMSWAP_PODS_BACKEND");
+    std::vector<std::string> e = {"VRAMSWAP_RUNTIME_DIR=" + dir_, "VRAMSWAP_GROUP=" + std::to_string(k_group),
+                                  std::string("VRAMSWAP_BACKEND=") + (backend != nullptr ? backend : "host"),
+                                  "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_LOG=warn", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
+    for (const char* name : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES"}) {
+      if (const char* v = std::getenv(name)) e.push_back(std::string(name) + "=" + v);
+    }
+    return e;
   }
 
   // Starts `args` as pid 1 of a new pod running as `uid` (in the shared group unless it is
