@@ -96,7 +96,7 @@ if [[ $what == *tests* ]]; then
   # Two "pods" (own PID, mount, IPC, UTS namespaces and uids; only the runtime dir shared)
   # taking turns on the GPU through the pool server.
   echo "=== pods_test (cuda)" >>"$OUT/gpu-tests.log"
-  VRAMSWAP_PODS_BACKEND=cuda "$build/tests/pods/pods_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
+  VRAMSWAP_TEST_BACKEND=cuda "$build/tests/pods/pods_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
   for t in "$build"/tests/gpu/*_test; do
     [[ -x $t ]] || continue
     echo "=== $(basename "$t")" >>"$OUT/gpu-tests.log"

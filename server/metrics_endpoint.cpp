@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -129,8 +128,7 @@ int metrics_endpoint::start(const std::string& port_text, const char* what, rend
     m->render_ = std::move(render);
     m->address_ = g_address_text;
     m->stall_ms_ = stall_ms;
-    m->loop_tid_ = static_cast<int>(::gettid());
-    m->last_in_poll_ns_ = monotonic_ns();
+    m->started_ns_ = monotonic_ns();
     sockaddr_storage addr = g_address;
     const bool v6 = addr.ss_family == AF_INET6;
     m->listen_fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -181,67 +179,19 @@ metrics_endpoint::~metrics_endpoint() {
   close_fd(&stop_pipe_[1]);
 }
 
-void metrics_endpoint::sample_loop(uint64_t now) noexcept {
-  if (!watchable_) return;
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/self/task/%d/syscall", loop_tid_);
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    // The loop's thread is gone (it never is while the server lives), or the kernel has no
-    // such file, and then the loop cannot be watched at all.
-    if (errno == ENOENT && ::access("/proc/self/task", F_OK) == 0 && ::access("/proc/self/syscall", F_OK) == 0) {
-      loop_state_ = "gone (thread " + std::to_string(loop_tid_) + " no longer exists)";
-    } else {
-      watchable_ = false;
-      loop_state_ = std::string(path) + ": " + std::strerror(errno);
-    }
-    return;
-  }
-  char text[128] = {};
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
-  ::close(fd);
-  if (n <= 0) {
-    watchable_ = false;
-    loop_state_ = std::string(path) + ": " + (n < 0 ? std::strerror(errno) : "empty");
-    return;
-  }
-  // "<nr> <args...>" while in a system call, "running" on a CPU, "-1 ..." blocked elsewhere.
-  char* end = nullptr;
-  const long nr = std::strtol(text, &end, 10);
-  bool in_poll = false;
-  if (end != text) {
-#ifdef SYS_poll
-    in_poll = nr == SYS_poll;
-#endif
-    in_poll = in_poll || nr == SYS_ppoll;
-    loop_state_ = nr < 0 ? "blocked outside any system call" : "in system call " + std::to_string(nr);
-  } else {
-    loop_state_ = "running on a CPU";
-  }
-  if (in_poll) {
-    last_in_poll_ns_ = now;
-    seen_in_poll_ = true;
-  }
-}
+void metrics_endpoint::beat() noexcept { last_beat_ns_.store(monotonic_ns(), std::memory_order_relaxed); }
 
 bool metrics_endpoint::live(uint64_t now, std::string* body) {
-  sample_loop(now);
-  if (!watchable_) {
-    *body = "ok (the event loop is not watched here: " + loop_state_ + ")\n";
-    return true;
-  }
-  const uint64_t out_ms = (now - last_in_poll_ns_) / 1'000'000;
-  if (loop_state_.rfind("gone", 0) == 0) {
-    *body = "the server's event loop is " + loop_state_ + "\n";
-    return false;
-  }
-  if (out_ms < static_cast<uint64_t>(stall_ms_)) {
+  const uint64_t beat = last_beat_ns_.load(std::memory_order_relaxed);
+  const uint64_t since = beat != 0 ? beat : started_ns_;
+  const uint64_t quiet_ms = now > since ? (now - since) / 1'000'000 : 0;
+  if (quiet_ms < static_cast<uint64_t>(stall_ms_)) {
     *body = "ok\n";
     return true;
   }
-  *body = "the server's event loop (thread " + std::to_string(loop_tid_) + ") has not been back in poll() for " +
-          std::to_string(out_ms) + " ms (the limit is " + std::to_string(stall_ms_) + " ms); it is " + loop_state_ +
-          ". It serves no handshake, hang-up or repair meanwhile: restart vramswapd (its clients reconnect)\n";
+  *body = "the server's event loop has not turned for " + std::to_string(quiet_ms) + " ms (the limit is " +
+          std::to_string(stall_ms_) + " ms; it turns at least every " + std::to_string(k_beat_ms) +
+          " ms when well). It serves no handshake, hang-up or repair meanwhile: restart vramswapd (its clients reconnect)\n";
   return false;
 }
 
@@ -256,7 +206,7 @@ bool metrics_endpoint::ready(uint64_t now, std::string* body) {
     *body = "not ready: " + why;
     return false;
   }
-  if (watchable_ && !seen_in_poll_) {
+  if (last_beat_ns_.load(std::memory_order_relaxed) == 0) {
     *body = "not ready: the pool is built but the server's event loop has not begun serving its socket yet\n";
     return false;
   }
@@ -298,10 +248,7 @@ void metrics_endpoint::run() noexcept {
   }
   for (;;) {
     const uint64_t now = monotonic_ns();
-    // Wake at least every k_sample_ms to sample the loop, so that /healthz knows how long it
-    // has been out of poll() even between probes.
-    sample_loop(now);
-    uint64_t next = watchable_ ? now + uint64_t{k_sample_ms} * 1'000'000 : UINT64_MAX;
+    uint64_t next = UINT64_MAX;
     for (const connection& c : conns) next = std::min(next, c.deadline_ns);
     const int timeout_ms = next == UINT64_MAX ? -1 : next <= now ? 0 : static_cast<int>((next - now) / 1'000'000) + 1;
     fds.clear();

@@ -2,21 +2,18 @@
 // readiness), served from a thread of its own.
 //
 //   GET /metrics   the render function's text (Prometheus format); 500 when it fails. Also "/".
-//   GET /healthz   liveness: 200 "ok" while the thread that started the endpoint (the pool
-//                  server's event loop: pool_server starts it on the thread that runs its
-//                  loop) waits in poll(), or left poll() less than stall_ms ago; else 503 with
-//                  what that thread is doing instead, or that it is gone.
-//   GET /readyz    readiness: 200 "ready" once the loop has been seen in poll() (pool_server
-//                  starts the endpoint after the pool and its socket exist, so the pool is
-//                  built and the socket is being accepted on), while live and not stopping;
-//                  503 with the reason otherwise (not serving yet, stalled, stopping).
+//   GET /healthz   liveness: 200 "ok" while the pool server's event loop turns: it calls
+//                  beat() at every turn and turns at least every k_beat_ms even when idle;
+//                  503, saying how long it has not, once no beat came for stall_ms.
+//   GET /readyz    readiness: 200 "ready" once the loop has beaten (pool_server starts the
+//                  endpoint after the pool and its socket exist, so the pool is built and the
+//                  socket is being accepted on), while live and not stopping; 503 with the
+//                  reason otherwise (not serving yet, stalled, stopping).
 //   anything else  404 (other methods 405).
 //
-// The loop is watched from the outside, through /proc/self/task/<tid>/syscall, sampled at
-// least every k_sample_ms: the loop needs no heartbeat of its own and keeps blocking in
-// poll() with no timeout while idle. A loop stuck anywhere (a lock, a driver call, a spin)
-// is out of poll(), and after stall_ms the endpoint says so. Where that file cannot be read
-// (a kernel without it), /healthz answers 200 with a body that says the loop is unwatched.
+// A loop stuck anywhere (a lock, a driver call, a spin) stops beating, and after stall_ms
+// the endpoint says so. The beat is one relaxed atomic store: nothing to read from /proc, the
+// same on every kernel.
 //
 // Address: 127.0.0.1 unless set_address() chose another (vramswapd --metrics-address). A
 // non-loopback address is allowed because a pod's kubelet probes and Prometheus reach the
@@ -41,11 +38,12 @@
 // for concurrent readers, and a device_lock of its own).
 //
 // Threads: set_address() before any start(); start() and the destructor on the owner's
-// thread (start() on the loop's); note_stopping() anywhere, signal handlers included; render
+// thread; beat() on the loop's; note_stopping() anywhere, signal handlers included; render
 // on the endpoint's thread.
 // Errors: 0 or a negative vramswap::detail::status with last_error(); never throws.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -60,10 +58,11 @@ class metrics_endpoint {
   static constexpr int k_answer_ms = 5000;
   static constexpr size_t k_max_connections = 32;
   static constexpr size_t k_max_request = 4096;
-  // The loop may be out of poll() this long before /healthz fails: far above any one step of
-  // the loop (a repair's scrub of a dead member's frames, a handshake's descriptor batches).
+  // The loop may go this long without a beat before /healthz fails: far above any one step
+  // of the loop (a repair's scrub of a dead member's frames, a handshake's descriptor batches).
   static constexpr int k_stall_ms = 30000;
-  static constexpr int k_sample_ms = 250;
+  // The longest the loop sleeps in poll() while an endpoint watches it.
+  static constexpr int k_beat_ms = 1000;
 
   // Fills *body; true for 200 OK, false for 500 with *body as the error text.
   using render_fn = std::function<bool(std::string* body)>;
@@ -77,10 +76,10 @@ class metrics_endpoint {
   // Async-signal-safe: vramswapd calls it from its SIGTERM handler.
   static void note_stopping() noexcept;
 
-  // Listen on the address above at `port_text` (0: any free port) and start serving; the
-  // calling thread is the loop that /healthz watches (stall_ms: how long it may be out of
-  // poll()). err_invalid_argument for a bad port (the message names `what`, the setting it
-  // came from); err_system when the socket, bind or thread fails (bind names the address).
+  // Listen on the address above at `port_text` (0: any free port) and start serving;
+  // stall_ms: how long the loop may go without beat() before /healthz fails.
+  // err_invalid_argument for a bad port (the message names `what`, the setting it came
+  // from); err_system when the socket, bind or thread fails (bind names the address).
   static int start(const std::string& port_text, const char* what, render_fn render,
                    std::unique_ptr<metrics_endpoint>* out, int stall_ms = k_stall_ms) noexcept;
 
@@ -90,14 +89,14 @@ class metrics_endpoint {
   metrics_endpoint& operator=(const metrics_endpoint&) = delete;
 
   uint16_t port() const noexcept { return port_; }
+  // The watched loop, at every turn: "still turning". Any thread; lock-free.
+  void beat() noexcept;
   // http://ADDRESS:PORT (IPv6 in brackets), for log lines.
   std::string url() const;
 
  private:
   metrics_endpoint() = default;
   void run() noexcept;
-  // Reads the loop thread's state; updates last_in_poll_ns_ and seen_in_poll_.
-  void sample_loop(uint64_t now) noexcept;
   // 200 or 503 and the body for /healthz and /readyz.
   bool live(uint64_t now, std::string* body);
   bool ready(uint64_t now, std::string* body);
@@ -109,12 +108,8 @@ class metrics_endpoint {
   render_fn render_;
   std::string address_;
   int stall_ms_ = k_stall_ms;
-  // The watched loop, touched by the endpoint's thread only once it runs.
-  int loop_tid_ = 0;
-  uint64_t last_in_poll_ns_ = 0;  // the start, until the loop is first seen in poll()
-  bool seen_in_poll_ = false;
-  bool watchable_ = true;         // false once /proc/self/task/<tid>/syscall proved unreadable
-  std::string loop_state_;        // what the last sample saw, for the 503 bodies
+  uint64_t started_ns_ = 0;               // when start() ran: the stall clock's origin before any beat
+  std::atomic<uint64_t> last_beat_ns_{0};  // 0 until the loop's first beat
   std::thread thread_;
 };
 

@@ -224,6 +224,12 @@ int pool_server::run() noexcept {
       const uint64_t now = monotonic_ns();
       timeout_ms = now >= limit ? 0 : static_cast<int>((limit - now) / 1'000'000) + 1;
     }
+    // Watched by the metrics endpoint (/healthz): beat at every turn, and turn at least every
+    // k_beat_ms even when idle, so that a silent loop means a stuck one.
+    if (metrics_ != nullptr) {
+      metrics_->beat();
+      if (timeout_ms < 0 || timeout_ms > metrics_endpoint::k_beat_ms) timeout_ms = metrics_endpoint::k_beat_ms;
+    }
     const int n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) return fail_errno(errno, "vramswapd: poll");
     const uint64_t now = monotonic_ns();

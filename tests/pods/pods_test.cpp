@@ -74,10 +74,10 @@ class Pods : public ::testing::Test {
   }
 
   // The pods' whole environment: the runtime dir and group, the backend (host, or
-  // VRAMSWAP_PODS_BACKEND=cuda on a GPU machine: frames then pass between the pods as CUDA
+  // VRAMSWAP_TEST_BACKEND=cuda on a GPU machine: frames then pass between the pods as CUDA
   // descriptors over the socket), and what the programs need to load and to sanitize.
   std::vector<std::string> env() const {
-    const char* backend = std::getenv("VRAMSWAP_PODS_BACKEND");
+    const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");
     std::vector<std::string> e = {"VRAMSWAP_RUNTIME_DIR=" + dir_, "VRAMSWAP_GROUP=" + std::to_string(k_group),
                                   std::string("VRAMSWAP_BACKEND=") + (backend != nullptr ? backend : "host"),
                                   "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_LOG=warn", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
