@@ -69,7 +69,7 @@ constexpr option_form percent_form(const char* percent_of) {
   X(shm_prefix, "VRAMSWAP_SHM_PREFIX", "", name_form(),                                          \
     "prefix of the per-device segment names and the pool server's files: each prefix is a pool of its own") \
   X(runtime_dir, "VRAMSWAP_RUNTIME_DIR", "", text_form(),                                        \
-    "directory of the pool servers' sockets; empty: /tmp/vramswap-<uid> (-g<gid> with VRAMSWAP_GROUP)")                        \
+    "directory of everything a device's processes share (segments, socket, lock files, log); empty: /tmp/vramswap-<uid> (-g<gid> with VRAMSWAP_GROUP)")                        \
   X(pool_size, "VRAMSWAP_POOL_SIZE", "", percent_form("device memory"),                          \
     "pool size: bytes or percent of device memory; empty: free memory less a reserve")           \
   X(pool_idle_exit, "VRAMSWAP_POOL_IDLE_EXIT", "60", count_form(0, 365ull * 24 * 3600),          \

@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -78,6 +80,17 @@ bool lease_held_elsewhere(int fd, uint32_t index) noexcept {
     return true;
   }
   return fl.l_type != F_UNLCK;
+}
+
+int move_lease_fd_high(int fd) noexcept {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < 2) return fd;
+  const rlim_t want = lim.rlim_cur == RLIM_INFINITY ? k_high_lease_fd : std::min<rlim_t>(lim.rlim_cur - 1, k_high_lease_fd);
+  if (want <= static_cast<rlim_t>(fd)) return fd;
+  const int high = ::fcntl(fd, F_DUPFD_CLOEXEC, static_cast<int>(want));  // the first free one from `want` on
+  if (high < 0) return fd;
+  ::close(fd);
+  return high;
 }
 
 int register_lease_fd(int fd) noexcept {

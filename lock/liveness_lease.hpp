@@ -67,6 +67,15 @@ class lease_set {
   std::atomic<uint64_t> words_[(Count + 63) / 64] = {};
 };
 
+// A lease goes when its process's last descriptor of the file closes, and a dying process's
+// descriptors close in ascending order. So that a slot is taken for dead only once the rest
+// of the process is closed too (the GPU driver's descriptors among them: its work on the
+// device is torn down before anyone scrubs its frames), a lease descriptor is moved high:
+// to the first free one from k_high_lease_fd on (from the limit less one, when the limit is
+// lower). Returns the new descriptor (`fd` closed), or `fd` itself when none is free there.
+constexpr int k_high_lease_fd = 4096;
+int move_lease_fd_high(int fd) noexcept;
+
 // Register `fd` as carrying leases (see Forks above), or forget it before closing it.
 // At most k_max_lease_fds at once; past that, register returns err_busy.
 constexpr int k_max_lease_fds = 256;

@@ -72,7 +72,7 @@ int current_process(process_identity* out) noexcept {
     if (!read_stat(pid, &self)) {
       return fail(err_unavailable,
                   "lock: cannot read /proc/%d/stat, which the lock needs to tell live processes from dead ones; "
-                  "mount /proc (and share one PID namespace with the other participants)",
+                  "mount /proc in this process's PID namespace",
                   static_cast<int>(pid));
     }
     g_cached_start_time.store(self.start_time, std::memory_order_relaxed);

@@ -245,7 +245,7 @@ struct alignas(k_cache_line) pool_header {
   uint64_t server_start_time;
   std::atomic<uint64_t> clock;          // LRU clock: bumped at each lock release
   std::atomic<uint32_t> frames_freed;   // futex: bumped whenever a frame becomes free
-  std::atomic<uint32_t> metrics_port;   // the server's Prometheus endpoint on 127.0.0.1; 0: none
+  std::atomic<uint32_t> metrics_port;   // the server's Prometheus endpoint (port only; 0: none)
   // --- second line: the shared host pool (all zero without one) ---
   uint32_t host_slot_count;             // slots in the host pool's memfd; 0: no shared host pool
   uint32_t reserved_;

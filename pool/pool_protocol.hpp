@@ -1,12 +1,11 @@
-// The pool server's socket protocol (version 2), shared by vramswapd and its clients.
+// The pool server's socket protocol (version 3), shared by vramswapd and its clients.
 //
 // Socket: <runtime dir>/<VRAMSWAP_SHM_PREFIX><device key>.sock, a SOCK_SEQPACKET Unix
 // socket (message boundaries kept, so each struct below is one message of exactly its
 // size). Runtime dir:
-// VRAMSWAP_RUNTIME_DIR, default /tmp/vramswap-<uid> (/tmp/vramswap-g<gid> with
-// VRAMSWAP_GROUP), mode 0700 (0770 with VRAMSWAP_GROUP); see pool/pool_connection.hpp
-// (pool_paths) and docs/pool_server.md. The server checks the peer with SO_PEERCRED: the
-// server's own uid, root, or (with VRAMSWAP_GROUP) a member of that group.
+// lock/runtime_dir.hpp (mode 0700, or 2770 with VRAMSWAP_GROUP) and docs/pool_server.md.
+// The server checks the peer with SO_PEERCRED and SO_PEERGROUPS: the server's own uid,
+// root, or (with VRAMSWAP_GROUP) a member of that group.
 //
 // Exchange:
 //   client -> hello (exactly sizeof(hello) bytes, no descriptors): `pid`, `start_time` (its

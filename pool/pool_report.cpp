@@ -102,11 +102,11 @@ std::string label_value(const std::string& s) {
   return out;
 }
 
-std::string command_for(const device_report& d, pid_t pid) {
+std::string command_for(const device_report& d, pid_t pid, uint64_t pid_ns) {
   for (const process_report& p : d.processes) {
-    if (p.pid == pid) return p.command;
+    if (p.pid == pid && p.pid_ns == pid_ns) return p.command;
   }
-  return command_of(pid, current_pid_namespace());
+  return command_of(pid, pid_ns);
 }
 
 }  // namespace
@@ -166,6 +166,7 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     process_report p;
     p.member = m;
     p.pid = s.pid;
+    p.pid_ns = s.pid_ns;
     p.command = command_of(s.pid, s.pid_ns);
     p.holding = s.holding.load(std::memory_order_relaxed) != 0;
     p.phase = phase_name(s.phase.load(std::memory_order_relaxed));
@@ -183,7 +184,7 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     p.lock_wait_ns = s.lock_wait_ns.load(std::memory_order_relaxed);
     p.restore_ns = s.restore_ns.load(std::memory_order_relaxed);
     p.evict_ns = s.evict_ns.load(std::memory_order_relaxed);
-    if (p.holding) d.holder_pid = p.pid;
+    if (p.holding) d.holder_pid = p.pid, d.holder_pid_ns = p.pid_ns;
     d.processes.push_back(std::move(p));
   }
   if (lock != nullptr) {
@@ -195,9 +196,9 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     if (lock->snapshot(&q) == ok) {
       d.have_queue = true;
       for (const lock_queue_entry& e : q) {
-        d.queue.push_back({e.pid, e.tid, e.priority == lock_priority::high ? "high" : "normal", e.ticket, e.holding, e.enqueue_ns,
-                           visible_here(e.pid_ns) && is_stopped_state(process_state(e.pid))});
-        if (e.holding) d.holder_pid = e.pid;
+        d.queue.push_back({e.pid, e.tid, e.pid_ns, e.priority == lock_priority::high ? "high" : "normal", e.ticket, e.holding,
+                           e.enqueue_ns, visible_here(e.pid_ns) && is_stopped_state(process_state(e.pid))});
+        if (e.holding) d.holder_pid = e.pid, d.holder_pid_ns = e.pid_ns;
       }
     } else {
       d.queue_error = last_error();
@@ -245,7 +246,7 @@ std::string render_text(const std::vector<device_report>& devices) {
     t += "\n";
     const process_report* holder = nullptr;
     for (const process_report& p : d.processes) {
-      if (p.pid == d.holder_pid) holder = &p;
+      if (p.pid == d.holder_pid && p.pid_ns == d.holder_pid_ns) holder = &p;
     }
     if (d.holder_pid == 0) {
       t += "  holder: none\n";
@@ -256,8 +257,8 @@ std::string render_text(const std::vector<device_report>& devices) {
                                      static_cast<int>(holder->pid), holder->phase.c_str()).c_str()
                                : holder->phase.c_str());
     } else {
-      const bool stopped = is_stopped_state(process_state(d.holder_pid));
-      t += fmt("  holder: pid %d (%s), not in the pool%s\n", static_cast<int>(d.holder_pid), command_of(d.holder_pid, current_pid_namespace()).c_str(),
+      const bool stopped = visible_here(d.holder_pid_ns) && is_stopped_state(process_state(d.holder_pid));
+      t += fmt("  holder: pid %d (%s), not in the pool%s\n", static_cast<int>(d.holder_pid), command_of(d.holder_pid, d.holder_pid_ns).c_str(),
                stopped ? ", STOPPED (SIGSTOP, Ctrl-Z or a debugger)" : "");
     }
     if (!d.have_queue) {
@@ -274,7 +275,7 @@ std::string render_text(const std::vector<device_report>& devices) {
       size_t n = 0;
       for (const queue_report& q : d.queue) {
         if (q.holding) continue;
-        t += fmt("    %zu. pid %d (%s) tid %d, %s priority, waiting %.3f s%s\n", ++n, static_cast<int>(q.pid), command_for(d, q.pid).c_str(),
+        t += fmt("    %zu. pid %d (%s) tid %d, %s priority, waiting %.3f s%s\n", ++n, static_cast<int>(q.pid), command_for(d, q.pid, q.pid_ns).c_str(),
                  static_cast<int>(q.tid), q.priority.c_str(), seconds_since(q.enqueue_ns, d.now_ns), q.stopped ? ", stopped" : "");
       }
     }
@@ -306,16 +307,16 @@ std::string render_json(const std::vector<device_report>& devices) {
              d.host_slot_size);
     const process_report* holder = nullptr;
     for (const process_report& p : d.processes) {
-      if (p.pid == d.holder_pid) holder = &p;
+      if (p.pid == d.holder_pid && p.pid_ns == d.holder_pid_ns) holder = &p;
     }
     if (d.holder_pid == 0) {
       j += "\"holder\": null,\n   ";
     } else {
       j += fmt("\"holder\": {\"pid\": %d, \"command\": %s, \"held_seconds\": %.6f, \"phase\": %s, \"stopped\": %s},\n   ",
-               static_cast<int>(d.holder_pid), json_string(command_for(d, d.holder_pid)).c_str(),
+               static_cast<int>(d.holder_pid), json_string(command_for(d, d.holder_pid, d.holder_pid_ns)).c_str(),
                holder != nullptr ? seconds_since(holder->holding_since_ns, d.now_ns) : 0.0,
                json_string(holder != nullptr ? holder->phase : "?").c_str(),
-               (holder != nullptr ? holder->stopped : is_stopped_state(process_state(d.holder_pid))) ? "true" : "false");
+               (holder != nullptr ? holder->stopped : visible_here(d.holder_pid_ns) && is_stopped_state(process_state(d.holder_pid))) ? "true" : "false");
     }
     j += fmt("\"holds\": {\"mean_seconds\": %.6f, \"jitter_seconds\": %.6f, \"predictable\": %s},\n   ", d.hold_mean_ns / 1e9,
              d.hold_jitter_ns / 1e9, d.holds_predictable ? "true" : "false");
@@ -331,7 +332,7 @@ std::string render_json(const std::vector<device_report>& devices) {
         first = false;
         j += fmt("\"pid\": %d, \"tid\": %d, \"command\": %s, \"priority\": %s, \"ticket\": %" PRIu64
                  ", \"waiting_seconds\": %.6f, \"stopped\": %s}",
-                 static_cast<int>(q.pid), static_cast<int>(q.tid), json_string(command_for(d, q.pid)).c_str(), json_string(q.priority).c_str(),
+                 static_cast<int>(q.pid), static_cast<int>(q.tid), json_string(command_for(d, q.pid, q.pid_ns)).c_str(), json_string(q.priority).c_str(),
                  q.ticket, seconds_since(q.enqueue_ns, d.now_ns), q.stopped ? "true" : "false");
       }
       j += "]";

@@ -39,6 +39,7 @@ class device_lock;
 struct process_report {
   uint32_t member = 0;
   pid_t pid = 0;
+  uint64_t pid_ns = 0;           // the PID namespace `pid` belongs to
   std::string command;           // /proc/<pid>/comm ("?" when gone)
   std::string phase;             // idle | waiting | restoring | running
   bool stopped = false;          // SIGSTOP, Ctrl-Z or a debugger (/proc/<pid>/stat state T or t)
@@ -53,6 +54,7 @@ struct process_report {
 struct queue_report {
   pid_t pid = 0;
   pid_t tid = 0;
+  uint64_t pid_ns = 0;  // the PID namespace `pid` and `tid` belong to
   std::string priority;  // normal | high
   uint64_t ticket = 0;
   bool holding = false;
@@ -78,6 +80,7 @@ struct device_report {
   std::vector<process_report> processes;  // by member index
   // The holder (pid 0 when nobody holds the lock), from the queue, else from the members.
   pid_t holder_pid = 0;
+  uint64_t holder_pid_ns = 0;
   // How long holds last (the lock's moving averages; 0 before the first release), and
   // whether they are regular enough for waiters to wake ahead of a release (docs/lock.md).
   uint64_t hold_mean_ns = 0, hold_jitter_ns = 0;

@@ -301,8 +301,12 @@ int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* o
   }
   if (rc == ok) rc = adopt(base, size, name, path, out);  // unmaps when it fails
   else ::munmap(base, size);
-  // A member keeps its descriptor: it carries the member's liveness lease (take_member_lease).
-  if (rc == ok && !read_only) rc = register_lease_fd(fd);
+  // A member keeps its descriptor: it carries the member's liveness lease (take_member_lease),
+  // high, so that it is the last of a dying member's descriptors to close.
+  if (rc == ok && !read_only) {
+    fd = move_lease_fd_high(fd);
+    rc = register_lease_fd(fd);
+  }
   if (rc != ok || read_only) {
     ::close(fd);
     if (rc != ok) out->reset();

@@ -19,7 +19,8 @@ namespace vramswap::detail {
 
 class pool_segment {
  public:
-  // The shm name of `device_key`'s pool under the current VRAMSWAP_SHM_PREFIX.
+  // The file name ("/<p>vramswap-<owner>-pool-<key>") of `device_key`'s pool segment in the
+  // runtime dir, under the current VRAMSWAP_SHM_PREFIX.
   static int name_for(const std::string& device_key, std::string* out) noexcept;
 
   // Where a server serves, for the message that a second server of the device gets.

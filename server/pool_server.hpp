@@ -11,15 +11,17 @@
 //          member table, pool/pool_layout.hpp), opens the device lock, and listens on
 //          <runtime dir>/<prefix><key>.sock (mode 0600, 0660 with VRAMSWAP_GROUP).
 //   run    a poll() loop. A new connection: SO_PEERCRED must show the server's uid, root,
-//          or (with VRAMSWAP_GROUP) a member of that group; the hello must carry the
-//          protocol's magic and version and the peer's own pid; else an error welcome with
+//          or (with VRAMSWAP_GROUP) a member of that group (SO_PEERGROUPS); the hello must
+//          carry the protocol's magic and version, and where this server can see the peer
+//          (pool/pool_protocol.hpp) its true pid, namespace and start time; else an error welcome with
 //          a message, and the connection is closed. Then a member slot, the welcome and
 //          the frames' descriptors in batches of 250 (pool/pool_protocol.hpp). The
 //          connection then stays open and silent.
 //   repair a connection's hang-up means its process is gone (or has left the pool). Once
-//          the process is really dead (zombie or gone: its last GPU work and mappings are
-//          then torn down; at most k_repair_grace_ms after the hang-up for a process that
-//          closed the connection and lives on), every frame the member owns, in any state,
+//          its member lease is gone (pool/pool_layout.hpp: the lease descriptor is the last
+//          of a dying process's to close, so its GPU work and mappings are torn down by
+//          then; at most k_repair_grace_ms after the hang-up for a process that closed the
+//          connection and lives on), every frame the member owns, in any state,
 //          is scrubbed and then moved to free by compare-and-swap; the member slot is
 //          freed; waiters for free frames are woken (notify_freed); and the device lock is
 //          repaired (device_lock::repair_now), so a lock the dead process held passes on.
@@ -27,9 +29,10 @@
 //   pool   frames), faulted in at start by a few threads (so RAM is committed before any
 //          client relies on it, and a host too small fails here, by name), its slot table
 //          in the pool segment, its descriptor sent to each client after the frames. The
-//          server never reads or writes slot contents. A dead member's slots are freed at
-//          repair (not zeroed: docs/swap.md, "Shared host pool", says why none is needed).
-//   metrics with a metrics port, also a TCP listener on 127.0.0.1 only, served from a thread
+//          server reads no slot contents; it zeroes a dead member's slots at repair, then
+//          frees them (every member maps the whole host pool: docs/security.md).
+//   metrics with a metrics port, also a TCP listener (127.0.0.1 unless --metrics-address
+//          says otherwise: server/metrics_endpoint.hpp), served from a thread
 //          of its own (server/metrics_endpoint.hpp), never from the poll() loop: GET /metrics
 //          answers the device's gauges and counters in the Prometheus text format
 //          (pool/pool_report.hpp), one short request per connection (HTTP/1.0, closed after
@@ -75,7 +78,7 @@ struct pool_server_options {
   std::string host_pool;      // empty: VRAMSWAP_HOST_POOL; size or percent of RAM; "0": no shared host pool
   int64_t idle_exit_s = 0;    // > 0: stop after this many seconds with no client; 0: never
   bool log_to_file = false;   // send stdout/stderr to <runtime dir>/<key>.log (on-demand mode)
-  // Prometheus metrics at http://127.0.0.1:PORT/metrics: a port number (0: any free port);
+  // Prometheus metrics at http://ADDRESS:PORT/metrics (server/metrics_endpoint.hpp): a port number (0: any free port);
   // empty: VRAMSWAP_METRICS_PORT (empty there too: no endpoint). docs/observability.md.
   std::string metrics_port;
 };
@@ -115,7 +118,7 @@ class pool_server {
   // Host slots of the shared host pool (0: none), and those freed by repairs since start.
   uint32_t host_slot_count() const noexcept { return host_slots_; }
   uint64_t slots_repaired() const noexcept { return slots_repaired_; }
-  // The metrics endpoint's port on 127.0.0.1 (0: none).
+  // The metrics endpoint's port (0: none).
   uint16_t metrics_port() const noexcept { return metrics_port_; }
 
  private:

@@ -264,6 +264,7 @@ class Vramswapd : public ::testing::Test {
     test::unset_env("VRAMSWAP_METRICS_PORT");
     test::unset_env("VRAMSWAP_POOL_SIZE");
     test::unset_env("VRAMSWAP_GROUP");
+    test::set_env("VRAMSWAP_LOG", "info");  // the cases read vramswapd's info lines (CI runs at warn)
     files_ = "/tmp/vramswap-healthtest-" + tag + "-";
   }
   void TearDown() override {
