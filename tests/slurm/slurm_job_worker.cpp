@@ -95,16 +95,34 @@ uint64_t random_seed() {
 // take those frames back (a demotion) while the jobs run.
 using barrier_fn = std::function<bool()>;
 
+// What each mode works with: `bytes` of device memory from its session, a host staging
+// buffer of the same size, and a stream.
+struct workspace {
+  backend& be;
+  device_ptr buf = 0;
+  void* staging = nullptr;
+  stream_id st = 0;
+
+  template <typename Session>
+  workspace(Session& s, uint64_t bytes) : be(s.get_backend()) {
+    check(s.memory().malloc(bytes, &buf), "malloc");
+    check(be.host_alloc(bytes, &staging), "host_alloc");
+    check(be.stream_create(0, &st), "stream_create");
+  }
+  ~workspace() {
+    check(be.stream_destroy(st), "stream_destroy");
+    check(be.host_free(staging), "host_free");
+  }
+};
+
 int time_sharing(uint64_t bytes, int turns, int hold_ms, uint64_t seed, const barrier_fn& meet) {
   std::unique_ptr<device_session> s;
   check(device_session::open(0, &s), "opening the time-sharing session of device 0");
-  backend& be = s->get_backend();
-  device_ptr buf = 0;
-  check(s->memory().malloc(bytes, &buf), "malloc");
-  void* staging = nullptr;
-  check(be.host_alloc(bytes, &staging), "host_alloc");
-  stream_id st = 0;
-  check(be.stream_create(0, &st), "stream_create");
+  workspace w(*s, bytes);
+  backend& be = w.be;
+  const device_ptr buf = w.buf;
+  void* const staging = w.staging;
+  const stream_id st = w.st;
   if (!meet()) return 4;
   const uint64_t start = monotonic_ns();
   for (int turn = 0; turn < turns; ++turn) {
@@ -132,8 +150,6 @@ int time_sharing(uint64_t bytes, int turns, int hold_ms, uint64_t seed, const ba
   const session_stats ss = s->stats();
   std::printf("time-sharing turns=%d bytes_in=%" PRIu64 " bytes_out=%" PRIu64 "\n", turns, ss.pager.bytes_in, ss.pager.bytes_out);
   std::printf("span %" PRIu64 " %" PRIu64 "\n", start, monotonic_ns());
-  check(be.stream_destroy(st), "stream_destroy");
-  check(be.host_free(staging), "host_free");
   return 0;
 }
 
@@ -141,13 +157,11 @@ int oversubscribed(uint64_t bytes, double seconds, uint64_t seed, const barrier_
   launch_gate::set_installed();  // this program brackets its device work itself, as the preload shim does
   std::unique_ptr<oversubscribed_session> s;
   check(oversubscribed_session::open(0, &s), "opening the oversubscribed session of device 0");
-  backend& be = s->get_backend();
-  device_ptr buf = 0;
-  check(s->memory().malloc(bytes, &buf), "malloc");
-  void* staging = nullptr;
-  check(be.host_alloc(bytes, &staging), "host_alloc");
-  stream_id st = 0;
-  check(be.stream_create(0, &st), "stream_create");
+  workspace w(*s, bytes);
+  backend& be = w.be;
+  const device_ptr buf = w.buf;
+  void* const staging = w.staging;
+  const stream_id st = w.st;
   if (!meet()) return 4;
   const uint64_t start = monotonic_ns();
   const auto t0 = std::chrono::steady_clock::now();
@@ -178,8 +192,6 @@ int oversubscribed(uint64_t bytes, double seconds, uint64_t seed, const barrier_
   const oversubscribed_stats os = s->stats();
   std::printf("oversub rounds=%d demoted=%" PRIu64 " promoted=%" PRIu64 "\n", round, os.pages_demoted, os.pages_promoted);
   std::printf("span %" PRIu64 " %" PRIu64 "\n", start, monotonic_ns());
-  check(be.stream_destroy(st), "stream_destroy");
-  check(be.host_free(staging), "host_free");
   return 0;
 }
 
