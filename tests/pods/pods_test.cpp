@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -57,6 +58,19 @@ class Pods : public ::testing::Test {
     ASSERT_EQ(::mkdir(dir_.c_str(), 0700), 0) << dir_;
     ASSERT_EQ(::chown(dir_.c_str(), 0, k_group), 0);
     ASSERT_EQ(::chmod(dir_.c_str(), 02770), 0);
+    // The pods' programs, where their uids may run them (a build tree may be in a private
+    // home), as an image would carry them: the worker, the demo, and vramswapd beside it.
+    bin_ = dir_ + "-bin";
+    ASSERT_EQ(::mkdir(bin_.c_str(), 0755), 0) << bin_;
+    ASSERT_EQ(::chmod(bin_.c_str(), 0755), 0);
+    for (const char* program : {VRAMSWAP_POD_WORKER, VRAMSWAP_DEMO, VRAMSWAP_SERVER_BINARY}) {
+      const std::string name = std::filesystem::path(program).filename();
+      std::filesystem::copy_file(program, bin_ + "/" + name);
+      ASSERT_EQ(::chmod((bin_ + "/" + name).c_str(), 0755), 0);
+    }
+    worker_ = bin_ + "/" + std::filesystem::path(VRAMSWAP_POD_WORKER).filename().string();
+    demo_ = bin_ + "/" + std::filesystem::path(VRAMSWAP_DEMO).filename().string();
+    server_binary_ = bin_ + "/" + std::filesystem::path(VRAMSWAP_SERVER_BINARY).filename().string();
   }
   void TearDown() override {
     for (pod& p : pods_) {
@@ -70,7 +84,7 @@ class Pods : public ::testing::Test {
       ::kill(server_, SIGKILL);
       ::waitpid(server_, nullptr, 0);
     }
-    if (!dir_.empty()) std::system(("rm -rf " + dir_).c_str());
+    if (!dir_.empty()) std::system(("rm -rf " + dir_ + " " + bin_ + " " + dir_ + "-pod*.err").c_str());
   }
 
   // The pods' whole environment: the runtime dir and group, the backend (host, or
@@ -91,7 +105,7 @@ class Pods : public ::testing::Test {
   // the outsider).
   pod& start(uid_t uid, const std::vector<std::string>& args) {
     pod p;
-    p.err_path = dir_ + "/../" + dir_.substr(dir_.rfind('/') + 1) + "-pod" + std::to_string(pods_.size()) + ".err";
+    p.err_path = dir_ + "-pod" + std::to_string(pods_.size()) + ".err";
     const std::string groups = uid == k_outsider ? std::to_string(k_outsider) : std::to_string(k_group);
     const std::string gid = uid == k_outsider ? std::to_string(k_outsider) : std::to_string(k_group);
     std::vector<std::string> argv = {"unshare", "--pid", "--fork", "--kill-child", "--mount", "--ipc", "--uts", "--mount-proc",
@@ -151,6 +165,7 @@ class Pods : public ::testing::Test {
   }
 
   std::string dir_;
+  std::string bin_, worker_, demo_, server_binary_;
   std::deque<pod> pods_;  // a deque: start() hands out references that later starts keep valid
   pid_t server_ = -1;
 };
@@ -166,7 +181,7 @@ TEST_F(Pods, ThreePodsIncrementACounterExactlyUnderTheLock) {
     ::close(fd);
   }
   constexpr int k_each = 10000;
-  for (uid_t uid : {4701u, 4702u, 4703u}) start(uid, {VRAMSWAP_POD_WORKER, "count", counter, std::to_string(k_each)});
+  for (uid_t uid : {4701u, 4702u, 4703u}) start(uid, {worker_, "count", counter, std::to_string(k_each)});
   for (pod& p : pods_) {
     const std::string errors = errors_of(p);
     EXPECT_EQ(finish(p), 0) << errors;
@@ -179,9 +194,9 @@ TEST_F(Pods, ThreePodsIncrementACounterExactlyUnderTheLock) {
 }
 
 TEST_F(Pods, AHolderKilledInOnePodLetsAWaiterInAnotherProceedWithin100ms) {
-  pod& holder = start(4701, {VRAMSWAP_POD_WORKER, "hold"});
+  pod& holder = start(4701, {worker_, "hold"});
   ASSERT_EQ(line_of(holder), "holding") << errors_of(holder);
-  pod& waiter = start(4702, {VRAMSWAP_POD_WORKER, "wait"});
+  pod& waiter = start(4702, {worker_, "wait"});
   ASSERT_EQ(line_of(waiter), "waiting") << errors_of(waiter);
   // Still waiting a while later: the live holder in another PID namespace is not taken for dead.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -207,15 +222,15 @@ TEST_F(Pods, TwoPodsTakeTurnsOnTheDeviceWithEveryByteIntact) {
   std::vector<char*> cenv;
   for (std::string& v : e) cenv.push_back(v.data());
   cenv.push_back(nullptr);
-  const char* argv[] = {VRAMSWAP_SERVER_BINARY, "--foreground", "--pool-size", "64M", nullptr};
-  ASSERT_EQ(::posix_spawn(&server_, VRAMSWAP_SERVER_BINARY, nullptr, nullptr, const_cast<char**>(argv), cenv.data()), 0);
+  const char* argv[] = {server_binary_.c_str(), "--foreground", "--pool-size", "64M", nullptr};
+  ASSERT_EQ(::posix_spawn(&server_, server_binary_.c_str(), nullptr, nullptr, const_cast<char**>(argv), cenv.data()), 0);
   const std::string socket = dir_ + "/host-0.sock";
   for (int i = 0; i < 300 && ::access(socket.c_str(), F_OK) != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_EQ(::access(socket.c_str(), F_OK), 0) << "vramswapd did not create " << socket;
   // 40 MiB each, 80 MiB together over a 64 MiB pool: every turn brings memory back.
   const std::string bytes = std::to_string(40u << 20);
-  pod& a = start(4701, {VRAMSWAP_DEMO, "--worker", "0", bytes, "4"});
-  pod& b = start(4702, {VRAMSWAP_DEMO, "--worker", "1", bytes, "4"});
+  pod& a = start(4701, {demo_, "--worker", "0", bytes, "4"});
+  pod& b = start(4702, {demo_, "--worker", "1", bytes, "4"});
   std::string turns_a, turns_b;
   for (std::string l = line_of(a); !l.empty(); l = line_of(a)) turns_a += l + "\n";
   for (std::string l = line_of(b); !l.empty(); l = line_of(b)) turns_b += l + "\n";
@@ -233,7 +248,7 @@ TEST_F(Pods, TwoPodsTakeTurnsOnTheDeviceWithEveryByteIntact) {
 }
 
 TEST_F(Pods, APodOutsideTheGroupIsRefusedClearly) {
-  pod& p = start(k_outsider, {VRAMSWAP_POD_WORKER, "hold"});
+  pod& p = start(k_outsider, {worker_, "hold"});
   const std::string line = line_of(p);
   const std::string errors = errors_of(p);
   EXPECT_EQ(finish(p), 1) << line << errors;
@@ -246,7 +261,7 @@ TEST_F(Pods, AnyMemberRestartsThePoolAnotherMemberStarted) {
   // Member 4701's pod starts the pool on demand; its namespace ends with it, and the server
   // with it (killed: its files stay behind). Member 4702's pod then starts the pool again
   // over the files 4701 made: they were made for the group.
-  pod& first = start(4701, {VRAMSWAP_DEMO, "--worker", "0", std::to_string(8u << 20), "1"});
+  pod& first = start(4701, {demo_, "--worker", "0", std::to_string(8u << 20), "1"});
   while (!line_of(first).empty()) {
   }
   const std::string errors_first = errors_of(first);
@@ -256,7 +271,7 @@ TEST_F(Pods, AnyMemberRestartsThePoolAnotherMemberStarted) {
   EXPECT_EQ(st.st_uid, 4701u);
   EXPECT_EQ(st.st_gid, k_group) << "files in the runtime dir belong to the group";
   EXPECT_EQ(st.st_mode & 0777, 0660u);
-  pod& second = start(4702, {VRAMSWAP_DEMO, "--worker", "1", std::to_string(8u << 20), "1"});
+  pod& second = start(4702, {demo_, "--worker", "1", std::to_string(8u << 20), "1"});
   std::string turns;
   for (std::string l = line_of(second); !l.empty(); l = line_of(second)) turns += l + "\n";
   const std::string errors = errors_of(second);
