@@ -106,8 +106,12 @@ class Pods : public ::testing::Test {
   pod& start(uid_t uid, const std::vector<std::string>& args) {
     pod p;
     p.err_path = dir_ + "-pod" + std::to_string(pods_.size()) + ".err";
-    const std::string groups = uid == k_outsider ? std::to_string(k_outsider) : std::to_string(k_group);
-    const std::string gid = uid == k_outsider ? std::to_string(k_outsider) : std::to_string(k_group);
+    // Each pod's primary group is its own (as a pod's runAsGroup would be); the shared group
+    // is a supplementary one (supplementalGroups), so that sharing rests on the supplementary
+    // groups the kernel reports (SO_PEERGROUPS, the runtime dir's permissions), not on a
+    // primary group the pods happen to have in common.
+    const std::string gid = std::to_string(uid);
+    const std::string groups = uid == k_outsider ? std::to_string(k_outsider) : std::to_string(uid) + "," + std::to_string(k_group);
     std::vector<std::string> argv = {"unshare", "--pid", "--fork", "--kill-child", "--mount", "--ipc", "--uts", "--mount-proc",
                                      "--", "sh", "-c",
                                      "u=$1 g=$2 gs=$3; shift 3; "
