@@ -390,7 +390,10 @@ int find_server(std::string* path, std::string* tried) noexcept {
         const std::string lib = ::realpath(holder.c_str(), resolved) != nullptr ? resolved : holder;
         const std::string dir = directory_of(lib);
         candidates.push_back(dir + "/vramswapd");
-        candidates.push_back(dir + "/../bin/vramswapd");
+        // Installed: the bin directory as this build installs it beside its library directory
+        // (lib/x86_64-linux-gnu/../../bin under a multiarch prefix), then the usual places.
+        candidates.push_back(dir + "/" VRAMSWAP_BINDIR_FROM_LIBDIR "/vramswapd");
+        if (std::string(VRAMSWAP_BINDIR_FROM_LIBDIR) != "../bin") candidates.push_back(dir + "/../bin/vramswapd");
         candidates.push_back(dir + "/../libexec/vramswapd");
       }
     }

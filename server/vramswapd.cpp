@@ -17,6 +17,9 @@
 // the next server to clean up). Exit 1 when the server cannot start (the reason is printed),
 // 2 on a usage error.
 //
+// Under a service manager that set NOTIFY_SOCKET (systemd, Type=notify: deploy/systemd), the
+// server says READY=1 once it serves and STOPPING=1 at SIGTERM (server/service_notify.hpp).
+//
 // The metrics endpoint (--metrics-port) also answers /healthz and /readyz for a container
 // runtime's probes (server/metrics_endpoint.hpp); --metrics-address moves it off loopback so
 // that a pod's kubelet and Prometheus can reach it. docs/deploy.md.
@@ -37,6 +40,7 @@
 #include "pool/preload_shim.hpp"
 #include "server/metrics_endpoint.hpp"
 #include "server/pool_server.hpp"
+#include "server/service_notify.hpp"
 
 namespace {
 
@@ -212,8 +216,13 @@ int main(int argc, char** argv) {
   // A signal during the build found no server to stop: stop now, before serving anyone.
   if (g_stop_requested != 0) server->request_stop();
   report(static_cast<int>(ready_fd), "ready " + std::to_string(::getpid()));
+  notify_service_manager("READY=1\nMAINPID=" + std::to_string(::getpid()) + "\nSTATUS=serving device " +
+                         std::to_string(options.device));
 
   const int rc = server->run();
+  // Told here, not in the signal handler (building the message is not async-signal-safe):
+  // the loop has stopped, the connections and the pool go next.
+  notify_service_manager("STOPPING=1\nSTATUS=stopping: releasing the pool");
   if (rc != ok) log(log_level::error, "vramswapd: %s", last_error());
   g_server.store(nullptr);
   server.reset();

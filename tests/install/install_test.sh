@@ -6,7 +6,8 @@
 #     `cmake --install BUILD --prefix PREFIX` (PREFIX emptied first). The installed CMake files
 #     must name no internal target and no dependency of the library (a consumer needs neither
 #     Boost nor liburing nor Threads) and no path of the source or build tree (relocatable);
-#     the installed headers must pull in no header of Boost, liburing, CUDA or the source tree.
+#     the installed headers must pull in no header of Boost, liburing, CUDA or the source tree;
+#     the systemd unit template must start PREFIX's vramswapd.
 #   install_test.sh find_package PREFIX WORK CMAKE GENERATOR MAKE CXX FLAGS
 #     Configure, build and run consumer/ with find_package(vramswap 0.1), finding vramswap in
 #     PREFIX and nowhere else; find_package(vramswap 1.0) must fail (SameMajorVersion).
@@ -61,7 +62,16 @@ install)
   # The programs: the pool server (started on demand from lib/../bin) and the command line.
   [[ -x $prefix/bin/vramswapd ]] || fail "no bin/vramswapd under $prefix"
   "$prefix/bin/vramswap" --help >/dev/null 2>&1 || fail "$prefix/bin/vramswap --help failed (missing, or it finds no libvramswap)"
-  echo "install_test install: $prefix holds the library, the headers, both package descriptions, vramswapd and vramswap"
+  # The systemd unit template, naming the daemon where this prefix holds it.
+  unit=$prefix/lib/systemd/system/vramswapd@.service
+  [[ -f $unit ]] || fail "no $unit"
+  grep -qxF "ExecStart=$prefix/bin/vramswapd --foreground --device %i" "$unit" ||
+    fail "$unit does not start $prefix/bin/vramswapd: $(grep ExecStart "$unit")"
+  grep -qx "Type=notify" "$unit" || fail "$unit is not Type=notify"
+  doc=$(sed -n 's|^Documentation=file://||p' "$unit")
+  [[ -f $doc ]] || fail "$unit points at documentation that is not installed: $doc"
+  if grep -n '@[A-Za-z_]*@' "$unit"; then fail "$unit holds unfilled template variables (above)"; fi
+  echo "install_test install: $prefix holds the library, the headers, both package descriptions, vramswapd, vramswap and vramswapd@.service"
   ;;
 
 find_package)

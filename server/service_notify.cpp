@@ -1,0 +1,49 @@
+#include "server/service_notify.hpp"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/log.hpp"
+
+namespace vramswap::detail {
+
+bool notify_service_manager(const std::string& state) noexcept {
+  const char* where = std::getenv("NOTIFY_SOCKET");
+  if (where == nullptr || where[0] == '\0') return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const size_t len = std::strlen(where);
+  if ((where[0] != '/' && where[0] != '@') || len >= sizeof addr.sun_path) {
+    log(log_level::warn, "vramswapd: NOTIFY_SOCKET=%s is neither a socket path nor an @abstract name that fits; the service "
+        "manager is not told this server's state", where);
+    return false;
+  }
+  std::memcpy(addr.sun_path, where, len);
+  if (where[0] == '@') addr.sun_path[0] = '\0';  // the abstract namespace
+  const socklen_t addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len + (where[0] == '@' ? 0 : 1));
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    log(log_level::warn, "vramswapd: telling the service manager (%s): socket: %s", where, std::strerror(errno));
+    return false;
+  }
+  ssize_t sent;
+  do {
+    sent = ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&addr), addr_len);
+  } while (sent < 0 && errno == EINTR);
+  const int e = errno;
+  ::close(fd);
+  if (sent != static_cast<ssize_t>(state.size())) {
+    log(log_level::warn, "vramswapd: telling the service manager (NOTIFY_SOCKET=%s) \"%s\" failed: %s", where, state.c_str(),
+        sent < 0 ? std::strerror(e) : "a short send");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace vramswap::detail
