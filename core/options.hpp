@@ -81,6 +81,8 @@ constexpr option_form percent_form(const char* percent_of) {
     "shown by `vramswap status`); empty: no metrics endpoint")                                   \
   X(evict_timeout, "VRAMSWAP_EVICT_TIMEOUT", "30", count_form(1, 86400),                         \
     "seconds an acquirer waits for another process to evict frames it asked for")                \
+  X(wait_notice, "VRAMSWAP_WAIT_NOTICE", "10", count_form(0, 86400),                             \
+    "seconds a thread waits for the device lock before it logs, once, who holds it (0: never)") \
   X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", flag_form(),                                   \
     "1: evict this process's memory at every release")                                           \
   X(strict, "VRAMSWAP_STRICT", "0", flag_form(),                                                 \

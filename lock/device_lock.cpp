@@ -1,15 +1,20 @@
 #include "lock/device_lock.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
 #include <limits>
 
 #include "core/log.hpp"
+#include "core/options.hpp"
 #include "core/status.hpp"
 #include "lock/crash_points.hpp"
 #include "lock/futex.hpp"
 #include "lock/liveness_lease.hpp"
+#include "lock/ownership.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/robust_mutex.hpp"
 #include "lock/segment_layout.hpp"
@@ -227,7 +232,12 @@ void device_lock::describe_queue(uint32_t priority, uint64_t ticket, char* buf, 
     const pid_t pid = __atomic_load_n(&slots[holder].pid, __ATOMIC_RELAXED);
     const uint64_t pid_ns = __atomic_load_n(&slots[holder].pid_ns, __ATOMIC_RELAXED);
     describe_process_in(pid, pid_ns, who, sizeof who);
-    appendf(buf, size, &used, "held by %s", who);
+    std::string owner;
+    try {
+      owner = describe_uid(__atomic_load_n(&slots[holder].uid, __ATOMIC_RELAXED));
+    } catch (...) {  // out of memory: the uid's name is a nicety
+    }
+    appendf(buf, size, &used, "held by %s%s%s", who, owner.empty() ? "" : " of ", owner.c_str());
     const uint64_t granted = st->holder_slot.load(std::memory_order_relaxed) == holder
                                  ? st->holder_granted_ns.load(std::memory_order_relaxed) : 0;
     if (granted != 0 && granted < now) appendf(buf, size, &used, " for %.3f s", static_cast<double>(now - granted) / 1e9);
@@ -466,6 +476,7 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
   slot.tid = tid;
   slot.pid_start_time = me.start_time;
   slot.pid_ns = me.pid_ns;
+  slot.uid = static_cast<uint32_t>(::geteuid());
   slot.enqueue_ns = start_ns;
   slot.dead_holder_pid = 0;
   slot.dead_holder_pid_ns = 0;
@@ -518,10 +529,20 @@ int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeou
   uint64_t last_tick = monotonic_ns();
   uint64_t spun_for = 0;  // the predicted release this waiter already spun for
   bool stop = false;
+  // Once, after VRAMSWAP_WAIT_NOTICE: a wait of minutes says whom it waits for.
+  uint64_t notice_s = 0;
+  bool noticed = option_uint(option_id::wait_notice, &notice_s) != ok || notice_s == 0;
   for (;;) {
     if (slot.state.load(std::memory_order_acquire) == slot_holding) return ok;
     const uint64_t now = monotonic_ns();
     if (now >= deadline || stop) break;
+    if (!noticed && now - start_ns >= notice_s * 1'000'000'000) {
+      noticed = true;
+      char queue[768];
+      describe_queue(my_priority, my_ticket, queue, sizeof queue);
+      log(log_level::warn, "lock: waiting %.1f s for %s: %s (VRAMSWAP_WAIT_NOTICE=%" PRIu64 "; said once per wait)",
+          static_cast<double>(now - start_ns) / 1e9, segment_->name().c_str(), queue, notice_s);
+    }
     if (now - last_tick >= static_cast<uint64_t>(k_liveness_poll_ns)) {
       liveness_tick(std::min(deadline, now + static_cast<uint64_t>(k_liveness_poll_ns)));
       last_tick = now;

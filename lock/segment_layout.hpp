@@ -44,7 +44,7 @@ constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-end
 // 4: no Boost managed area after the slots (the segment ends at k_segment_size, 64 KiB),
 //    and the header records no Boost version.
 // 5: a file in the runtime dir; slots are leased (lock/liveness_lease.hpp) and record their
-//    owner's PID namespace, as does the internal mutex's owner.
+//    owner's PID namespace and uid, as the internal mutex records its owner's namespace.
 constexpr uint64_t k_layout_version = 5;
 
 constexpr size_t k_cache_line = 64;
@@ -75,7 +75,7 @@ struct alignas(k_cache_line) waiter_slot {
   uint64_t pid_start_time;           // /proc/<pid>/stat starttime: defeats PID reuse
   uint64_t enqueue_ns;               // CLOCK_MONOTONIC at enqueue
   int32_t dead_holder_pid;           // set at grant: the previous holder died (0: it did not)
-  uint32_t reserved_;
+  uint32_t uid;                      // the owner's effective uid (for messages: whose process)
   uint64_t pid_ns;                   // the owner's PID namespace (for messages: whose pid)
   uint64_t dead_holder_pid_ns;       // with dead_holder_pid
 };

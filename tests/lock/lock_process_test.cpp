@@ -2,9 +2,11 @@
 // priority classes, mutual exclusion (8 processes x 10,000 non-atomic increments), a
 // holder or waiter killed with SIGKILL, and a process killed at each named point inside
 // the lock's own critical sections.
+#include <fcntl.h>
 #include <signal.h>
 
 #include <cstring>
+#include <fstream>
 
 #include "lock/crash_points.hpp"
 #include "lock_test_support.hpp"
@@ -329,6 +331,40 @@ TEST_F(LockProcesses, TimeoutNamesTheHolderAndTheWaitersAhead) {
   EXPECT_NE(message.find("waiters ahead: pid " + std::to_string(ahead)), std::string::npos) << message;
   ASSERT_EQ(lock.release(), ok);
   EXPECT_EQ(reap(ahead), 0);
+}
+
+// A long wait says once, after VRAMSWAP_WAIT_NOTICE seconds, whom it waits for: the holder's
+// pid, command and user, and for how long it has held the lock.
+TEST_F(LockProcesses, ALongWaitSaysOnceWhoHoldsTheLock) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  const std::string log_path = "/tmp/vramswap-wait-notice-" + std::to_string(::getpid()) + ".log";
+  const pid_t waiter = spawn([&] {
+    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || ::dup2(fd, 2) < 0) return 10;
+    option_set(option_id::wait_notice, "1");
+    option_set(option_id::log_level, "warn");
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok) return 11;
+    return mine.acquire(lock_priority::normal, 3'000'000'000) == err_timeout ? 0 : 12;
+  });
+  EXPECT_EQ(reap_within(waiter, 20s), 0);
+  std::ifstream in(log_path);
+  std::string line, notices;
+  int count = 0;
+  while (std::getline(in, line)) {
+    if (line.find("lock: waiting ") == std::string::npos) continue;
+    ++count;
+    notices += line + "\n";
+  }
+  ::unlink(log_path.c_str());
+  EXPECT_EQ(count, 1) << "one notice per wait, after 1 s of a 3 s wait:\n" << notices;
+  EXPECT_NE(notices.find("held by pid " + std::to_string(::getpid()) + " ("), std::string::npos) << notices;
+  EXPECT_NE(notices.find(" of uid " + std::to_string(::geteuid())), std::string::npos) << "the holder's user:\n" << notices;
+  EXPECT_NE(notices.find(" for "), std::string::npos) << "how long it has held the lock:\n" << notices;
+  EXPECT_NE(notices.find("VRAMSWAP_WAIT_NOTICE"), std::string::npos) << "the setting that made it speak:\n" << notices;
+  ASSERT_EQ(lock.release(), ok);
 }
 
 volatile sig_atomic_t g_signals = 0;
