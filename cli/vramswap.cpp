@@ -2,6 +2,8 @@
 //
 //   vramswap status [--json | --prometheus] [--device KEY]
 //   vramswap trace --out FILE [--seconds N] [--device KEY]
+//   vramswap config [--markdown]
+//   vramswap --version
 //
 // status  per device: the pool (size, free frames), the lock's holder (pid, command, held
 //         since), the queue (priorities, waiting times), and per process its resident, host
@@ -12,6 +14,8 @@
 //         the devices' trace rings until SIGINT/SIGTERM or N seconds have passed, then writes
 //         a Chrome/Perfetto trace (JSON, one track group per process) that chrome://tracing
 //         and ui.perfetto.dev open.
+// config  every VRAMSWAP_* setting in effect, with its source; --markdown prints the
+//         configuration reference instead (cli/config_reference.hpp).
 //
 // Devices are found by their pool segments in the runtime dir under VRAMSWAP_SHM_PREFIX; nothing
 // here initializes CUDA or any backend. Exit: 0 ok, 1 failure (the reason is printed), 2
@@ -33,12 +37,14 @@
 #include <thread>
 #include <vector>
 
+#include "config_reference.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "pool/pool_layout.hpp"
 #include "pool/pool_report.hpp"
 #include "pool/pool_segment.hpp"
 #include "lock/process_identity.hpp"
+#include "vramswap/version.hpp"
 
 namespace {
 using namespace vramswap::detail;
@@ -47,6 +53,8 @@ void usage(FILE* out) {
   std::fprintf(out,
                "usage: vramswap status [--json | --prometheus] [--device KEY]\n"
                "       vramswap trace --out FILE [--seconds N] [--device KEY]\n"
+               "       vramswap config [--markdown]\n"
+               "       vramswap --version\n"
                "\n"
                "status   who holds each device, who waits and why, and what each process has where:\n"
                "         pool size and free frames; the holder (pid, command, held since); the queue\n"
@@ -55,6 +63,9 @@ void usage(FILE* out) {
                "trace    record lock and swap events of every process until Ctrl-C (SIGINT/SIGTERM)\n"
                "         or --seconds N, then write FILE: a Chrome/Perfetto trace (open it in\n"
                "         ui.perfetto.dev or chrome://tracing), one track group per process.\n"
+               "config   every VRAMSWAP_* setting in effect here: its value and whether it came from the\n"
+               "         environment or is the default; a bad value is marked (exit 1). --markdown: the\n"
+               "         configuration reference (docs/configuration.md) instead.\n"
                "--device KEY   only this device (\"host-0\", \"GPU-...\"); default: every device with a pool\n"
                "\n"
                "Environment: VRAMSWAP_SHM_PREFIX selects the deployment. See docs/observability.md.\n");
@@ -344,6 +355,30 @@ int cmd_trace(int argc, char** argv) {
   return rc;
 }
 
+// --- config ------------------------------------------------------------------------------
+
+int cmd_config(int argc, char** argv) {
+  bool markdown = false;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--markdown") == 0) {
+      markdown = true;
+    } else {
+      std::fprintf(stderr, "vramswap config: bad argument \"%s\"\n\n", argv[i]);
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (markdown) {
+    const std::string text = render_configuration_reference();
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
+  bool valid = true;
+  const std::string text = render_effective_settings(&valid);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return valid ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -351,7 +386,12 @@ int main(int argc, char** argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  if (std::strcmp(argv[1], "--version") == 0) {
+    std::printf("vramswap %d.%d.%d\n", VRAMSWAP_VERSION_MAJOR, VRAMSWAP_VERSION_MINOR, VRAMSWAP_VERSION_PATCH);
+    return 0;
+  }
   const std::string cmd = argv[1];
+  if (cmd == "config") return cmd_config(argc - 2, argv + 2);
   if (cmd == "status" || cmd == "trace") {
     // The same settings as the library's (VRAMSWAP_SHM_PREFIX picks the deployment): a bad
     // one is an error here too, rather than a report on some other deployment.

@@ -65,11 +65,18 @@ constexpr option_form percent_form(const char* percent_of) {
   X(arena_size, "VRAMSWAP_ARENA_SIZE", "200%", percent_form("device memory"),                    \
     "virtual reservation per process and device: size, or percent of device memory")           \
   X(group, "VRAMSWAP_GROUP", "", text_form(),                                                    \
-    "group allowed to share the per-device segments (mode 0660); empty: owner only (0600)")     \
+    "group whose users share the runtime dir and every file in it (mode 2770 / 0660, owned by "   \
+    "the group; a name or a number); empty: owner only (0700 / 0600). docs/security.md")        \
   X(shm_prefix, "VRAMSWAP_SHM_PREFIX", "", name_form(),                                          \
-    "prefix of the per-device segment names and the pool server's files: each prefix is a pool of its own") \
+    "prefix of the per-device segment names and of the pool server's files (socket, locks, log), " \
+    "so that separate deployments or test runs in one runtime dir never collide: each prefix "    \
+    "is a pool of its own, with its own server")                                                 \
   X(runtime_dir, "VRAMSWAP_RUNTIME_DIR", "", text_form(),                                        \
-    "directory of everything a device's processes share (segments, socket, lock files, log); empty: /tmp/vramswap-<uid> (-g<gid> with VRAMSWAP_GROUP)")                        \
+    "the directory of everything the processes of a device share: lock and pool segments, the "  \
+    "pool server's socket, lock files and log (containers share a device by sharing this "       \
+    "directory alone; another directory is another pool); empty: /tmp/vramswap-<uid> "            \
+    "(-g<gid> with VRAMSWAP_GROUP). It must be yours (or the group's) with mode 0700 (2770 or "   \
+    "0770): anything else is refused, naming its owner")                                         \
   X(pool_size, "VRAMSWAP_POOL_SIZE", "", percent_form("device memory"),                          \
     "pool size: bytes or percent of device memory; empty: free memory less a reserve")           \
   X(pool_idle_exit, "VRAMSWAP_POOL_IDLE_EXIT", "60", count_form(0, 365ull * 24 * 3600),          \
@@ -77,12 +84,14 @@ constexpr option_form percent_form(const char* percent_of) {
   X(server_path, "VRAMSWAP_SERVER", "", text_form(),                                             \
     "path of vramswapd, for starting it on demand; empty: next to the library holding vramswap")  \
   X(metrics_port, "VRAMSWAP_METRICS_PORT", "", count_form(0, 65535),                             \
-    "the pool server serves Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port, " \
-    "shown by `vramswap status`); empty: no metrics endpoint")                                   \
+    "the pool server serves Prometheus metrics at http://127.0.0.1:PORT/metrics, or at the "      \
+    "address of `vramswapd --metrics-address`, with /healthz and /readyz for probes (0: any free " \
+    "port, shown by `vramswap status`); empty: no metrics endpoint")                             \
   X(evict_timeout, "VRAMSWAP_EVICT_TIMEOUT", "30", count_form(1, 86400),                         \
     "seconds an acquirer waits for another process to evict frames it asked for")                \
   X(wait_notice, "VRAMSWAP_WAIT_NOTICE", "10", count_form(0, 86400),                             \
-    "seconds a thread waits for the device lock before it logs, once, who holds it (0: never)") \
+    "seconds a thread waits for the device lock before it logs, once per wait (at warn), who "   \
+    "holds it: pid, command, user, and for how long; 0: never. A timeout's error says the same") \
   X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", flag_form(),                                   \
     "1: evict this process's memory at every release")                                           \
   X(strict, "VRAMSWAP_STRICT", "0", flag_form(),                                                 \
@@ -107,7 +116,8 @@ constexpr option_form percent_form(const char* percent_of) {
     "up to (whole pages); a spill reserves all it needs in one piece before writing")          \
   X(oversubscribe, "VRAMSWAP_OVERSUBSCRIBE", "0", flag_form(),                                   \
     "1: low priority, no lock: allocations take free pool frames, then host memory, and "       \
-    "lock holders take the pool frames back (run under libvramswap_preload.so)")               \
+    "lock holders take the pool frames back (run under libvramswap_preload.so; "                 \
+    "docs/oversubscription.md)")                                                                 \
   X(oversubscribe_limit, "VRAMSWAP_OVERSUBSCRIBE_LIMIT", "50%", percent_form("RAM"),             \
     "host memory an oversubscribed process may use for what does not fit the pool: size, or "  \
     "percent of RAM")
