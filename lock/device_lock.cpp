@@ -284,7 +284,10 @@ bool device_lock::withdraw(uint32_t mine) noexcept {
 
 // Is the owner of published slot `i` alive? Ours when this object holds its lease (the
 // kernel does not show a description its own locks), else whoever holds the lease elsewhere.
+// In a forked child that has not opened the segment anew, every owner is taken to be alive:
+// its lease descriptor was its parent's (now /dev/null), so it cannot tell.
 bool device_lock::slot_owner_alive(uint32_t i) noexcept {
+  if (!segment_->opened_in_this_process()) return true;
   return segment_->own_leases().has(i) || lease_held_elsewhere(segment_->lease_fd(), i);
 }
 
@@ -580,6 +583,7 @@ int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeou
   if (!withdraw(mine)) {
     const uint32_t state = slot.state.load(std::memory_order_acquire);
     if (state == slot_holding) return ok;
+    let_go_of_lease(mine);  // the slot is no longer ours: neither is its lease
     return fail(err_internal, "device_lock::acquire: our queue slot %u of %s was removed while we waited (state %u)",
                 mine, segment_->name().c_str(), state);
   }
@@ -651,6 +655,7 @@ int device_lock::release() noexcept {
   if (slot.state.load(std::memory_order_relaxed) != slot_holding || !ours) {
     unlock_mutex();
     forget_holding();
+    let_go_of_lease(holder_slot_);
     return fail(err_internal,
                 "device_lock::release: %s no longer records thread %d as its holder (the segment was removed "
                 "and recreated, or reset); nothing was released",

@@ -2,12 +2,11 @@
 
 #include <fcntl.h>
 #include <pthread.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "core/log.hpp"
@@ -37,7 +36,7 @@ void orphan_leases_in_child() noexcept {
     const int fd = slot.load(std::memory_order_relaxed) - 1;
     if (fd < 0) continue;
     if (null_fd < 0) null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (null_fd >= 0) ::dup3(null_fd, fd, O_CLOEXEC);
+    if (null_fd < 0 || ::dup3(null_fd, fd, O_CLOEXEC) < 0) ::close(fd);  // no /dev/null: drop it all the same
   }
   if (null_fd >= 0) ::close(null_fd);
 }
@@ -82,15 +81,15 @@ bool lease_held_elsewhere(int fd, uint32_t index) noexcept {
   return fl.l_type != F_UNLCK;
 }
 
-int move_lease_fd_high(int fd) noexcept {
-  rlimit lim{};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < 2) return fd;
-  const rlim_t want = lim.rlim_cur == RLIM_INFINITY ? k_high_lease_fd : std::min<rlim_t>(lim.rlim_cur - 1, k_high_lease_fd);
-  if (want <= static_cast<rlim_t>(fd)) return fd;
-  const int high = ::fcntl(fd, F_DUPFD_CLOEXEC, static_cast<int>(want));  // the first free one from `want` on
-  if (high < 0) return fd;
-  ::close(fd);
-  return high;
+int open_lease_description(int fd, const char* what, int* out) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  const int lease = ::open(path, O_RDWR | O_CLOEXEC);
+  if (lease < 0) {
+    return fail_errno(errno, "%s: cannot open a second description of it for the liveness leases (%s); mount /proc", what, path);
+  }
+  *out = lease;
+  return ok;
 }
 
 int register_lease_fd(int fd) noexcept {

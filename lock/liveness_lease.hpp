@@ -24,11 +24,13 @@
 // leases (lease_set below) and asks the kernel only about the others.
 //
 // Forks: a forked child shares its parent's open file descriptions, and with them the
-// leases; a child that outlived its parent would keep the parent's slots "alive". Every
-// description that carries leases is registered here, and in a forked child each is replaced
-// by /dev/null (dup2, so the descriptor number stays valid for its owner to close): the
-// child drops its reference and the leases stay with the parent alone. (exec closes them
-// anyway: they are close-on-exec.)
+// leases; a child that outlived its parent would keep the parent's slots "alive". So leases
+// live on a description of their own (open_lease_description), which nothing maps: a shared
+// mapping holds a reference to the description it was made from, which a child inherits
+// with the mapping. Every lease description is registered here, and in a forked child each
+// is replaced by /dev/null (dup3, so the descriptor number stays valid for its owner to
+// close; closed when /dev/null cannot be opened): the child drops its only reference and the
+// leases stay with the parent alone. (exec closes them anyway: they are close-on-exec.)
 #pragma once
 
 #include <sys/types.h>
@@ -39,6 +41,11 @@
 namespace vramswap::detail {
 
 constexpr off_t k_lease_base = off_t{1} << 40;
+
+// A new open file description of the file open at `fd` (through /proc/self/fd, so it is that
+// very file even if its name was replaced meanwhile), close-on-exec, for leases only: never
+// map it. Returns 0, or err_system naming `what`.
+int open_lease_description(int fd, const char* what, int* out) noexcept;
 
 // Take lease `index` on the description behind `fd`. Returns 0; err_busy when another
 // description holds it (its owner freed the slot and has not yet dropped the lease: take
@@ -66,15 +73,6 @@ class lease_set {
   static uint64_t bit(uint32_t i) noexcept { return uint64_t{1} << (i % 64); }
   std::atomic<uint64_t> words_[(Count + 63) / 64] = {};
 };
-
-// A lease goes when its process's last descriptor of the file closes, and a dying process's
-// descriptors close in ascending order. So that a slot is taken for dead only once the rest
-// of the process is closed too (the GPU driver's descriptors among them: its work on the
-// device is torn down before anyone scrubs its frames), a lease descriptor is moved high:
-// to the first free one from k_high_lease_fd on (from the limit less one, when the limit is
-// lower). Returns the new descriptor (`fd` closed), or `fd` itself when none is free there.
-constexpr int k_high_lease_fd = 4096;
-int move_lease_fd_high(int fd) noexcept;
 
 // Register `fd` as carrying leases (see Forks above), or forget it before closing it.
 // At most k_max_lease_fds at once; past that, register returns err_busy.

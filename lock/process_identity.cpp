@@ -102,6 +102,21 @@ uint64_t pid_namespace_of(pid_t pid) noexcept {
   return pid > 0 && ::stat(path, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
+pid_t pidfd_process(int fd) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
+  const int in = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (in < 0) return -2;
+  char buf[1024];
+  const ssize_t n = ::read(in, buf, sizeof buf - 1);
+  ::close(in);
+  if (n <= 0) return -2;
+  buf[n] = '\0';
+  const char* p = std::strstr(buf, "\nPid:");
+  if (p == nullptr) return -2;
+  return static_cast<pid_t>(std::strtol(p + 5, nullptr, 10));
+}
+
 void describe_process_in(pid_t pid, uint64_t pid_ns, char* buf, size_t size) noexcept {
   if (visible_here(pid_ns)) {
     describe_process(pid, buf, size);

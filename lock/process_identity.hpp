@@ -33,6 +33,10 @@ uint64_t current_pid_namespace() noexcept;
 // /proc/<pid>/ns/pid; 0 when it cannot be read.
 uint64_t pid_namespace_of(pid_t pid) noexcept;
 
+// The process a pidfd refers to, as its /proc/self/fdinfo says: its pid in this process's
+// PID namespace, 0 when it is not in it, -1 when it has exited; -2 when `fd` is no pidfd.
+pid_t pidfd_process(int fd) noexcept;
+
 // Is a pid recorded with namespace `pid_ns` one this process can look up in its /proc?
 inline bool visible_here(uint64_t pid_ns) noexcept { return pid_ns != 0 && pid_ns == current_pid_namespace(); }
 

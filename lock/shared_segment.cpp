@@ -252,7 +252,12 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
     ::munmap(base, size);
     return fail(err_out_of_memory, "lock: out of host memory opening %s", name.c_str());
   }
-  if (const int lrc = register_lease_fd(fd); lrc != ok) {
+  // The leases on a description of their own, never mapped (lock/liveness_lease.hpp, Forks).
+  int lease_fd = -1;
+  int lrc = open_lease_description(fd, segment->name_.c_str(), &lease_fd);
+  if (lrc == ok) lrc = register_lease_fd(lease_fd);
+  if (lrc != ok) {
+    if (lease_fd >= 0) ::close(lease_fd);
     ::close(fd);
     ::munmap(base, size);
     return lrc;
@@ -260,14 +265,14 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
   segment->base_ = base;
   segment->size_ = size;
   segment->fd_ = fd;
+  segment->lease_fd_ = lease_fd;
   segment->forks_at_open_ = forks;
+  segment->opened_by_ = ::getpid();
   *out = std::move(segment);
   return ok;
 }
 
-bool shared_segment::opened_in_this_process() const noexcept {
-  return g_forks.load(std::memory_order_relaxed) == forks_at_open_;
-}
+bool shared_segment::opened_in_this_process() const noexcept { return ::getpid() == opened_by_; }
 
 int shared_segment::path_for(const std::string& device_key, bool create_dir, std::string* out) noexcept {
   try {
@@ -309,6 +314,11 @@ void shared_segment::remove_if_unused() noexcept {
 }
 
 shared_segment::~shared_segment() {
+  if (lease_fd_ >= 0) {
+    // Leases are dropped by their slots' owners before; closing drops any left over.
+    unregister_lease_fd(lease_fd_);
+    ::close(lease_fd_);
+  }
   if (fd_ >= 0) {
     if (base_ != nullptr) {
       try {
@@ -316,8 +326,7 @@ shared_segment::~shared_segment() {
       } catch (...) {  // a path string that could not be built: keep the segment
       }
     }
-    unregister_lease_fd(fd_);
-    ::close(fd_);  // drops our read lock (and any lease left, though the lock drops its own)
+    ::close(fd_);  // drops our read lock
   }
   if (base_ != nullptr) ::munmap(base_, size_);
 }

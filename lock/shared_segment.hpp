@@ -73,11 +73,13 @@ class shared_segment {
   void* base() const noexcept { return base_; }
   // The segment's path, for messages.
   const std::string& name() const noexcept { return name_; }
-  // The descriptor whose open file description carries this object's slot leases.
-  int lease_fd() const noexcept { return fd_; }
+  // The descriptor whose open file description carries this object's slot leases (one of
+  // its own, never mapped: lock/liveness_lease.hpp, Forks).
+  int lease_fd() const noexcept { return lease_fd_; }
   // The slots whose leases this object holds (lease_held_elsewhere cannot see them).
   lease_set<lock_layout::k_slot_count>& own_leases() noexcept { return own_leases_; }
-  // False in a forked child of the process that opened it: its leases are not the child's.
+  // False in a forked child of the process that opened it (its leases are not the child's);
+  // true in the process that opened it, however often it forked since.
   bool opened_in_this_process() const noexcept;
 
  private:
@@ -87,7 +89,9 @@ class shared_segment {
   void* base_ = nullptr;
   size_t size_ = 0;
   int fd_ = -1;                 // kept open with a read lock on byte 0: "in use"
+  int lease_fd_ = -1;           // the description the slot leases are taken on
   uint64_t forks_at_open_ = 0;  // forks of this process before it opened the segment
+  pid_t opened_by_ = 0;         // the process that opened it
   std::string name_;
   lease_set<lock_layout::k_slot_count> own_leases_;
 };

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -139,7 +140,12 @@ int pool_connection::handshake() noexcept {
   h.pid = me.pid;
   h.start_time = me.start_time;
   h.pid_ns = me.pid_ns;
-  const int sent = send_fds(fd_, nullptr, 0, &h, sizeof h);
+  // A pidfd of this process goes with the hello: the server learns of its exit from it, in
+  // whatever PID namespace either runs (pool/pool_protocol.hpp). Without one (a kernel or a
+  // seccomp policy without pidfd_open) the server falls back on what it can see.
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+  const int sent = send_fds(fd_, pidfd >= 0 ? &pidfd : nullptr, pidfd >= 0 ? 1 : 0, &h, sizeof h);
+  if (pidfd >= 0) ::close(pidfd);
   const std::string send_error = sent == ok ? "" : last_error();
 
   // Read the welcome even when the hello could not be sent: a server refuses a peer it does
@@ -218,9 +224,6 @@ int pool_connection::handshake() noexcept {
     return fail(err_version_mismatch, "pool: segment %s describes %u host slots of %" PRIu64 " bytes, the server sent a host pool of %u",
                 w.segment_name, segment_->host_slot_count(), segment_->host_slot_size(), host_slot_count_);
   }
-  // From now until this process ends, the server can tell it alive from dead whatever its
-  // PID namespace (pool/pool_layout.hpp, Members' liveness).
-  VS_TRY(segment_->take_member_lease(member_));
   VS_TRY(set_timeouts(fd_, 0));
   note_pool_size_differs(be_, device_, frames_.size(), frame_size_, static_cast<int>(server_pid_));
   log(log_level::debug, "pool: member %u of %s: %zu frames of %" PRIu64 " bytes from server pid %d", member_, key_.c_str(),

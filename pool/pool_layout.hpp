@@ -15,11 +15,9 @@
 // keep their mapping of the old inode, notice the server's death on their socket and stop
 // using it.
 //
-// Members' liveness: each client takes the liveness lease of its member slot
-// (lock/liveness_lease.hpp) on its own descriptor of the segment as soon as it knows its
-// index, and keeps it for its life; the server, on the client's hang-up, repairs at once when
-// the lease is gone (the client is dead, in whatever PID namespace) and otherwise only after
-// a grace period.
+// Members' liveness is the server's to judge, from the client's connection and the pidfd
+// it sent with its hello (pool/pool_protocol.hpp): it repairs a member once its process has
+// exited, whatever its PID namespace, or a grace period after a hang-up from one that lives.
 //
 // Glossary
 //   frame   one physical allocation of the pool; index 0..frame_count-1 here, the same
@@ -86,9 +84,8 @@ constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-end
 // 4: the header holds the server's identity (claimed, runtime dir, socket): ten lines.
 // 5: a member slot is six lines: the last failure of an eviction asked of it; a member
 //    outside the lock may move a frame free -> idle (memory allocated between turns).
-// 6: a file in the runtime dir; each member slot is leased by its client
-//    (lock/liveness_lease.hpp) and records the client's PID namespace, the header the
-//    server's.
+// 6: a file in the runtime dir; each member slot records the client's PID namespace, the
+//    header the server's.
 constexpr uint64_t k_layout_version = 6;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;

@@ -16,7 +16,6 @@
 #include "core/log.hpp"
 #include "core/status.hpp"
 #include "lock/futex.hpp"
-#include "lock/liveness_lease.hpp"
 #include "lock/ownership.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/runtime_dir.hpp"
@@ -299,31 +298,12 @@ int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* o
               "and let a new server make it again",
               path.c_str(), size, h->segment_size, static_cast<int>(h->server_pid));
   }
-  if (rc == ok) rc = adopt(base, size, name, path, out);  // unmaps when it fails
-  else ::munmap(base, size);
-  // A member keeps its descriptor: it carries the member's liveness lease (take_member_lease),
-  // high, so that it is the last of a dying member's descriptors to close.
-  if (rc == ok && !read_only) {
-    fd = move_lease_fd_high(fd);
-    rc = register_lease_fd(fd);
-  }
-  if (rc != ok || read_only) {
-    ::close(fd);
-    if (rc != ok) out->reset();
+  ::close(fd);  // the mapping keeps the file
+  if (rc != ok) {
+    ::munmap(base, size);
     return rc;
   }
-  (*out)->lease_fd_ = fd;
-  return ok;
-}
-
-int pool_segment::take_member_lease(uint32_t m) noexcept {
-  if (lease_fd_ < 0) return fail(err_internal, "pool: take_member_lease on %s, which this process opened read-only", path_.c_str());
-  return add_context(take_lease(lease_fd_, m, path_.c_str()), "pool: the liveness lease of member %u: ", m);
-}
-
-bool pool_segment::member_alive(uint32_t m) const noexcept {
-  // The server's own descriptor never holds a member's lease, so any lease it sees is the member's.
-  return claim_fd_ >= 0 && lease_held_elsewhere(claim_fd_, m);
+  return adopt(base, size, name, path, out);
 }
 
 pool_segment::~pool_segment() {
@@ -333,10 +313,6 @@ pool_segment::~pool_segment() {
     // can have replaced it in between (pool/pool_layout.hpp).
     ::unlink(path_.c_str());
     ::close(claim_fd_);
-  }
-  if (lease_fd_ >= 0) {
-    unregister_lease_fd(lease_fd_);
-    ::close(lease_fd_);  // drops this member's lease
   }
 }
 
@@ -484,9 +460,6 @@ int pool_segment::add_member(pid_t pid, uint64_t start_time, uint64_t pid_ns, ui
   for (uint32_t m = 0; m < k_member_count; ++m) {
     member_slot& s = member(m);
     if (s.state.load(std::memory_order_acquire) != member_free) continue;
-    // A slot freed by a repair while its member still lived (hang-up past the grace period)
-    // may still be leased: that member could read the next one's lease as its own.
-    if (member_alive(m)) continue;
     s.pid = pid;
     s.start_time = start_time;
     s.pid_ns = pid_ns;

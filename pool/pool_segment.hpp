@@ -120,14 +120,7 @@ class pool_segment {
   // A free member slot for (pid, start time, PID namespace), published live. err_busy when
   // all are taken.
   int add_member(pid_t pid, uint64_t start_time, uint64_t pid_ns, uint32_t* index) noexcept;
-  // Server: does member `m`'s client still hold its liveness lease (pool/pool_layout.hpp,
-  // Members' liveness)? False once the client is dead, whatever its PID namespace.
-  bool member_alive(uint32_t m) const noexcept;
 
-  // --- members (client) ----------------------------------------------------------------
-  // Take member `m`'s liveness lease on this process's descriptor of the segment, for the
-  // life of this object. err_busy when another description holds it; err_system.
-  int take_member_lease(uint32_t m) noexcept;
   void remove_member(uint32_t index) noexcept;
 
  private:
@@ -140,7 +133,6 @@ class pool_segment {
   std::string name_;   // "/<p>vramswap-<owner>-pool-<key>", as the welcome names it
   std::string path_;   // in this process's view of the runtime dir
   int claim_fd_ = -1;  // the server's flock on the segment (claim); -1 in clients
-  int lease_fd_ = -1;  // a member's descriptor, carrying its liveness lease; -1 in servers and observers
 };
 
 }  // namespace vramswap::detail

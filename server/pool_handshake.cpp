@@ -16,6 +16,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/fd_guard.hpp"
 #include "core/fd_transfer.hpp"
 #include "core/log.hpp"
 #include "core/status.hpp"
@@ -174,10 +175,12 @@ void pool_server::serve_new(int fd) noexcept {
   hello h{};
   size_t len = 0;
   size_t nfds = 0;
-  if (recv_fds(fd, nullptr, 0, &nfds, &h, sizeof h, &len) != ok) {
+  int hello_fd = -1;
+  if (recv_fds(fd, &hello_fd, 1, &nfds, &h, sizeof h, &len) != ok) {
     refuse(fd, err_invalid_argument, "no valid hello from pid %d: %s", static_cast<int>(cred.pid), last_error());
     return;
   }
+  fd_guard pidfd(nfds == 1 ? hello_fd : -1);  // closed on every refusal below
   std::string why;
   if (!peer_allowed(fd, cred, &why)) {
     refuse(fd, err_not_owner, "%s", why.c_str());
@@ -197,13 +200,15 @@ void pool_server::serve_new(int fd) noexcept {
   // told the truth; one it cannot see (a sibling container) is taken at its word, and no
   // decision rests on that word (pool/pool_protocol.hpp, hello).
   if (cred.pid != 0) {
+    // Unreadable (another user's /proc/<pid>/ns without ptrace rights): a claim of this
+    // server's own namespace must still hold.
     const uint64_t peer_ns = pid_namespace_of(cred.pid);
     if (peer_ns != 0 && h.pid_ns != peer_ns) {
       refuse(fd, err_invalid_argument, "the hello names PID namespace pid:[%" PRIu64 "] but the socket's peer (pid %d here) is in "
              "pid:[%" PRIu64 "]", h.pid_ns, static_cast<int>(cred.pid), peer_ns);
       return;
     }
-    if (peer_ns == current_pid_namespace() && h.pid != cred.pid) {
+    if ((peer_ns == current_pid_namespace() || (peer_ns == 0 && h.pid_ns == current_pid_namespace())) && h.pid != cred.pid) {
       refuse(fd, err_invalid_argument, "the hello names pid %d of this server's PID namespace but the socket's peer is pid %d",
              h.pid, static_cast<int>(cred.pid));
       return;
@@ -211,6 +216,17 @@ void pool_server::serve_new(int fd) noexcept {
     if (check_liveness({cred.pid, h.start_time}) != liveness::alive) {
       refuse(fd, err_invalid_argument, "pid %d's start time %" PRIu64 " does not match /proc/%d/stat", static_cast<int>(cred.pid),
              h.start_time, static_cast<int>(cred.pid));
+      return;
+    }
+  }
+  // The pidfd must be one, and, for a peer this server can see, the peer's: its exit is
+  // what the server waits for before it scrubs the member's frames (client_exited).
+  if (pidfd.fd >= 0) {
+    const pid_t of = pidfd_process(pidfd.fd);
+    if (of == -2 || (cred.pid != 0 && of != cred.pid)) {
+      refuse(fd, err_invalid_argument, "the descriptor sent with pid %d's hello is %s, not a pidfd of the peer (pid %d here)",
+             static_cast<int>(cred.pid), of == -2 ? "not a pidfd" : ("a pidfd of pid " + std::to_string(of)).c_str(),
+             static_cast<int>(cred.pid));
       return;
     }
   }
@@ -245,7 +261,7 @@ void pool_server::serve_new(int fd) noexcept {
     ::close(fd);
     return;
   }
-  clients_.push_back(client{fd, member, h.pid, h.start_time, 0});
+  clients_.push_back(client{fd, member, h.pid, h.start_time, cred.pid, pidfd.release(), 0});
   log(log_level::info, "vramswapd: member %u: pid %d attached (%zu clients)", member, h.pid, clients_.size());
 }
 }  // namespace vramswap::detail

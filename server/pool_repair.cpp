@@ -2,6 +2,7 @@
 // host slots and member slot freed, waiters woken, and the device lock repaired.
 #include "server/pool_server.hpp"
 
+#include <poll.h>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -67,7 +68,7 @@ void pool_server::repair(const client& c) noexcept {
   segment_->remove_member(c.member);
   segment_->notify_freed();
   const bool lock_repaired = repair_lock();
-  const bool dead = !segment_->member_alive(c.member);
+  const bool dead = client_exited(c);
   log(log_level::info, "vramswapd: member %u: pid %d %s; %u frames scrubbed and freed, %u host slots zeroed and freed (%zu clients left)%s",
       c.member, static_cast<int>(c.pid), dead ? "is gone" : "closed its connection", freed, slots, clients_.size() - 1,
       lock_repaired ? "" : "; the device lock's repair did not run (see the warning above)");
@@ -89,6 +90,20 @@ uint32_t pool_server::scrub_host_slots_of(uint32_t member) noexcept {
     ::munmap(p, size);
   }
   return failed;
+}
+
+bool pool_server::client_exited(const client& c) noexcept {
+  // A pidfd becomes readable when its process has exited: after every file it held was
+  // released (the GPU driver's among them), so its device work is gone too. It works across
+  // PID namespaces, where the pid itself means nothing.
+  if (c.pidfd >= 0) {
+    pollfd p{c.pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  }
+  // No pidfd: a process this server can see is gone once it is a zombie or reaped, which
+  // also comes after all its files are released. One it cannot see: not known to be gone
+  // (the grace period after its hang-up decides).
+  return c.peer_pid != 0 && check_liveness({c.peer_pid, c.start_time}) == liveness::dead;
 }
 
 bool pool_server::repair_lock() noexcept {

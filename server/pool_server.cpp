@@ -262,8 +262,9 @@ int pool_server::run() noexcept {
     for (size_t i = 0; i < clients_.size();) {
       const client& c = clients_[i];
       if (c.hung_up_ns != 0 &&
-          (!segment_->member_alive(c.member) || now - c.hung_up_ns >= uint64_t{k_repair_grace_ms} * 1'000'000)) {
+          (client_exited(c) || now - c.hung_up_ns >= uint64_t{k_repair_grace_ms} * 1'000'000)) {
         repair(c);
+        if (clients_[i].pidfd >= 0) ::close(clients_[i].pidfd);
         clients_.erase(clients_.begin() + static_cast<ptrdiff_t>(i));
         if (clients_.empty()) idle_since = monotonic_ns();
       } else {
@@ -280,7 +281,10 @@ int pool_server::run() noexcept {
 pool_server::~pool_server() { teardown(); }
 
 void pool_server::teardown() noexcept {
-  for (client& c : clients_) close_fd(&c.fd);
+  for (client& c : clients_) {
+    close_fd(&c.fd);
+    close_fd(&c.pidfd);
+  }
   clients_.clear();
   close_fd(&listen_fd_);
   metrics_.reset();  // joins its thread: before the segment and the lock it reads go

@@ -125,10 +125,14 @@ class pool_server {
   struct client {
     int fd = -1;
     uint32_t member = 0;
-    pid_t pid = 0;
+    pid_t pid = 0;            // as the client sees itself (for messages)
     uint64_t start_time = 0;
+    pid_t peer_pid = 0;       // SO_PEERCRED's: the client in this server's PID namespace (0: not visible)
+    int pidfd = -1;           // the pidfd it sent with its hello (-1: none)
     uint64_t hung_up_ns = 0;  // when its connection closed (0: still connected)
   };
+  // Has client `c`'s process exited (all its files released, its GPU work torn down)?
+  static bool client_exited(const client& c) noexcept;
 
   // start(), run(), request_stop() and these: pool_server.cpp.
   pool_server() = default;

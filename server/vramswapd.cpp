@@ -41,6 +41,7 @@
 #include "server/metrics_endpoint.hpp"
 #include "server/pool_server.hpp"
 #include "server/service_notify.hpp"
+#include "vramswap/version.hpp"
 
 namespace {
 
@@ -82,6 +83,7 @@ void usage(FILE* out) {
                "                       only); 0.0.0.0 or the pod IP in a Kubernetes pod, for the kubelet\n"
                "                       and Prometheus. It serves counts and states, never memory\n"
                "                       contents. docs/deploy.md\n"
+               "  --version            the version\n"
                "  --help               this text\n"
                "\n"
                "Environment: VRAMSWAP_RUNTIME_DIR (socket directory; default /tmp/vramswap-<uid>),\n"
@@ -133,6 +135,9 @@ int main(int argc, char** argv) {
     long long v = 0;
     if (arg == "--help" || arg == "-h") {
       usage(stdout);
+      return 0;
+    } else if (arg == "--version") {
+      std::printf("vramswapd %d.%d.%d\n", VRAMSWAP_VERSION_MAJOR, VRAMSWAP_VERSION_MINOR, VRAMSWAP_VERSION_PATCH);
       return 0;
     } else if (arg == "--foreground") {
       foreground = true;

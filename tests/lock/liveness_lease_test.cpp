@@ -1,10 +1,10 @@
 // Liveness leases (lock/liveness_lease.hpp): held while the owner lives, gone the moment it
 // is killed, never kept alive by a forked child, invisible to the description that holds
-// them (which is why owners keep lease_set), and moved to a high descriptor. Real processes,
+// them (which is why owners keep lease_set). Real processes,
 // real SIGKILLs, a real file.
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/resource.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,15 +75,22 @@ TEST_F(LivenessLease, HeldWhileItsOwnerLivesAndGoneOnceItIsKilled) {
 }
 
 TEST_F(LivenessLease, AForkedChildDoesNotKeepItsParentsLease) {
-  // The owner forks a child that lives on; then the owner is killed. The lease must go with
-  // the owner, although the child inherited the descriptor that carries it.
+  // The owner maps the file, as a segment's user does (a mapping holds a reference to the
+  // description it was made from, and a child inherits it), leases on a description of its
+  // own, forks a child that lives on, and is killed. The lease must go with the owner.
   int child_pid_pipe[2];
   ASSERT_EQ(::pipe(child_pid_pipe), 0);
   const pid_t owner = ::fork();
   ASSERT_GE(owner, 0);
   if (owner == 0) {
     const int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0 || take_lease(fd, 3, "the test") != ok || register_lease_fd(fd) != ok) ::_exit(1);
+    if (fd < 0 || ::ftruncate(fd, 4096) != 0) ::_exit(1);
+    void* map = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int lease = -1;
+    if (map == MAP_FAILED || open_lease_description(fd, "the test", &lease) != ok || take_lease(lease, 3, "the test") != ok ||
+        register_lease_fd(lease) != ok) {
+      ::_exit(1);
+    }
     const pid_t child = ::fork();
     if (child == 0) {
       for (;;) ::pause();
@@ -98,7 +105,7 @@ TEST_F(LivenessLease, AForkedChildDoesNotKeepItsParentsLease) {
   EXPECT_TRUE(held(3));
   ASSERT_EQ(::kill(owner, SIGKILL), 0);
   reap(owner);
-  EXPECT_EQ(::kill(child, 0), 0) << "the owner's child still runs";
+  EXPECT_EQ(::kill(child, 0), 0) << "the owner's child still runs, with the owner's mapping";
   EXPECT_FALSE(held(3)) << "a forked child that outlives its parent must not keep the parent's lease";
   ::kill(child, SIGKILL);
   for (int i = 0; i < 200 && ::kill(child, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -120,26 +127,6 @@ TEST_F(LivenessLease, TheHoldingDescriptionSeesItsOwnLeaseAsFree) {
   EXPECT_FALSE(mine.has(199));
   mine.remove(200);
   EXPECT_FALSE(mine.has(200));
-}
-
-TEST_F(LivenessLease, ALeaseDescriptorMovesAboveTheOthers) {
-  rlimit lim{};
-  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
-  const int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  const int high = move_lease_fd_high(fd);
-  const rlim_t expect = std::min<rlim_t>(lim.rlim_cur - 1, k_high_lease_fd);
-  if (expect > static_cast<rlim_t>(fd)) {
-    EXPECT_GE(static_cast<rlim_t>(high), expect) << "the descriptor limit is " << lim.rlim_cur;
-    EXPECT_EQ(::fcntl(fd, F_GETFD), -1) << "the low descriptor is closed";
-  } else {
-    EXPECT_EQ(high, fd) << "no room above: the descriptor stays";
-  }
-  EXPECT_NE(::fcntl(high, F_GETFD) & FD_CLOEXEC, 0) << "still close-on-exec";
-  ASSERT_EQ(take_lease(high, 1, "the test"), ok);
-  EXPECT_TRUE(held(1)) << "the moved descriptor carries leases";
-  ::close(high);
-  EXPECT_FALSE(held(1));
 }
 
 }  // namespace

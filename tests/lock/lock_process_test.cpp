@@ -333,6 +333,59 @@ TEST_F(LockProcesses, TimeoutNamesTheHolderAndTheWaitersAhead) {
   EXPECT_EQ(reap(ahead), 0);
 }
 
+// A holder that forks keeps its lock: the fork does not make its segment (and its leases)
+// someone else's, and a waiter in another process must not take it for dead.
+TEST_F(LockProcesses, AHolderThatForksKeepsItsLock) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  const pid_t child = spawn([] { return 0; });  // a fork (that exits at once, as fork+exec's child does)
+  EXPECT_EQ(reap(child), 0);
+  ASSERT_EQ(lock.acquire(), ok) << "re-entry after a fork: " << last_error();
+  const pid_t waiter = spawn([&] {
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok) return 10;
+    // Long enough for several liveness scans: a holder taken for dead would be passed over.
+    return mine.acquire(lock_priority::normal, 300'000'000) == err_timeout ? 0 : 11;
+  });
+  EXPECT_EQ(reap(waiter), 0) << "a waiter got the lock of a live holder that had forked";
+  ASSERT_EQ(lock.release(), ok);
+  ASSERT_EQ(lock.release(), ok) << last_error();
+}
+
+// A holder killed while a child it forked lives on: the child shares the holder's mapping of
+// the segment, not its leases, so the lock passes on at once.
+TEST_F(LockProcesses, AHolderKilledWhileItsForkedChildLivesPassesTheLockOn) {
+  auto* child_pid = shared_object<std::atomic<pid_t>>();
+  const pid_t holder = spawn([&] {
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok || mine.acquire() != ok) return 10;
+    const pid_t c = ::fork();
+    if (c == 0) {
+      for (;;) ::pause();
+    }
+    child_pid->store(c);
+    for (;;) ::pause();
+  });
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_TRUE(wait_for_queue(lock, [](const auto& q) { return !q.empty() && q.front().holding; })) << "the holder never held";
+  for (int i = 0; i < 500 && child_pid->load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_GT(child_pid->load(), 0);
+  ASSERT_EQ(::kill(holder, SIGKILL), 0);
+  reap(holder);
+  EXPECT_EQ(::kill(child_pid->load(), 0), 0) << "the holder's child lives on";
+  acquire_info info;
+  EXPECT_EQ(lock.acquire(lock_priority::normal, 2'000'000'000, &info), ok)
+      << "the lock of a killed holder stays held while its forked child lives: " << last_error();
+  EXPECT_TRUE(info.previous_holder_died);
+  if (lock.held()) {
+    EXPECT_EQ(lock.release(), ok);
+  }
+  ::kill(child_pid->load(), SIGKILL);
+  free_shared_object(child_pid);
+}
+
 // A long wait says once, after VRAMSWAP_WAIT_NOTICE seconds, whom it waits for: the holder's
 // pid, command and user, and for how long it has held the lock.
 TEST_F(LockProcesses, ALongWaitSaysOnceWhoHoldsTheLock) {
