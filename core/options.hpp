@@ -74,7 +74,7 @@ constexpr option_form percent_form(const char* percent_of) {
   X(runtime_dir, "VRAMSWAP_RUNTIME_DIR", "", text_form(),                                        \
     "the directory of everything the processes of a device share: lock and pool segments, the "  \
     "pool server's socket, lock files and log (containers share a device by sharing this "       \
-    "directory alone; another directory is another pool); empty: /tmp/vramswap-<uid> "            \
+    "directory alone; another directory is another pool); empty: /dev/shm/vramswap-<uid> "            \
     "(-g<gid> with VRAMSWAP_GROUP). It must be yours (or the group's) with mode 0700 (2770 or "   \
     "0770): anything else is refused, naming its owner")                                         \
   X(pool_size, "VRAMSWAP_POOL_SIZE", "", percent_form("device memory"),                          \

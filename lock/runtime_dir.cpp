@@ -19,7 +19,7 @@ int runtime_dir(bool create, std::string* out) noexcept {
     sharing who;
     VS_TRY(current_sharing(&who));
     std::string dir = option_text(option_id::runtime_dir);
-    if (dir.empty()) dir = who.group ? "/tmp/vramswap-g" + std::to_string(who.gid) : "/tmp/vramswap-" + std::to_string(::geteuid());
+    if (dir.empty()) dir = who.group ? "/dev/shm/vramswap-g" + std::to_string(who.gid) : "/dev/shm/vramswap-" + std::to_string(::geteuid());
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
     if (!create) {
       *out = std::move(dir);

@@ -6,8 +6,12 @@
 // runtime dirs are two separate pools, each with its own lock (docs/security.md: one pool is
 // one trust domain).
 //
-// VRAMSWAP_RUNTIME_DIR, else /tmp/vramswap-<uid> (or /tmp/vramswap-g<gid> with
-// VRAMSWAP_GROUP, so that the group's users meet in one place). Mode 0700; with
+// VRAMSWAP_RUNTIME_DIR, else /dev/shm/vramswap-<uid> (or /dev/shm/vramswap-g<gid> with
+// VRAMSWAP_GROUP, so that the group's users meet in one place). /dev/shm, not /tmp: it is a
+// tmpfs wherever Linux runs, processes that share it are those that shared the lock
+// segments when they were shared-memory objects, and neither a private /tmp (systemd's
+// PrivateTmp, pam_namespace) nor a /tmp cleaner splits one device's processes into two
+// pools with two locks. Containers set VRAMSWAP_RUNTIME_DIR to their shared volume. Mode 0700; with
 // VRAMSWAP_GROUP, 2770 and owned by that group (set-group-ID, so that files made in it get
 // the group even where a member's umask or primary group would not).
 #pragma once

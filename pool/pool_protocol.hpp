@@ -8,21 +8,25 @@
 // root, or (with VRAMSWAP_GROUP) a member of that group.
 //
 // Exchange:
-//   client -> hello (exactly sizeof(hello) bytes, no descriptors): `pid`, `start_time` (its
-//             /proc start time) and `pid_ns` (the inode of its PID namespace), each as the
-//             client sees itself. A server in the same PID namespace checks them against
-//             the socket's peer (SO_PEERCRED) and /proc; one in another namespace (the
-//             client is in a container) cannot, and takes them as the client's word, kept
-//             for messages only: no decision rests on a client's pid (liveness is the
-//             member's lease and the socket's hang-up, pool/pool_layout.hpp).
+//   client -> hello (exactly sizeof(hello) bytes) with one descriptor attached, a pidfd of
+//             the client (pidfd_open), or none where the kernel or a seccomp policy has no
+//             pidfd_open: `pid`, `start_time` (its /proc start time) and `pid_ns` (the inode
+//             of its PID namespace), each as the client sees itself. A server that can see
+//             the peer (SO_PEERCRED's pid is not 0: the same or a child namespace) checks
+//             them against the kernel (the namespace against /proc/<pid>/ns/pid, in its own
+//             namespace the pid too, the start time) and that the pidfd is the peer's; one
+//             that cannot (the client is in a sibling container) takes them at its word,
+//             kept for messages only. Liveness is the pidfd (readable once the client has
+//             exited, after all its files are released), else for a visible peer its
+//             zombie state, else the socket's hang-up and a grace period.
 //   server -> welcome (exactly sizeof(welcome) bytes). status 0: `member`, `frame_count`,
 //             `frame_size` and `segment_name` are valid. status < 0 (a vramswap::detail::status):
 //             only `magic`, `version`, `server_pid` and the NUL-terminated `message` are;
 //             the server closes the connection next. Refusals: err_not_owner (peer's uid
 //             not allowed), err_version_mismatch (bad magic, version or size of the hello;
 //             the welcome then carries the server's own version), err_invalid_argument
-//             (in one PID namespace: pid not the peer's, or its start time wrong), err_busy
-//             (no member slot).
+//             (a visible peer's pid, namespace, start time or pidfd wrong), err_busy (no
+//             member slot).
 //             A client reads magic and status first: a welcome of another version still
 //             has them at the same offsets.
 //   server -> frame_batch messages carrying the frames' descriptors (SCM_RIGHTS), in pool
@@ -35,7 +39,7 @@
 //             faults it in, registers it with its backend once (pinned), closes the
 //             descriptor, and takes host slots from the pool segment's slot table.
 //   client -> (no message) opens the pool segment by `segment_name` in its own view of the
-//             runtime dir and takes its member slot's liveness lease.
+//             runtime dir (a container may mount it elsewhere than the server sees it).
 //   then the connection stays open, silent both ways, for the client's lifetime: its
 //   hang-up is how the server learns that the client died (and repairs: scrubs and frees
 //   its frames, frees its member slot, passes on the lock it held); the server's hang-up
@@ -47,8 +51,8 @@
 //   1: hello, welcome, frame batches.
 //   2: the welcome announces the shared host pool (host_slot_count, host_pool_bytes); the
 //      host_pool message follows the frame batches when there is one.
-//   3: the hello carries the client's PID namespace; segment_name is a file name in the
-//      runtime dir (it was a /dev/shm name); clients lease their member slot.
+//   3: the hello carries the client's PID namespace and a pidfd of it; segment_name is a
+//      file name in the runtime dir (it was a /dev/shm name).
 #pragma once
 
 #include <cstdint>

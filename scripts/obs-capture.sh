@@ -25,7 +25,7 @@ fi
 ROUNDS=${ROUNDS:-3}
 "$BUILD/vramswapd" --foreground --pool-size "$POOL" --metrics-port 0 2>"$OUT/run.log" &
 server=$!
-for i in $(seq 100); do ls /dev/shm/${VRAMSWAP_SHM_PREFIX}vramswap-*-pool-* >/dev/null 2>&1 && break; sleep 0.1; done
+for i in $(seq 100); do ls "$VRAMSWAP_RUNTIME_DIR"/${VRAMSWAP_SHM_PREFIX}vramswap-*-pool-* >/dev/null 2>&1 && break; sleep 0.1; done
 "$BUILD/vramswap" trace --out "$OUT/trace.json" 2>>"$OUT/run.log" &
 tracer=$!
 sleep 0.3
@@ -45,7 +45,7 @@ for w in "${workers[@]}"; do wait "$w" || rc=1; done
 sleep 0.2
 kill -INT "$tracer"; wait "$tracer"
 kill -TERM "$server"; wait "$server"
-rm -rf "$VRAMSWAP_RUNTIME_DIR"; rm -f /dev/shm/${VRAMSWAP_SHM_PREFIX}vramswap-*
+rm -rf "$VRAMSWAP_RUNTIME_DIR"  # the segments are in it
 python3 tests/cli/json_check.py trace "$OUT/trace.json" "${workers[@]}" | tee -a "$OUT/run.log"
 echo "obs-capture: workers $([ $rc = 0 ] && echo ok || echo FAILED); files in $OUT"
 exit $rc

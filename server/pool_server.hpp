@@ -18,10 +18,11 @@
 //          the frames' descriptors in batches of 250 (pool/pool_protocol.hpp). The
 //          connection then stays open and silent.
 //   repair a connection's hang-up means its process is gone (or has left the pool). Once
-//          its member lease is gone (pool/pool_layout.hpp: the lease descriptor is the last
-//          of a dying process's to close, so its GPU work and mappings are torn down by
-//          then; at most k_repair_grace_ms after the hang-up for a process that closed the
-//          connection and lives on), every frame the member owns, in any state,
+//          the process has exited (client_exited: its pidfd is readable, or, without one,
+//          a process this server can see is a zombie: either comes after all its files are
+//          released, so its GPU work and mappings are torn down), or k_repair_grace_ms after
+//          the hang-up at the latest (a process that closed the connection and lives on, or
+//          one this server can neither watch nor see), every frame the member owns, in any state,
 //          is scrubbed and then moved to free by compare-and-swap; the member slot is
 //          freed; waiters for free frames are woken (notify_freed); and the device lock is
 //          repaired (device_lock::repair_now), so a lock the dead process held passes on.

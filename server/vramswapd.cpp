@@ -86,7 +86,7 @@ void usage(FILE* out) {
                "  --version            the version\n"
                "  --help               this text\n"
                "\n"
-               "Environment: VRAMSWAP_RUNTIME_DIR (socket directory; default /tmp/vramswap-<uid>),\n"
+               "Environment: VRAMSWAP_RUNTIME_DIR (the shared files' directory; default /dev/shm/vramswap-<uid>),\n"
                "VRAMSWAP_FRAME_SIZE, VRAMSWAP_POOL_SIZE, VRAMSWAP_HOST_POOL, VRAMSWAP_POOL_IDLE_EXIT, VRAMSWAP_GROUP,\n"
                "VRAMSWAP_SHM_PREFIX, VRAMSWAP_BACKEND, VRAMSWAP_LOG, VRAMSWAP_METRICS_PORT. See docs/pool_server.md\n"
                "and docs/observability.md.\n");
