@@ -59,11 +59,12 @@ def preload_path(args=None):
     LD_PRELOAD=$(vramswap-preload-path) program ...; exit 1, saying why, where there is none."""
     args = sys.argv[1:] if args is None else args
     if args:
-        sys.stderr.write(
+        asked = args[0] in ("-h", "--help")
+        (sys.stdout if asked else sys.stderr).write(
             "usage: vramswap-preload-path\n"
-            "prints the path of libvramswap_preload.so, for LD_PRELOAD=$(vramswap-preload-path)\n"
+            "prints the path of libvramswap_preload.so, for LD_PRELOAD=$(vramswap-preload-path) program ...\n"
         )
-        return 0 if args[0] in ("-h", "--help") else 2
+        return 0 if asked else 2
     path = shim_path()
     if path is None:
         sys.stderr.write(
