@@ -34,7 +34,9 @@ if [[ -z $wheel ]]; then
   # build-wheel.sh installs what it needs (apt-get, PyPI); without root or the network that
   # is a missing prerequisite, not a failure of the wheel.
   if [[ $(id -u) -ne 0 ]] && ! sudo -n true 2>/dev/null; then
-    command -v patchelf >/dev/null || skip "patchelf is missing and apt-get cannot run here (not root, no sudo)"
+    for tool in c++ cmake ninja; do
+      command -v $tool >/dev/null || skip "$tool is missing and scripts/install-deps.sh cannot apt-get it here (not root, no sudo)"
+    done
   fi
   if ! "$repo/build/wheel/venv/bin/python" -c "import scikit_build_core, pybind11, auditwheel" 2>/dev/null; then
     "$python" -c "import urllib.request; urllib.request.urlopen('https://pypi.org/simple/auditwheel/', timeout=15)" 2>/dev/null ||
