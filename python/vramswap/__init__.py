@@ -13,6 +13,11 @@ Errors: ValueError (bad argument, device order), MemoryError, TimeoutError, and
 vramswap.Error (a RuntimeError) for the rest. Configuration: VRAMSWAP_* environment
 variables (see README.md). PyTorch: vramswap.torch.enable(), or VRAMSWAP_TORCH=1 at import,
 routes every CUDA tensor's memory through vramswap (see vramswap/torch.py).
+
+vramswap.status() is `vramswap status --json` as a dict: who holds each device, who waits.
+The package also carries the `vramswap` and `vramswapd` commands (console scripts, and
+`python -m vramswap`) and, where it was built with cuda.h, the LD_PRELOAD shim
+(`vramswap-preload-path`, vramswap.preload.path()).
 """
 
 from ._vramswap import (
@@ -32,6 +37,7 @@ from ._vramswap import (
     stats,
 )
 from ._lock import gpu_lock
+from ._status import status
 
 __all__ = [
     "CudaError",
@@ -48,6 +54,7 @@ __all__ = [
     "release",
     "release_cached",
     "stats",
+    "status",
 ]
 
 # VRAMSWAP_TORCH=1: PyTorch's CUDA memory goes through vramswap from the start (importing
