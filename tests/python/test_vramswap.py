@@ -383,12 +383,15 @@ def test_ctrl_c_while_waiting_leaves_the_queue_at_once_and_raises():
 INTERRUPTED_AROUND_THE_GRANT = r"""
 import os, random, signal, sys, threading, time, vramswap
 stop = False
+go = threading.Event()  # no SIGINT before the loop below can take it (Thread.start() waits)
 def pester():
+    go.wait()
     while not stop:
         time.sleep(random.uniform(0, 0.003))
         os.kill(os.getpid(), signal.SIGINT)
 completed = interrupted = 0
 threading.Thread(target=pester, daemon=True).start()
+go.set()
 deadline = time.monotonic() + float(sys.argv[1])
 while True:
     try:
