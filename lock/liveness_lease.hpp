@@ -1,7 +1,7 @@
 // liveness_lease: is the process that owns a shared slot still alive, whatever its PID
 // namespace?
 //
-// A slot in a shared file (a lock slot, a pool member slot) is leased by an OFD write lock on
+// A slot in a shared file (a lock slot) is leased by an OFD write lock on
 // one byte of that file, at k_lease_base + the slot's index (far past the end of the file:
 // locks need no data there). The owner takes the lease before it publishes the slot and drops
 // it only after it freed the slot. The kernel drops the lock when the owner's last descriptor

@@ -235,7 +235,7 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
       }
     }
     // A user from now on (under the init flock, so that no last user removes it between).
-    if (rc == 0 && !removed && ofd_lock(fd, F_RDLCK) != 0) rc = fail_errno(errno, "lock: fcntl(F_OFD_SETLK) %s", name.c_str());
+    if (rc == 0 && !removed && ofd_lock(fd, F_RDLCK) != 0) rc = fail_errno(errno, "lock: cannot take the OFD read lock that marks %s in use; if its file system does not support OFD locks, put VRAMSWAP_RUNTIME_DIR on a local one (tmpfs, ext4, xfs)", name.c_str());
   }
   if (rc != 0 || removed) {
     ::close(fd);

@@ -22,8 +22,8 @@
 // Every byte is ours (header, lock state, slots: lock/segment_layout.hpp), and every step is
 // plain POSIX: the file opened by path with O_NOFOLLOW and checked by fstat
 // (lock/ownership.hpp), fchown/fchmod, flock for creation, an OFD read lock per user, mmap,
-// unlink. The descriptor also carries the liveness leases of the slots this process fills
-// (lock/liveness_lease.hpp). The header is checked first: a segment of another layout version is refused
+// unlink. A second descriptor of the file, never mapped, carries the liveness leases of the
+// slots this process fills (lock/liveness_lease.hpp, Forks). The header is checked first: a segment of another layout version is refused
 // by name. docs/lock.md, "Why plain POSIX", says why Boost.Interprocess is not used here.
 #pragma once
 

@@ -17,7 +17,8 @@
 //
 // Members' liveness is the server's to judge, from the client's connection and the pidfd
 // it sent with its hello (pool/pool_protocol.hpp): it repairs a member once its process has
-// exited, whatever its PID namespace, or a grace period after a hang-up from one that lives.
+// exited, whatever its PID namespace, or a grace period after a hang-up otherwise (a process
+// that lives on, or one that sent no pidfd and that the server cannot see).
 //
 // Glossary
 //   frame   one physical allocation of the pool; index 0..frame_count-1 here, the same

@@ -23,12 +23,17 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/options.hpp"
+#include "core/status.hpp"
 #include "lock/process_identity.hpp"
+#include "pool/pool_layout.hpp"
+#include "pool/pool_segment.hpp"
 
 extern char** environ;
 
@@ -63,7 +68,7 @@ class Pods : public ::testing::Test {
     bin_ = dir_ + "-bin";
     ASSERT_EQ(::mkdir(bin_.c_str(), 0755), 0) << bin_;
     ASSERT_EQ(::chmod(bin_.c_str(), 0755), 0);
-    for (const char* program : {VRAMSWAP_POD_WORKER, VRAMSWAP_DEMO, VRAMSWAP_SERVER_BINARY}) {
+    for (const char* program : {VRAMSWAP_POD_WORKER, VRAMSWAP_DEMO, VRAMSWAP_SERVER_BINARY, VRAMSWAP_POOL_CLIENT}) {
       const std::string name = std::filesystem::path(program).filename();
       std::filesystem::copy_file(program, bin_ + "/" + name);
       ASSERT_EQ(::chmod((bin_ + "/" + name).c_str(), 0755), 0);
@@ -71,6 +76,7 @@ class Pods : public ::testing::Test {
     worker_ = bin_ + "/" + std::filesystem::path(VRAMSWAP_POD_WORKER).filename().string();
     demo_ = bin_ + "/" + std::filesystem::path(VRAMSWAP_DEMO).filename().string();
     server_binary_ = bin_ + "/" + std::filesystem::path(VRAMSWAP_SERVER_BINARY).filename().string();
+    pool_client_ = bin_ + "/" + std::filesystem::path(VRAMSWAP_POOL_CLIENT).filename().string();
   }
   void TearDown() override {
     for (pod& p : pods_) {
@@ -94,7 +100,8 @@ class Pods : public ::testing::Test {
     const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");
     std::vector<std::string> e = {"VRAMSWAP_RUNTIME_DIR=" + dir_, "VRAMSWAP_GROUP=" + std::to_string(k_group),
                                   std::string("VRAMSWAP_BACKEND=") + (backend != nullptr ? backend : "host"),
-                                  "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_LOG=warn", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
+                                  "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB", "VRAMSWAP_LOG=warn",
+                                  "PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     for (const char* name : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES"}) {
       if (const char* v = std::getenv(name)) e.push_back(std::string(name) + "=" + v);
     }
@@ -169,7 +176,7 @@ class Pods : public ::testing::Test {
   }
 
   std::string dir_;
-  std::string bin_, worker_, demo_, server_binary_;
+  std::string bin_, worker_, demo_, server_binary_, pool_client_;
   std::deque<pod> pods_;  // a deque: start() hands out references that later starts keep valid
   pid_t server_ = -1;
 };
@@ -259,6 +266,42 @@ TEST_F(Pods, APodOutsideTheGroupIsRefusedClearly) {
   EXPECT_NE(errors.find("the runtime dir " + dir_), std::string::npos) << errors;
   EXPECT_NE(errors.find("may not enter it"), std::string::npos) << errors;
   EXPECT_NE(errors.find("gid " + std::to_string(k_group)), std::string::npos) << "the message names the group to join:\n" << errors;
+  EXPECT_NE(errors.find("VRAMSWAP_GROUP=" + std::to_string(k_group) + ")"), std::string::npos)
+      << "the setting to use, as it would be typed:\n" << errors;
+}
+
+TEST_F(Pods, AServerInItsOwnPodRepairsAKilledPodsFramesAtOnce) {
+  // The server in a pod of its own, as a DaemonSet runs it: it cannot see the clients' pids
+  // (sibling PID namespaces), so only the pidfd each client sent can tell it of a death
+  // before the grace period after the hang-up.
+  pod& server = start(0, {server_binary_, "--foreground", "--pool-size", "64M"});
+  const std::string socket = dir_ + "/host-0.sock";
+  for (int i = 0; i < 300 && ::access(socket.c_str(), F_OK) != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(::access(socket.c_str(), F_OK), 0) << "vramswapd did not create " << socket << ": " << errors_of(server);
+  pod& client = start(4701, {pool_client_, "connect-noauto", "own", "3", "write", "3", "11", "ready", "hold"});
+  const std::string ready = line_of(client);
+  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready << errors_of(client) << errors_of(server);
+  option_set(option_id::runtime_dir, dir_.c_str());
+  option_set(option_id::group, std::to_string(k_group).c_str());
+  std::string name;
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_EQ(pool_segment::name_for("host-0", &name), ok) << last_error();
+  ASSERT_EQ(pool_segment::open(name, &pool, /*read_only=*/true), ok) << last_error();
+  option_set(option_id::runtime_dir, nullptr);
+  option_set(option_id::group, nullptr);
+  const uint32_t frames = pool->frame_count();
+  EXPECT_LT(pool->count(pool_layout::frame_free), frames) << "the client owns frame 3";
+  const pid_t worker = worker_of(client);
+  ASSERT_GT(worker, 0);
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(worker, SIGKILL), 0);
+  while (pool->count(pool_layout::frame_free) != frames && std::chrono::steady_clock::now() - killed < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_EQ(pool->count(pool_layout::frame_free), frames) << "the killed pod's frames were never repaired";
+  EXPECT_LT(waited, 1.5) << "repaired " << waited << " s after the kill: the grace period (2 s), not the pidfd, decided";
+  finish(client);
 }
 
 TEST_F(Pods, AnyMemberRestartsThePoolAnotherMemberStarted) {

@@ -18,6 +18,7 @@
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -669,13 +670,14 @@ TEST_F(PoolServer, ServerOfAnotherUserIsNotUsed) {
 
 TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
   ASSERT_GT(start_server(), 0);
-  auto exchange = [&](const void* msg, size_t len, pool_protocol::welcome* w) {
+  // `attached`: a descriptor sent with the message (-1: none), where a client's pidfd goes.
+  auto exchange = [&](const void* msg, size_t len, pool_protocol::welcome* w, int attached = -1) {
     const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%shost-0.sock", dir_.c_str(), prefix_.c_str());
     EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(send_fds(fd, nullptr, 0, msg, len), ok);
+    EXPECT_EQ(send_fds(fd, attached >= 0 ? &attached : nullptr, attached >= 0 ? 1 : 0, msg, len), ok);
     size_t got = 0;
     size_t nfds = 0;
     *w = {};
@@ -721,7 +723,29 @@ TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
   EXPECT_NE(std::string(w.message).find("names PID namespace"), std::string::npos) << w.message;
   h.pid_ns = me.pid_ns;
 
-  // Nothing was taken by the refused peers.
+  // The descriptor sent with a hello must be a pidfd, and the peer's: the server waits for
+  // it before it scrubs a member's frames.
+  const int not_a_pidfd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  exchange(&h, sizeof h, &w, not_a_pidfd);
+  ::close(not_a_pidfd);
+  EXPECT_EQ(w.status, err_invalid_argument);
+  EXPECT_NE(std::string(w.message).find("is not a pidfd"), std::string::npos) << w.message;
+  const pid_t other = ::fork();
+  ASSERT_GE(other, 0);
+  if (other == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  const int others_pidfd = static_cast<int>(::syscall(SYS_pidfd_open, other, 0));
+  if (others_pidfd >= 0) {
+    exchange(&h, sizeof h, &w, others_pidfd);
+    ::close(others_pidfd);
+    EXPECT_EQ(w.status, err_invalid_argument);
+    EXPECT_NE(std::string(w.message).find("a pidfd of pid " + std::to_string(other)), std::string::npos) << w.message;
+  }
+  ::kill(other, SIGKILL);
+  ::waitpid(other, nullptr, 0);
+
   auto seg = open_segment();
   ASSERT_TRUE(seg);
   EXPECT_EQ(seg->count(pool_layout::frame_free), k_frames);
