@@ -31,6 +31,7 @@
 
 #include "core/code_location.hpp"
 #include "core/fd_guard.hpp"
+#include "core/unix_address.hpp"
 #include "pool/preload_shim.hpp"
 
 extern char** environ;
@@ -39,17 +40,16 @@ namespace vramswap::detail {
 
 int dial_server(const std::string& path, int* fd_out) noexcept {
   sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof addr.sun_path) {
-    return fail(err_invalid_argument, "pool: socket path %s is longer than %zu bytes; use a shorter VRAMSWAP_RUNTIME_DIR",
-                path.c_str(), sizeof addr.sun_path - 1);
+  socklen_t addr_len = 0;
+  if (unix_address(path, /*allow_abstract=*/false, &addr, &addr_len) != ok) {
+    const std::string why = last_error();
+    return fail(err_invalid_argument, "pool: %s; use a shorter VRAMSWAP_RUNTIME_DIR", why.c_str());
   }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   fd_guard fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (fd.fd < 0) return fail_errno(errno, "pool: socket(AF_UNIX, SOCK_SEQPACKET)");
   int rc;
   do {
-    rc = ::connect(fd.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    rc = ::connect(fd.fd, reinterpret_cast<sockaddr*>(&addr), addr_len);
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     const int e = errno;

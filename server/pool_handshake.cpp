@@ -18,6 +18,7 @@
 
 #include "core/fd_guard.hpp"
 #include "core/fd_transfer.hpp"
+#include "core/unix_address.hpp"
 #include "core/log.hpp"
 #include "core/status.hpp"
 #include "lock/ownership.hpp"
@@ -84,12 +85,11 @@ int remove_stale_socket(const std::string& path, const sockaddr_un& addr) {
 
 int pool_server::open_socket() noexcept {
   sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path_.size() >= sizeof addr.sun_path) {
-    return fail(err_invalid_argument, "vramswapd: socket path %s is longer than %zu bytes; use a shorter VRAMSWAP_RUNTIME_DIR",
-                socket_path_.c_str(), sizeof addr.sun_path - 1);
+  socklen_t addr_len = 0;
+  if (unix_address(socket_path_, /*allow_abstract=*/false, &addr, &addr_len) != ok) {
+    const std::string why = last_error();
+    return fail(err_invalid_argument, "vramswapd: %s; use a shorter VRAMSWAP_RUNTIME_DIR", why.c_str());
   }
-  std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size() + 1);
   listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0) return fail_errno(errno, "vramswapd: socket(AF_UNIX, SOCK_SEQPACKET)");
   VS_TRY(remove_stale_socket(socket_path_, addr));
@@ -98,7 +98,7 @@ int pool_server::open_socket() noexcept {
   VS_TRY(configured_group(&gid, &group));
   // Bind under a tight umask so that the socket is never, even briefly, open to others.
   const mode_t old_mask = ::umask(group ? 0007 : 0077);
-  const int brc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  const int brc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), addr_len);
   const int bind_errno = errno;
   ::umask(old_mask);
   if (brc != 0) return fail_errno(bind_errno, "vramswapd: bind %s", socket_path_.c_str());

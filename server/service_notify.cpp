@@ -1,15 +1,15 @@
 #include "server/service_notify.hpp"
 
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
 #include "core/log.hpp"
+#include "core/status.hpp"
+#include "core/unix_address.hpp"
 
 namespace vramswap::detail {
 
@@ -17,16 +17,12 @@ bool notify_service_manager(const std::string& state) noexcept {
   const char* where = std::getenv("NOTIFY_SOCKET");
   if (where == nullptr || where[0] == '\0') return false;
   sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const size_t len = std::strlen(where);
-  if ((where[0] != '/' && where[0] != '@') || len >= sizeof addr.sun_path) {
+  socklen_t addr_len = 0;
+  if ((where[0] != '/' && where[0] != '@') || unix_address(where, /*allow_abstract=*/true, &addr, &addr_len) != ok) {
     log(log_level::warn, "vramswapd: NOTIFY_SOCKET=%s is neither a socket path nor an @abstract name that fits; the service "
         "manager is not told this server's state", where);
     return false;
   }
-  std::memcpy(addr.sun_path, where, len);
-  if (where[0] == '@') addr.sun_path[0] = '\0';  // the abstract namespace
-  const socklen_t addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len + (where[0] == '@' ? 0 : 1));
   const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     log(log_level::warn, "vramswapd: telling the service manager (%s): socket: %s", where, std::strerror(errno));
