@@ -119,10 +119,7 @@ int time_sharing(uint64_t bytes, int turns, int hold_ms, uint64_t seed, const ba
   std::unique_ptr<device_session> s;
   check(device_session::open(0, &s), "opening the time-sharing session of device 0");
   workspace w(*s, bytes);
-  backend& be = w.be;
-  const device_ptr buf = w.buf;
-  void* const staging = w.staging;
-  const stream_id st = w.st;
+  auto& [be, buf, staging, st] = w;
   if (!meet()) return 4;
   const uint64_t start = monotonic_ns();
   for (int turn = 0; turn < turns; ++turn) {
@@ -158,10 +155,7 @@ int oversubscribed(uint64_t bytes, double seconds, uint64_t seed, const barrier_
   std::unique_ptr<oversubscribed_session> s;
   check(oversubscribed_session::open(0, &s), "opening the oversubscribed session of device 0");
   workspace w(*s, bytes);
-  backend& be = w.be;
-  const device_ptr buf = w.buf;
-  void* const staging = w.staging;
-  const stream_id st = w.st;
+  auto& [be, buf, staging, st] = w;
   if (!meet()) return 4;
   const uint64_t start = monotonic_ns();
   const auto t0 = std::chrono::steady_clock::now();
