@@ -16,13 +16,13 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
-#include <iterator>
 #include <mutex>
 #include <string>
 
 #include "core/code_location.hpp"
 #include "core/log.hpp"
 #include "core/status.hpp"
+#include "lock/process_identity.hpp"
 
 namespace vramswap::detail {
 namespace {
@@ -51,25 +51,12 @@ std::string copy_holding(const void* code) {
   return path.empty() ? "the program" : path;
 }
 
+// "pid:[<namespace inode>]-<pid>-<start time>": the process, whatever its PID namespace
+// (lock/process_identity.hpp reads all three once per process).
 std::string process_tag(pid_t pid) {
-  char ns[64];
-  const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
-  std::string tag = n > 0 ? std::string(ns, static_cast<size_t>(n)) : std::string("pid:[?]");
-  tag += "-" + std::to_string(pid);
-  // Field 22 of /proc/self/stat, the start time in clock ticks since boot; the command (field
-  // 2) may hold spaces and parentheses, so count from its closing parenthesis.
-  std::ifstream stat("/proc/self/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const size_t close = text.rfind(')');
-  if (close != std::string::npos) {
-    size_t at = close + 2;  // field 3
-    for (int field = 3; field < 22 && at != std::string::npos; ++field) {
-      at = text.find(' ', at);
-      if (at != std::string::npos) ++at;
-    }
-    if (at != std::string::npos) tag += "-" + text.substr(at, text.find(' ', at) - at);
-  }
-  return tag;
+  process_identity me{};
+  if (current_process(&me) != ok || me.pid != pid) return "pid:[?]-" + std::to_string(pid);
+  return "pid:[" + std::to_string(me.pid_ns) + "]-" + std::to_string(me.pid) + "-" + std::to_string(me.start_time);
 }
 
 std::string claim_name(pid_t pid) { return "vramswap-runtime-" + process_tag(pid); }
