@@ -37,13 +37,16 @@ std::string describe_uid(uid_t uid) {
   return text;
 }
 
-std::string describe_gid(gid_t gid) {
-  std::string text = "gid " + std::to_string(gid);
+std::string group_name(gid_t gid) {
   char buf[4096];
   group entry{};
   group* found = nullptr;
-  if (::getgrgid_r(gid, &entry, buf, sizeof buf, &found) == 0 && found != nullptr) text += std::string(" (") + found->gr_name + ")";
-  return text;
+  return ::getgrgid_r(gid, &entry, buf, sizeof buf, &found) == 0 && found != nullptr ? found->gr_name : "";
+}
+
+std::string describe_gid(gid_t gid) {
+  const std::string name = group_name(gid);
+  return "gid " + std::to_string(gid) + (name.empty() ? "" : " (" + name + ")");
 }
 
 bool socket_peer_in_group(int fd, gid_t gid) {

@@ -34,6 +34,8 @@ std::string owner_tag(const sharing& s);
 // "uid 65534 (nobody)" / "gid 27 (sudo)": an owner as a user reads it.
 std::string describe_uid(uid_t uid);
 std::string describe_gid(gid_t gid);
+// The name of group `gid` ("" when it has none): what VRAMSWAP_GROUP takes, with the number.
+std::string group_name(gid_t gid);
 
 // Is `gid` the primary or a supplementary group of the peer of Unix socket `fd`, as the
 // kernel recorded them when it connected (SO_PEERCRED, SO_PEERGROUPS)? Needs no /proc, so it

@@ -60,6 +60,12 @@ bool read_stat(pid_t pid, stat_fields* out) noexcept {
   return end != p;
 }
 
+// The inode that names the namespace behind `path` (/proc/<pid>/ns/pid); 0 when unreadable.
+uint64_t namespace_inode(const char* path) noexcept {
+  struct stat st {};
+  return ::stat(path, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
 }  // namespace
 
 uint64_t fork_generation() noexcept { return g_fork_generation.load(std::memory_order_relaxed); }
@@ -88,8 +94,7 @@ uint64_t current_pid_namespace() noexcept {
   // A process's own PID namespace never changes (unshare and setns move only its children).
   uint64_t ns = g_cached_pid_ns.load(std::memory_order_relaxed);
   if (ns == 0) {
-    struct stat st {};
-    if (::stat("/proc/self/ns/pid", &st) == 0) ns = static_cast<uint64_t>(st.st_ino);
+    ns = namespace_inode("/proc/self/ns/pid");
     g_cached_pid_ns.store(ns, std::memory_order_relaxed);
   }
   return ns;
@@ -98,8 +103,7 @@ uint64_t current_pid_namespace() noexcept {
 uint64_t pid_namespace_of(pid_t pid) noexcept {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/ns/pid", static_cast<int>(pid));
-  struct stat st {};
-  return pid > 0 && ::stat(path, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+  return pid > 0 ? namespace_inode(path) : 0;
 }
 
 pid_t pidfd_process(int fd) noexcept {

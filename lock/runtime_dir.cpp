@@ -1,7 +1,6 @@
 #include "lock/runtime_dir.hpp"
 
 #include <fcntl.h>
-#include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,19 +13,6 @@
 #include "lock/ownership.hpp"
 
 namespace vramswap::detail {
-namespace {
-
-// What VRAMSWAP_GROUP takes for `gid`: its name when it has one, else the number.
-std::string group_setting(gid_t gid) {
-  char buf[4096];
-  group entry{};
-  group* found = nullptr;
-  if (::getgrgid_r(gid, &entry, buf, sizeof buf, &found) == 0 && found != nullptr) return found->gr_name;
-  return std::to_string(gid);
-}
-
-}  // namespace
-
 int runtime_dir(bool create, std::string* out) noexcept {
   try {
     sharing who;
@@ -61,13 +47,15 @@ int runtime_dir(bool create, std::string* out) noexcept {
                     dir.c_str());
       }
       if (e == EACCES && ::stat(dir.c_str(), &st) == 0) {
+        const std::string name = group_name(st.st_gid);  // as VRAMSWAP_GROUP takes it: the name, else the number
         return fail(err_not_owner,
                     "vramswap: the runtime dir %s belongs to %s, group %s, mode %04o, and %s may not enter it: only its "
                     "owner and that group's members share this pool. Run as a member of %s (and set "
                     "VRAMSWAP_GROUP=%s), or use a runtime dir of your own",
                     dir.c_str(), describe_uid(st.st_uid).c_str(), describe_gid(st.st_gid).c_str(),
                     static_cast<unsigned>(st.st_mode & 07777), describe_uid(::geteuid()).c_str(),
-                    describe_gid(st.st_gid).c_str(), group_setting(st.st_gid).c_str());
+                    describe_gid(st.st_gid).c_str(),
+                    (name.empty() ? std::to_string(st.st_gid) : name).c_str());
       }
       return fail_errno(e, "vramswap: cannot open the runtime dir %s", dir.c_str());
     }
