@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "lock/process_identity.hpp"
@@ -57,6 +58,14 @@ class Pods : public ::testing::Test {
         std::system("command -v setpriv >/dev/null 2>&1") != 0) {
       GTEST_SKIP() << "skipped: cannot make PID, mount, IPC and UTS namespaces here (unshare failed), or setpriv is missing";
     }
+    // The pool and its files are named by the device's key: "host-0", or the GPU's UUID.
+    const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");
+    std::unique_ptr<vramswap::detail::backend> made;
+    ASSERT_EQ(make_backend(backend != nullptr && std::string(backend) == "cuda" ? backend_kind::cuda : backend_kind::host, &made), ok)
+        << last_error();
+    device_info info;
+    ASSERT_EQ(made->get_device_info(0, &info), ok) << last_error();
+    key_ = info.uuid;
     static int counter = 0;
     // Outside /tmp and /dev/shm, which every pod replaces with a fresh tmpfs of its own.
     dir_ = "/var/tmp/vramswap-pods-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
@@ -90,7 +99,10 @@ class Pods : public ::testing::Test {
       ::kill(server_, SIGKILL);
       ::waitpid(server_, nullptr, 0);
     }
-    if (!dir_.empty()) std::system(("rm -rf " + dir_ + " " + bin_ + " " + dir_ + "-pod*.err").c_str());
+    // Best effort: a leftover scratch folder only costs disk space.
+    if (!dir_.empty() && std::system(("rm -rf " + dir_ + " " + bin_ + " " + dir_ + "-pod*.err").c_str()) != 0) {
+      std::fprintf(stderr, "pods_test: could not remove %s\n", dir_.c_str());
+    }
   }
 
   // The pods' whole environment: the runtime dir and group, the backend (host, or
@@ -100,7 +112,8 @@ class Pods : public ::testing::Test {
     const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");
     std::vector<std::string> e = {"VRAMSWAP_RUNTIME_DIR=" + dir_, "VRAMSWAP_GROUP=" + std::to_string(k_group),
                                   std::string("VRAMSWAP_BACKEND=") + (backend != nullptr ? backend : "host"),
-                                  "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB", "VRAMSWAP_LOG=warn",
+                                  "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB", "VRAMSWAP_POOL_SIZE=64MiB",
+                                  "VRAMSWAP_LOG=warn",
                                   "PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     for (const char* name : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES"}) {
       if (const char* v = std::getenv(name)) e.push_back(std::string(name) + "=" + v);
@@ -175,6 +188,7 @@ class Pods : public ::testing::Test {
     return child;
   }
 
+  std::string key_;  // the device's key
   std::string dir_;
   std::string bin_, worker_, demo_, server_binary_, pool_client_;
   std::deque<pod> pods_;  // a deque: start() hands out references that later starts keep valid
@@ -235,7 +249,7 @@ TEST_F(Pods, TwoPodsTakeTurnsOnTheDeviceWithEveryByteIntact) {
   cenv.push_back(nullptr);
   const char* argv[] = {server_binary_.c_str(), "--foreground", "--pool-size", "64M", nullptr};
   ASSERT_EQ(::posix_spawn(&server_, server_binary_.c_str(), nullptr, nullptr, const_cast<char**>(argv), cenv.data()), 0);
-  const std::string socket = dir_ + "/host-0.sock";
+  const std::string socket = dir_ + "/" + key_ + ".sock";
   for (int i = 0; i < 300 && ::access(socket.c_str(), F_OK) != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_EQ(::access(socket.c_str(), F_OK), 0) << "vramswapd did not create " << socket;
   // 40 MiB each, 80 MiB together over a 64 MiB pool: every turn brings memory back.
@@ -275,7 +289,7 @@ TEST_F(Pods, AServerInItsOwnPodRepairsAKilledPodsFramesAtOnce) {
   // (sibling PID namespaces), so only the pidfd each client sent can tell it of a death
   // before the grace period after the hang-up.
   pod& server = start(0, {server_binary_, "--foreground", "--pool-size", "64M"});
-  const std::string socket = dir_ + "/host-0.sock";
+  const std::string socket = dir_ + "/" + key_ + ".sock";
   for (int i = 0; i < 300 && ::access(socket.c_str(), F_OK) != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_EQ(::access(socket.c_str(), F_OK), 0) << "vramswapd did not create " << socket << ": " << errors_of(server);
   pod& client = start(4701, {pool_client_, "connect-noauto", "own", "3", "write", "3", "11", "ready", "hold"});
@@ -285,7 +299,7 @@ TEST_F(Pods, AServerInItsOwnPodRepairsAKilledPodsFramesAtOnce) {
   option_set(option_id::group, std::to_string(k_group).c_str());
   std::string name;
   std::unique_ptr<pool_segment> pool;
-  ASSERT_EQ(pool_segment::name_for("host-0", &name), ok) << last_error();
+  ASSERT_EQ(pool_segment::name_for(key_, &name), ok) << last_error();
   ASSERT_EQ(pool_segment::open(name, &pool, /*read_only=*/true), ok) << last_error();
   option_set(option_id::runtime_dir, nullptr);
   option_set(option_id::group, nullptr);
@@ -314,7 +328,7 @@ TEST_F(Pods, AnyMemberRestartsThePoolAnotherMemberStarted) {
   const std::string errors_first = errors_of(first);
   ASSERT_EQ(finish(first), 0) << errors_first;
   struct stat st {};
-  ASSERT_EQ(::stat((dir_ + "/host-0.server.lock").c_str(), &st), 0) << "the first pod's server made its lock file";
+  ASSERT_EQ(::stat((dir_ + "/" + key_ + ".server.lock").c_str(), &st), 0) << "the first pod's server made its lock file";
   EXPECT_EQ(st.st_uid, 4701u);
   EXPECT_EQ(st.st_gid, k_group) << "files in the runtime dir belong to the group";
   EXPECT_EQ(st.st_mode & 0777, 0660u);
