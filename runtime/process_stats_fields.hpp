@@ -40,7 +40,11 @@
   X(host_frame_bytes, uint64_t)   \
   X(pages_demoted, uint64_t)      \
   X(pages_promoted, uint64_t)     \
-  X(reclaim_seconds, double)
+  X(reclaim_seconds, double)     \
+  X(cache_hits, uint64_t)         \
+  X(cache_misses, uint64_t)       \
+  X(cache_trims, uint64_t)        \
+  X(allocator_seconds, double)
 
 namespace vramswap::detail::process_stats_layout {
 

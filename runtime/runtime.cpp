@@ -322,6 +322,10 @@ int stats(int device, vramswap_stats_t* out) noexcept {
     const stream_allocator_stats a = st->async->stats();
     r.cached_bytes = a.cached_bytes;
     r.graph_bytes = a.graph_bytes;
+    r.cache_hits = a.hits;
+    r.cache_misses = a.misses;
+    r.cache_trims = a.trims;
+    r.allocator_seconds = static_cast<double>(a.busy_ns) / 1e9;
     st->policy->fill_stats(&r);
     r.lock_holder_deaths = st->holder_deaths.load();
     *out = r;

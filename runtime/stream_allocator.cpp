@@ -1,10 +1,31 @@
 #include "runtime/stream_allocator.hpp"
 
+#include <chrono>
 #include <cinttypes>
 
 #include "core/status.hpp"
 
 namespace vramswap::detail {
+
+namespace {
+// Adds the time from its making to its end to `total`: declared before a lock_guard, it
+// ends after it, so the wait for the mutex counts too.
+class busy_time {
+ public:
+  explicit busy_time(std::atomic<uint64_t>& total) : total_(total) {}
+  ~busy_time() {
+    const auto took = std::chrono::steady_clock::now() - start_;
+    total_.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()),
+                     std::memory_order_relaxed);
+  }
+  busy_time(const busy_time&) = delete;
+  busy_time& operator=(const busy_time&) = delete;
+
+ private:
+  std::atomic<uint64_t>& total_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+}  // namespace
 
 uint64_t stream_allocator::round_size(uint64_t size) noexcept {
   constexpr uint64_t small = 512, large = 128 << 10, boundary = 1 << 20;
@@ -22,6 +43,7 @@ int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out)
   if (out == nullptr) return fail(err_invalid_argument, "malloc_async(device %d): out is null", device_);
   const uint64_t want = round_size(size);
   if (want < size) return fail(err_out_of_memory, "malloc_async(%" PRIu64 " bytes, device %d): size too large", size, device_);
+  const busy_time busy(busy_ns_);
   std::lock_guard<std::mutex> lock(mutex_);
   bool graph = false;
   VS_TRY(add_context(capturing(stream, &graph), "malloc_async(%" PRIu64 " bytes, device %d): ", size, device_));
@@ -85,6 +107,7 @@ bool stream_allocator::back_cached(device_ptr p) {
 }
 
 int stream_allocator::deallocate(device_ptr ptr, uintptr_t stream) {
+  const busy_time busy(busy_ns_);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = blocks_.find(ptr);
   if (it == blocks_.end() || it->second.cached) {
@@ -119,6 +142,7 @@ int stream_allocator::deallocate(device_ptr ptr, uintptr_t stream) {
 }
 
 int stream_allocator::trim() {
+  const busy_time busy(busy_ns_);
   std::lock_guard<std::mutex> lock(mutex_);
   return trim_locked();
 }
@@ -150,7 +174,9 @@ bool stream_allocator::owns(device_ptr ptr) const {
 
 stream_allocator_stats stream_allocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  stream_allocator_stats s = stats_;
+  s.busy_ns = busy_ns_.load(std::memory_order_relaxed);
+  return s;
 }
 
 }  // namespace vramswap::detail

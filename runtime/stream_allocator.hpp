@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <atomic>
 #include <unordered_map>
 
 #include "core/backend.hpp"
@@ -46,6 +47,7 @@ struct stream_allocator_stats {
   uint64_t hits = 0;           // allocations served from a cache
   uint64_t misses = 0;         // allocations that went to the pager
   uint64_t trims = 0;          // device synchronized and caches emptied
+  uint64_t busy_ns = 0;        // time inside allocate, deallocate and trim, waits for the mutex included
 };
 
 class stream_allocator {
@@ -90,6 +92,8 @@ class stream_allocator {
   // Cached (freed) blocks, per stream: size -> address.
   std::unordered_map<uintptr_t, std::multimap<uint64_t, device_ptr>> cache_;
   stream_allocator_stats stats_;
+  // Outside stats_: added to after the mutex is let go, so that its wait counts.
+  std::atomic<uint64_t> busy_ns_{0};
 };
 
 }  // namespace vramswap::detail

@@ -245,6 +245,11 @@ typedef struct vramswap_stats_t {
   uint64_t pages_demoted;      /* moved from pool frames to host frames for lock holders */
   uint64_t pages_promoted;     /* moved back into free pool frames */
   double reclaim_seconds;      /* total time demoting (the launch gate closed) */
+  /* The stream-ordered allocator (vramswap_malloc_async; vramswap.torch): */
+  uint64_t cache_hits;         /* allocations served from freed blocks kept for reuse */
+  uint64_t cache_misses;       /* allocations that took new memory from the pager */
+  uint64_t cache_trims;        /* times the kept blocks were all given back to make room */
+  double allocator_seconds;    /* total time inside malloc_async, free_async and trims */
 } vramswap_stats_t;
 /* Errors:
  *   VRAMSWAP_ERR_INVALID_ARGUMENT  out is NULL, or out->size is smaller than 16 bytes.

@@ -281,6 +281,11 @@ struct stats {
   uint64_t pages_demoted = 0;     // moved from pool frames to host frames because a lock holder needed them
   uint64_t pages_promoted = 0;    // moved back into free pool frames
   double reclaim_seconds = 0;     // total time demoting
+  // The stream-ordered allocator (malloc_async / free_async; vramswap.torch):
+  uint64_t cache_hits = 0;        // allocations served from freed blocks kept for reuse
+  uint64_t cache_misses = 0;      // allocations that took new memory from the pager
+  uint64_t cache_trims = 0;       // times the kept blocks were all given back to make room
+  double allocator_seconds = 0;   // total time inside malloc_async, free_async and trims
 };
 // Opens the device's session if needed (so it may start the pool server). Throws
 // out_of_memory (host memory), and what opening the device's session throws.
