@@ -102,7 +102,8 @@ int state_for(const char* fn, int device, device_state** out) {
     VS_TRY(add_context(device_session::open(device, &shared), "%s(device %d): opening the device's session: ", fn, device));
     st->policy = std::move(shared);
   }
-  st->async = std::make_unique<stream_allocator>(st->policy->get_backend(), device, st->policy->memory());
+  st->async = std::make_unique<stream_allocator>(st->policy->get_backend(), device, st->policy->memory(),
+                                                 /*advise_at_release=*/!st->policy->mapped_without_lock());
   if (g_devices.size() <= static_cast<size_t>(device)) g_devices.resize(device + 1);
   g_devices[device] = std::move(st);
   g_owner_pid.store(::getpid());
@@ -209,6 +210,11 @@ int unlock(int device) noexcept {
   }
   device_state* st = nullptr;
   VS_TRY(state_for("unlock", device, &st));
+  if (t_held[device] == 1 && st->async->advise_cached() != ok) {
+    // Only the eviction's cost is at stake: cached blocks not advised are copied like live ones.
+    log(log_level::warn, "unlock(device %d): %s; an eviction may copy freed blocks", device, last_error());
+    clear_error();
+  }
   const int rc = st->policy->release();
   // A failed last release (the device could not be synchronized) still hands the lock on.
   if (!st->policy->holding()) {

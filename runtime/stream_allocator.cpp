@@ -52,12 +52,16 @@ int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out)
   // lock), an eviction may have dropped its pages: it serves only if they can be backed now.
   if (auto c = cache_.find(stream); c != cache_.end()) {
     auto it = c->second.lower_bound(want);
-    if (it != c->second.end() && it->first - want <= want / 8 && back_cached(it->second)) {
+    // Resident and never advised: every page is mapped and holds what it held, so the block
+    // serves as it is. Otherwise its pages may have been dropped: backed again or no use.
+    const bool as_is = it != c->second.end() && !blocks_.at(it->second).advised && memory_.resident();
+    if (it != c->second.end() && it->first - want <= want / 8 && (as_is || back_cached(it->second))) {
       const device_ptr p = it->second;
       block& b = blocks_.at(p);
-      VS_TRY(add_context(memory_.advise(p, b.size, advice::normal), "malloc_async: reusing a cached block: "));
+      if (b.advised) VS_TRY(add_context(memory_.advise(p, b.size, advice::normal), "malloc_async: reusing a cached block: "));
       c->second.erase(it);
       b.cached = false;
+      b.advised = false;
       b.graph = graph;
       stats_.cached_bytes -= b.size;
       stats_.live_bytes += b.size;
@@ -132,7 +136,11 @@ int stream_allocator::deallocate(device_ptr ptr, uintptr_t stream) {
     blocks_.erase(it);
     return ok;
   }
-  VS_TRY(add_context(memory_.advise(ptr, b.size, advice::discardable), "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_));
+  // Not resident, no release comes before the next eviction: advise now.
+  if (!advise_at_release_ || !memory_.resident()) {
+    VS_TRY(add_context(memory_.advise(ptr, b.size, advice::discardable), "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_));
+    b.advised = true;
+  }
   // Ordered on the freeing stream: that is the stream whose later work may reuse it.
   b.cached = true;
   b.stream = stream;
@@ -145,6 +153,20 @@ int stream_allocator::trim() {
   const busy_time busy(busy_ns_);
   std::lock_guard<std::mutex> lock(mutex_);
   return trim_locked();
+}
+
+int stream_allocator::advise_cached() {
+  const busy_time busy(busy_ns_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [stream, sizes] : cache_) {
+    for (auto& [size, p] : sizes) {
+      block& b = blocks_.at(p);
+      if (b.advised) continue;
+      VS_TRY(add_context(memory_.advise(p, b.size, advice::discardable), "advising the cached blocks (device %d): ", device_));
+      b.advised = true;
+    }
+  }
+  return ok;
 }
 
 int stream_allocator::trim_locked() {

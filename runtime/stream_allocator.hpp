@@ -18,7 +18,11 @@
 //
 // A cached block is advised discardable: while it waits, an eviction need not copy it (a
 // page holding only cached blocks is dropped, and comes back zero-filled). Reuse advises
-// it normal again. So caching costs frames while resident, never transfer time.
+// it normal again. So caching costs frames while resident, never transfer time. Where
+// evictions happen only between holds (a device session: `advise_at_release`), the advice
+// waits for the release (advise_cached, called before the lock is let go): a block freed
+// and taken again within one hold, as a training step's tensors are, costs the pager
+// nothing. Where pages may move at any time (an oversubscribed session), frees advise at once.
 //
 // CUDA graphs: memory allocated for a stream that is being captured, or freed while its
 // stream is being captured, belongs to the graph, which may replay at any later time; it
@@ -52,7 +56,10 @@ struct stream_allocator_stats {
 
 class stream_allocator {
  public:
-  stream_allocator(backend& be, int device, pager& memory) : be_(be), device_(device), memory_(memory) {}
+  // `advise_at_release`: the pager evicts only while the process does not hold the lock, and
+  // advise_cached() is called before every release.
+  stream_allocator(backend& be, int device, pager& memory, bool advise_at_release)
+      : be_(be), device_(device), memory_(memory), advise_at_release_(advise_at_release) {}
   ~stream_allocator() = default;  // the pager frees what is left with the arena
   stream_allocator(const stream_allocator&) = delete;
   stream_allocator& operator=(const stream_allocator&) = delete;
@@ -64,6 +71,9 @@ class stream_allocator {
   int deallocate(device_ptr ptr, uintptr_t stream);
   // Synchronize the device, then give every cached block back to the pager.
   int trim();
+  // Advise every cached block not yet advised discardable (before a release, so that the
+  // eviction that may follow does not copy them).
+  int advise_cached();
   bool owns(device_ptr ptr) const;
   stream_allocator_stats stats() const;
 
@@ -77,6 +87,7 @@ class stream_allocator {
     uint64_t size = 0;
     uintptr_t stream = 0;
     bool cached = false;  // freed, waiting in its stream's cache
+    bool advised = false; // cached and advised discardable (its pages may be dropped)
     bool graph = false;   // allocated or freed during a capture: the graph's for good
   };
   int capturing(uintptr_t stream, bool* out);
@@ -87,6 +98,7 @@ class stream_allocator {
   backend& be_;
   const int device_;
   pager& memory_;
+  const bool advise_at_release_;
   mutable std::mutex mutex_;
   std::unordered_map<device_ptr, block> blocks_;  // every block handed out and not given back
   // Cached (freed) blocks, per stream: size -> address.
