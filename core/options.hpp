@@ -99,6 +99,10 @@ constexpr option_form percent_form(const char* percent_of) {
   X(host_limit, "VRAMSWAP_HOST_LIMIT", "50%", percent_form("RAM"),                               \
     "pinned host memory for saved pages, per process and device: size, or percent of RAM; "     \
     "past it, least recently used pages go to the swap file")                                    \
+  X(host_pin_ahead, "VRAMSWAP_HOST_PIN_AHEAD", "1", flag_form(),                                 \
+    "1: a thread pins this process's host memory for saved pages as its device memory grows "   \
+    "(up to VRAMSWAP_HOST_LIMIT), so that its first eviction runs at the link's rate; 0: pin "  \
+    "as evictions need it (slower first eviction, no host memory before it)")                    \
   X(host_pool, "VRAMSWAP_HOST_POOL", "0", percent_form("RAM"),                                   \
     "pinned host memory for saved pages shared by all processes of a device, made by vramswapd: " \
     "size, or percent of RAM; 0: none (each process keeps its own host tier, VRAMSWAP_HOST_LIMIT); " \

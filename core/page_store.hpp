@@ -71,6 +71,10 @@ class page_store {
     (void)pages;
     return 0;
   }
+  // The caller's memory has grown to `pages` pages, all of which a later eviction may save.
+  // A store that makes its host memory as needed may make it ahead of need, in the
+  // background, so that the first eviction does not wait for memory to be pinned. A hint.
+  virtual void may_save(uint64_t pages) { (void)pages; }
 };
 
 }  // namespace vramswap::detail

@@ -160,6 +160,7 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
   // New bytes on a page make a kept copy of it stale.
   invalidate_saved_copies(arena_.pages_of(ptr, size));
   for (const page_range& r : fresh) live_pages_ += r.count;
+  if (!fresh.empty()) store_.may_save(live_pages_);
   if (!resident_) {
     const int rc = back_not_resident(arena_.pages_of(ptr, size));
     if (rc == ok || (rc == err_busy && when_not_resident == backing::when_free)) {

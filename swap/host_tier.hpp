@@ -16,7 +16,8 @@ namespace vramswap::detail {
 class host_tier final : public tiered_store {
  public:
   // `slot_size`: bytes per page. `chunk_slots`: slots per pinned chunk (growth step).
-  host_tier(backend& be, size_t slot_size, size_t chunk_slots = 16);
+  // `make_ahead`: pin slots ahead of need as the owner's memory grows (may_save).
+  host_tier(backend& be, size_t slot_size, size_t chunk_slots = 16, bool make_ahead = false);
 
   // Make sure at least `bytes` of pinned slots exist (held or free).
   int reserve(uint64_t bytes);

@@ -1,7 +1,11 @@
 #include "swap/pinned_slots.hpp"
 
-#include <algorithm>
+#include <unistd.h>
 
+#include <algorithm>
+#include <utility>
+
+#include "core/log.hpp"
 #include "core/status.hpp"
 
 namespace vramswap::detail {
@@ -16,10 +20,35 @@ pinned_slots::pinned_slots(backend& be, size_t slot_size, size_t chunk_slots, si
     : be_(be), slot_size_(slot_size), chunk_slots_(std::max<size_t>(1, chunk_slots)), limit_slots_(limit_slots),
       label_(std::move(label)) {}
 
+pinned_slots::~pinned_slots() {
+  {
+    std::lock_guard<std::mutex> lock(ahead_mutex_);
+    stop_ = true;
+  }
+  ahead_wake_.notify_all();
+  if (ahead_thread_.joinable()) {
+    // A forked child has a copy of this object but not the thread.
+    if (::getpid() == ahead_owner_) {
+      ahead_thread_.join();
+    } else {
+      ahead_thread_.detach();
+    }
+  }
+}
+
 int pinned_slots::grow(size_t slots) {
+  {
+    std::lock_guard<std::mutex> lock(ahead_mutex_);
+    committed_ += slots;
+  }
   pinned_chunk c;
-  VS_TRY(add_context(pinned_chunk::make_anonymous(be_, slot_size_ * slots, label_.c_str(), &c),
-                     "(%zu slots of %zu bytes pinned already): ", slots_made_, slot_size_));
+  if (const int rc = pinned_chunk::make_anonymous(be_, slot_size_ * slots, label_.c_str(), &c); rc != ok) {
+    {
+      std::lock_guard<std::mutex> lock(ahead_mutex_);
+      committed_ -= slots;
+    }
+    return add_context(rc, "(%zu slots of %zu bytes pinned already): ", slots_made_, slot_size_);
+  }
   for (size_t i = slots; i-- > 0;) free_.push_back(c.base() + i * slot_size_);
   for (const auto& fn : watchers_) fn(c.base(), c.bytes());
   chunks_.push_back(std::move(c));
@@ -27,11 +56,92 @@ int pinned_slots::grow(size_t slots) {
   return ok;
 }
 
+void pinned_slots::adopt_made(bool wait) {
+  std::vector<made_chunk> made;
+  {
+    std::unique_lock<std::mutex> lock(ahead_mutex_);
+    if (wait) ahead_made_.wait(lock, [&] { return !making_; });
+    made.swap(made_);
+  }
+  for (made_chunk& m : made) {
+    for (size_t i = m.slots; i-- > 0;) free_.push_back(m.chunk.base() + i * slot_size_);
+    for (const auto& fn : watchers_) fn(m.chunk.base(), m.chunk.bytes());
+    chunks_.push_back(std::move(m.chunk));
+    slots_made_ += m.slots;
+  }
+}
+
+void pinned_slots::make_ahead(size_t slots) {
+  if (limit_slots_ != 0) slots = std::min(slots, limit_slots_);
+  {
+    std::lock_guard<std::mutex> lock(ahead_mutex_);
+    // Whole chunks only, so that a hint a slot above the last does not make a small chunk.
+    if (ahead_failed_ || slots <= ahead_target_ || slots < committed_ + chunk_slots_) return;
+    ahead_target_ = slots;
+    if (!ahead_thread_.joinable()) {
+      ahead_owner_ = ::getpid();
+      ahead_thread_ = std::thread([this] { make_ahead_loop(); });
+    }
+  }
+  ahead_wake_.notify_all();
+}
+
+void pinned_slots::make_ahead_loop() {
+  std::unique_lock<std::mutex> lock(ahead_mutex_);
+  for (;;) {
+    ahead_wake_.wait(lock, [&] { return stop_ || (!ahead_failed_ && committed_ + chunk_slots_ <= ahead_target_); });
+    if (stop_) return;
+    const size_t slots = chunk_slots_;
+    committed_ += slots;
+    making_ = true;
+    lock.unlock();
+    made_chunk m;
+    m.slots = slots;
+    const int rc = pinned_chunk::make_anonymous(be_, slot_size_ * slots, label_.c_str(), &m.chunk);
+    const std::string why = rc != ok ? last_error() : std::string();
+    if (rc != ok) clear_error();
+    lock.lock();
+    making_ = false;
+    if (rc != ok) {
+      committed_ -= slots;
+      ahead_failed_ = true;
+      log(log_level::warn, "%s: pinning host memory ahead of need stopped at %zu slots of %zu bytes: %s; slots are pinned as "
+          "evictions need them from now on (VRAMSWAP_HOST_PIN_AHEAD=0 turns pinning ahead off)", label_.c_str(), committed_,
+          slot_size_, why.c_str());
+    } else {
+      made_.push_back(std::move(m));
+    }
+    ahead_made_.notify_all();
+  }
+}
+
+uint64_t pinned_slots::bytes_pinned() const noexcept {
+  std::lock_guard<std::mutex> lock(ahead_mutex_);
+  size_t slots = slots_made_;
+  for (const made_chunk& m : made_) slots += m.slots;
+  return uint64_t{slots} * slot_size_;
+}
+
+size_t pinned_slots::slots_committed() const {
+  std::lock_guard<std::mutex> lock(ahead_mutex_);
+  return committed_;
+}
+
 int pinned_slots::take(bool past_limit, char** slot) {
+  if (free_.empty()) adopt_made(/*wait=*/true);
   if (free_.empty()) {
-    const bool at_limit = limit_slots_ != 0 && slots_made_ >= limit_slots_;
+    // Counted with what the thread of make_ahead is making, so that both together stay
+    // within the limit; if the limit is reached by a chunk still in the making, wait for it.
+    const size_t committed = slots_committed();
+    if (limit_slots_ != 0 && committed >= limit_slots_ && committed > slots_made_) {
+      adopt_made(/*wait=*/true);
+    }
+  }
+  if (free_.empty()) {
+    const size_t committed = slots_committed();
+    const bool at_limit = limit_slots_ != 0 && committed >= limit_slots_;
     if (at_limit && !past_limit) return err_busy;
-    VS_TRY(grow(at_limit ? chunk_slots_ : std::min(chunk_slots_, limit_slots_ == 0 ? chunk_slots_ : limit_slots_ - slots_made_)));
+    VS_TRY(grow(at_limit || limit_slots_ == 0 ? chunk_slots_ : std::min(chunk_slots_, limit_slots_ - committed)));
   }
   *slot = free_.back();
   free_.pop_back();
@@ -58,6 +168,7 @@ void pinned_slots::watch_regions(std::function<void(char*, size_t)> fn) {
 }
 
 int pinned_slots::reserve(size_t slots) {
+  adopt_made(/*wait=*/false);
   while (slots_made_ < slots) VS_TRY(grow(chunk_slots_));
   return ok;
 }

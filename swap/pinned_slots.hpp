@@ -4,12 +4,27 @@
 // is pinned per swap, and a slot given back is reused first.
 //
 // `limit_slots` (0: none) caps the slots made; take(past_limit = true) goes past it.
+//
+// Ahead of need (make_ahead): making a chunk (faulting host memory in and pinning it) runs
+// at a few GB/s, an order of magnitude below the device's copy rate, so an eviction that
+// makes its slots as it goes runs at that rate. make_ahead(n) asks a thread of the
+// provider's own to make chunks until n slots exist (at most the limit); made chunks wait
+// in a hand-over list, and the owner's calls adopt them (their slots join the free list and
+// the watchers hear of them on the owner's thread, as for chunks the owner makes). A take()
+// that finds no free slot while the thread is making one waits for that chunk rather than
+// making another. If the thread fails (no host memory), it logs once and stops: slots are
+// then made as they are taken, as without it.
 #pragma once
 
+#include <sys/types.h>
+
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -22,20 +37,30 @@ class pinned_slots final : public slot_provider {
  public:
   // `label` names the owner in errors ("tiered store for device 0").
   pinned_slots(backend& be, size_t slot_size, size_t chunk_slots, size_t limit_slots, std::string label);
+  ~pinned_slots() override;  // stops the thread of make_ahead, if any
+  pinned_slots(const pinned_slots&) = delete;
+  pinned_slots& operator=(const pinned_slots&) = delete;
 
   size_t slot_size() const noexcept override { return slot_size_; }
   int take(bool past_limit, char** slot) override;
   void give_back(char* slot) override;
   bool owns(const char* slot) const noexcept override;
   size_t free_now() const override;
-  uint64_t bytes_pinned() const noexcept override { return uint64_t{slots_made_} * slot_size_; }
+  uint64_t bytes_pinned() const noexcept override;  // made ahead and not yet adopted included
   void watch_regions(std::function<void(char*, size_t)> fn) override;
+  void make_ahead(size_t slots) override;
 
   // Make sure at least `slots` slots exist (handed out or free), past the limit if need be.
   int reserve(size_t slots);
 
+  // Slots made so far, by the owner or ahead (adopted or not).
+  size_t slots_committed() const;
+
  private:
   int grow(size_t slots);
+  // Take over the chunks made ahead; wait for one in the making first if `wait`.
+  void adopt_made(bool wait);
+  void make_ahead_loop();
 
   backend& be_;
   const size_t slot_size_;
@@ -44,8 +69,25 @@ class pinned_slots final : public slot_provider {
   const std::string label_;
   std::vector<pinned_chunk> chunks_;
   std::vector<char*> free_;
-  size_t slots_made_ = 0;
+  size_t slots_made_ = 0;  // in chunks_
   std::vector<std::function<void(char*, size_t)>> watchers_;
+
+  // Shared with the thread of make_ahead, under ahead_mutex_.
+  struct made_chunk {
+    pinned_chunk chunk;
+    size_t slots = 0;
+  };
+  mutable std::mutex ahead_mutex_;
+  std::condition_variable ahead_wake_;  // the target rose, or stop
+  std::condition_variable ahead_made_;  // a chunk was made (or failed)
+  size_t ahead_target_ = 0;
+  size_t committed_ = 0;               // slots made or being made, by anyone
+  bool making_ = false;                // the thread is making a chunk
+  bool ahead_failed_ = false;
+  bool stop_ = false;
+  std::vector<made_chunk> made_;       // made ahead, not yet adopted
+  std::thread ahead_thread_;
+  pid_t ahead_owner_ = 0;              // the process that started the thread
 };
 
 }  // namespace vramswap::detail

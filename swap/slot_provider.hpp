@@ -42,6 +42,9 @@ class slot_provider {
   // that a backing tier can register them for its transfers.
   virtual void watch_regions(std::function<void(char* base, size_t bytes)> fn) = 0;
 
+  // Make slots ahead of need, in the background, until `slots` exist in all (at most the
+  // limit): a hint, for providers that make their memory as they go.
+  virtual void make_ahead(size_t slots) { (void)slots; }
   // Shared providers: slots also come free when other processes give theirs back.
   virtual bool shared() const noexcept { return false; }
   // A count every give-back bumps; read it before take() and pass it to wait_for_give_back,

@@ -73,16 +73,21 @@ int make_page_store(backend& be, int device, pool_connection& conn, uint64_t wai
   }
   // Saved pages: pinned host memory up to VRAMSWAP_HOST_LIMIT, then the swap file. Where no
   // swap file can be made (a directory without O_DIRECT, say), keep them in host memory.
+  // The host memory is pinned ahead of need (VRAMSWAP_HOST_PIN_AHEAD) as the process's device
+  // memory grows, so that its first eviction does not run at the rate of pinning.
+  uint64_t pin_ahead = 0;
+  VS_TRY(option_uint(option_id::host_pin_ahead, &pin_ahead));
   tiered_config tc;
   tc.slot_size = conn.frame_size();
   tc.label = label;
+  tc.make_ahead = pin_ahead == 1;
   std::unique_ptr<tiered_store> tiered;
   if (tiered_store::create(be, tc, &tiered) == ok) {
     *out = std::move(tiered);
     return ok;
   }
   log(log_level::warn, "%s: no disk tier (%s); saved pages stay in host memory without a limit", label.c_str(), last_error());
-  *out = std::make_unique<host_tier>(be, conn.frame_size());
+  *out = std::make_unique<host_tier>(be, conn.frame_size(), /*chunk_slots=*/16, tc.make_ahead);
   return ok;
 }
 

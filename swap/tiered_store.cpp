@@ -26,6 +26,7 @@ tiered_store::tiered_store(tier_chain chain)
       write_window_(chain.write_window),
       spill_ahead_(chain.spill_ahead),
       read_ahead_(chain.read_ahead),
+      make_ahead_(chain.make_ahead),
       file_(std::move(chain.backing)) {}
 
 int tiered_store::create(backend& be, tiered_config cfg, std::unique_ptr<tiered_store>* out) {
@@ -41,6 +42,7 @@ int tiered_store::create(backend& be, tiered_config cfg, std::unique_ptr<tiered_
   chain.write_window = cfg.write_window;
   chain.spill_ahead = cfg.spill_ahead;
   chain.read_ahead = cfg.read_ahead;
+  chain.make_ahead = cfg.make_ahead;
   chain.label = cfg.label;
   VS_TRY(swap_file::open(fc, &chain.backing));
   return assemble(std::move(chain), out);
@@ -469,6 +471,13 @@ int tiered_store::flush() {
     return fail(rc, "%s", pending_detail_.c_str());
   }
   return ok;
+}
+
+void tiered_store::may_save(uint64_t pages) {
+  if (!make_ahead_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Past the budget, pages go to disk: slots beyond it would never be used.
+  slots_->make_ahead(static_cast<size_t>(budget_slots_ != 0 ? std::min<uint64_t>(pages, budget_slots_) : pages));
 }
 
 int tiered_store::expect_saves(uint64_t pages) {

@@ -98,6 +98,7 @@ struct tiered_config {
   unsigned write_window = 16;  // newest slot_for_write slots never spilled (>= pager copies_in_flight)
   unsigned spill_ahead = 0;    // 0: enough pages to keep queue_depth blocks busy, at least 2
   unsigned read_ahead = 0;     // 0: same
+  bool make_ahead = false;     // pin slots ahead of need as the owner's memory grows (may_save)
   io_faults* faults = nullptr;  // tests only
   std::string label = "device 0";
 };
@@ -128,6 +129,7 @@ struct tier_chain {
   unsigned write_window = 16;            // as in tiered_config
   unsigned spill_ahead = 0;
   unsigned read_ahead = 0;
+  bool make_ahead = false;
   std::string label = "device 0";
 };
 
@@ -151,6 +153,8 @@ class tiered_store : public page_store {
   uint64_t bytes_held() const override;
   void read_done(uint64_t key) override;
   int expect_saves(uint64_t pages) override;
+  // With make_ahead: the slots make ahead, up to `pages` (at most the budget).
+  void may_save(uint64_t pages) override;
   unsigned tier_count() const override { return file_ ? 2 : 1; }
   unsigned tier_of(uint64_t key) const override;
   uint64_t bytes_in_tier(unsigned tier) const override;
@@ -214,6 +218,7 @@ class tiered_store : public page_store {
   unsigned write_window_;
   unsigned spill_ahead_;
   unsigned read_ahead_;
+  const bool make_ahead_;
   std::unique_ptr<swap_file> file_;
   mutable std::mutex mutex_;
   size_t slots_used_ = 0;               // slots assigned to entries

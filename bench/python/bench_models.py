@@ -18,7 +18,7 @@ taking and letting go of the lock, and the allocator's cache hits, misses and tr
 Models (no weights are downloaded; every model is built from a config and a seed):
   llama     a Llama-architecture causal LM from transformers (about 1.1 B parameters:
             hidden 2048, 22 layers, 32 heads, 4 KV heads, MLP 5632, vocab 32000), AdamW,
-            fp32 weights and optimizer state, bf16 autocast, batch 4 x sequence 512;
+            fp32 weights and optimizer state, bf16 autocast, batch 2 x sequence 512 (about 20 GiB);
   vision    torchvision's ResNet-50, SGD with momentum, bf16 autocast, batch 128 at 224 px,
             channels-last;
   compiled  the vision model under torch.compile (default mode).
@@ -55,7 +55,7 @@ def build(name, torch):
             model = LlamaForCausalLM(config)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-        ids = torch.randint(0, config.vocab_size, (4, 512), device="cuda")
+        ids = torch.randint(0, config.vocab_size, (2, 512), device="cuda")
 
         def step():
             with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -18,11 +18,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/options.hpp"
@@ -50,7 +52,7 @@ struct scripted_faults final : io_faults {
 // A store of 2 MiB pages: `budget` pages of host memory, 4 slots in the write window,
 // 2 pages of spill-ahead and read-ahead (3 staging slots), growing by `grow` bytes.
 int make_store(backend& be, size_t budget, const std::string& dir, io_faults* faults, std::unique_ptr<tiered_store>* out,
-               uint64_t grow = 8 * MiB) {
+               uint64_t grow = 8 * MiB, bool make_ahead = false) {
   tiered_config cfg;
   cfg.slot_size = k_page;
   cfg.host_limit = budget * k_page;
@@ -62,6 +64,7 @@ int make_store(backend& be, size_t budget, const std::string& dir, io_faults* fa
   cfg.write_window = 4;
   cfg.spill_ahead = 2;
   cfg.read_ahead = 2;
+  cfg.make_ahead = make_ahead;
   cfg.faults = faults;
   return tiered_store::create(be, cfg, out);
 }
@@ -382,8 +385,8 @@ class PagerOverDisk : public ::testing::TestWithParam<backend_kind> {
     be->host_free(staging);
     be->stream_destroy(stream);
   }
-  void make(size_t budget_pages, io_faults* faults) {
-    ASSERT_EQ(make_store(*be, budget_pages, "/var/tmp", faults, &store), ok) << last_error();
+  void make(size_t budget_pages, io_faults* faults, bool make_ahead = false) {
+    ASSERT_EQ(make_store(*be, budget_pages, "/var/tmp", faults, &store, 8 * MiB, make_ahead), ok) << last_error();
     frames = std::make_unique<local_frame_source>(*be);
     pager_config cfg;
     cfg.frame_size = k_page;
@@ -502,6 +505,78 @@ TEST_P(PagerOverDisk, AnEvictionReservesItsDiskSpaceBeforeItsFirstWrite) {
     ASSERT_EQ(pg->restore_all(), ok) << last_error();
     ASSERT_TRUE(holds(a, size, 20 + cycle)) << "cycle " << cycle;
   }
+}
+
+// Waits up to 20 s for the store's pinned bytes to reach `bytes`; what they reached.
+uint64_t wait_pinned(const tiered_store& s, uint64_t bytes) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (s.stats().pinned_bytes < bytes && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return s.stats().pinned_bytes;
+}
+
+TEST_P(PagerOverDisk, HostSlotsArePinnedAheadAsMemoryGrowsAndTheFirstEvictionFindsThem) {
+  make(40, nullptr, /*make_ahead=*/true);
+  EXPECT_EQ(store->stats().pinned_bytes, 0u) << "nothing is pinned before there is memory to save";
+  device_ptr a = 0;
+  constexpr uint64_t size = 48 * MiB;  // 24 pages: 6 chunks of 4
+  ASSERT_EQ(pg->malloc(size, &a), ok) << last_error();
+  write(a, size, 31);
+  ASSERT_EQ(wait_pinned(*store, size), size) << "the thread pins the host slots for the pages allocated, and no more";
+  ASSERT_EQ(pg->evict_all(), ok) << last_error();
+  EXPECT_EQ(store->stats().pinned_bytes, size) << "the eviction took the slots made ahead and made none";
+  EXPECT_EQ(store->bytes_in_tier(1), 0u) << "within the budget, nothing went to disk";
+  ASSERT_EQ(pg->restore_all(), ok) << last_error();
+  ASSERT_TRUE(holds(a, size, 31));
+  ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+}
+
+TEST_P(PagerOverDisk, PinningAheadStaysWithinTheBudget) {
+  make(10, nullptr, /*make_ahead=*/true);
+  device_ptr a = 0;
+  constexpr uint64_t size = 64 * MiB;  // 32 pages, the budget 10
+  ASSERT_EQ(pg->malloc(size, &a), ok) << last_error();
+  write(a, size, 32);
+  const uint64_t pinned = wait_pinned(*store, 8 * k_page);  // two whole chunks fit the budget
+  EXPECT_EQ(pinned, 8 * k_page);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(store->stats().pinned_bytes, 8 * k_page) << "whole chunks only, and never past the budget";
+  ASSERT_EQ(pg->evict_all(), ok) << last_error();
+  ASSERT_EQ(store->flush(), ok) << last_error();
+  EXPECT_LE(store->stats().pinned_bytes, 10 * k_page) << "the eviction made the rest up to the budget, no more";
+  ASSERT_EQ(pg->restore_all(), ok) << last_error();
+  ASSERT_TRUE(holds(a, size, 32));
+}
+
+TEST_P(PagerOverDisk, EvictionsWhilePinningAheadIsUnderWayLoseNothing) {
+  // Each round allocates more and evicts at once, while the thread is still making chunks:
+  // the eviction adopts what is made, waits for a chunk in the making, makes the rest.
+  make(80, nullptr, /*make_ahead=*/true);
+  std::vector<device_ptr> blocks;
+  std::vector<uint64_t> sizes;
+  for (int round = 0; round < 6; ++round) {
+    device_ptr p = 0;
+    const uint64_t size = (4 + 3 * round) * k_page;
+    ASSERT_EQ(pg->malloc(size, &p), ok) << last_error();
+    write(p, size, 40 + round);
+    blocks.push_back(p);
+    sizes.push_back(size);
+    ASSERT_EQ(pg->evict_all(), ok) << "round " << round << ": " << last_error();
+    ASSERT_EQ(pg->restore_all(), ok) << "round " << round << ": " << last_error();
+    ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+    for (size_t i = 0; i < blocks.size(); ++i) ASSERT_TRUE(holds(blocks[i], sizes[i], 40 + i)) << "round " << round << ", block " << i;
+  }
+  EXPECT_LE(store->stats().pinned_bytes, 80 * k_page) << "the thread and the evictions together stay within the budget";
+  EXPECT_EQ(store->stats().budget_overruns, 0u);
+}
+
+TEST_P(PagerOverDisk, WithoutPinningAheadNothingIsPinnedBeforeTheFirstEviction) {
+  make(40, nullptr, /*make_ahead=*/false);
+  device_ptr a = 0;
+  ASSERT_EQ(pg->malloc(48 * MiB, &a), ok) << last_error();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(store->stats().pinned_bytes, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PagerOverDisk, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
