@@ -9,7 +9,8 @@
 # tests/gpu/preload_test); VRAMSWAP_BENCH_PARTS=kernel,torch,reclaim picks sections of
 # bench:oversubscribe.
 # With no argument it does both; bench:handoff,pager runs only bench_handoff and bench_pager
-# (bench/python/bench_<name>.py count as benchmarks too: bench:torch). Exit status: that of the test suites. $OUT gets at most
+# (bench/python/bench_<name>.py count as benchmarks too: bench:torch; BENCH_ARGS_<name>="..." passes
+# arguments to one, e.g. BENCH_ARGS_models="--steps 500"). Exit status: that of the test suites. $OUT gets at most
 # 8 files (the device tool's limit): machine.txt, build.log, ctest.log, gpu-tests.log,
 # bench.err and one bench_<name>.md per benchmark.
 set -uo pipefail
@@ -148,9 +149,11 @@ if [[ $what == *bench* ]]; then
     name=$(basename "$b" .py)
     [[ -z $only || $only == *",${name#bench_},"* ]] || continue
     echo "== $name"
+    args_var=BENCH_ARGS_${name#bench_}
+    # shellcheck disable=SC2086  # the arguments are words on purpose
     VRAMSWAP_BUILD_DIR=$PWD/$build PYTHONPATH=$PWD/$build/python VRAMSWAP_SERVER=$PWD/$build/vramswapd VRAMSWAP_LOG=warn \
       VRAMSWAP_SHM_PREFIX="vsbench$$-" \
-      python3 "$b" >"$OUT/$name.md" 2>>"$OUT/bench.err" || { echo "$name failed"; tail -5 "$OUT/bench.err"; status=1; }
+      python3 "$b" ${!args_var:-} >"$OUT/$name.md" 2>>"$OUT/bench.err" || { echo "$name failed"; tail -5 "$OUT/bench.err"; status=1; }
     cat "$OUT/$name.md"
   done
 fi
