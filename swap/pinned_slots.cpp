@@ -20,7 +20,9 @@ pinned_slots::pinned_slots(backend& be, size_t slot_size, size_t chunk_slots, si
     : be_(be), slot_size_(slot_size), chunk_slots_(std::max<size_t>(1, chunk_slots)), limit_slots_(limit_slots),
       label_(std::move(label)) {}
 
-pinned_slots::~pinned_slots() {
+pinned_slots::~pinned_slots() { stop_making_ahead(); }
+
+void pinned_slots::stop_making_ahead() {
   {
     std::lock_guard<std::mutex> lock(ahead_mutex_);
     stop_ = true;
@@ -50,7 +52,10 @@ int pinned_slots::grow(size_t slots) {
     return add_context(rc, "(%zu slots of %zu bytes pinned already): ", slots_made_, slot_size_);
   }
   for (size_t i = slots; i-- > 0;) free_.push_back(c.base() + i * slot_size_);
-  for (const auto& fn : watchers_) fn(c.base(), c.bytes());
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    for (const auto& fn : watchers_) fn(c.base(), c.bytes());
+  }
   chunks_.push_back(std::move(c));
   slots_made_ += slots;
   return ok;
@@ -63,9 +68,8 @@ void pinned_slots::adopt_made(bool wait) {
     if (wait) ahead_made_.wait(lock, [&] { return !making_; });
     made.swap(made_);
   }
-  for (made_chunk& m : made) {
+  for (made_chunk& m : made) {  // the watchers heard of them from the thread
     for (size_t i = m.slots; i-- > 0;) free_.push_back(m.chunk.base() + i * slot_size_);
-    for (const auto& fn : watchers_) fn(m.chunk.base(), m.chunk.bytes());
     chunks_.push_back(std::move(m.chunk));
     slots_made_ += m.slots;
   }
@@ -76,7 +80,7 @@ void pinned_slots::make_ahead(size_t slots) {
   {
     std::lock_guard<std::mutex> lock(ahead_mutex_);
     // Whole chunks only, so that a hint a slot above the last does not make a small chunk.
-    if (ahead_failed_ || slots <= ahead_target_ || slots < committed_ + chunk_slots_) return;
+    if (stop_ || ahead_failed_ || slots <= ahead_target_ || slots < committed_ + chunk_slots_) return;
     ahead_target_ = slots;
     if (!ahead_thread_.joinable()) {
       ahead_owner_ = ::getpid();
@@ -100,6 +104,10 @@ void pinned_slots::make_ahead_loop() {
     const int rc = pinned_chunk::make_anonymous(be_, slot_size_ * slots, label_.c_str(), &m.chunk);
     const std::string why = rc != ok ? last_error() : std::string();
     if (rc != ok) clear_error();
+    std::unique_lock<std::mutex> watching(watch_mutex_);
+    if (rc == ok) {
+      for (const auto& fn : watchers_) fn(m.chunk.base(), m.chunk.bytes());
+    }
     lock.lock();
     making_ = false;
     if (rc != ok) {
@@ -111,7 +119,10 @@ void pinned_slots::make_ahead_loop() {
     } else {
       made_.push_back(std::move(m));
     }
+    lock.unlock();
+    watching.unlock();
     ahead_made_.notify_all();
+    lock.lock();
   }
 }
 
@@ -163,7 +174,12 @@ size_t pinned_slots::free_now() const {
 }
 
 void pinned_slots::watch_regions(std::function<void(char*, size_t)> fn) {
+  std::lock_guard<std::mutex> watching(watch_mutex_);
   for (const pinned_chunk& c : chunks_) fn(c.base(), c.bytes());
+  {
+    std::lock_guard<std::mutex> lock(ahead_mutex_);
+    for (const made_chunk& m : made_) fn(m.chunk.base(), m.chunk.bytes());
+  }
   watchers_.push_back(std::move(fn));
 }
 

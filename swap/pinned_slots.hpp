@@ -8,9 +8,10 @@
 // Ahead of need (make_ahead): making a chunk (faulting host memory in and pinning it) runs
 // at a few GB/s, an order of magnitude below the device's copy rate, so an eviction that
 // makes its slots as it goes runs at that rate. make_ahead(n) asks a thread of the
-// provider's own to make chunks until n slots exist (at most the limit); made chunks wait
-// in a hand-over list, and the owner's calls adopt them (their slots join the free list and
-// the watchers hear of them on the owner's thread, as for chunks the owner makes). A take()
+// provider's own to make chunks until n slots exist (at most the limit). The thread also
+// tells the watchers of each chunk it makes (a swap file registers it for its transfers,
+// which pins the pages once more and takes time of its own); made chunks then wait in a
+// hand-over list, and the owner's calls adopt them (their slots join the free list). A take()
 // that finds no free slot while the thread is making one waits for that chunk rather than
 // making another. If the thread fails (no host memory), it logs once and stops: slots are
 // then made as they are taken, as without it.
@@ -49,6 +50,7 @@ class pinned_slots final : public slot_provider {
   uint64_t bytes_pinned() const noexcept override;  // made ahead and not yet adopted included
   void watch_regions(std::function<void(char*, size_t)> fn) override;
   void make_ahead(size_t slots) override;
+  void stop_making_ahead() override;
 
   // Make sure at least `slots` slots exist (handed out or free), past the limit if need be.
   int reserve(size_t slots);
@@ -70,6 +72,9 @@ class pinned_slots final : public slot_provider {
   std::vector<pinned_chunk> chunks_;
   std::vector<char*> free_;
   size_t slots_made_ = 0;  // in chunks_
+  // Watchers are added, and chunks announced to them, under watch_mutex_ (taken before
+  // ahead_mutex_ where both are): the thread of make_ahead announces the chunks it makes.
+  std::mutex watch_mutex_;
   std::vector<std::function<void(char*, size_t)>> watchers_;
 
   // Shared with the thread of make_ahead, under ahead_mutex_.

@@ -45,6 +45,9 @@ class slot_provider {
   // Make slots ahead of need, in the background, until `slots` exist in all (at most the
   // limit): a hint, for providers that make their memory as they go.
   virtual void make_ahead(size_t slots) { (void)slots; }
+  // Stop making ahead and wait for the chunk in the making: from then on the watchers hear
+  // of nothing from another thread (their owner may be about to go).
+  virtual void stop_making_ahead() {}
   // Shared providers: slots also come free when other processes give theirs back.
   virtual bool shared() const noexcept { return false; }
   // A count every give-back bumps; read it before take() and pass it to wait_for_give_back,

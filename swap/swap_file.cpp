@@ -131,18 +131,28 @@ swap_file::~swap_file() {
 }
 
 void swap_file::add_buffer(void* base, size_t bytes) {
-  if (!fixed_buffers_ || bytes > k_max_fixed_buffer || next_buffer_ >= k_sparse_buffers) return;
+  if (!fixed_buffers_ || bytes > k_max_fixed_buffer) return;
+  unsigned index = 0;
+  {
+    std::lock_guard<std::mutex> lock(buffers_mutex_);
+    if (next_buffer_ >= k_sparse_buffers) return;
+    index = next_buffer_++;
+  }
+  // Outside the mutex: transfers look buffers up meanwhile. The kernel orders the update
+  // with submissions; until the entry below exists, no transfer names this index.
   struct iovec iov {base, bytes};
-  const int rc = io_uring_register_buffers_update_tag(&ring_, next_buffer_, &iov, nullptr, 1);
+  const int rc = io_uring_register_buffers_update_tag(&ring_, index, &iov, nullptr, 1);
   if (rc < 0) {
     log(log_level::debug, "swap file: registering %zu bytes at %p as a fixed buffer failed (%s); plain I/O for them", bytes, base,
         std::strerror(-rc));
     return;
   }
-  buffers_[reinterpret_cast<uintptr_t>(base)] = {bytes, static_cast<int>(next_buffer_++)};
+  std::lock_guard<std::mutex> lock(buffers_mutex_);
+  buffers_[reinterpret_cast<uintptr_t>(base)] = {bytes, static_cast<int>(index)};
 }
 
 int swap_file::buffer_index(const char* p, unsigned len) const {
+  std::lock_guard<std::mutex> lock(buffers_mutex_);
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   auto it = buffers_.upper_bound(a);
   if (it == buffers_.begin()) return -1;

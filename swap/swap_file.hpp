@@ -63,6 +63,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -115,7 +116,9 @@ class swap_file {
   swap_file& operator=(const swap_file&) = delete;
 
   // Register [base, base+bytes) (pinned, page aligned) for fixed-buffer I/O. Best effort:
-  // memory that is not registered is transferred with plain reads and writes.
+  // memory that is not registered is transferred with plain reads and writes. May be called
+  // from any thread, while transfers run (a host tier pinning ahead registers its chunks on
+  // its own thread: registering pins the pages again, which takes time).
   void add_buffer(void* base, size_t bytes);
 
   // Make sure `extents` extents are free, growing the file (one fallocate, see above) if
@@ -192,6 +195,7 @@ class swap_file {
   bool ring_ready_ = false;
   bool fixed_file_ = false;
   bool fixed_buffers_ = false;
+  mutable std::mutex buffers_mutex_;  // next_buffer_ and buffers_: add_buffer may come from any thread
   unsigned next_buffer_ = 0;
   std::map<uintptr_t, std::pair<size_t, int>> buffers_;  // base -> (bytes, index)
   std::deque<block*> queued_;                           // not yet in the ring

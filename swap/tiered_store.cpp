@@ -121,6 +121,7 @@ int tiered_store::assemble(tier_chain chain, std::unique_ptr<tiered_store>* out)
 }
 
 tiered_store::~tiered_store() {
+  slots_->stop_making_ahead();  // its thread tells the swap file of the chunks it makes
   file_.reset();  // waits for requests in flight: the kernel may still be using our slots
   for (auto& [key, e] : pages_) {
     if (e.slot != nullptr) slots_->give_back(e.slot);
