@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
@@ -38,6 +39,14 @@ std::string label_value(const std::string& s) {
     out += c;
   }
   return out;
+}
+
+// A sample value: the shortest text that reads back as the same double ("0.5", not
+// "0.50000000000000000").
+std::string number(double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 double seconds_since(uint64_t then_ns, uint64_t now_ns) { return then_ns != 0 && now_ns > then_ns ? (now_ns - then_ns) / 1e9 : 0.0; }
@@ -126,7 +135,9 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
   };
   auto device_gauge = [&](const char* name, const char* help, auto value_of) {
     family(name, "gauge", help);
-    for (const device_report& d : devices) m += fmt("%s{%s} %.17g\n", name, device_labels(d).c_str(), static_cast<double>(value_of(d)));
+    for (const device_report& d : devices) {
+      m += fmt("%s{%s} %s\n", name, device_labels(d).c_str(), number(static_cast<double>(value_of(d))).c_str());
+    }
   };
   device_gauge("vramswap_lock_hold_mean_seconds", "Moving average of how long the lock is held (0: no release yet)",
                [](const device_report& d) { return d.hold_mean_ns / 1e9; });
@@ -183,7 +194,7 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
         const std::string le = i + 1 < lock_layout::k_turn_buckets ? fmt("%g", lock_layout::k_turn_bucket_le_ns[i] / 1e9) : "+Inf";
         m += fmt("%s_bucket{%s,le=\"%s\"} %" PRIu64 "\n", name, labels.c_str(), le.c_str(), cumulative);
       }
-      m += fmt("%s_sum{%s} %.17g\n", name, labels.c_str(), c.sum_ns / 1e9);
+      m += fmt("%s_sum{%s} %s\n", name, labels.c_str(), number(c.sum_ns / 1e9).c_str());
       m += fmt("%s_count{%s} %" PRIu64 "\n", name, labels.c_str(), cumulative);
     }
   };
@@ -204,7 +215,7 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
     family(name, type, help);
     for (size_t i = 0; i < devices.size(); ++i) {
       for (size_t k = 0; k < devices[i].processes.size(); ++k) {
-        m += fmt("%s{%s} %.17g\n", name, labels[i][k].c_str(), static_cast<double>(value_of(devices[i], devices[i].processes[k])));
+        m += fmt("%s{%s} %s\n", name, labels[i][k].c_str(), number(static_cast<double>(value_of(devices[i], devices[i].processes[k]))).c_str());
       }
     }
   };
