@@ -34,20 +34,22 @@ bool served_before(const waiter_slot& a, const waiter_slot& b) {
 }
 
 // Fold the hold that ends at `now` into the moving averages (weight 1/4 for the newest).
-void record_hold(lock_state* st, uint64_t now) {
+// Returns the hold, 0 when its grant time is unknown.
+uint64_t record_hold(lock_state* st, uint64_t now) {
   const uint64_t granted = st->holder_granted_ns.load(std::memory_order_relaxed);
-  if (granted == 0 || now < granted) return;
+  if (granted == 0 || now < granted) return 0;
   const int64_t hold = static_cast<int64_t>(now - granted);
   const int64_t mean = static_cast<int64_t>(st->hold_mean_ns.load(std::memory_order_relaxed));
   if (mean == 0) {
     st->hold_mean_ns.store(static_cast<uint64_t>(hold), std::memory_order_relaxed);
     st->hold_jitter_ns.store(static_cast<uint64_t>(hold), std::memory_order_relaxed);  // unknown: as irregular as can be
-    return;
+    return static_cast<uint64_t>(hold);
   }
   const int64_t dev = hold > mean ? hold - mean : mean - hold;
   const int64_t jitter = static_cast<int64_t>(st->hold_jitter_ns.load(std::memory_order_relaxed));
   st->hold_mean_ns.store(static_cast<uint64_t>(mean + (hold - mean) / 4), std::memory_order_relaxed);
   st->hold_jitter_ns.store(static_cast<uint64_t>(jitter + (dev - jitter) / 4), std::memory_order_relaxed);
+  return static_cast<uint64_t>(hold);
 }
 
 thread_local wait_interrupt t_interrupt;
@@ -509,8 +511,10 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
   depth_ = 1;
   holder_pid_.store(me.pid, std::memory_order_relaxed);
   holder_tid_.store(tid, std::memory_order_relaxed);
+  const uint64_t waited_ns = monotonic_ns() - start_ns;
+  turns_of(segment_->base())->wait.observe(waited_ns);
   if (info != nullptr) {
-    info->waited_ns = monotonic_ns() - start_ns;
+    info->waited_ns = waited_ns;
     info->previous_holder_died = slot.dead_holder_pid != 0;
     info->dead_holder_pid = slot.dead_holder_pid;
   }
@@ -668,10 +672,11 @@ int device_lock::release() noexcept {
   slot.state.store(slot_free, std::memory_order_release);
   at_crash_point(crash_point::release_slot_freed);
   st->holder_slot = k_no_slot;
-  record_hold(st, monotonic_ns());
+  const uint64_t held_ns = record_hold(st, monotonic_ns());
   if (st->waiter_count > 0) dispatch_locked();
   unlock_mutex();
   let_go_of_lease(freed);
+  if (held_ns != 0) turns_of(segment_->base())->hold.observe(held_ns);
   return ok;
 }
 
@@ -704,7 +709,13 @@ device_lock::hold_stats device_lock::holds() const noexcept {
   h.mean_ns = st->hold_mean_ns.load(std::memory_order_relaxed);
   h.jitter_ns = st->hold_jitter_ns.load(std::memory_order_relaxed);
   h.predictable = h.mean_ns != 0 && h.jitter_ns * 2 <= h.mean_ns;
+  h.holder_granted_ns = st->holder_slot.load(std::memory_order_relaxed) != k_no_slot
+                            ? st->holder_granted_ns.load(std::memory_order_relaxed) : 0;
   return h;
+}
+
+lock_layout::turn_histograms* device_lock::turns() const noexcept {
+  return segment_ == nullptr ? nullptr : turns_of(segment_->base());
 }
 
 uint64_t device_lock::predicted_spin_start(uint32_t mine, uint64_t* spin_until) const noexcept {

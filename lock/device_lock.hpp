@@ -88,6 +88,9 @@
 namespace vramswap::detail {
 
 class shared_segment;
+namespace lock_layout {
+struct turn_histograms;
+}
 
 // Priority classes, served high first. Values are stored in the segment; a low class for
 // oversubscribed jobs will take 0.
@@ -209,8 +212,14 @@ class device_lock {
     uint64_t mean_ns = 0;
     uint64_t jitter_ns = 0;
     bool predictable = false;
+    uint64_t holder_granted_ns = 0;  // CLOCK_MONOTONIC of the current holder's grant; 0: nobody holds it
   };
   hold_stats holds() const noexcept;
+
+  // The segment's turn histograms (lock/turn_histograms.hpp): acquire() records each wait,
+  // release() each hold, and a session adds its switch times; observers read them. nullptr
+  // when not open.
+  lock_layout::turn_histograms* turns() const noexcept;
 
   // The segment, for later components that keep their state in its managed area.
   shared_segment* segment() const noexcept { return segment_.get(); }

@@ -10,7 +10,8 @@
 // Offsets (k_segment_size bytes in all):
 //   0                      segment_header      (one cache line)
 //   64                     lock_state          (robust mutex, counters, hints)
-//   k_slots_offset         waiter_slot[k_slot_count], then zeros to the end
+//   k_slots_offset         waiter_slot[k_slot_count]
+//   k_turns_offset         turn_histograms     (lock/turn_histograms.hpp), then zeros to the end
 //
 // Every byte is ours and plain POSIX: no library's structure lives in the segment, so no
 // library's version is part of its format (the pool's shared state has a segment of its
@@ -35,6 +36,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "lock/turn_histograms.hpp"
+
 namespace vramswap::detail::lock_layout {
 
 constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-endian bytes
@@ -45,7 +48,8 @@ constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-end
 //    and the header records no Boost version.
 // 5: a file in the runtime dir; slots are leased (lock/liveness_lease.hpp) and record their
 //    owner's PID namespace and uid, as the internal mutex records its owner's namespace.
-constexpr uint64_t k_layout_version = 5;
+// 6: the turn histograms (lock/turn_histograms.hpp) after the slots.
+constexpr uint64_t k_layout_version = 6;
 
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_slot_count = 256;  // participant threads per device, waiting or holding
@@ -131,7 +135,11 @@ static_assert(sizeof(segment_header) == k_cache_line);
 constexpr size_t k_lock_state_offset = sizeof(segment_header);
 constexpr size_t k_slots_offset = k_lock_state_offset + ((sizeof(lock_state) + k_cache_line - 1) / k_cache_line) * k_cache_line;
 constexpr size_t k_segment_size = 64 * 1024;  // whole pages; untouched ones cost nothing on tmpfs
-static_assert(k_slots_offset + k_slot_count * sizeof(waiter_slot) <= k_segment_size);
+// The turn histograms: statistics that any process adds to without the mutex (their rules
+// are in lock/turn_histograms.hpp), in a block of their own after the slots.
+constexpr size_t k_turns_offset = k_slots_offset + k_slot_count * sizeof(waiter_slot);
+static_assert(k_turns_offset % alignof(turn_histograms) == 0);
+static_assert(k_turns_offset + sizeof(turn_histograms) <= k_segment_size);
 
 // version:16 | sizeof(pthread_mutex_t):8 | sizeof(lock_state):12 | sizeof(waiter_slot):8 |
 // k_slot_count:12 | k_segment_size/4096:8
@@ -147,6 +155,9 @@ inline lock_state* lock_state_of(void* base) {
 }
 inline waiter_slot* slots_of(void* base) {
   return reinterpret_cast<waiter_slot*>(static_cast<char*>(base) + k_slots_offset);
+}
+inline turn_histograms* turns_of(void* base) {
+  return reinterpret_cast<turn_histograms*>(static_cast<char*>(base) + k_turns_offset);
 }
 
 }  // namespace vramswap::detail::lock_layout

@@ -8,6 +8,7 @@
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -89,19 +90,6 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-std::string label_value(const std::string& s) {
-  std::string out;
-  for (const char c : s) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
 std::string command_for(const device_report& d, pid_t pid, uint64_t pid_ns) {
   for (const process_report& p : d.processes) {
     if (p.pid == pid && p.pid_ns == pid_ns) return p.command;
@@ -139,6 +127,10 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
   d = device_report{};
   d.key = key;
   d.segment = pool.name();
+  // The host backend's keys carry the index; a GPU's key is its UUID (its server knows the index).
+  if (key.rfind("host-", 0) == 0 && key.size() > 5 && key.size() < 12 && key.find_first_not_of("0123456789", 5) == std::string::npos) {
+    d.index = std::atoi(key.c_str() + 5);
+  }
   const pool_header* h = pool.header();
   d.server_pid = h->server_pid;
   d.metrics_port = h->metrics_port.load(std::memory_order_relaxed);
@@ -193,6 +185,13 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     d.hold_mean_ns = holds.mean_ns;
     d.hold_jitter_ns = holds.jitter_ns;
     d.holds_predictable = holds.predictable;
+    d.holder_granted_ns = holds.holder_granted_ns;
+    if (const lock_layout::turn_histograms* t = lock->turns()) {
+      d.have_turns = true;
+      d.turn_wait = lock_layout::read_counts(t->wait);
+      d.turn_hold = lock_layout::read_counts(t->hold);
+      d.turn_switching = lock_layout::read_counts(t->switching);
+    }
     if (lock->snapshot(&q) == ok) {
       d.have_queue = true;
       for (const lock_queue_entry& e : q) {
@@ -353,57 +352,6 @@ std::string render_json(const std::vector<device_report>& devices) {
     j += "]}";
   }
   return j + "\n]}\n";
-}
-
-std::string render_prometheus(const std::vector<device_report>& devices) {
-  std::string m;
-  auto family = [&](const char* name, const char* type, const char* help) { m += fmt("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type); };
-  auto device_gauge = [&](const char* name, const char* help, auto value_of) {
-    family(name, "gauge", help);
-    for (const device_report& d : devices) m += fmt("%s{device=\"%s\"} %.17g\n", name, label_value(d.key).c_str(), static_cast<double>(value_of(d)));
-  };
-  device_gauge("vramswap_lock_hold_mean_seconds", "Moving average of how long the lock is held (0: no release yet)",
-               [](const device_report& d) { return d.hold_mean_ns / 1e9; });
-  device_gauge("vramswap_lock_hold_jitter_seconds", "Moving average of the holds' deviation from that mean",
-               [](const device_report& d) { return d.hold_jitter_ns / 1e9; });
-  device_gauge("vramswap_pool_bytes", "Bytes of the device's pool", [](const device_report& d) { return uint64_t{d.frame_count} * d.frame_size; });
-  device_gauge("vramswap_pool_frame_bytes", "Bytes per frame", [](const device_report& d) { return d.frame_size; });
-  device_gauge("vramswap_pool_frames", "Frames in the device's pool", [](const device_report& d) { return d.frame_count; });
-  device_gauge("vramswap_pool_free_frames", "Frames owned by no process", [](const device_report& d) { return d.frames_free; });
-  device_gauge("vramswap_pool_idle_frames", "Frames of processes that do not hold the lock (evictable)",
-               [](const device_report& d) { return d.frames_idle + d.frames_requested; });
-  device_gauge("vramswap_host_pool_slots", "Slots of the shared host pool (0: none)", [](const device_report& d) { return d.host_slots; });
-  device_gauge("vramswap_host_pool_used_slots", "Slots of the shared host pool holding saved pages",
-               [](const device_report& d) { return d.host_slots_used; });
-  device_gauge("vramswap_pool_lent_frames", "Frames lent to oversubscribed (low-priority) processes",
-               [](const device_report& d) { return d.frames_lent; });
-  device_gauge("vramswap_pool_processes", "Processes attached to the pool", [](const device_report& d) { return d.processes.size(); });
-  device_gauge("vramswap_lock_holder_pid", "Pid of the lock's holder (0: none)", [](const device_report& d) { return d.holder_pid; });
-  device_gauge("vramswap_lock_waiters", "Threads queued for the lock", [](const device_report& d) {
-    size_t n = 0;
-    for (const queue_report& q : d.queue) n += q.holding ? 0 : 1;
-    return n;
-  });
-  auto labels = [](const device_report& d, const process_report& p) {
-    return fmt("device=\"%s\",pid=\"%d\",command=\"%s\"", label_value(d.key).c_str(), static_cast<int>(p.pid), label_value(p.command).c_str());
-  };
-  family("vramswap_process_holding", "gauge", "1 while the process holds the device lock");
-  for (const device_report& d : devices) {
-    for (const process_report& p : d.processes) m += fmt("vramswap_process_holding{%s} %d\n", labels(d, p).c_str(), p.holding ? 1 : 0);
-  }
-  family("vramswap_process_stopped", "gauge", "1 while the process is stopped (SIGSTOP, Ctrl-Z or a debugger)");
-  for (const device_report& d : devices) {
-    for (const process_report& p : d.processes) m += fmt("vramswap_process_stopped{%s} %d\n", labels(d, p).c_str(), p.stopped ? 1 : 0);
-  }
-#define VRAMSWAP_PROM_FIELD(field, kind, prom, div, help)                                                       \
-  family(prom, #kind, help);                                                                                   \
-  for (const device_report& d : devices) {                                                                     \
-    for (const process_report& p : d.processes)                                                                \
-      m += fmt("%s{%s} %.17g\n", prom, labels(d, p).c_str(), static_cast<double>(p.field) / (div));           \
-  }
-  VRAMSWAP_PROCESS_STATS(VRAMSWAP_PROM_FIELD)
-#undef VRAMSWAP_PROM_FIELD
-  return m;
 }
 
 }  // namespace vramswap::detail

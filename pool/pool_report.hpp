@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "lock/turn_histograms.hpp"
+
 namespace vramswap::detail {
 
 class pool_segment;
@@ -85,6 +87,11 @@ struct device_report {
   // whether they are regular enough for waiters to wake ahead of a release (docs/lock.md).
   uint64_t hold_mean_ns = 0, hold_jitter_ns = 0;
   bool holds_predictable = false;
+  // For the metrics (pool/prometheus_report.cpp):
+  int index = -1;                  // the device's index as its pool server serves it (vramswapd --device); -1: not known
+  uint64_t holder_granted_ns = 0;  // CLOCK_MONOTONIC of the holder's grant, from the lock (0: nobody, or no lock)
+  bool have_turns = false;         // the lock segment was open: the turn histograms below were read
+  lock_layout::turn_counts turn_wait, turn_hold, turn_switching;
 };
 
 // Device keys with a pool segment under the current VRAMSWAP_SHM_PREFIX, sorted.
@@ -97,6 +104,7 @@ int collect_report(const std::string& key, device_report* out);
 
 std::string render_text(const std::vector<device_report>& devices);
 std::string render_json(const std::vector<device_report>& devices);
+// The Prometheus text format (0.0.4): pool/prometheus_report.cpp, docs/observability.md.
 std::string render_prometheus(const std::vector<device_report>& devices);
 
 }  // namespace vramswap::detail

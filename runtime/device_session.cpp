@@ -9,6 +9,7 @@
 #include "core/status.hpp"
 #include "runtime/fault_report.hpp"
 #include "lock/process_identity.hpp"
+#include "lock/turn_histograms.hpp"
 #include "swap/store_chain.hpp"
 
 namespace vramswap::detail {
@@ -117,6 +118,7 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
   stats_.last_lock_granted_ns = granted_ns;
   stats_.last_resident_ns = monotonic_ns();
   member().observe().resident(granted_ns, stats_.last_resident_ns, memory().stats().bytes_in - bytes_in_before);
+  lock_.turns()->switching.observe(stats_.last_resident_ns - granted_ns);  // the device's switch times, for the metrics
   publish_store();
   const auto t2 = std::chrono::steady_clock::now();
   stats_.lock_wait_seconds += seconds_between(t0, t1);

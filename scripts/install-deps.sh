@@ -34,3 +34,21 @@ if ! "$venv/bin/python" -c "import pybind11, pytest, scikit_build_core, kubernet
   [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check pybind11 scikit-build-core pytest kubernetes-validate
 fi
+
+# promtool, for tests/deploy's checks of deploy/prometheus/ (check rules, test rules, check
+# config, and the lint of a real scrape). Debian ships it only in the prometheus server
+# package, whose installation would also start a Prometheus service on a systemd host: take
+# promtool (one static binary) out of the package instead, into build/tools/.
+tools=build/tools
+if [[ ! -x $tools/promtool ]]; then
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  echo "vramswap: taking promtool out of Debian's prometheus package into $tools"
+  mkdir -p "$tools"
+  unpack=$(mktemp -d)
+  (cd "$unpack" && { apt-get download prometheus >/dev/null 2>&1 || { $sudo apt-get update -q && apt-get download prometheus; }; })
+  dpkg-deb --fsys-tarfile "$unpack"/prometheus_*.deb | tar -x -C "$unpack" ./usr/bin/promtool
+  mv "$unpack/usr/bin/promtool" "$tools/promtool"
+  rm -rf "$unpack"
+  "$tools/promtool" --version | head -1
+fi

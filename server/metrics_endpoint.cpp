@@ -63,9 +63,12 @@ std::string path_of(const std::string& request, std::string* method) {
   return request.substr(sp + 1, end == std::string::npos ? std::string::npos : end - sp - 1);
 }
 
-std::string http(const std::string& status, const std::string& content_type, const std::string& body) {
+// The answer; a HEAD request's has the same status and headers (Content-Length included) and
+// no body (RFC 9110, 9.3.2), so that a probe or a check by HEAD learns what GET would answer.
+std::string http(const std::string& status, const std::string& content_type, const std::string& body, bool head = false,
+                 const char* extra_headers = "") {
   return "HTTP/1.0 " + status + "\r\nContent-Type: " + content_type + "\r\nContent-Length: " + std::to_string(body.size()) +
-         "\r\nConnection: close\r\n\r\n" + body;
+         "\r\n" + extra_headers + "Connection: close\r\n\r\n" + (head ? std::string() : body);
 }
 
 // Send what is left of c's answer without blocking; false when the connection is done
@@ -218,11 +221,15 @@ std::string metrics_endpoint::answer_for(const std::string& request) {
   std::string method;
   const std::string path = path_of(request, &method);
   const char* text = "text/plain; charset=utf-8";
-  if (method != "GET") return http("405 Method Not Allowed", text, "only GET is served here (/metrics, /healthz, /readyz)\n");
+  if (method != "GET" && method != "HEAD") {
+    return http("405 Method Not Allowed", text, "only GET and HEAD are served here (/metrics, /healthz, /readyz)\n", false,
+                "Allow: GET, HEAD\r\n");
+  }
+  const bool head = method == "HEAD";
   std::string body;
   const uint64_t now = monotonic_ns();
-  if (path == "/healthz") return http(live(now, &body) ? "200 OK" : "503 Service Unavailable", text, body);
-  if (path == "/readyz") return http(ready(now, &body) ? "200 OK" : "503 Service Unavailable", text, body);
+  if (path == "/healthz") return http(live(now, &body) ? "200 OK" : "503 Service Unavailable", text, body, head);
+  if (path == "/readyz") return http(ready(now, &body) ? "200 OK" : "503 Service Unavailable", text, body, head);
   if (path == "/metrics" || path == "/") {
     std::string status;
     try {
@@ -231,9 +238,9 @@ std::string metrics_endpoint::answer_for(const std::string& request) {
       status = "500 Internal Server Error";
       body = std::string("rendering the metrics: ") + e.what() + "\n";
     }
-    return http(status, "text/plain; version=0.0.4; charset=utf-8", body);
+    return http(status, "text/plain; version=0.0.4; charset=utf-8", body, head);
   }
-  return http("404 Not Found", text, "no " + path + " here: this endpoint serves GET /metrics, /healthz and /readyz\n");
+  return http("404 Not Found", text, "no " + path + " here: this endpoint serves GET (and HEAD) /metrics, /healthz and /readyz\n", head);
 }
 
 void metrics_endpoint::run() noexcept {

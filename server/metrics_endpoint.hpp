@@ -9,7 +9,8 @@
 //                  endpoint after the pool and its socket exist, so the pool is built and the
 //                  socket is being accepted on), while live and not stopping; 503 with the
 //                  reason otherwise (not serving yet, stalled, stopping).
-//   anything else  404 (other methods 405).
+//   anything else  404 (methods other than GET and HEAD 405, with Allow: GET, HEAD).
+//   HEAD           what GET would answer (status, headers, Content-Length), without the body.
 //
 // A loop stuck anywhere (a lock, a driver call, a spin) stops beating, and after stall_ms
 // the endpoint says so. The beat is one relaxed atomic store: nothing to read from /proc, the

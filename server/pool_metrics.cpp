@@ -22,14 +22,16 @@ int pool_server::open_metrics(const std::string& port_text, const char* what) no
   if (!metrics_lock_) return fail(err_out_of_memory, "vramswapd: out of host memory");
   VS_TRY(device_lock::open(key_, metrics_lock_.get()));
   const std::string key = key_;
+  const int index = device_;
   pool_segment* segment = segment_.get();
   device_lock* lock = metrics_lock_.get();
-  auto render = [key, segment, lock](std::string* body) {
+  auto render = [key, index, segment, lock](std::string* body) {
     device_report r;
     if (collect_report(key, *segment, lock, &r) != ok) {
       *body = std::string(last_error()) + "\n";
       return false;
     }
+    r.index = index;  // a GPU's key is its UUID: the index (the gpu label) is the server's to tell
     *body = render_prometheus({r});
     return true;
   };

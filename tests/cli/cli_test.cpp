@@ -300,9 +300,10 @@ std::string http_get(uint16_t port, const std::string& path) {
 }
 
 TEST_F(Cli, MetricsEndpointScrapesOnLoopback) {
+  const std::string k_worker_series = "vramswap_process_resident_bytes{gpu=\"0\",UUID=\"host-0\",job_name=\"session_worker\",member=\"";
   const std::vector<std::string> metrics = {"VRAMSWAP_METRICS_PORT=0"};
-  const pid_t a = worker(40 * MiB, 2, 30, 600, metrics);
-  const pid_t b = worker(40 * MiB, 2, 31, 600, metrics);
+  worker(40 * MiB, 2, 30, 600, metrics);
+  worker(40 * MiB, 2, 31, 600, metrics);
   std::string name;
   ASSERT_EQ(pool_segment::name_for(k_key, &name), ok);
   std::unique_ptr<pool_segment> pool;
@@ -314,9 +315,10 @@ TEST_F(Cli, MetricsEndpointScrapesOnLoopback) {
     if (pool) port = static_cast<uint16_t>(pool->header()->metrics_port.load());
     if (port != 0) {
       body = http_get(port, "/metrics");
-      if (body.find("pid=\"" + std::to_string(a) + "\"") != std::string::npos &&
-          body.find("pid=\"" + std::to_string(b) + "\"") != std::string::npos)
-        break;
+      // Both workers attached: two series of their job, one per member slot.
+      size_t series = 0;
+      for (size_t at = 0; (at = body.find(k_worker_series, at)) != std::string::npos; ++at) ++series;
+      if (series == 2) break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -328,31 +330,32 @@ TEST_F(Cli, MetricsEndpointScrapesOnLoopback) {
   std::set<std::string> typed;
   std::istringstream in(text);
   int samples = 0;
-  const std::regex sample(R"(^([a-z_]+)\{([a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*)\} (-?[0-9.e+-]+)$)");
+  const std::regex sample(R"(^([a-z_]+)\{([A-Za-z_]+="[^"]*"(,[A-Za-z_]+="[^"]*")*)\} (-?[0-9.e+-]+)$)");
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("# HELP ", 0) == 0) continue;
     if (line.rfind("# TYPE ", 0) == 0) {
       std::istringstream t(line.substr(7));
       std::string family, type;
       t >> family >> type;
-      EXPECT_TRUE(type == "gauge" || type == "counter") << line;
+      EXPECT_TRUE(type == "gauge" || type == "counter" || type == "histogram") << line;
       EXPECT_TRUE(type != "counter" || family.size() > 6) << line;
       typed.insert(family);
       continue;
     }
     std::smatch m;
     ASSERT_TRUE(std::regex_match(line, m, sample)) << "not a sample line: " << line;
-    EXPECT_TRUE(typed.count(m[1].str())) << "no # TYPE before " << line;
+    const std::string sample_name = m[1].str();
+    const std::string family = std::regex_replace(sample_name, std::regex("_(bucket|sum|count)$"), "");
+    EXPECT_TRUE(typed.count(sample_name) || typed.count(family)) << "no # TYPE before " << line;
     ++samples;
   }
   EXPECT_GT(samples, 20);
-  EXPECT_NE(text.find("vramswap_pool_frames{device=\"host-0\"} 32\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("vramswap_pool_bytes{device=\"host-0\"} 67108864\n"), std::string::npos);
-  for (pid_t w : {a, b}) {
-    EXPECT_NE(text.find("vramswap_process_resident_bytes{device=\"host-0\",pid=\"" + std::to_string(w) + "\",command=\"session_worker\"}"),
-              std::string::npos);
-    EXPECT_NE(text.find("vramswap_process_acquires_total{device=\"host-0\",pid=\"" + std::to_string(w) + "\""), std::string::npos);
-  }
+  EXPECT_NE(text.find("vramswap_pool_frames{gpu=\"0\",UUID=\"host-0\"} 32\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("vramswap_pool_bytes{gpu=\"0\",UUID=\"host-0\"} 67108864\n"), std::string::npos);
+  EXPECT_NE(text.find("vramswap_process_acquires_total{gpu=\"0\",UUID=\"host-0\",job_name=\"session_worker\",member=\""),
+            std::string::npos);
+  EXPECT_EQ(text.find("pid=\""), std::string::npos) << "processes are labelled by job and member slot, not pid";
+  EXPECT_NE(text.find("# TYPE vramswap_lock_wait_seconds histogram"), std::string::npos);
   EXPECT_NE(text.find("# TYPE vramswap_process_bytes_in_total counter"), std::string::npos);
   EXPECT_EQ(http_get(port, "/nope").rfind("HTTP/1.0 404", 0), 0u);
   // `vramswap status` shows where the metrics are.

@@ -1,7 +1,7 @@
 // Description: the pool server's HTTP endpoint for container runtimes: /healthz follows the
 // event loop's beat (live while it turns, 503 saying for how long once it has not turned for
 // too long), /readyz (503 until the loop serves,
-// while it is stalled and once the process stops), 404 and 405, --metrics-address (bound
+// while it is stalled and once the process stops), 404 and 405, HEAD, --metrics-address (bound
 // where asked, a bad one refused by name); and the real vramswapd, in the foreground with a
 // client attached, answering its probes and exiting 0 promptly on a real SIGTERM, its
 // socket removed and its client told the server is gone.
@@ -49,18 +49,17 @@ struct reply {
   std::string body;
 };
 
-// One HTTP/1.0 request to address:port; the status code and the body.
-reply request(uint16_t port, const std::string& line, const char* address = "127.0.0.1") {
-  reply r;
+// One HTTP/1.0 request to address:port; the whole answer, headers and all ("" when none came).
+std::string http_exchange(uint16_t port, const std::string& line, const char* address = "127.0.0.1") {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return r;
+  if (fd < 0) return "";
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   ::inet_pton(AF_INET, address, &addr.sin_addr);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     ::close(fd);
-    return r;
+    return "";
   }
   const std::string text = line + "\r\n\r\n";
   (void)!::send(fd, text.data(), text.size(), MSG_NOSIGNAL);
@@ -74,6 +73,13 @@ reply request(uint16_t port, const std::string& line, const char* address = "127
     all.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);
+  return all;
+}
+
+// The status code and the body of http_exchange()'s answer (status 0: none).
+reply request(uint16_t port, const std::string& line, const char* address = "127.0.0.1") {
+  reply r;
+  const std::string all = http_exchange(port, line, address);
   if (all.rfind("HTTP/1.0 ", 0) != 0) return r;
   r.status = std::atoi(all.c_str() + 9);
   const size_t at = all.find("\r\n\r\n");
@@ -183,6 +189,29 @@ TEST(HealthEndpoint, LivenessAndReadinessFollowTheLoopsBeat) {
   loop.join();
   EXPECT_TRUE(eventually([&] { return request(port, "GET /healthz HTTP/1.0").status == 503; }, 5s))
       << "/healthz should be 503 once the loop no longer turns";
+}
+
+// HEAD answers what GET would (status, Content-Length) without the body; other methods are
+// 405 and say which are allowed.
+TEST(HealthEndpoint, HeadAnswersWhatGetWouldWithoutTheBody) {
+  fake_loop loop(30000);
+  ASSERT_EQ(loop.start_rc, ok) << last_error();
+  loop.go(fake_loop::step::turn);
+  const uint16_t port = loop.port();
+  ASSERT_TRUE(eventually([&] { return request(port, "GET /readyz HTTP/1.0").status == 200; }));
+  for (const char* path : {"/healthz", "/readyz", "/metrics", "/nothing-here"}) {
+    const std::string get = http_exchange(port, std::string("GET ") + path + " HTTP/1.0");
+    const std::string head = http_exchange(port, std::string("HEAD ") + path + " HTTP/1.0");
+    const size_t end = get.find("\r\n\r\n");
+    ASSERT_NE(end, std::string::npos) << "GET " << path << " got no answer: " << get;
+    EXPECT_EQ(head, get.substr(0, end + 4)) << "HEAD " << path << " should answer GET's status and headers, and no body";
+    EXPECT_NE(head.find("Content-Length: " + std::to_string(get.size() - end - 4) + "\r\n"), std::string::npos)
+        << "HEAD " << path << " should give the length of GET's body: " << head;
+  }
+  EXPECT_EQ(http_exchange(port, "HEAD /healthz HTTP/1.0").rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << "HEAD /healthz should be 200";
+  const std::string post = http_exchange(port, "POST /metrics HTTP/1.0");
+  EXPECT_EQ(post.rfind("HTTP/1.0 405 ", 0), 0u) << "a POST should be 405: " << post;
+  EXPECT_NE(post.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos) << "a 405 should say which methods are allowed: " << post;
 }
 
 TEST(HealthEndpoint, BindsTheAddressItIsGivenAndRefusesABadOneByName) {

@@ -1023,7 +1023,7 @@ TEST_F(PoolServer, IdleMetricsConnectionsNeverDelayTheEventLoop) {
   stop.store(true);
   idlers.join();
   EXPECT_EQ(body.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << body;
-  EXPECT_NE(body.find("vramswap_pool_frames{device=\"host-0\"} " + std::to_string(k_frames)), std::string::npos) << body;
+  EXPECT_NE(body.find("vramswap_pool_frames{gpu=\"0\",UUID=\"host-0\"} " + std::to_string(k_frames)), std::string::npos) << body;
   // The fastest of each: the event loop of the old design spent up to 1 s on every silent
   // connection, so none of these came in under a second there.
   auto fastest = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
