@@ -7,6 +7,9 @@
 //   write I SEED               fill pool frame I with random bytes (SEED)
 //   check I SEED               pool frame I holds those bytes
 //   own I                      frame I: free -> active(me) in the pool segment
+//   own-slot I SEED            host slot I (shared host pool): free -> used(me), filled with
+//                              random bytes (SEED)
+//   slot-zero A B              host slots [A, B) read all zero
 //   lock                       acquire the device lock
 //   ready                      print "ready <member> <frame_count> <server pid>" and flush
 //   wait-server-gone SECONDS   poll server_alive() until false; print "server-gone"
@@ -125,6 +128,27 @@ int main(int argc, char** argv) {
         return die(step, "frame " + std::to_string(f) + " is not free");
       }
       i += 1;
+    } else if (step == "own-slot" || step == "slot-zero") {
+      if (need(step.c_str())) return 1;
+      if (conn->host_pool() == nullptr) return die(step, "the server has no shared host pool");
+      const uint64_t size = conn->frame_size();
+      if (step == "own-slot") {
+        const auto slot = static_cast<uint32_t>(arg(1));
+        const uint64_t seen = conn->segment().read_slot(slot);
+        if (pool_layout::slot_word::decode(seen).state != pool_layout::slot_free ||
+            !conn->segment().move_slot(slot, seen, pool_layout::slot_used, conn->member())) {
+          return die(step, "host slot " + std::to_string(slot) + " is not free");
+        }
+        test::fill_random(conn->host_pool() + slot * size, size, arg(2));
+      } else {
+        for (uint64_t slot = arg(1); slot < arg(2); ++slot) {
+          const auto* p = reinterpret_cast<const unsigned char*>(conn->host_pool() + slot * size);
+          for (uint64_t b = 0; b < size; ++b) {
+            if (p[b] != 0) return die(step, "host slot " + std::to_string(slot) + " byte " + std::to_string(b) + " is not zero");
+          }
+        }
+      }
+      i += 2;
     } else if (step == "lock") {
       if (!conn) return die(step, "not connected");
       if (device_lock::open(conn->device_key(), &lock) != ok || lock.acquire() != ok) return die(step, last_error());

@@ -301,9 +301,11 @@ TEST_F(Restart, AMemberThatDiesWhileNoServerRunsIsScrubbedByTheNext) {
   const pid_t first = start_server("server1", /*managed=*/true);
   ASSERT_GT(first, 0);
   ASSERT_TRUE(deploy_.open_pool(&pool_, 5000, /*read_only=*/true));
-  // A owns frames 0-3, its bytes in them; B owns frame 4 and rejoins the next server.
+  // A owns frames 0-3 and host slots 0-1, its bytes in them; B owns frame 4 and rejoins the
+  // next server.
   const pid_t a = deploy_.spawn({VRAMSWAP_POOL_CLIENT, "connect-noauto", "own", "0", "own", "1", "own", "2", "own", "3", "write", "0", "11",
-                                 "write", "1", "12", "write", "2", "13", "write", "3", "14", "ready", "sleep", "120"},
+                                 "write", "1", "12", "write", "2", "13", "write", "3", "14", "own-slot", "0", "15", "own-slot", "1", "16",
+                                 "ready", "sleep", "120"},
                                 {}, file("a.out"), file("a.err"));
   jobs_.push_back(a);
   const pid_t b = deploy_.spawn({VRAMSWAP_POOL_CLIENT, "join", "own", "4", "write", "4", "77", "ready", "wait-rejoined", "30", "check", "4",
@@ -319,6 +321,7 @@ TEST_F(Restart, AMemberThatDiesWhileNoServerRunsIsScrubbedByTheNext) {
   ::kill(a, SIGKILL);
   ::waitpid(a, nullptr, 0);
   EXPECT_EQ(frames_of(a_member), 4u) << "a dead member's frames wait for the next server's scrub";
+  EXPECT_EQ(pool_->count_slots(slot_used, a_member), 2u);
 
   const pid_t second = start_server("server2", /*managed=*/false);
   ASSERT_GT(second, 0);
@@ -326,11 +329,14 @@ TEST_F(Restart, AMemberThatDiesWhileNoServerRunsIsScrubbedByTheNext) {
   ASSERT_TRUE(eventually([&] { return count_of(test::slurp(file("b.out")), "ready") == 2; })) << test::slurp(file("b.err"));
   EXPECT_NE(test::slurp(file("b.out")).find("rejoined " + std::to_string(second)), std::string::npos) << test::slurp(file("b.out"));
   EXPECT_TRUE(eventually([&] {
-    return test::slurp(file("server2.log")).find("pid " + std::to_string(a) + " is gone; 4 frames scrubbed and freed") != std::string::npos;
+    return test::slurp(file("server2.log")).find("pid " + std::to_string(a) + " is gone; 4 frames scrubbed and freed, 2 host slots zeroed and freed") !=
+           std::string::npos;
   })) << test::slurp(file("server2.log"));
-  // A newcomer, served with the frames B handed over: B's bytes, and zeros where A's were
-  // (scrubbed before they were freed; nobody took them since: B owns only frame 4).
-  const pid_t c = deploy_.spawn({VRAMSWAP_POOL_CLIENT, "connect-noauto", "check", "4", "77", "zero", "0", "4"}, {}, file("c.out"), file("c.err"));
+  // A newcomer, served with the frames and the host pool B handed over: B's bytes, and zeros
+  // where A's were (scrubbed before they were freed; nobody took them since: B owns only
+  // frame 4).
+  const pid_t c = deploy_.spawn({VRAMSWAP_POOL_CLIENT, "connect-noauto", "check", "4", "77", "zero", "0", "4", "slot-zero", "0", "2"}, {},
+                                file("c.out"), file("c.err"));
   int status = 0;
   ASSERT_EQ(::waitpid(c, &status, 0), c);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << test::slurp(file("c.err")) << test::slurp(file("server2.log"));
