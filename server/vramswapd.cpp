@@ -13,10 +13,10 @@
 // SIGTERM or SIGINT: stop accepting, close every connection, remove the socket, release every
 // frame, exit 0. With no client attached the pool segment goes too; with clients attached (a
 // service manager's restart, an upgrade) the pool is left for the next server, which adopts
-// it, and the clients rejoin that one (docs/pool_server.md, "Restarts"). The handler is in place before the pool is built, so
-// a container runtime's SIGTERM during a long build ends in the same clean exit right after
-// it instead of killing the process half-way (which would leave the socket and segment for
-// the next server to clean up). Exit 1 when the server cannot start (the reason is printed),
+// it, and the clients rejoin that one (docs/pool_server.md, "Restarts"). The handler is in
+// place before the pool is built, so a container runtime's SIGTERM during a long build ends
+// in the same clean exit right after it instead of killing the process half-way (which would
+// leave the socket and segment for the next server to clean up). Exit 1 when the server cannot start (the reason is printed),
 // 2 on a usage error.
 //
 // Under a service manager that set NOTIFY_SOCKET (systemd, Type=notify: deploy/systemd), the
