@@ -98,6 +98,18 @@ void note_pool_size_differs(backend& be, int device, uint64_t frames, uint64_t f
       text.c_str(), want >> 20, info.uuid.c_str(), server_pid, have >> 20);
 }
 
+// A pool left by a server that a service manager restarts (pool_header::server_flags): its
+// members are still there, and the manager starts the next server.
+bool restart_expected(const std::string& key) {
+  std::string name;
+  std::unique_ptr<pool_segment> seg;
+  if (pool_segment::name_for(key, &name) != ok || pool_segment::open(name, &seg, /*read_only=*/true) != ok) {
+    clear_error();
+    return false;
+  }
+  return (seg->header()->server_flags.load(std::memory_order_relaxed) & pool_layout::k_server_managed) != 0;
+}
+
 }  // namespace
 
 int pool_connection::connect(backend& be, int device, bool autostart, std::unique_ptr<pool_connection>* out) noexcept {
@@ -107,22 +119,42 @@ int pool_connection::connect(backend& be, int device, bool autostart, std::uniqu
     pool_paths paths;
     VS_TRY(pool_paths::make(info.uuid, autostart, &paths));
 
-    std::unique_ptr<pool_connection> c(new pool_connection(be));
-    c->device_ = device;
-    c->key_ = info.uuid;
-    int rc = dial_server(paths.socket, &c->fd_);
-    if (rc == err_unavailable && autostart) rc = start_or_join_server(paths, device, &c->fd_);
-    if (rc != ok) {
-      if (rc == err_unavailable && !autostart) {
-        return fail(err_unavailable, "pool: no pool server listens on %s; start vramswapd --device %d, or connect with autostart",
-                    paths.socket.c_str(), device);
+    for (int attempt = 1;; ++attempt) {
+      std::unique_ptr<pool_connection> c(new pool_connection(be));
+      c->device_ = device;
+      c->key_ = info.uuid;
+      int rc = dial_server(paths.socket, &c->fd_);
+      if (rc == err_unavailable && autostart && restart_expected(info.uuid)) {
+        // The pool's server answers to a service manager that restarts it: give it the time
+        // (pool_member does the same), rather than race the manager's start with ours.
+        const uint64_t until = monotonic_ns() + k_managed_restart_wait_ns;
+        while (rc == err_unavailable && monotonic_ns() < until) {
+          ::usleep(50'000);
+          rc = dial_server(paths.socket, &c->fd_);
+        }
+        if (rc == ok) log(log_level::debug, "pool: the service manager restarted the pool server of %s", info.uuid.c_str());
       }
-      return rc;
+      if (rc == err_unavailable && autostart) rc = start_or_join_server(paths, device, &c->fd_);
+      if (rc != ok) {
+        if (rc == err_unavailable && !autostart) {
+          return fail(err_unavailable, "pool: no pool server listens on %s; start vramswapd --device %d, or connect with autostart",
+                      paths.socket.c_str(), device);
+        }
+        return rc;
+      }
+      VS_TRY(check_server_peer(c->fd_, paths.socket));
+      rc = c->handshake();
+      // The server ended in the middle of it (a restart): once more, with the next server. A
+      // refusal is the server's answer, not an end: never tried again.
+      if (rc == err_system && !c->server_alive() && attempt < 3) {
+        log(log_level::debug, "pool: the pool server ended while this process joined (%s); joining the next one", last_error());
+        clear_error();
+        continue;
+      }
+      VS_TRY(rc);
+      *out = std::move(c);
+      return ok;
     }
-    VS_TRY(check_server_peer(c->fd_, paths.socket));
-    VS_TRY(c->handshake());
-    *out = std::move(c);
-    return ok;
   } catch (const std::bad_alloc&) {
     return fail(err_out_of_memory, "pool: out of host memory");
   }
@@ -178,6 +210,7 @@ int pool_connection::handshake() noexcept {
   member_ = w.member;
   server_pid_ = w.server_pid;
   frame_size_ = w.frame_size;
+  pool_id_ = w.pool_id;
   raise_fd_limit(w.frame_count);
   frames_.reserve(w.frame_count);
 
@@ -210,11 +243,11 @@ int pool_connection::handshake() noexcept {
   VS_TRY(pool_segment::open(w.segment_name, &segment_));
   // The segment at that name must be this server's: a frame table of another pool would
   // have this process write into frames that other processes own.
-  if (segment_->header()->server_pid != static_cast<int32_t>(server_pid_)) {
+  if (segment_->header()->server_pid != static_cast<int32_t>(server_pid()) || segment_->header()->pool_id != pool_id_) {
     return fail(err_version_mismatch,
                 "pool: the pool segment %s belongs to the pool server pid %d, not to pid %d that welcomed this "
                 "process; the device's pool changed hands while connecting: connect again",
-                segment_->path().c_str(), static_cast<int>(segment_->header()->server_pid), static_cast<int>(server_pid_));
+                segment_->path().c_str(), static_cast<int>(segment_->header()->server_pid), static_cast<int>(server_pid()));
   }
   if (segment_->frame_count() != frames_.size() || segment_->frame_size() != frame_size_ || member_ >= pool_layout::k_member_count) {
     return fail(err_version_mismatch, "pool: segment %s describes %u frames of %" PRIu64 " bytes, the server sent %zu of %" PRIu64,
@@ -224,10 +257,129 @@ int pool_connection::handshake() noexcept {
     return fail(err_version_mismatch, "pool: segment %s describes %u host slots of %" PRIu64 " bytes, the server sent a host pool of %u",
                 w.segment_name, segment_->host_slot_count(), segment_->host_slot_size(), host_slot_count_);
   }
+  // The lease first, then the attach: a server that sees the attach knows the lease is
+  // there for its successors to watch (pool/pool_protocol.hpp).
+  const int leased = segment_->lease_member(member_);
+  const std::string lease_error = leased == ok ? "" : last_error();
+  const attach a{k_magic, leased};
+  VS_TRY(add_context(send_fds(fd_, nullptr, 0, &a, sizeof a), "pool: telling the pool server this process attached: "));
+  if (leased != ok) return fail(leased, "%s", lease_error.c_str());
+  attach done{};
+  VS_TRY(add_context(recv_fds(fd_, fds, 0, &nfds, &done, sizeof done, &len), "pool: waiting for the pool server to confirm the attach: "));
+  if (len != sizeof done || done.magic != k_magic || done.status != ok) {
+    return fail(err_version_mismatch, "pool: the pool server did not confirm the attach (%zu-byte reply, status %d)", len, done.status);
+  }
   VS_TRY(set_timeouts(fd_, 0));
-  note_pool_size_differs(be_, device_, frames_.size(), frame_size_, static_cast<int>(server_pid_));
+  note_pool_size_differs(be_, device_, frames_.size(), frame_size_, static_cast<int>(server_pid()));
   log(log_level::debug, "pool: member %u of %s: %zu frames of %" PRIu64 " bytes from server pid %d", member_, key_.c_str(),
-      frames_.size(), frame_size_, static_cast<int>(server_pid_));
+      frames_.size(), frame_size_, static_cast<int>(server_pid()));
+  return ok;
+}
+
+int pool_connection::rejoin(bool autostart) noexcept {
+  try {
+    pool_paths paths;
+    VS_TRY(pool_paths::make(key_, autostart, &paths));
+    int fd = -1;
+    int rc = dial_server(paths.socket, &fd);
+    if (rc == err_unavailable && autostart) rc = start_or_join_server(paths, device_, &fd);
+    if (rc != ok) return rc;
+    fd_guard conn(fd);
+    VS_TRY(check_server_peer(conn.fd, paths.socket));
+    VS_TRY(rejoin_on(conn.fd));
+    // Same descriptor number from now on: a thread polling socket_fd() never meets another file.
+    if (::dup3(conn.fd, fd_, O_CLOEXEC) < 0) return fail_errno(errno, "pool: dup3 of the new pool server connection");
+    log(log_level::debug, "pool: member %u of %s rejoined through server pid %d", member_, key_.c_str(), static_cast<int>(server_pid()));
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+}
+
+int pool_connection::rejoin_on(int fd) noexcept {
+  using namespace pool_protocol;
+  VS_TRY(set_timeouts(fd, k_start_timeout_s));
+  process_identity me{};
+  VS_TRY(current_process(&me));
+  hello h{};
+  h.magic = k_magic;
+  h.version = k_version;
+  h.pid = me.pid;
+  h.start_time = me.start_time;
+  h.pid_ns = me.pid_ns;
+  h.flags = k_hello_rejoin;
+  h.member = member_;
+  h.pool_id = pool_id_;
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+  const int sent = send_fds(fd, pidfd >= 0 ? &pidfd : nullptr, pidfd >= 0 ? 1 : 0, &h, sizeof h);
+  if (pidfd >= 0) ::close(pidfd);
+  VS_TRY(add_context(sent, "pool: sending the rejoin hello: "));
+  welcome w{};
+  size_t len = 0;
+  size_t nfds = 0;
+  VS_TRY(add_context(recv_fds(fd, nullptr, 0, &nfds, &w, sizeof w, &len), "pool: waiting for the next pool server's welcome: "));
+  if (len < offsetof(welcome, member) || w.magic != k_magic) {
+    return fail(err_version_mismatch, "pool: the peer on the pool socket is not a vramswap pool server (%zu-byte reply)", len);
+  }
+  if (w.status != 0 || w.version != k_version || len != sizeof w) {
+    // This membership cannot go on: the pool it belongs to is gone for this process.
+    w.message[sizeof w.message - 1] = '\0';
+    const int code = w.status != 0 ? w.status : err_version_mismatch;
+    if (code == err_unavailable) return fail(code, "pool: the pool server refused the rejoin for now: %s", w.message);
+    lost_.store(true, std::memory_order_release);
+    if (w.status == 0) {
+      return fail(code, "pool: the pool server (pid %d) that followed pid %d speaks protocol version %u, this library version %u: "
+                  "this process's pool is gone; restart the job", w.server_pid, static_cast<int>(server_pid()), w.version, k_version);
+    }
+    return fail(code, "pool: the pool server (pid %d) that followed pid %d does not take this process back as member %u: %s",
+                w.server_pid, static_cast<int>(server_pid()), member_, w.message);
+  }
+  w.segment_name[sizeof w.segment_name - 1] = '\0';
+  if ((w.flags & k_welcome_rejoined) == 0 || w.member != member_ || w.pool_id != pool_id_ || w.frame_count != frames_.size() ||
+      w.frame_size != frame_size_ || w.host_slot_count != host_slot_count_ || segment_->name() != w.segment_name) {
+    lost_.store(true, std::memory_order_release);
+    return fail(err_version_mismatch,
+                "pool: the pool server (pid %d) that followed pid %d serves another pool (%u frames of %" PRIu64 " bytes in %s, "
+                "member %u) than this process's (%zu frames of %" PRIu64 " bytes in %s, member %u): this process's pool is gone; "
+                "restart the job",
+                w.server_pid, static_cast<int>(server_pid()), w.frame_count, w.frame_size, w.segment_name, w.member,
+                frames_.size(), frame_size_, segment_->name().c_str(), member_);
+  }
+  if ((w.flags & k_welcome_send_frames) != 0) VS_TRY(send_frames(fd));
+  attach done{};
+  VS_TRY(add_context(recv_fds(fd, nullptr, 0, &nfds, &done, sizeof done, &len), "pool: waiting for the next pool server to confirm the rejoin: "));
+  if (len != sizeof done || done.magic != k_magic || done.status != ok) {
+    return fail(err_version_mismatch, "pool: the next pool server did not confirm the rejoin (%zu-byte reply, status %d)", len, done.status);
+  }
+  VS_TRY(set_timeouts(fd, 0));
+  server_pid_.store(w.server_pid, std::memory_order_release);
+  return ok;
+}
+
+// A descriptor of every frame, exported from this process's imports, and of the host pool:
+// the next server has none of its own (its predecessor's went with it).
+int pool_connection::send_frames(int fd) noexcept {
+  using namespace pool_protocol;
+  int fds[k_max_fds_per_message];
+  for (size_t first = 0; first < frames_.size(); first += k_max_fds_per_message) {
+    const size_t count = std::min(k_max_fds_per_message, frames_.size() - first);
+    size_t made = 0;
+    int rc = ok;
+    for (; made < count && rc == ok; ++made) {
+      rc = add_context(be_.export_frame(frames_[first + made], &fds[made]), "pool: exporting frame %zu for the next pool server: ", first + made);
+      if (rc != ok) break;
+    }
+    if (rc == ok) {
+      const frame_batch b{static_cast<uint32_t>(first), static_cast<uint32_t>(count)};
+      rc = add_context(send_fds(fd, fds, count, &b, sizeof b), "pool: handing frames %zu.. to the next pool server: ", first);
+    }
+    for (size_t i = 0; i < made; ++i) ::close(fds[i]);
+    VS_TRY(rc);
+  }
+  if (host_slot_count_ > 0) {
+    const pool_protocol::host_pool hp{uint64_t{host_slot_count_} * frame_size_, host_slot_count_, 0};
+    VS_TRY(add_context(send_fds(fd, &host_pool_fd_, 1, &hp, sizeof hp), "pool: handing the host pool to the next pool server: "));
+  }
   return ok;
 }
 
@@ -260,6 +412,7 @@ int pool_connection::attach_host_pool(uint32_t slot_count, uint64_t bytes) noexc
   // Faulted in without writing: other members' saved pages are in it (core/pinned_chunk.hpp).
   VS_TRY(pinned_chunk::map_shared(be_, memfd.fd, bytes, "pool: the shared host pool (VRAMSWAP_HOST_POOL of the server)", &host_pool_));
   host_slot_count_ = slot_count;
+  host_pool_fd_ = memfd.release();  // for a next server, which gets it from its members
   return ok;
 }
 
@@ -276,7 +429,8 @@ pool_connection::~pool_connection() {
     log(log_level::warn, "pool: releasing %zu of the %zu imported frames at disconnect failed; the first: %s (still mapped? after a "
         "device fault the driver frees them when the process exits)", failed, frames_.size(), first.c_str());
   }
-  segment_.reset();
+  if (host_pool_fd_ >= 0) ::close(host_pool_fd_);
+  segment_.reset();  // the member lease goes with it, before the hang-up the server repairs at
   if (fd_ >= 0) ::close(fd_);
 }
 

@@ -19,9 +19,19 @@
 //   4. When the server has a shared host pool (VRAMSWAP_HOST_POOL): receives its memfd,
 //      maps it, faults it in and registers it with the backend once (pinned), and closes
 //      the descriptor. Saved pages then go to its slots (swap/pool_host_store.hpp).
-//   5. Keeps the socket open, silent, for its lifetime: its hang-up is how the server learns
+//   5. Maps the pool segment, leases its member slot there (pool/pool_layout.hpp) and says
+//      so (attach); it is a member once the server answers (attached).
+//   6. Keeps the socket open, silent, for its lifetime: its hang-up is how the server learns
 //      that this process is gone, and the server's hang-up is how this process learns that
-//      the pool is gone (server_alive()).
+//      its server stopped (server_alive()). The pool outlives its server: rejoin() goes on
+//      as the same member through the next server (the one that adopted the pool), handing
+//      it the frames' descriptors when it has none yet; meanwhile frames, host slots and
+//      the lock keep working through the segments. A rejoin refused for good (the pool was
+//      replaced, or this membership repaired) makes pool_alive() false: the pool is gone.
+//
+// Threads: rejoin() on one thread at a time (pool_member's keeper); server_alive(),
+// pool_alive(), socket_fd() and server_pid() from any thread. The socket keeps its
+// descriptor number across a rejoin (the new connection is dup2'ed onto it).
 //
 // Lifetime rule: destroy the connection only after every pool frame is unmapped in this
 // process and every frame this member owned was given back (pool_layout "give"). The
@@ -34,6 +44,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,9 +64,15 @@ class pool_connection {
   // How long a client that finds no server waits for one: for the start lock, for the
   // server it starts to report ready.
   static constexpr int k_start_timeout_s = k_server_start_timeout_s;
+  // How long a process gives a server run by a service manager (pool_header::server_flags)
+  // to come back before it starts one itself: the manager restarts it, and two starts race.
+  static constexpr uint64_t k_managed_restart_wait_ns = 10'000'000'000;
 
   // Connect to `device`'s pool server (starting one when `autostart` and none runs),
-  // import every frame of the pool into `be` and map the pool segment.
+  // import every frame of the pool into `be` and map the pool segment. A server that ends
+  // during the handshake (a restart) is followed to the next one, twice at most; while the
+  // pool's last server answered to a service manager, the manager gets
+  // k_managed_restart_wait_ns to start the next one before this process does.
   // Returns 0; err_unavailable (no server and !autostart; or vramswapd not found: the
   // detail lists the places tried; or the server could not start or died before it was
   // ready: the detail names its log); err_timeout (no server was ready within
@@ -68,6 +85,18 @@ class pool_connection {
   ~pool_connection();
   pool_connection(const pool_connection&) = delete;
   pool_connection& operator=(const pool_connection&) = delete;
+
+  // After the server's hang-up: connect to the device's server (starting one when
+  // `autostart` and none listens) and go on as this same member of the same pool. Returns 0;
+  // err_unavailable or err_timeout while no server is there yet (try again); the refusal's
+  // code when the server will not take this membership back (the pool it belonged to is
+  // gone, or the membership was repaired): then pool_alive() is false from now on, and the
+  // detail says why. err_system and the handshake's errors otherwise (try again).
+  int rejoin(bool autostart) noexcept;
+  // False once this process's pool is gone for good (a refused rejoin); a stopped server
+  // alone does not make it false.
+  bool pool_alive() const noexcept { return !lost_.load(std::memory_order_acquire); }
+  uint64_t pool_id() const noexcept { return pool_id_; }
 
   const std::string& device_key() const noexcept { return key_; }
   int device() const noexcept { return device_; }
@@ -84,21 +113,28 @@ class pool_connection {
   uint32_t host_slot_count() const noexcept { return host_slot_count_; }
   // The connection's socket, for poll(): it becomes readable/hung-up when the server dies.
   int socket_fd() const noexcept { return fd_; }
-  pid_t server_pid() const noexcept { return server_pid_; }
-  // False once the server has closed the connection (it died or shut down); never blocks.
+  pid_t server_pid() const noexcept { return server_pid_.load(std::memory_order_acquire); }
+  // False once the server has closed the connection (it died or shut down) until a rejoin;
+  // never blocks.
   bool server_alive() const noexcept;
 
  private:
   explicit pool_connection(backend& be) : be_(be) {}
   int handshake() noexcept;
   int attach_host_pool(uint32_t slot_count, uint64_t bytes) noexcept;
+  // The rejoin's exchange on a new connection `fd` (pool/pool_protocol.hpp, "Rejoining").
+  int rejoin_on(int fd) noexcept;
+  int send_frames(int fd) noexcept;
 
   backend& be_;
   int device_ = -1;
   std::string key_;
   int fd_ = -1;
   uint32_t member_ = 0;
-  pid_t server_pid_ = 0;
+  std::atomic<pid_t> server_pid_{0};
+  uint64_t pool_id_ = 0;
+  std::atomic<bool> lost_{false};
+  int host_pool_fd_ = -1;  // the host pool's memfd, kept to hand to a next server
   uint64_t frame_size_ = 0;
   std::vector<frame_id> frames_;
   std::unique_ptr<pool_segment> segment_;

@@ -18,9 +18,9 @@ constexpr uint64_t k_wait_slice_ns = 10'000'000;  // re-check timeouts and the s
 }
 
 pool_frame_source::pool_frame_source(pool_segment& pool, uint32_t me, std::vector<frame_id> local, uint64_t evict_timeout_ns,
-                                     std::function<bool()> server_alive)
+                                     std::function<bool()> pool_alive)
     : pool_(pool), me_(me), view_(pool, me, std::move(local)), evict_timeout_ns_(evict_timeout_ns),
-      server_alive_(std::move(server_alive)) {}
+      pool_alive_(std::move(pool_alive)) {}
 
 int pool_frame_source::prepare(int, size_t count) {
   const uint32_t n = pool_.frame_count();
@@ -80,9 +80,10 @@ int pool_frame_source::take(int device, size_t size, frame_id* out) {
     if (view_.take_free(frame_active, out)) return ok;
     const uint64_t waited = monotonic_ns() - start;
     if (waited >= evict_timeout_ns_) return timed_out_error(waited);
-    if (server_alive_ && !server_alive_()) {
-      return fail(err_unavailable, "pool: the pool server (pid %d) exited while this process waited for a frame; restart the job "
-                  "(a new server starts on demand)", pool_.header()->server_pid);
+    if (pool_alive_ && !pool_alive_()) {
+      return fail(err_unavailable, "pool: this process's pool is gone (its pool server, pid %d, ended, and the next server did "
+                  "not take this process back: its log says why) while it waited for a frame; restart the job",
+                  pool_.header()->server_pid);
     }
     // Nothing free and nothing asked for (e.g. our earlier requests were served to someone
     // else): ask again for one more.

@@ -42,10 +42,12 @@ namespace vramswap::detail {
 
 class pool_frame_source final : public frame_source {
  public:
-  // `local[i]` is this process's handle of pool frame i. `server_alive` is asked while
-  // waiting, so that a dead pool server ends the wait with a clear error.
+  // `local[i]` is this process's handle of pool frame i. `pool_alive` is asked while
+  // waiting, so that a pool gone for good (pool_connection::pool_alive) ends the wait with a
+  // clear error. A stopped server alone does not end it: members keep freeing frames, and
+  // the next server repairs those of members that died meanwhile.
   pool_frame_source(pool_segment& pool, uint32_t me, std::vector<frame_id> local, uint64_t evict_timeout_ns,
-                    std::function<bool()> server_alive);
+                    std::function<bool()> pool_alive);
 
   int take(int device, size_t size, frame_id* out) override;
   int try_take(int device, size_t size, frame_id* out) override;
@@ -74,7 +76,7 @@ class pool_frame_source final : public frame_source {
   const uint32_t me_;
   member_frames view_;
   const uint64_t evict_timeout_ns_;
-  std::function<bool()> server_alive_;
+  std::function<bool()> pool_alive_;
 };
 
 }  // namespace vramswap::detail

@@ -10,15 +10,29 @@
 // own). The server that holds an exclusive flock on it (for
 // its whole life) is the pool's one server, and its header says who it is (pid, start
 // time, runtime dir, socket) before anything else is built. A segment whose flock is held
-// is never removed or written by anyone else; a new server replaces (unlinks, then creates
-// anew) only a segment whose flock nobody holds: a dead server's. Clients of the dead one
-// keep their mapping of the old inode, notice the server's death on their socket and stop
-// using it.
+// is never removed or written by anyone else. A segment whose flock nobody holds is a stopped
+// or dead server's: a new server adopts it while its members still use it (below), and
+// replaces it (unlinks, then creates anew) only once nobody does.
 //
 // Members' liveness is the server's to judge, from the client's connection and the pidfd
 // it sent with its hello (pool/pool_protocol.hpp): it repairs a member once its process has
 // exited, whatever its PID namespace, or a grace period after a hang-up otherwise (a process
 // that lives on, or one that sent no pidfd and that the server cannot see).
+//
+// Members outlive their server. Each member also leases its slot (lock/liveness_lease.hpp):
+// an OFD write lock on byte k_lease_base + its index of this file, taken before its
+// handshake completes and dropped only when it leaves, so that a server that never saw the
+// member connect (the next one, after its server stopped or died) can tell a live member
+// from a dead one in any PID namespace. The frame table, the member table and the host slot
+// table need no server to work: members keep taking, releasing and asking for frames
+// while none runs. A server that finds a segment whose flock nobody holds and whose members
+// still lease their slots ADOPTS it instead of replacing it: it keeps every table as it is,
+// gets the frames' handles from the first member that reconnects (each member imported
+// every frame), repairs the members that died meanwhile, and serves on. These leases (the
+// byte range k_lease_base .. + k_member_count) and the header's first three words (magic,
+// format, segment size) are the same in every layout from version 7 on, so that a server of
+// any later layout can tell that a pool of another layout is still in use, and refuse it by
+// name rather than replace it under its members.
 //
 // Glossary
 //   frame   one physical allocation of the pool; index 0..frame_count-1 here, the same
@@ -87,7 +101,9 @@ constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-end
 //    outside the lock may move a frame free -> idle (memory allocated between turns).
 // 6: a file in the runtime dir; each member slot records the client's PID namespace, the
 //    header the server's.
-constexpr uint64_t k_layout_version = 6;
+// 7: members lease their slots (above); the header names the pool (pool_id), counts the
+//    servers that adopted it and says whether its server answers to a service manager.
+constexpr uint64_t k_layout_version = 7;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;
 constexpr uint32_t k_no_member = 0xFFFF;
@@ -228,6 +244,9 @@ struct alignas(k_cache_line) trace_ring {
 };
 
 constexpr size_t k_server_path_bytes = 256;
+// pool_header::server_flags: the server answers to a service manager (NOTIFY_SOCKET), which
+// restarts it; its members give it a while to come back before they start one themselves.
+constexpr uint32_t k_server_managed = 1;
 
 // Written in two steps by the server. Claim: it holds the flock and writes server_pid,
 // server_start_time, server_runtime_dir and server_socket, then stores claimed = 1 (release):
@@ -251,7 +270,10 @@ struct alignas(k_cache_line) pool_header {
   std::atomic<uint32_t> slots_freed;    // futex: bumped whenever a host slot becomes free
   std::atomic<uint32_t> claimed;        // 1 once the server's identity below (and pid, start time) is written
   uint64_t server_pid_ns;               // the server's PID namespace, in which server_pid means something
-  uint32_t reserved2_[6];
+  uint64_t pool_id;                     // random, made with the pool; a server that adopts the pool keeps it
+  std::atomic<uint32_t> adoptions;      // servers that adopted this pool (0: its first server serves it)
+  std::atomic<uint32_t> server_flags;   // k_server_managed, ...: written with the identity
+  uint32_t reserved2_[2];
   // --- lines 3-10: where the server serves (for the message of a second server) ---
   char server_runtime_dir[k_server_path_bytes];  // NUL-terminated, truncated if longer
   char server_socket[k_server_path_bytes];

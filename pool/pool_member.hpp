@@ -17,9 +17,19 @@
 // `serve` that wants to linger for requests that follow closely waits with
 // wait_for_request(), on the same word.
 //
+// The keeper: a second thread, from join() on, that waits for the server's hang-up and then
+// rejoins the pool through the next server (pool_connection::rejoin): at once, and again
+// with a growing pause (up to k_rejoin_pause_max_ms) until a server takes it back. The first
+// tries only dial: a server that answers to a service manager (pool_header::server_flags) is
+// given k_managed_restart_wait_ns to come back, any other is started by whichever member
+// gets the start lock first (pool/server_start.hpp), the others joining it. Nothing else
+// waits for it: the frame table, the host slots and the lock work without a server, so the
+// process goes on meanwhile (only repairs of members that die wait for the next server).
+// A rejoin refused for good ends the keeper, and pool_alive() says so to the frame sources.
+//
 // Lifetime: stop_service() (or the destructor) joins the thread before the session's pager
-// and frame sources go; the destructor then closes the connection (the server sees us leave
-// and frees what we still own).
+// and frame sources go; the destructor then stops the keeper and closes the connection (the
+// server sees us leave and frees what we still own).
 #pragma once
 
 #include <atomic>
@@ -42,11 +52,16 @@ class pool_member {
   // The service thread wakes at least this often even without a request, so that a serve
   // with work of its own (promotion, retries after a failure) gets to it.
   static constexpr uint64_t k_service_poll_ns = 50'000'000;
+  // How long members give a server run by a service manager to come back before one of them
+  // starts a server itself.
+  static constexpr uint64_t k_managed_restart_wait_ns = pool_connection::k_managed_restart_wait_ns;
+  static constexpr int k_rejoin_pause_max_ms = 250;
 
-  // Join `device`'s pool: connect to its server (starting vramswapd when none runs) and take
-  // a member slot. The errors are pool_connection::connect's.
+  // Join `device`'s pool: connect to its server (starting vramswapd when none runs), take
+  // a member slot, and start the keeper. The errors are pool_connection::connect's, and
+  // err_system when the keeper cannot start.
   static int join(backend& be, int device, std::unique_ptr<pool_member>* out) noexcept;
-  ~pool_member();  // stops the service thread, then leaves the pool
+  ~pool_member();  // stops the service thread and the keeper, then leaves the pool
   pool_member(const pool_member&) = delete;
   pool_member& operator=(const pool_member&) = delete;
 
@@ -77,11 +92,19 @@ class pool_member {
  private:
   explicit pool_member(std::unique_ptr<pool_connection> conn);
   pool_layout::member_slot& slot() const noexcept { return conn_->segment().member(conn_->member()); }
+  void keep() noexcept;
+  // After the server's hang-up: rejoin until a server takes us back (true), the pool is gone
+  // or the keeper is told to stop (false).
+  bool rejoin() noexcept;
+  // Wait `ms` or until the keeper is told to stop (then true).
+  bool pause_keeper(int ms) noexcept;
 
   std::unique_ptr<pool_connection> conn_;
   member_observer observe_;
   std::atomic<bool> stop_{false};
   std::thread service_;
+  int keeper_wake_ = -1;  // eventfd: the keeper stops when it is readable
+  std::thread keeper_;
 };
 
 }  // namespace vramswap::detail

@@ -38,13 +38,35 @@
 //             memfd (SCM_RIGHTS, exactly one descriptor). The client maps it MAP_SHARED,
 //             faults it in, registers it with its backend once (pinned), closes the
 //             descriptor, and takes host slots from the pool segment's slot table.
-//   client -> (no message) opens the pool segment by `segment_name` in its own view of the
-//             runtime dir (a container may mount it elsewhere than the server sees it).
+//   client -> opens the pool segment by `segment_name` in its own view of the runtime dir (a
+//             container may mount it elsewhere than the server sees it), checks that it names
+//             this server and `pool_id`, leases its member slot there (pool/pool_layout.hpp),
+//             then one attach message: status 0, or why it could not (the server then frees
+//             the slot and closes).
+//   server -> one attached message (status 0): from now on the member is the server's to
+//             repair. A client that does not get it (the server died in between) is not a
+//             member: it drops its lease and everything it received, and connects anew.
 //   then the connection stays open, silent both ways, for the client's lifetime: its
 //   hang-up is how the server learns that the client died (and repairs: scrubs and frees
 //   its frames, frees its member slot, passes on the lock it held); the server's hang-up
-//   (the socket becomes readable with nothing to read) tells the client the pool is gone.
-//   Data a client sends after its hello is ignored (and logged).
+//   (the socket becomes readable with nothing to read) tells the client that its server
+//   stopped. The pool itself lives on (pool/pool_layout.hpp): the client rejoins it.
+//   Data a client sends after its handshake is ignored (and logged).
+//
+// Rejoining (version 4): a member whose server stopped or died connects to the next server
+// (the one that adopted the pool) with a hello whose `flags` has k_hello_rejoin and whose
+// `member` and `pool_id` say which membership it holds; it leases that slot already. The
+// server checks that it serves that pool, that slot `member` is live with the hello's pid,
+// start time and PID namespace, and that no connection serves it now; else an error
+// welcome, which ends the membership for good (the client's pool is gone: restart the job).
+//   server -> welcome with k_welcome_rejoined, and k_welcome_send_frames when the server has
+//             no handle of the pool's frames yet (it is the first member to come back):
+//   client -> then frame_batch messages carrying a descriptor of every frame, exported from
+//             its own imports (backend::export_frame), in pool order, and with a shared host
+//             pool one host_pool message carrying its memfd; the server imports them.
+//   server -> one attached message (status 0).
+// A newcomer that connects while the server waits for a member to hand it the frames waits
+// for its welcome (at most k_adopt_wait_ms, then err_unavailable saying why).
 //
 // Versioning: a change of any struct's size or meaning bumps k_version; both sides refuse
 // a mismatch by name, never misread.
@@ -53,6 +75,8 @@
 //      host_pool message follows the frame batches when there is one.
 //   3: the hello carries the client's PID namespace and a pidfd of it; segment_name is a
 //      file name in the runtime dir (it was a /dev/shm name).
+//   4: the attach / attached exchange that ends a handshake; rejoining (hello flags, member,
+//      pool_id; welcome flags, pool_id; frames sent by the client).
 #pragma once
 
 #include <cstdint>
@@ -61,7 +85,12 @@
 namespace vramswap::detail::pool_protocol {
 
 constexpr uint32_t k_magic = 0x50575356;  // "VSWP"
-constexpr uint32_t k_version = 3;
+constexpr uint32_t k_version = 4;
+// How long a newcomer's welcome waits while the server has adopted a pool and no member has
+// come back yet to hand it the frames.
+constexpr int k_adopt_wait_ms = 10'000;
+
+constexpr uint32_t k_hello_rejoin = 1;  // hello::flags: rejoin membership `member` of pool `pool_id`
 
 struct hello {
   uint32_t magic;
@@ -70,7 +99,14 @@ struct hello {
   uint32_t reserved;
   uint64_t start_time;  // /proc start time of the client (PID reuse)
   uint64_t pid_ns;      // inode of the client's PID namespace (/proc/self/ns/pid)
+  // version 4
+  uint32_t flags;       // k_hello_rejoin
+  uint32_t member;      // with k_hello_rejoin: the member slot this client holds (and leases)
+  uint64_t pool_id;     // with k_hello_rejoin: pool_header::pool_id of the pool it belongs to
 };
+
+constexpr uint32_t k_welcome_rejoined = 1;     // welcome::flags: the membership goes on
+constexpr uint32_t k_welcome_send_frames = 2;  // and the server needs the frames' descriptors from this client
 
 struct welcome {
   uint32_t magic;
@@ -86,6 +122,17 @@ struct welcome {
   uint32_t host_slot_count;  // frame-size slots in the host pool
   uint32_t reserved;
   uint64_t host_pool_bytes;  // the memfd's size: host_slot_count * frame_size
+  // version 4
+  uint32_t flags;            // k_welcome_rejoined, k_welcome_send_frames
+  uint32_t reserved2;
+  uint64_t pool_id;          // pool_header::pool_id
+};
+
+// The end of a handshake: the client's attach (status 0 once its lease is taken, else why
+// not), then the server's attached (status 0: the client is a member).
+struct attach {
+  uint32_t magic;
+  int32_t status;
 };
 
 struct host_pool {

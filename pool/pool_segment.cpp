@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "core/log.hpp"
 #include "core/status.hpp"
 #include "lock/futex.hpp"
+#include "lock/liveness_lease.hpp"
 #include "lock/ownership.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/runtime_dir.hpp"
@@ -73,6 +75,62 @@ void copy_path(char* to, const std::string& from) {
   to[n] = '\0';
 }
 
+// Write `who` into a header the caller holds the flock of, claimed last.
+void publish_identity(pool_header* h, const pool_segment::server_identity& who) {
+  h->claimed.store(0, std::memory_order_release);
+  h->server_pid = who.pid;
+  h->server_start_time = who.start_time;
+  h->server_pid_ns = current_pid_namespace();
+  h->server_flags.store(who.flags, std::memory_order_relaxed);
+  copy_path(h->server_runtime_dir, who.runtime_dir);
+  copy_path(h->server_socket, who.socket);
+  h->claimed.store(1, std::memory_order_release);
+}
+
+// What a stale segment (nobody holds its flock) holds, from its header and its leases.
+struct stale_pool {
+  bool initialized = false;  // its magic is there
+  uint64_t format = 0;
+  uint64_t segment_size = 0;  // as its header says
+  uint32_t frame_count = 0;
+  uint32_t host_slots = 0;
+  uint32_t members_in_use = 0;  // member slots whose lease a process holds
+  bool ours() const { return initialized && format == format_word(); }
+  bool whole(size_t file_size) const {
+    return segment_size == file_size && segment_size_for(frame_count, host_slots) == file_size;
+  }
+};
+
+// The member leases are at the same bytes in every layout from version 7 on, and the format
+// word names the layout's member count: count them whatever the layout (an older one has
+// none, so it reads as unused).
+stale_pool inspect_stale(int fd, size_t file_size) {
+  stale_pool old;
+  if (file_size < sizeof(pool_header)) return old;
+  void* p = ::mmap(nullptr, sizeof(pool_header), PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return old;
+  const pool_header* h = header_of(p);
+  old.initialized = h->magic.load(std::memory_order_acquire) == k_magic;
+  old.format = h->format;
+  old.segment_size = h->segment_size;
+  old.frame_count = h->frame_count;
+  old.host_slots = h->host_slot_count;
+  ::munmap(p, sizeof(pool_header));
+  if (!old.initialized) return old;
+  const uint32_t members = old.format >> 48 == k_layout_version ? k_member_count
+                                                                 : std::max<uint32_t>(k_member_count, (old.format >> 16) & 0xFFFF);
+  for (uint32_t m = 0; m < members; ++m) old.members_in_use += lease_held_elsewhere(fd, m) ? 1 : 0;
+  return old;
+}
+
+uint64_t new_pool_id() {
+  uint64_t id = 0;
+  if (::getrandom(&id, sizeof id, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof id) || id == 0) {
+    id = monotonic_ns() ^ (uint64_t{static_cast<uint32_t>(::getpid())} << 32) ^ 0x9E3779B97F4A7C15ull;
+  }
+  return id;
+}
+
 }  // namespace
 
 int pool_segment::name_for(const std::string& device_key, std::string* out) noexcept {
@@ -109,7 +167,7 @@ int pool_segment::remove(const std::string& device_key) noexcept {
   }
 }
 
-int pool_segment::adopt(void* base, size_t size, const std::string& name, const std::string& path,
+int pool_segment::wrap(void* base, size_t size, const std::string& name, const std::string& path,
                         std::unique_ptr<pool_segment>* out) noexcept {
   try {
     std::unique_ptr<pool_segment> seg(new pool_segment());
@@ -177,10 +235,56 @@ int pool_segment::claim(const std::string& device_key, const server_identity& wh
         continue;
       }
       if (st.st_size != 0) {
-        // A dead server's segment (nobody holds its flock). Its clients may still map it and
-        // write into it until they notice the death: never reuse it, replace it.
+        // A stopped or dead server's segment (nobody holds its flock).
         server_identity dead;
         const bool known = read_identity(fd, &dead);
+        const stale_pool old = inspect_stale(fd, static_cast<size_t>(st.st_size));
+        if (old.members_in_use > 0 && old.ours() && old.whole(static_cast<size_t>(st.st_size))) {
+          // Its members live on and use it: serve them, with every table as it is.
+          const size_t size = static_cast<size_t>(st.st_size);
+          void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+          if (base == MAP_FAILED) {
+            const int e = errno;
+            ::close(fd);
+            return fail_errno(e, "pool: mapping the running pool segment %s to adopt it", path.c_str());
+          }
+          pool_header* h = header_of(base);
+          publish_identity(h, who);
+          const uint32_t adoptions = h->adoptions.fetch_add(1, std::memory_order_acq_rel) + 1;
+          log(log_level::info, "pool: adopting the running pool %s of %s (%u frames, %u member(s) still attached; adoption %u)",
+              path.c_str(), known ? (describe(dead) + ", no longer running").c_str() : "a pool server no longer running",
+              old.frame_count, old.members_in_use, adoptions);
+          const int rc = wrap(base, size, name, path, out);
+          if (rc != ok) {
+            ::close(fd);
+            return rc;
+          }
+          (*out)->claim_fd_ = fd;
+          (*out)->adopted_ = true;
+          return ok;
+        }
+        if (old.members_in_use > 0) {
+          // Never replace a pool under processes that use it: they would go on in frames that
+          // a new pool hands out again.
+          ::close(fd);
+          const std::string whose = known ? describe(dead) : std::string("a pool server no longer running");
+          if (!old.ours()) {
+            return fail(err_version_mismatch,
+                        "pool: device %s's pool segment %s, left by %s, is still used by %u process(es), and it has pool "
+                        "layout version %" PRIu64 " where this vramswapd has version %" PRIu64 ": a server cannot adopt a pool "
+                        "of another layout. Let those processes finish (or stop them), or run the vramswapd of their vramswap "
+                        "version until they have; then start this one",
+                        device_key.c_str(), path.c_str(), whose.c_str(), old.members_in_use, old.format >> 48, k_layout_version);
+          }
+          return fail(err_version_mismatch,
+                      "pool: device %s's pool segment %s, left by %s, is still used by %u process(es), but it is %lld bytes "
+                      "where its header says %" PRIu64 ": it was truncated or overwritten, and cannot be adopted. Stop those "
+                      "processes, then start the server again",
+                      device_key.c_str(), path.c_str(), whose.c_str(), old.members_in_use, static_cast<long long>(st.st_size),
+                      old.segment_size);
+        }
+        // Nobody uses it any more; its frames went with their last holder. Its readers
+        // (vramswap status) keep their mapping: never reuse it, replace it.
         log(log_level::info, "pool: replacing the stale pool segment %s of %s", path.c_str(),
             known ? (describe(dead) + ", no longer running").c_str() : "a pool server that died while starting");
         const int urc = ::unlink(path.c_str());
@@ -199,14 +303,8 @@ int pool_segment::claim(const std::string& device_key, const server_identity& wh
         ::close(fd);
         return fail_errno(e, "pool: sizing and mapping %s (is the runtime dir's file system full?)", path.c_str());
       }
-      pool_header* h = header_of(base);
-      h->server_pid = who.pid;
-      h->server_start_time = who.start_time;
-      h->server_pid_ns = current_pid_namespace();
-      copy_path(h->server_runtime_dir, who.runtime_dir);
-      copy_path(h->server_socket, who.socket);
-      h->claimed.store(1, std::memory_order_release);
-      const int rc = adopt(base, size, name, path, out);
+      publish_identity(header_of(base), who);
+      const int rc = wrap(base, size, name, path, out);
       if (rc != ok) {
         ::unlink(path.c_str());
         ::close(fd);
@@ -241,6 +339,8 @@ int pool_segment::initialize(uint32_t frame_count, uint64_t frame_size, uint32_t
   h->frame_count = frame_count;
   h->host_slot_count = host_slots;
   h->host_slot_size = host_slots > 0 ? frame_size : 0;
+  h->pool_id = new_pool_id();
+  h->adoptions.store(0, std::memory_order_relaxed);
   frame_entry* frames = frames_of(base);
   for (uint32_t i = 0; i < frame_count; ++i) {
     frames[i].word.store(frame_word{frame_free, k_no_member, k_no_member, 0}.encode(), std::memory_order_relaxed);
@@ -251,6 +351,24 @@ int pool_segment::initialize(uint32_t frame_count, uint64_t frame_size, uint32_t
   }
   h->magic.store(k_magic, std::memory_order_release);  // published last
   return ok;
+}
+
+void pool_segment::reset_tables() noexcept {
+  pool_header* h = header();
+  for (uint32_t i = 0; i < frame_count(); ++i) {
+    const frame_word old = frame_word::decode(read(i));
+    frame(i).last_use.store(0, std::memory_order_relaxed);
+    frame(i).word.store(frame_word{frame_free, k_no_member, k_no_member, old.generation + 1}.encode(), std::memory_order_release);
+  }
+  for (uint32_t s = 0; s < host_slot_count(); ++s) {
+    const slot_word old = slot_word::decode(read_slot(s));
+    slot(s).word.store(slot_word{slot_free, k_no_member, old.generation + 1}.encode(), std::memory_order_release);
+  }
+  for (uint32_t m = 0; m < k_member_count; ++m) remove_member(m);
+  h->pool_id = new_pool_id();
+  h->adoptions.store(0, std::memory_order_relaxed);
+  notify_freed();
+  notify_slots_freed();
 }
 
 int pool_segment::create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, uint32_t host_slots,
@@ -298,22 +416,60 @@ int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* o
               "and let a new server make it again",
               path.c_str(), size, h->segment_size, static_cast<int>(h->server_pid));
   }
+  // A member's lease lives on a description of its own, never mapped (lock/liveness_lease.hpp).
+  int lease_fd = -1;
+  if (rc == ok && !read_only) {
+    rc = open_lease_description(fd, ("pool: the pool segment " + path).c_str(), &lease_fd);
+    if (rc == ok && (rc = register_lease_fd(lease_fd)) != ok) {
+      ::close(lease_fd);
+      lease_fd = -1;
+    }
+  }
   ::close(fd);  // the mapping keeps the file
+  if (rc != ok) ::munmap(base, size);
+  if (rc == ok) rc = wrap(base, size, name, path, out);  // unmaps on its own failure
   if (rc != ok) {
-    ::munmap(base, size);
+    if (lease_fd >= 0) {
+      unregister_lease_fd(lease_fd);
+      ::close(lease_fd);
+    }
     return rc;
   }
-  return adopt(base, size, name, path, out);
+  (*out)->lease_fd_ = lease_fd;
+  return ok;
 }
 
 pool_segment::~pool_segment() {
   if (base_ != nullptr) ::munmap(base_, size_);
+  if (lease_fd_ >= 0) {
+    // The lease goes with the description; the slot was given up before (or the server
+    // repairs it, as a dead member's).
+    unregister_lease_fd(lease_fd_);
+    ::close(lease_fd_);
+  }
   if (claim_fd_ >= 0) {
     // The server's own segment: its name goes while the flock is still held, so nobody
-    // can have replaced it in between (pool/pool_layout.hpp).
-    ::unlink(path_.c_str());
+    // can have replaced it in between (pool/pool_layout.hpp). A pool left for the next
+    // server keeps its name: only the flock goes.
+    if (!keep_) ::unlink(path_.c_str());
     ::close(claim_fd_);
   }
+}
+
+int pool_segment::lease_member(uint32_t m) noexcept {
+  if (lease_fd_ < 0) return fail(err_internal, "pool: lease of member %u on %s, which this process did not open for writing", m, path_.c_str());
+  if (leased_ >= 0) return fail(err_internal, "pool: this process leases member %d of %s already", leased_, path_.c_str());
+  VS_TRY(take_lease(lease_fd_, m, ("pool: member slot of " + path_).c_str()));
+  leased_ = static_cast<int>(m);
+  return ok;
+}
+
+bool pool_segment::member_leased(uint32_t m) const noexcept {
+  // The server holds no lease: any lease this description sees is a member's.
+  const int fd = claim_fd_ >= 0 ? claim_fd_ : lease_fd_;
+  if (fd < 0) return true;  // cannot tell: taken as alive
+  if (static_cast<int>(m) == leased_) return true;
+  return lease_held_elsewhere(fd, m);
 }
 
 bool pool_segment::move(uint32_t f, uint64_t seen, frame_state state, uint32_t owner, uint32_t requester) noexcept {
@@ -460,6 +616,9 @@ int pool_segment::add_member(pid_t pid, uint64_t start_time, uint64_t pid_ns, ui
   for (uint32_t m = 0; m < k_member_count; ++m) {
     member_slot& s = member(m);
     if (s.state.load(std::memory_order_acquire) != member_free) continue;
+    // A client whose handshake with a server that died is ending may still lease this slot
+    // for a moment: not this one, then.
+    if (claim_fd_ >= 0 && lease_held_elsewhere(claim_fd_, m)) continue;
     s.pid = pid;
     s.start_time = start_time;
     s.pid_ns = pid_ns;

@@ -30,20 +30,31 @@ class pool_segment {
     uint64_t pid_ns = 0;  // read from the header; claim records this process's own
     std::string runtime_dir;
     std::string socket;
+    uint32_t flags = 0;   // pool_header::server_flags (k_server_managed)
   };
 
   // Server, first thing: become the one server of `device_key` (pool/pool_layout.hpp): take
   // the exclusive flock of its pool segment, kept until this object is destroyed, and
-  // publish `who` in its header. A stale segment (nobody holds its flock: its server is
-  // dead) is replaced by a new one; its users keep their mapping. Then initialize() it.
+  // publish `who` in its header. A stale segment (nobody holds its flock: its server
+  // stopped or died) whose members still lease their slots is ADOPTED: kept as it is, mapped
+  // whole, adopted() true, its adoption counted; the caller then serves that pool (frames
+  // from its members) instead of building one. A stale segment that nobody uses any more is
+  // replaced by a new one (its users, if any, keep their mapping); initialize() that one.
   // Returns 0; err_busy when another server holds it (the detail names its pid, runtime dir
-  // and socket); err_not_owner when an object of that name belongs to another user or is
-  // open to others (named, with its owner); err_invalid_argument; err_system.
+  // and socket); err_version_mismatch when a stale segment still in use was made by another
+  // layout version, or is truncated (the detail names the versions, how many processes use
+  // it and what to do); err_not_owner when an object of that name belongs to another user or
+  // is open to others (named, with its owner); err_invalid_argument; err_system.
   static int claim(const std::string& device_key, const server_identity& who, std::unique_ptr<pool_segment>* out) noexcept;
   // Server, on a claimed segment: size it for `frame_count` frames of `frame_size` bytes and
   // `host_slots` host slots of the same size (0: no shared host pool), all frames, host slots
   // and member slots free, and publish it. Mode 0600, or 0660 with VRAMSWAP_GROUP.
   int initialize(uint32_t frame_count, uint64_t frame_size, uint32_t host_slots) noexcept;
+  // Server, on an adopted segment whose members all died before one handed over the frames
+  // (their memory went with them): every frame, host slot and member slot free again, as
+  // initialize() leaves them, under a new pool_id (a late rejoin is refused), in place (same
+  // size, same mapping). The server has made new frames and a new host pool first.
+  void reset_tables() noexcept;
   // claim, then initialize (tests, tools).
   static int create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, uint32_t host_slots,
                     pid_t server_pid, uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept;
@@ -59,6 +70,21 @@ class pool_segment {
   ~pool_segment();
   pool_segment(const pool_segment&) = delete;
   pool_segment& operator=(const pool_segment&) = delete;
+
+  // Server: claim() adopted a running pool (its tables are live; no initialize()).
+  bool adopted() const noexcept { return adopted_; }
+  // Server, stopping while members still use the pool: leave the segment where it is for
+  // the next server to adopt. The destructor then drops the flock without removing the name.
+  void keep_for_next_server() noexcept { keep_ = true; }
+
+  // --- member leases (pool/pool_layout.hpp; lock/liveness_lease.hpp) ----------------------
+  // Client: lease member slot `m` for as long as this object lives (on a description of the
+  // file of its own, which a forked child does not keep). err_busy when another process
+  // holds it; err_system (OFD locks refused by the file system, or no segment opened for
+  // writing).
+  int lease_member(uint32_t m) noexcept;
+  // Server: does some process hold member `m`'s lease, i.e. is a process attached as `m`?
+  bool member_leased(uint32_t m) const noexcept;
 
   const std::string& name() const noexcept { return name_; }
   const std::string& path() const noexcept { return path_; }
@@ -126,13 +152,17 @@ class pool_segment {
  private:
   pool_segment() = default;
   // Wrap a mapping of `size` bytes as a pool_segment (unmapping it if that fails).
-  static int adopt(void* base, size_t size, const std::string& name, const std::string& path,
+  static int wrap(void* base, size_t size, const std::string& name, const std::string& path,
                    std::unique_ptr<pool_segment>* out) noexcept;
   void* base_ = nullptr;
   size_t size_ = 0;
   std::string name_;   // "/<p>vramswap-<owner>-pool-<key>", as the welcome names it
   std::string path_;   // in this process's view of the runtime dir
   int claim_fd_ = -1;  // the server's flock on the segment (claim); -1 in clients
+  int lease_fd_ = -1;  // a client's description for its member lease (open, not read-only)
+  int leased_ = -1;    // the member slot it leases (-1: none)
+  bool adopted_ = false;
+  bool keep_ = false;
 };
 
 }  // namespace vramswap::detail

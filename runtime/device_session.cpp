@@ -47,7 +47,7 @@ int device_session::build(pool_member& member, frame_source** frames, page_store
   VS_TRY(be_->get_device_info(device_, &info));
   VS_TRY(add_context(device_lock::open(info.uuid, &lock_), "device %d: opening its lock: ", device_));
   frames_ = std::make_unique<pool_frame_source>(conn.segment(), conn.member(), conn.frames(), evict_timeout_ns_,
-                                                [c = &conn] { return c->server_alive(); });
+                                                [c = &conn] { return c->pool_alive(); });
   VS_TRY(make_page_store(*be_, device_, conn, evict_timeout_ns_, &store_));
   cfg->start_resident = false;  // backed at acquire, from the pool
   *frames = frames_.get();

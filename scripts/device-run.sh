@@ -94,6 +94,10 @@ if [[ $what == *tests* ]]; then
   VRAMSWAP_TEST_BACKEND=cuda "$build/tests/cpp_api/time_sharing_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
   echo "=== oversubscription_test (cuda)" >>"$OUT/gpu-tests.log"
   VRAMSWAP_TEST_BACKEND=cuda "$build/tests/cpp_api/oversubscription_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
+  # Restarts of vramswapd under running jobs: the next server takes the frames' handles from
+  # the jobs' imports (re-exported), every byte checked.
+  echo "=== restart_test (cuda)" >>"$OUT/gpu-tests.log"
+  VRAMSWAP_TEST_BACKEND=cuda "$build/tests/server/restart_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
   # Two "pods" (own PID, mount, IPC, UTS namespaces and uids; only the runtime dir shared)
   # taking turns on the GPU through the pool server.
   echo "=== pods_test (cuda)" >>"$OUT/gpu-tests.log"

@@ -18,9 +18,11 @@
 #include "core/options.hpp"
 #include "core/pinned_chunk.hpp"
 #include "core/status.hpp"
+#include "pool/pool_segment.hpp"
 #include "server/human_size.hpp"
 
 namespace vramswap::detail {
+using namespace pool_layout;
 namespace {
 
 constexpr size_t k_scrub_batch = 16;      // frames mapped at once while scrubbing
@@ -62,9 +64,8 @@ int pool_server::build_pool(uint64_t pool_bytes) noexcept {
     if (rc != ok) return add_context(rc, "vramswapd: creating frame %zu of %zu: ", i, count);
     frames_.push_back(f);
   }
-  scratch_frames_ = std::min(count, k_scrub_batch);
-  VS_TRY(be_->reserve(device_, scratch_frames_ * frame_size_, 0, &scratch_));
-  VS_TRY(be_->stream_create(device_, &stream_));
+  frame_count_ = static_cast<uint32_t>(count);
+  VS_TRY(prepare_scrub());
   std::vector<uint32_t> all(count);
   for (size_t i = 0; i < count; ++i) all[i] = static_cast<uint32_t>(i);
   VS_TRY(scrub(all.data(), all.size()));
@@ -75,6 +76,24 @@ int pool_server::build_pool(uint64_t pool_bytes) noexcept {
     exported_.push_back(fd);
   }
   return ok;
+}
+
+// The scratch reservation and stream of scrub(), made once for the pool's frame size.
+int pool_server::prepare_scrub() noexcept {
+  if (scratch_ != 0) return ok;
+  scratch_frames_ = std::min<size_t>(frame_count_, k_scrub_batch);
+  VS_TRY(be_->reserve(device_, scratch_frames_ * frame_size_, 0, &scratch_));
+  VS_TRY(be_->stream_create(device_, &stream_));
+  return ok;
+}
+
+bool pool_server::pool_in_use() const noexcept {
+  // A segment claimed but not yet initialized (a start that failed) has no members.
+  if (!segment_ || segment_->header()->magic.load(std::memory_order_acquire) != k_magic) return false;
+  for (uint32_t m = 0; m < k_member_count; ++m) {
+    if (segment_->member(m).state.load(std::memory_order_acquire) == member_live && segment_->member_leased(m)) return true;
+  }
+  return false;
 }
 
 // The shared host pool: one memfd, faulted in here so that its memory is committed before

@@ -14,6 +14,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "core/fd_guard.hpp"
@@ -230,6 +231,35 @@ void pool_server::serve_new(int fd) noexcept {
       return;
     }
   }
+  if ((h.flags & pool_protocol::k_hello_rejoin) != 0) {
+    serve_rejoin(fd, h, cred.pid, pidfd.release());
+    return;
+  }
+  if (frames_.empty()) {
+    // An adopted pool whose frames no member has handed over yet: the newcomer's welcome
+    // waits (tend_adoption).
+    try {
+      waiting_.push_back(newcomer{fd, h, cred.pid, pidfd.fd, monotonic_ns()});
+    } catch (const std::bad_alloc&) {
+      refuse(fd, err_out_of_memory, "the pool server is out of host memory");
+      return;
+    }
+    pidfd.release();
+    log(log_level::info, "vramswapd: pid %d waits for its welcome until a member of the adopted pool hands over the frames",
+        static_cast<int>(h.pid));
+    return;
+  }
+  welcome_newcomer(fd, h, cred.pid, pidfd.release());
+}
+
+// A new member: a slot, the welcome, every frame's descriptor, the host pool's, then the
+// attach exchange (pool/pool_protocol.hpp). Takes `fd` and `pidfd_in`.
+void pool_server::welcome_newcomer(int fd, const pool_protocol::hello& h, pid_t peer_pid, int pidfd_in) noexcept {
+  using pool_protocol::welcome;
+  using pool_protocol::frame_batch;
+  using pool_protocol::k_version;
+  constexpr uint32_t k_magic = pool_protocol::k_magic;
+  fd_guard pidfd(pidfd_in);
   uint32_t member = 0;
   if (segment_->add_member(h.pid, h.start_time, h.pid_ns, &member) != ok) {
     refuse(fd, err_busy, "%s", last_error());
@@ -246,6 +276,7 @@ void pool_server::serve_new(int fd) noexcept {
   std::snprintf(w.segment_name, sizeof w.segment_name, "%s", segment_->name().c_str());
   w.host_slot_count = host_slots_;
   w.host_pool_bytes = uint64_t{host_slots_} * frame_size_;
+  w.pool_id = segment_->header()->pool_id;
   int rc = send_fds(fd, nullptr, 0, &w, sizeof w);
   for (uint32_t first = 0; rc == ok && first < frame_count(); first += static_cast<uint32_t>(k_max_fds_per_message)) {
     frame_batch b{first, static_cast<uint32_t>(std::min<size_t>(k_max_fds_per_message, frame_count() - first))};
@@ -255,13 +286,27 @@ void pool_server::serve_new(int fd) noexcept {
     pool_protocol::host_pool hp{w.host_pool_bytes, host_slots_, 0};
     rc = send_fds(fd, &host_pool_fd_, 1, &hp, sizeof hp);
   }
+  // The client leases its slot, then says so; only then is it a member (a server that dies
+  // before this point leaves a slot that no lease holds, which the next one repairs).
+  if (rc == ok) {
+    pool_protocol::attach a{};
+    size_t len = 0;
+    size_t nfds = 0;
+    rc = recv_fds(fd, nullptr, 0, &nfds, &a, sizeof a, &len);
+    if (rc == ok && (len != sizeof a || a.magic != k_magic)) rc = fail(err_version_mismatch, "a malformed attach message (%zu bytes)", len);
+    if (rc == ok && a.status != ok) rc = fail(a.status < 0 ? a.status : err_internal, "it could not attach (%s; its own error says why)", status_name(a.status));
+  }
+  if (rc == ok) {
+    const pool_protocol::attach done{k_magic, ok};
+    rc = send_fds(fd, nullptr, 0, &done, sizeof done);
+  }
   if (rc != ok) {
     log(log_level::warn, "vramswapd: pid %d left during its handshake: %s", h.pid, last_error());
     segment_->remove_member(member);
     ::close(fd);
     return;
   }
-  clients_.push_back(client{fd, member, h.pid, h.start_time, cred.pid, pidfd.release(), 0});
+  clients_.push_back(client{fd, member, h.pid, h.start_time, peer_pid, pidfd.release(), 0, false});
   log(log_level::info, "vramswapd: member %u: pid %d attached (%zu clients)", member, h.pid, clients_.size());
 }
 }  // namespace vramswap::detail

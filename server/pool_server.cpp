@@ -91,6 +91,7 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
       who.start_time = me.start_time;
       who.runtime_dir = paths.dir;
       who.socket = paths.socket;
+      who.flags = options.managed ? k_server_managed : 0;
       VS_TRY(add_context(pool_segment::claim(info.uuid, who, &s->segment_), "vramswapd: device %d: ", options.device));
     }
 
@@ -100,6 +101,14 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
       ::dup2(log_fd, STDOUT_FILENO);
       ::dup2(log_fd, STDERR_FILENO);
       ::close(log_fd);
+    }
+
+    if (s->segment_->adopted()) {
+      // A running pool: its members keep its frames alive and hand them over (pool_adoption.cpp).
+      VS_TRY(s->adopt_pool());
+      VS_TRY(s->finish_start(options, info, paths));
+      *out = std::move(s);
+      return ok;
     }
 
     // --- frame size and pool size ------------------------------------------------------------
@@ -167,15 +176,7 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
     VS_TRY(s->build_pool(pool_bytes));
     if (host_slots > 0) VS_TRY(s->build_host_pool(host_slots * frame_size));
     VS_TRY(s->segment_->initialize(s->frame_count(), frame_size, s->host_slots_));
-    s->lock_.reset(new device_lock());
-    VS_TRY(device_lock::open(info.uuid, s->lock_.get()));
-    if (::pipe2(s->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return fail_errno(errno, "vramswapd: pipe2");
-    s->socket_path_ = paths.socket;
-    VS_TRY(s->open_socket());
-    {
-      std::string port = options.metrics_port.empty() ? option_text(option_id::metrics_port) : options.metrics_port;
-      if (!port.empty()) VS_TRY(s->open_metrics(port, options.metrics_port.empty() ? "VRAMSWAP_METRICS_PORT" : "--metrics-port"));
-    }
+    VS_TRY(s->finish_start(options, info, paths));
     const std::string host_text =
         s->host_slots_ > 0 ? "; shared host pool " + human_size(uint64_t{s->host_slots_} * frame_size) + " (" + std::to_string(s->host_slots_) + " slots)"
                            : "";
@@ -190,6 +191,20 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
   } catch (const std::bad_alloc&) {
     return fail(err_out_of_memory, "vramswapd: out of host memory");
   }
+}
+
+// The rest of a start, for a pool built here or adopted: the device lock, the socket, the
+// metrics endpoint.
+int pool_server::finish_start(const pool_server_options& options, const device_info& info, const pool_paths& paths) noexcept {
+  lock_.reset(new (std::nothrow) device_lock());
+  if (!lock_) return fail(err_out_of_memory, "vramswapd: out of host memory");
+  VS_TRY(device_lock::open(info.uuid, lock_.get()));
+  if (::pipe2(stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return fail_errno(errno, "vramswapd: pipe2");
+  socket_path_ = paths.socket;
+  VS_TRY(open_socket());
+  const std::string port = options.metrics_port.empty() ? option_text(option_id::metrics_port) : options.metrics_port;
+  if (!port.empty()) VS_TRY(open_metrics(port, options.metrics_port.empty() ? "VRAMSWAP_METRICS_PORT" : "--metrics-port"));
+  return ok;
 }
 
 void pool_server::request_stop() noexcept {
@@ -209,14 +224,18 @@ int pool_server::run() noexcept {
     fds.push_back({listen_fd_, POLLIN, 0});
     const size_t first_client = 2;
     for (const client& c : clients_) {
-      if (c.hung_up_ns == 0) {
+      if (c.fd >= 0) {
         fds.push_back({c.fd, POLLIN | POLLRDHUP, 0});
-      } else {
+      } else if (c.hung_up_ns != 0) {
         pending = true;
       }
     }
     int timeout_ms = -1;
     if (lock_repair_pending_) timeout_ms = k_lock_repair_retry_ms;
+    // Orphans are watched by their leases and newcomers may wait for the frames: look often.
+    if (adopted_ && (!waiting_.empty() || std::any_of(clients_.begin(), clients_.end(), [](const client& c) { return c.orphan; }))) {
+      timeout_ms = k_orphan_poll_ms;
+    }
     if (pending) {
       timeout_ms = 10;
     } else if (idle_exit_s_ > 0 && clients_.empty()) {
@@ -241,7 +260,7 @@ int pool_server::run() noexcept {
       // Hang-ups first: their fds are positions first_client.. in the order of the clients.
       size_t at = first_client;
       for (client& c : clients_) {
-        if (c.hung_up_ns != 0) continue;
+        if (c.fd < 0) continue;
         const short revents = fds[at++].revents;
         if (revents == 0) continue;
         char byte;
@@ -258,10 +277,12 @@ int pool_server::run() noexcept {
       if (fds[1].revents != 0) accept_one();
     }
     if (lock_repair_pending_) repair_lock();
-    // Repair members whose process is gone (or that left long enough ago).
-    for (size_t i = 0; i < clients_.size();) {
+    if (adopted_) tend_adoption(now);
+    // Repair members whose process is gone (or that left long enough ago): with the frames
+    // at hand (an adopted pool has none until a member hands them over).
+    for (size_t i = 0; i < clients_.size() && !frames_.empty();) {
       const client& c = clients_[i];
-      if (c.hung_up_ns != 0 &&
+      if (c.fd < 0 && c.hung_up_ns != 0 &&
           (client_exited(c) || now - c.hung_up_ns >= uint64_t{k_repair_grace_ms} * 1'000'000)) {
         repair(c);
         if (clients_[i].pidfd >= 0) ::close(clients_[i].pidfd);
@@ -281,17 +302,26 @@ int pool_server::run() noexcept {
 pool_server::~pool_server() { teardown(); }
 
 void pool_server::teardown() noexcept {
-  for (client& c : clients_) {
-    close_fd(&c.fd);
-    close_fd(&c.pidfd);
+  // Members still attached (a restart, an upgrade): they go on without a server, and the next
+  // one adopts the pool. Their imports keep the frames' memory; only this server's
+  // references go below.
+  if (pool_in_use()) {
+    segment_->keep_for_next_server();
+    log(log_level::info, "vramswapd: leaving the pool (%u frames) in %s for the next server: its members still use it and "
+        "rejoin the next server of the device when it starts", frame_count_, segment_->path().c_str());
   }
-  clients_.clear();
+  // No new connection from here on.
   close_fd(&listen_fd_);
+  if (socket_bound_) ::unlink(socket_path_.c_str());
+  for (newcomer& n : waiting_) {
+    close_fd(&n.fd);
+    close_fd(&n.pidfd);
+  }
+  waiting_.clear();
   metrics_.reset();  // joins its thread: before the segment and the lock it reads go
   metrics_lock_.reset();
   close_fd(&host_pool_fd_);  // its memory goes when the last client unmaps it
-  if (socket_bound_) ::unlink(socket_path_.c_str());
-  segment_.reset();  // a claimed segment's name goes with it (pool_segment::~pool_segment)
+  segment_.reset();  // a claimed segment's name goes with it (pool_segment::~pool_segment), unless kept
   lock_.reset();
   for (int& fd : exported_) close_fd(&fd);
   exported_.clear();
@@ -303,6 +333,12 @@ void pool_server::teardown() noexcept {
   if (stream_ != 0) be_->stream_destroy(stream_);
   close_fd(&stop_pipe_[0]);
   close_fd(&stop_pipe_[1]);
-  close_fd(&server_lock_fd_);  // last: the next server may start now
+  close_fd(&server_lock_fd_);  // the next server may start now
+  // Last: the hang-up sends the members to the next server, which can start by now.
+  for (client& c : clients_) {
+    close_fd(&c.fd);
+    close_fd(&c.pidfd);
+  }
+  clients_.clear();
 }
 }  // namespace vramswap::detail

@@ -39,12 +39,23 @@
 //          (pool/pool_report.hpp), one short request per connection (HTTP/1.0, closed after
 //          the answer; a client gets 1 s to send its request and 5 s to read the answer). The
 //          port is published in the pool header, where `vramswap status` shows it.
+//   adopt  a stale pool segment (its server stopped or died) whose members still lease their
+//          slots is the running pool (pool/pool_layout.hpp): the server builds nothing, keeps
+//          the segment's tables, and takes its members as orphans (server/pool_adoption.cpp).
+//          The first orphan to rejoin (pool/pool_protocol.hpp) hands it a descriptor of
+//          every frame and of the host pool, which it imports; a newcomer meanwhile waits
+//          for its welcome. An orphan whose lease goes (it died while no server ran) is
+//          repaired as any dead member, once the frames are here; if every orphan dies before
+//          one hands them over, their memory is gone with them and the server builds the
+//          pool anew, at the same size, in the same segment.
 //   stop   request_stop() (async-signal-safe; vramswapd calls it on SIGTERM/SIGINT), or
 //          idle exit: with idle_exit_s > 0, the server stops after that many seconds with
-//          no client. The destructor closes every connection, unlinks the socket and the
-//          pool segment, closes the descriptors and releases every frame, then drops the
-//          server flock: the device's free memory is back where it was (clients still
-//          attached keep their imports alive until they let go).
+//          no client. The destructor closes every connection, unlinks the socket, closes
+//          the descriptors and releases every frame, then drops the server flock. With no
+//          member left it unlinks the pool segment: the device's free memory is back where
+//          it was. With members still attached (an upgrade, a restart by a service manager)
+//          it leaves the pool segment for the next server to adopt: the members' imports
+//          keep the frames' memory, and they rejoin the next server.
 //
 // Pool size: VRAMSWAP_POOL_SIZE (or options.pool_size), bytes or a percentage of the
 // device's total memory; by default the device's free memory less a reserve for the
@@ -65,12 +76,14 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "pool/pool_paths.hpp"
+#include "pool/pool_protocol.hpp"
+#include "pool/pool_segment.hpp"
 
 namespace vramswap::detail {
 
 class device_lock;
 class metrics_endpoint;
-class pool_segment;
 
 struct pool_server_options {
   int device = 0;
@@ -82,6 +95,9 @@ struct pool_server_options {
   // Prometheus metrics at http://ADDRESS:PORT/metrics (server/metrics_endpoint.hpp): a port number (0: any free port);
   // empty: VRAMSWAP_METRICS_PORT (empty there too: no endpoint). docs/observability.md.
   std::string metrics_port;
+  // A service manager restarts this server (vramswapd under NOTIFY_SOCKET): said in the pool
+  // header, so that its members give it a while to come back before starting one themselves.
+  bool managed = false;
 };
 
 class pool_server {
@@ -93,6 +109,8 @@ class pool_server {
   // not run, run() retries it every k_lock_repair_retry_ms.
   static constexpr int64_t k_lock_repair_wait_ns = 5'000'000;
   static constexpr int k_lock_repair_retry_ms = 100;
+  // How often an adopting server looks at its orphans' leases and its waiting newcomers.
+  static constexpr int k_orphan_poll_ms = 20;
 
   // Build the pool and start listening. err_busy when another server serves the device (the
   // detail names its pid); err_invalid_argument for a bad size option; err_out_of_memory
@@ -111,7 +129,7 @@ class pool_server {
   const std::string& device_key() const noexcept { return key_; }
   const std::string& socket_path() const noexcept { return socket_path_; }
   const std::string& log_path() const noexcept { return log_path_; }
-  uint32_t frame_count() const noexcept { return static_cast<uint32_t>(frames_.size()); }
+  uint32_t frame_count() const noexcept { return frame_count_; }
   uint64_t frame_size() const noexcept { return frame_size_; }
   size_t clients() const noexcept { return clients_.size(); }
   // Frames scrubbed and freed by repairs since start.
@@ -121,31 +139,57 @@ class pool_server {
   uint64_t slots_repaired() const noexcept { return slots_repaired_; }
   // The metrics endpoint's port (0: none).
   uint16_t metrics_port() const noexcept { return metrics_port_; }
+  // Whether a process still uses the pool (a member leases its slot): then the server's end
+  // leaves the pool for the next server instead of removing it.
+  bool pool_in_use() const noexcept;
+  // Whether this server adopted a running pool (and still waits for its frames: !has_frames()).
+  bool adopted() const noexcept { return adopted_; }
+  bool has_frames() const noexcept { return !frames_.empty(); }
 
  private:
   struct client {
-    int fd = -1;
+    int fd = -1;              // -1: hung up, or an orphan not yet rejoined
     uint32_t member = 0;
     pid_t pid = 0;            // as the client sees itself (for messages)
     uint64_t start_time = 0;
     pid_t peer_pid = 0;       // SO_PEERCRED's: the client in this server's PID namespace (0: not visible)
     int pidfd = -1;           // the pidfd it sent with its hello (-1: none)
-    uint64_t hung_up_ns = 0;  // when its connection closed (0: still connected)
+    uint64_t hung_up_ns = 0;  // when its connection closed, or an orphan's lease went (0: alive as far as known)
+    bool orphan = false;      // a member of the previous server that has not rejoined (no connection yet)
+  };
+  // A newcomer whose hello came while this server has adopted a pool and has no frames yet.
+  struct newcomer {
+    int fd = -1;
+    pool_protocol::hello hello{};
+    pid_t peer_pid = 0;
+    int pidfd = -1;
+    uint64_t since_ns = 0;
   };
   // Has client `c`'s process exited (all its files released, its GPU work torn down)?
   static bool client_exited(const client& c) noexcept;
 
   // start(), run(), request_stop() and these: pool_server.cpp.
   pool_server() = default;
+  int finish_start(const pool_server_options& options, const device_info& info, const pool_paths& paths) noexcept;
   void teardown() noexcept;
   // The pool: pool_frames.cpp.
   int build_pool(uint64_t pool_bytes) noexcept;
   int build_host_pool(uint64_t bytes) noexcept;
+  int prepare_scrub() noexcept;
   int scrub(const uint32_t* indices, size_t count) noexcept;
   // The handshake: pool_handshake.cpp.
   int open_socket() noexcept;
   void accept_one() noexcept;
   void serve_new(int fd) noexcept;
+  void welcome_newcomer(int fd, const pool_protocol::hello& h, pid_t peer_pid, int pidfd) noexcept;
+  // Adoption of a running pool: pool_adoption.cpp.
+  int adopt_pool() noexcept;
+  void serve_rejoin(int fd, const pool_protocol::hello& h, pid_t peer_pid, int pidfd) noexcept;
+  int receive_frames(int fd) noexcept;
+  // Each turn of run(): orphans whose lease went, newcomers waiting for the frames, and the
+  // pool built anew when every orphan died before handing them over.
+  void tend_adoption(uint64_t now) noexcept;
+  int rebuild_pool() noexcept;
   void refuse(int fd, int status, const char* fmt, ...) noexcept __attribute__((format(printf, 4, 5)));
   bool peer_allowed(int fd, const ucred& peer, std::string* why) noexcept;
   // Zero every host slot that `member` holds; how many could not be (0: all were).
@@ -171,7 +215,8 @@ class pool_server {
   uint16_t metrics_port_ = 0;
   int stop_pipe_[2] = {-1, -1};
   uint64_t frame_size_ = 0;
-  std::vector<frame_id> frames_;
+  uint32_t frame_count_ = 0;
+  std::vector<frame_id> frames_;  // empty while an adopted pool waits for a member's descriptors
   std::vector<int> exported_;  // frames_[i]'s descriptor, sent to every client
   device_ptr scratch_ = 0;     // a reservation for scrubbing: k_scrub_batch frames
   size_t scratch_frames_ = 0;
@@ -181,7 +226,10 @@ class pool_server {
   std::unique_ptr<device_lock> metrics_lock_;   // the metrics thread's own
   std::unique_ptr<metrics_endpoint> metrics_;   // none without a metrics port
   std::vector<client> clients_;
+  std::vector<newcomer> waiting_;
   uint64_t frames_repaired_ = 0;
+  bool adopted_ = false;
+  uint64_t adopted_ns_ = 0;  // when this server adopted the pool
   bool lock_repair_pending_ = false;
   bool socket_bound_ = false;
 };

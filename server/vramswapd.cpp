@@ -10,11 +10,13 @@
 //               VRAMSWAP_POOL_IDLE_EXIT seconds (default 60; 0 never) without a client.
 //   --foreground for a service manager or a terminal: stays in the foreground, logs to
 //               stderr, never exits for idleness unless --idle-exit is given.
-// SIGTERM or SIGINT: stop accepting, close every connection, remove the socket and the pool
-// segment, release every frame, exit 0. The handler is in place before the pool is built, so
-// a container runtime's SIGTERM during a long build ends in the same clean exit right after
-// it instead of killing the process half-way (which would leave the socket and segment for
-// the next server to clean up). Exit 1 when the server cannot start (the reason is printed),
+// SIGTERM or SIGINT: stop accepting, close every connection, remove the socket, release every
+// frame, exit 0. With no client attached the pool segment goes too; with clients attached (a
+// service manager's restart, an upgrade) the pool is left for the next server, which adopts
+// it, and the clients rejoin that one (docs/pool_server.md, "Restarts"). The handler is in
+// place before the pool is built, so a container runtime's SIGTERM during a long build ends
+// in the same clean exit right after it instead of killing the process half-way (which would
+// leave the socket and segment for the next server to clean up). Exit 1 when the server cannot start (the reason is printed),
 // 2 on a usage error.
 //
 // Under a service manager that set NOTIFY_SOCKET (systemd, Type=notify: deploy/systemd), the
@@ -201,6 +203,10 @@ int main(int argc, char** argv) {
     report(static_cast<int>(ready_fd), "started " + std::to_string(::getpid()), false);
     options.log_to_file = true;
   }
+  // Under a service manager that restarts it: its clients wait a while for it to come back
+  // before starting a server of their own.
+  const char* notify = std::getenv("NOTIFY_SOCKET");
+  options.managed = notify != nullptr && *notify != '\0';
   ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGHUP, foreground ? SIG_DFL : SIG_IGN);
   struct sigaction sa {};
@@ -230,7 +236,8 @@ int main(int argc, char** argv) {
   notify_service_manager("STOPPING=1\nSTATUS=stopping: releasing the pool");
   if (rc != ok) log(log_level::error, "vramswapd: %s", last_error());
   g_server.store(nullptr);
+  const bool left = server->pool_in_use();  // then its teardown leaves the pool (and says so)
   server.reset();
-  log(log_level::info, "vramswapd: stopped; pool released");
+  log(log_level::info, "vramswapd: stopped; %s", left ? "pool left for the next server" : "pool released");
   return rc == ok ? 0 : 1;
 }

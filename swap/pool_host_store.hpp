@@ -24,8 +24,8 @@ namespace vramswap::detail {
 class pool_host_store final : public tiered_store {
  public:
   // `base`: this process's mapping of the host pool (slot i at base + i * slot size), pinned.
-  // `server_alive` is asked while waiting, so a dead server ends the wait with a clear error.
-  pool_host_store(pool_segment& pool, uint32_t me, char* base, uint64_t wait_timeout_ns, std::function<bool()> server_alive);
+  // `pool_alive` is asked while waiting, so a pool gone for good ends the wait with a clear error.
+  pool_host_store(pool_segment& pool, uint32_t me, char* base, uint64_t wait_timeout_ns, std::function<bool()> pool_alive);
 
   uint32_t slots_held() const;
 };

@@ -19,8 +19,8 @@ constexpr uint64_t k_wait_slice_ns = 10'000'000;  // re-check the timeout and th
 constexpr size_t k_region_bytes = size_t{1} << 30;  // a backing tier registers buffers of at most this
 }  // namespace
 
-pool_slots::pool_slots(pool_segment& pool, uint32_t me, char* base, uint64_t wait_timeout_ns, std::function<bool()> server_alive)
-    : pool_(pool), me_(me), base_(base), wait_timeout_ns_(wait_timeout_ns), server_alive_(std::move(server_alive)) {}
+pool_slots::pool_slots(pool_segment& pool, uint32_t me, char* base, uint64_t wait_timeout_ns, std::function<bool()> pool_alive)
+    : pool_(pool), me_(me), base_(base), wait_timeout_ns_(wait_timeout_ns), pool_alive_(std::move(pool_alive)) {}
 
 pool_slots::~pool_slots() {
   bool any = false;
@@ -101,9 +101,10 @@ uint32_t pool_slots::give_back_count() const noexcept { return pool_.header()->s
 
 int pool_slots::wait_for_give_back(uint32_t seen, uint64_t waited_ns) {
   if (waited_ns >= wait_timeout_ns_) return exhausted_error(waited_ns);
-  if (server_alive_ && !server_alive_()) {
-    return fail(err_unavailable, "host pool: the pool server (pid %d) exited while this process waited for a host slot; restart "
-                "the job (a new server starts on demand)", pool_.header()->server_pid);
+  if (pool_alive_ && !pool_alive_()) {
+    return fail(err_unavailable, "host pool: this process's pool is gone (its pool server, pid %d, ended, and the next server did "
+                "not take this process back: its log says why) while it waited for a host slot; restart the job",
+                pool_.header()->server_pid);
   }
   futex_wait(&pool_.header()->slots_freed, seen, k_wait_slice_ns);
   return ok;

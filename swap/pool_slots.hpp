@@ -33,8 +33,8 @@ namespace vramswap::detail {
 class pool_slots final : public slot_provider {
  public:
   // `base`: this process's mapping of the host pool (slot i at base + i * slot size), pinned.
-  // `server_alive` is asked while waiting, so a dead server ends the wait with a clear error.
-  pool_slots(pool_segment& pool, uint32_t me, char* base, uint64_t wait_timeout_ns, std::function<bool()> server_alive);
+  // `pool_alive` is asked while waiting, so a pool gone for good ends the wait with a clear error.
+  pool_slots(pool_segment& pool, uint32_t me, char* base, uint64_t wait_timeout_ns, std::function<bool()> pool_alive);
   ~pool_slots() override;  // gives back every slot still taken
 
   size_t slot_size() const noexcept override { return pool_.host_slot_size(); }
@@ -59,7 +59,7 @@ class pool_slots final : public slot_provider {
   const uint32_t me_;
   char* const base_;
   const uint64_t wait_timeout_ns_;
-  std::function<bool()> server_alive_;
+  std::function<bool()> pool_alive_;
   std::unordered_set<uint32_t> taken_;
   uint32_t scan_hint_ = 0;
 };

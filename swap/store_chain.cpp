@@ -35,7 +35,7 @@ int make_pool_chain_with_swap_file(backend& be, const shared_host_pool& pool, co
   const unsigned ahead = pages_ahead(fc, tc.slot_size);
   const size_t reserve = size_t{chain.write_window} + (tc.spill_ahead != 0 ? tc.spill_ahead : ahead) +
                          (tc.read_ahead != 0 ? tc.read_ahead : ahead) + 1;
-  auto shared = std::make_unique<pool_slots>(*pool.segment, pool.member, pool.base, pool.wait_timeout_ns, pool.server_alive);
+  auto shared = std::make_unique<pool_slots>(*pool.segment, pool.member, pool.base, pool.wait_timeout_ns, pool.pool_alive);
   auto own = std::make_unique<pinned_slots>(be, tc.slot_size, std::min<size_t>(reserve, tc.chunk_slots), reserve,
                                             "staging slots of " + tc.label);
   chain.slots = std::make_unique<fallback_slots>(std::move(shared), std::move(own));
@@ -54,7 +54,7 @@ int make_page_store(backend& be, int device, pool_connection& conn, uint64_t wai
           label.c_str(), conn.host_slot_count());
     }
     const shared_host_pool pool{&conn.segment(), conn.member(), conn.host_pool(), wait_timeout_ns,
-                                [c = &conn] { return c->server_alive(); }};
+                                [c = &conn] { return c->pool_alive(); }};
     if (!option_is_default(option_id::swap_dir)) {
       tiered_config tc;
       tc.slot_size = conn.frame_size();
@@ -68,7 +68,7 @@ int make_page_store(backend& be, int device, pool_connection& conn, uint64_t wai
           last_error());
     }
     *out = std::make_unique<pool_host_store>(conn.segment(), conn.member(), conn.host_pool(), wait_timeout_ns,
-                                             [c = &conn] { return c->server_alive(); });
+                                             [c = &conn] { return c->pool_alive(); });
     return ok;
   }
   // Saved pages: pinned host memory up to VRAMSWAP_HOST_LIMIT, then the swap file. Where no

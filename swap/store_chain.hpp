@@ -39,7 +39,7 @@ struct shared_host_pool {
   uint32_t member = 0;
   char* base = nullptr;  // slot i at base + i * slot size, pinned
   uint64_t wait_timeout_ns = 0;
-  std::function<bool()> server_alive;
+  std::function<bool()> pool_alive;  // false once the pool is gone for good (pool_connection::pool_alive)
 };
 
 // The first chain above: the pool's slots, own pinned staging slots behind them, the swap

@@ -365,6 +365,62 @@ TEST_P(BackendConformance, FrameExportedToAnotherProcessShowsTheSameBytes) {
   expect_bytes(va, size, 52);
 }
 
+// What a pool server's restart rests on: a frame whose creator released it and exited lives
+// on in another process's import, with its bytes, and that importer can export it again for
+// a third process (the next server), which sees and writes the same memory.
+TEST_P(BackendConformance, AnImportedFrameOutlivesItsCreatorAndCanBeExportedAgain) {
+  const size_t size = 4 * gran;
+  const std::string size_arg = std::to_string(size);
+  auto spawn_importer = [&](int child_end, const char* seed, const char* mode, pid_t* pid) {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, child_end, 3);
+    const char* argv[] = {VRAMSWAP_FRAME_IMPORTER, be->name(), "3", size_arg.c_str(), seed, mode, nullptr};
+    ASSERT_EQ(::posix_spawn(pid, VRAMSWAP_FRAME_IMPORTER, &actions, nullptr, const_cast<char**>(argv), environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+  };
+  // The creator: makes the frame with seed 61, sends it, exits.
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  pid_t creator = -1;
+  spawn_importer(sv[1], "61", "create", &creator);
+  ::close(sv[1]);
+  int fd = -1;
+  char tag[16] = {};
+  size_t len = 0;
+  ASSERT_EQ(recv_fd(sv[0], &fd, tag, sizeof tag, &len), ok) << last_error();
+  ASSERT_GE(fd, 0) << "the creator sent no frame: " << std::string(tag, len);
+  ::close(sv[0]);
+  frame_id f = 0;
+  ASSERT_EQ(be->import_frame(0, fd, size, &f), ok) << last_error();
+  ::close(fd);
+  frames.push_back(f);
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(creator, &wstatus, 0), creator);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "creator status " << wstatus;
+  const device_ptr va = reserve(size);
+  map_rw(va, size, f);
+  expect_bytes(va, size, 61);
+
+  // Exported again from the import, to a third process: it reads 61 and writes 62.
+  int again = -1;
+  ASSERT_EQ(be->export_frame(f, &again), ok) << last_error();
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  pid_t third = -1;
+  spawn_importer(sv[1], "61", nullptr, &third);
+  ::close(sv[1]);
+  ASSERT_EQ(send_fd(sv[0], again, "frame", 5), ok) << last_error();
+  ::close(again);
+  char reply[512] = {};
+  int none = -1;
+  ASSERT_EQ(recv_fd(sv[0], &none, reply, sizeof reply - 1, &len), ok) << last_error();
+  ::close(sv[0]);
+  ASSERT_EQ(::waitpid(third, &wstatus, 0), third);
+  EXPECT_STREQ(reply, "ok");
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "third process status " << wstatus;
+  expect_bytes(va, size, 62);
+}
+
 // --- bad arguments: a clear error, and nothing changed ------------------------------------
 
 

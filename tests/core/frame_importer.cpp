@@ -1,10 +1,14 @@
 // Child process of the conformance suite's cross-process test (spawned, never forked, so
 // that it initializes the backend itself, as a real client would).
 //
-// usage: frame_importer <host|cuda> <socket-fd> <frame-bytes> <seed>
+// usage: frame_importer <host|cuda> <socket-fd> <frame-bytes> <seed> [create]
 // Receives one frame descriptor over the socket, imports and maps it, checks that every
 // byte equals fill_random(seed), overwrites it with fill_random(seed + 1), synchronizes and
 // answers "ok" (or "error: <what>") on the socket.
+// With "create" it is the frame's creator instead: creates a frame, fills it with
+// fill_random(seed), sends its exported descriptor on the socket, releases everything and
+// exits, so that the frame lives on only in the receiver's import (how a pool server that
+// stopped leaves its frames to its clients).
 #include <unistd.h>
 
 #include <cstdio>
@@ -35,8 +39,8 @@ void check(int rc, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: %s <host|cuda> <socket-fd> <frame-bytes> <seed>\n", argv[0]);
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: %s <host|cuda> <socket-fd> <frame-bytes> <seed> [create]\n", argv[0]);
     return 64;
   }
   sock = std::atoi(argv[2]);
@@ -45,6 +49,32 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<backend> be;
   check(make_backend(std::string(argv[1]) == "cuda" ? backend_kind::cuda : backend_kind::host, &be), "make_backend");
+
+  if (argc == 6 && std::string(argv[5]) == "create") {
+    frame_id made = 0;
+    check(be->create_frame(0, size, &made), "create_frame");
+    device_ptr mva = 0;
+    check(be->reserve(0, size, 0, &mva), "reserve");
+    check(be->map(mva, size, made, 0), "map");
+    check(be->set_access(mva, size, access_flags::read_write), "set_access");
+    void* src = nullptr;
+    check(be->host_alloc(size, &src), "host_alloc");
+    test::fill_random(src, size, seed);
+    stream_id cs = 0;
+    check(be->stream_create(0, &cs), "stream_create");
+    check(be->copy_h2d(mva, src, size, cs), "copy_h2d");
+    check(be->stream_synchronize(cs), "stream_synchronize");
+    int out = -1;
+    check(be->export_frame(made, &out), "export_frame");
+    check(send_fd(sock, out, "frame", 5), "send_fd");
+    ::close(out);
+    check(be->stream_destroy(cs), "stream_destroy");
+    check(be->unmap(mva, size), "unmap");
+    check(be->release_frame(made), "release_frame");
+    check(be->unreserve(mva, size), "unreserve");
+    check(be->host_free(src), "host_free");
+    return 0;  // and with the process goes its context: the frame is the receiver's alone
+  }
 
   int fd = -1;
   char tag[16];

@@ -116,6 +116,7 @@ class deployment {
 
   const std::string& dir() const noexcept { return dir_; }
   const std::string& key() const noexcept { return key_; }
+  const std::string& prefix() const noexcept { return prefix_; }
 
  private:
   std::string key_, prefix_, dir_;
