@@ -30,6 +30,8 @@ static_assert(sizeof k_table / sizeof k_table[0] == static_cast<size_t>(option_i
 
 constexpr other_variable k_other[] = {
     {"VRAMSWAP_TORCH", "the Python package (1: vramswap.torch.enable() at import)"},
+    {"VRAMSWAP_NO_GPU_NOTED", "the library: set by the first process of a process tree that warned it found no GPU "
+                              "(its pid), so that the processes it starts do not warn again; set it to silence that warning"},
     {"VRAMSWAP_PRELOAD_BACKTRACE", "libvramswap_preload.so (1: print the native stack on a crash)"},
     {"VRAMSWAP_TEST_SERVER", "the Python tests (the vramswapd they start)"},
     {"VRAMSWAP_TEST_BACKEND", "the multi-process C++ tests (cuda on a GPU run)"},

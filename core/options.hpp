@@ -54,8 +54,9 @@ constexpr option_form percent_form(const char* percent_of) {
 #define VRAMSWAP_OPTIONS(X)                                                                     \
   X(backend, "VRAMSWAP_BACKEND", "auto", choice_form("host|cuda|auto"),                          \
     "backend: host | cuda | auto (cuda where a GPU is usable, else host)")                       \
-  X(log_level, "VRAMSWAP_LOG", "info", choice_form("error|warn|info|debug"),                     \
-    "log level: error | warn | info | debug")                                                    \
+  X(log_level, "VRAMSWAP_LOG", "warn", choice_form("error|warn|info|debug"),                     \
+    "log level: error | warn | info | debug. Unset: warn in programs that use the library (and "  \
+    "the vramswap command), info in vramswapd, whose log is a file of its own")                  \
   X(host_devices, "VRAMSWAP_HOST_DEVICES", "1", count_form(1, 64),                               \
     "number of emulated devices of the host backend")                                           \
   X(host_device_memory, "VRAMSWAP_HOST_DEVICE_MEMORY", "4GiB", size_form(1),                     \
