@@ -3,6 +3,7 @@
 //   vramswap status [--json | --prometheus] [--device KEY]
 //   vramswap trace --out FILE [--seconds N] [--device KEY]
 //   vramswap config [--markdown]
+//   vramswap release-request --device KEY
 //   vramswap --version
 //
 // status  per device: the pool (size, free frames), the lock's holder (pid, command, held
@@ -16,6 +17,9 @@
 //         and ui.perfetto.dev open.
 // config  every VRAMSWAP_* setting in effect, with its source; --markdown prints the
 //         configuration reference instead (cli/config_reference.hpp).
+// release-request  asks the process that holds a device's lock to release it: a flag in its
+//         lock slot that its library logs and reports (vramswap.release_requested()).
+//         Advisory (docs/concepts.md, "Fair turns").
 //
 // Devices are found by their pool segments in the runtime dir under VRAMSWAP_SHM_PREFIX; nothing
 // here initializes CUDA or any backend. Exit: 0 ok, 1 failure (the reason is printed), 2
@@ -43,7 +47,9 @@
 #include "pool/pool_layout.hpp"
 #include "pool/pool_report.hpp"
 #include "pool/pool_segment.hpp"
+#include "lock/device_lock.hpp"
 #include "lock/process_identity.hpp"
+#include "lock/shared_segment.hpp"
 #include "vramswap/version.hpp"
 
 namespace {
@@ -54,6 +60,7 @@ void usage(FILE* out) {
                "usage: vramswap status [--json | --prometheus] [--device KEY]\n"
                "       vramswap trace --out FILE [--seconds N] [--device KEY]\n"
                "       vramswap config [--markdown]\n"
+               "       vramswap release-request --device KEY\n"
                "       vramswap --version\n"
                "\n"
                "status   who holds each device, who waits and why, and what each process has where:\n"
@@ -66,6 +73,8 @@ void usage(FILE* out) {
                "config   every VRAMSWAP_* setting in effect here: its value and whether it came from the\n"
                "         environment or is the default; a bad value is marked (exit 1). --markdown: the\n"
                "         configuration reference (docs/configuration.md) instead.\n"
+               "release-request  ask the process that holds device KEY's lock to release it (it is\n"
+               "         logged there, and vramswap.release_requested() says so); nothing is taken from it.\n"
                "--device KEY   only this device (\"host-0\", \"GPU-...\"); default: every device with a pool\n"
                "\n"
                "Environment: VRAMSWAP_SHM_PREFIX selects the deployment. See docs/observability.md.\n");
@@ -379,6 +388,59 @@ int cmd_config(int argc, char** argv) {
   return valid ? 0 : 1;
 }
 
+// --- release-request ---------------------------------------------------------------------
+
+// Ask the holder of one device's lock to release it (device_lock::request_release). Kept to
+// one function, its own argument parsing included.
+int cmd_release_request(int argc, char** argv) {
+  std::string device;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--device" && i + 1 < argc) {
+      device = argv[++i];
+    } else if (a.rfind("--device=", 0) == 0) {
+      device = a.substr(9);
+    } else {
+      std::fprintf(stderr, "vramswap release-request: bad argument \"%s\"\n\n", a.c_str());
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (device.empty()) {
+    std::fprintf(stderr, "vramswap release-request: --device KEY is required (\"host-0\", \"GPU-...\"; `vramswap status` "
+                 "lists them)\n");
+    return 2;
+  }
+  std::string path;
+  if (shared_segment::path_for(device, /*create_dir=*/false, &path) != ok) {
+    std::fprintf(stderr, "vramswap release-request: %s\n", last_error());
+    return 1;
+  }
+  if (::access(path.c_str(), F_OK) != 0) {  // an observer never creates a lock
+    std::fprintf(stderr, "vramswap release-request: device %s has no lock segment (%s): nobody uses it under this "
+                 "VRAMSWAP_SHM_PREFIX and runtime dir; `vramswap status` lists the devices in use\n", device.c_str(),
+                 path.c_str());
+    return 1;
+  }
+  device_lock lock;
+  release_request_result r;
+  if (device_lock::open(device, &lock) != ok || lock.request_release(&r) != ok) {
+    std::fprintf(stderr, "vramswap release-request: %s\n", last_error());
+    return 1;
+  }
+  if (!r.held) {
+    std::printf("device %s: nobody holds its lock; nothing to ask\n", device.c_str());
+    return 0;
+  }
+  char who[192];
+  describe_process_in(r.pid, r.pid_ns, who, sizeof who);
+  std::printf("device %s: %s %s to release the lock, held for %.1f s%s. The request is advisory: the process logs it and "
+              "vramswap.release_requested() tells it; nothing is taken from it\n",
+              device.c_str(), r.already_asked ? "already asked" : "asked", who, static_cast<double>(r.held_ns) / 1e9,
+              r.over_limit_since_ns != 0 ? ", past its VRAMSWAP_MAX_HOLD" : "");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -392,7 +454,7 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   if (cmd == "config") return cmd_config(argc - 2, argv + 2);
-  if (cmd == "status" || cmd == "trace") {
+  if (cmd == "status" || cmd == "trace" || cmd == "release-request") {
     // The same settings as the library's (VRAMSWAP_SHM_PREFIX picks the deployment): a bad
     // one is an error here too, rather than a report on some other deployment.
     if (vramswap::detail::validate_options() != vramswap::detail::ok) {
@@ -402,6 +464,7 @@ int main(int argc, char** argv) {
   }
   if (cmd == "status") return cmd_status(argc - 2, argv + 2);
   if (cmd == "trace") return cmd_trace(argc - 2, argv + 2);
+  if (cmd == "release-request") return cmd_release_request(argc - 2, argv + 2);
   std::fprintf(stderr, "vramswap: unknown command \"%s\"\n\n", cmd.c_str());
   usage(stderr);
   return 2;

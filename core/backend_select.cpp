@@ -1,4 +1,7 @@
 // Which backend a process uses: VRAMSWAP_BACKEND=host|cuda|auto, decided once.
+#include <unistd.h>
+
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -8,6 +11,33 @@
 #include "core/status.hpp"
 
 namespace vramswap::detail {
+
+namespace {
+
+// Set in the environment by the first process of a process tree that said it found no GPU,
+// so that the processes it starts (fork, fork and exec, Python's multiprocessing and
+// DataLoader workers) inherit it and do not say it again: a job of many processes says it
+// once. Its value is the pid that said it.
+constexpr const char* k_no_gpu_noted = "VRAMSWAP_NO_GPU_NOTED";
+
+// Say once per process tree that there is no usable GPU; later processes of the tree (and
+// this one, should it choose again) log it at info.
+void say_no_gpu(const std::string& why) {
+  const char* noted = std::getenv(k_no_gpu_noted);
+  if (noted != nullptr && *noted != '\0') {
+    log(log_level::info, "backend host: no usable GPU (%s); said once per process tree, by pid %s", why.c_str(), noted);
+    return;
+  }
+  log(log_level::warn,
+      "no usable GPU (%s): using the host backend, which emulates a GPU in host memory (VRAMSWAP_BACKEND=host chooses "
+      "it without this warning). Said once for this process and the processes it starts",
+      why.c_str());
+  // setenv while other threads may read the environment is a risk we take once per process
+  // tree, at the first session: the variable is how the children hear of it.
+  ::setenv(k_no_gpu_noted, std::to_string(::getpid()).c_str(), 1);
+}
+
+}  // namespace
 
 int make_backend(backend_kind kind, std::unique_ptr<backend>* out) {
   switch (kind) {
@@ -43,7 +73,7 @@ int select_backend(const std::string& text, std::unique_ptr<backend>* out) {
     if (rc != err_unavailable) return rc;
     const std::string why = last_error();
     VS_TRY(make_backend(backend_kind::host, out));
-    log(log_level::info, "backend host: no usable GPU (%s)", why.c_str());
+    say_no_gpu(why);
     return ok;
   }
   return fail(err_invalid_argument, "VRAMSWAP_BACKEND=\"%s\" is not one of host, cuda, auto", text.c_str());

@@ -31,9 +31,24 @@ int prefix(char* line, size_t size) noexcept {
   return std::snprintf(line, size, "%s.%06ldZ vramswap[%d] dev %s ", when, ts.tv_nsec / 1000, static_cast<int>(getpid()), dev);
 }
 
-// VRAMSWAP_LOG's level; *bad_text is set to the value when it is none of the levels.
+const char* level_name(log_level level) noexcept {
+  switch (level) {
+    case log_level::error: return "error";
+    case log_level::warn: return "warn";
+    case log_level::info: return "info";
+    case log_level::debug: return "debug";
+  }
+  return "?";
+}
+
+std::atomic<int> g_default_level{static_cast<int>(log_level::warn)};
+
+// VRAMSWAP_LOG's level, or the process's default when it is unset; *bad_text is set to the
+// value when it is none of the levels (the default is used then).
 log_level read_level(std::string* bad_text) noexcept {
+  const auto fallback = static_cast<log_level>(g_default_level.load(std::memory_order_relaxed));
   try {
+    if (option_is_default(option_id::log_level)) return fallback;
     const std::string text = option_text(option_id::log_level);
     if (text == "error") return log_level::error;
     if (text == "warn") return log_level::warn;
@@ -42,7 +57,7 @@ log_level read_level(std::string* bad_text) noexcept {
     *bad_text = text;
   } catch (...) {
   }
-  return log_level::info;
+  return fallback;
 }
 
 // Read once, on the first log call. Not a function-local static: reading VRAMSWAP_LOG may be
@@ -60,22 +75,19 @@ log_level current_level() noexcept {
   if (!bad_text.empty()) {
     char line[160];
     prefix(line, sizeof line);
-    std::fprintf(stderr, "%swarn: VRAMSWAP_LOG=\"%s\" is not one of error|warn|info|debug; using info\n", line, bad_text.c_str());
+    std::fprintf(stderr, "%swarn: VRAMSWAP_LOG=\"%s\" is not one of error|warn|info|debug; using %s\n", line, bad_text.c_str(),
+                 level_name(static_cast<log_level>(read)));
   }
   return static_cast<log_level>(read);
 }
 
-const char* level_name(log_level level) noexcept {
-  switch (level) {
-    case log_level::error: return "error";
-    case log_level::warn: return "warn";
-    case log_level::info: return "info";
-    case log_level::debug: return "debug";
-  }
-  return "?";
-}
 
 }  // namespace
+
+void log_set_default_level(log_level level) noexcept {
+  g_default_level.store(static_cast<int>(level), std::memory_order_relaxed);
+  g_level.store(-1, std::memory_order_release);
+}
 
 void log_set_device(int device) noexcept {
   t_device = device;

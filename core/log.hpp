@@ -5,7 +5,9 @@
 //
 // "dev -" when the line belongs to no device. The level comes from VRAMSWAP_LOG
 // (error | warn | info | debug), read once; a disabled level costs one comparison, and
-// nothing on a hot path logs below debug.
+// nothing on a hot path logs below debug. Unset, it is warn: a program that uses the library
+// hears only what needs its attention. vramswapd, whose log is a file of its own, makes its
+// default info (log_set_default_level).
 #pragma once
 
 namespace vramswap::detail {
@@ -13,6 +15,9 @@ namespace vramswap::detail {
 enum class log_level { error = 0, warn = 1, info = 2, debug = 3 };
 
 bool log_enabled(log_level level) noexcept;
+// The level when VRAMSWAP_LOG is unset (warn unless this is called; vramswapd: info). Call it
+// before the first log line: a level already read is read again.
+void log_set_default_level(log_level level) noexcept;
 // The device this thread's lines are about (-1: none). The first call in a process also
 // sets the default for threads that never call it (a server, a one-device session).
 void log_set_device(int device) noexcept;

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -30,6 +31,8 @@ static_assert(sizeof k_table / sizeof k_table[0] == static_cast<size_t>(option_i
 
 constexpr other_variable k_other[] = {
     {"VRAMSWAP_TORCH", "the Python package (1: vramswap.torch.enable() at import)"},
+    {"VRAMSWAP_NO_GPU_NOTED", "the library: set by the first process of a process tree that warned it found no GPU "
+                              "(its pid), so that the processes it starts do not warn again; set it to silence that warning"},
     {"VRAMSWAP_PRELOAD_BACKTRACE", "libvramswap_preload.so (1: print the native stack on a crash)"},
     {"VRAMSWAP_TEST_SERVER", "the Python tests (the vramswapd they start)"},
     {"VRAMSWAP_TEST_BACKEND", "the multi-process C++ tests (cuda on a GPU run)"},
@@ -176,6 +179,48 @@ const char* count_problem(const char* text, uint64_t min, uint64_t max, uint64_t
   return nullptr;
 }
 
+// Why `text` is not a duration (nullptr when it is one; then *out_ns is set): decimal digits
+// with an optional fraction, directly followed by an optional unit s, m or h (seconds when
+// none); no sign, exponent or blanks.
+const char* duration_problem(const char* text, uint64_t* out_ns) {
+  if (text == nullptr || *text == '\0') return "is empty";
+  const char* p = text;
+  while (std::isdigit(static_cast<unsigned char>(*p))) ++p;
+  if (p == text) return "is not a duration";
+  if (*p == '.') {
+    const char* frac = ++p;
+    while (std::isdigit(static_cast<unsigned char>(*p))) ++p;
+    if (p == frac) return "is not a duration";
+  }
+  const double number = std::strtod(std::string(text, p).c_str(), nullptr);
+  double scale = 1e9;
+  switch (*p) {
+    case 's': ++p; break;
+    case 'm': scale = 60e9; ++p; break;
+    case 'h': scale = 3600e9; ++p; break;
+    default: break;
+  }
+  if (*p != '\0') return *p == ' ' ? "has blanks" : "has trailing characters";
+  const double ns = number * scale;
+  if (!(ns < 18446744073709551615.0)) return "is too large";
+  *out_ns = static_cast<uint64_t>(ns);
+  return nullptr;
+}
+
+// "90 s", "30 min", "7 days": a duration in the largest unit that divides it.
+std::string human_duration(uint64_t ns) {
+  const uint64_t s = ns / 1'000'000'000;
+  if (ns % 1'000'000'000 != 0) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g s", static_cast<double>(ns) / 1e9);
+    return text;
+  }
+  if (s != 0 && s % 86400 == 0) return std::to_string(s / 86400) + " days";
+  if (s != 0 && s % 3600 == 0) return std::to_string(s / 3600) + " h";
+  if (s != 0 && s % 60 == 0) return std::to_string(s / 60) + " min";
+  return std::to_string(s) + " s";
+}
+
 std::string accepted(const option_form& f) {
   switch (f.kind) {
     case option_kind::text: return "any text";
@@ -200,6 +245,9 @@ std::string accepted(const option_form& f) {
       if (f.percent_of != nullptr) s += std::string("; or a percentage of ") + f.percent_of + " (\"50%\")";
       return s;
     }
+    case option_kind::duration:
+      return "a duration: seconds with an optional fraction, or with a unit s, m or h (\"0.5\", \"90s\", \"30m\", \"2h\"), "
+             "at most " + human_duration(f.max);
   }
   return "?";
 }
@@ -224,6 +272,16 @@ int check_size(option_id id, const char* text, uint64_t percent_base, uint64_t* 
     if (f.multiple > 1 && v % f.multiple != 0) return bad_value(id, text, ("is not a multiple of " + human(f.multiple)).c_str());
   }
   *out = v;
+  return ok;
+}
+
+// The duration `text` of option `id`, checked against its form.
+int check_duration(option_id id, const char* text, uint64_t* out_ns) {
+  const option_form& f = describe(id).form;
+  uint64_t ns = 0;
+  if (const char* why = duration_problem(text, &ns)) return bad_value(id, text, why);
+  if (ns < f.min || ns > f.max) return bad_value(id, text, "is out of range");
+  *out_ns = ns;
   return ok;
 }
 
@@ -343,6 +401,25 @@ int option_size(option_id id, uint64_t* out, uint64_t percent_base) {
   return check_size(id, text.c_str(), percent_base, out);
 }
 
+int option_duration_ns(option_id id, uint64_t* out) {
+  const std::string text = option_text(id);
+  return check_duration(id, text.c_str(), out);
+}
+
+int parse_duration_ns(const char* text, uint64_t* out, const char* what) noexcept {
+  try {
+    uint64_t ns = 0;
+    if (const char* why = duration_problem(text, &ns)) {
+      return fail(err_invalid_argument, "%s: \"%s\" %s; expected seconds with an optional fraction, or with a unit s, m or h "
+                  "(\"0.5\", \"90s\", \"30m\", \"2h\")", what, text == nullptr ? "" : text, why);
+    }
+    *out = ns;
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "%s: out of host memory", what);
+  }
+}
+
 int option_uint(option_id id, uint64_t* out) {
   const std::string text = option_text(id);
   const option_form& f = describe(id).form;
@@ -385,6 +462,7 @@ int option_check(option_id id, const char* text) {
       if (const char* why = count_problem(text, d.form.min, d.form.max, &v)) return bad_value(id, text, why);
       return ok;
     case option_kind::size: return check_size(id, text, 1, &v);
+    case option_kind::duration: return check_duration(id, text, &v);
   }
   return ok;
 }

@@ -26,6 +26,7 @@ enum class option_kind : uint8_t {
   flag,    // 0 or 1
   count,   // a whole number in [min, max]
   size,    // bytes with an optional K/M/G/T suffix (or a percentage of `percent_of`)
+  duration,  // seconds with an optional fraction, or with a unit s/m/h; min/max in nanoseconds
 };
 
 struct option_form {
@@ -48,14 +49,17 @@ constexpr option_form size_form(uint64_t min = 0, uint64_t max = UINT64_MAX, uin
 constexpr option_form percent_form(const char* percent_of) {
   return {option_kind::size, nullptr, 0, UINT64_MAX, 0, percent_of};
 }
+constexpr option_form duration_form(uint64_t max_ns) { return {option_kind::duration, nullptr, 0, max_ns}; }
+constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
 
 // X(id, ENV_NAME, default text, form, help). An empty default means "not set": the help says
 // what happens then, and an empty value is accepted.
 #define VRAMSWAP_OPTIONS(X)                                                                     \
   X(backend, "VRAMSWAP_BACKEND", "auto", choice_form("host|cuda|auto"),                          \
     "backend: host | cuda | auto (cuda where a GPU is usable, else host)")                       \
-  X(log_level, "VRAMSWAP_LOG", "info", choice_form("error|warn|info|debug"),                     \
-    "log level: error | warn | info | debug")                                                    \
+  X(log_level, "VRAMSWAP_LOG", "warn", choice_form("error|warn|info|debug"),                     \
+    "log level: error | warn | info | debug. Unset: warn in programs that use the library (and "  \
+    "the vramswap command), info in vramswapd, whose log is a file of its own")                  \
   X(host_devices, "VRAMSWAP_HOST_DEVICES", "1", count_form(1, 64),                               \
     "number of emulated devices of the host backend")                                           \
   X(host_device_memory, "VRAMSWAP_HOST_DEVICE_MEMORY", "4GiB", size_form(1),                     \
@@ -92,6 +96,15 @@ constexpr option_form percent_form(const char* percent_of) {
   X(wait_notice, "VRAMSWAP_WAIT_NOTICE", "10", count_form(0, 86400),                             \
     "seconds a thread waits for the device lock before it logs, once per wait (at warn), who "   \
     "holds it: pid, command, user, and for how long; 0: never. A timeout's error says the same") \
+  X(max_hold, "VRAMSWAP_MAX_HOLD", "0", duration_form(365 * k_ns_per_day),                        \
+    "the longest this process holds a device's lock while others wait: past it, its hold is "   \
+    "flagged (`vramswap status`, the metric vramswap_holder_over_hold_limit), it logs one warning " \
+    "naming who waits, and its next acquire queues behind every waiter that waited for it "      \
+    "(docs/concepts.md, Fair turns); 0: no limit. Advisory: nothing is taken from a holder")      \
+  X(release_signal, "VRAMSWAP_RELEASE_SIGNAL", "", choice_form("SIGINT|SIGTERM|SIGUSR1|SIGUSR2"), \
+    "a signal this process sends itself when an operator asks it to release a device's lock "   \
+    "(`vramswap release-request`) while it holds it, e.g. SIGINT for a KeyboardInterrupt in "    \
+    "Python; empty: none (the request is logged and vramswap.release_requested() says so)")      \
   X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", flag_form(),                                   \
     "1: evict this process's memory at every release")                                           \
   X(strict, "VRAMSWAP_STRICT", "0", flag_form(),                                                 \
@@ -167,6 +180,10 @@ int option_size(option_id id, uint64_t* out, uint64_t percent_base = 0);
 uint64_t physical_ram() noexcept;
 // A count or flag option, in the range of its form.
 int option_uint(option_id id, uint64_t* out);
+// A duration option, in nanoseconds, in the range of its form.
+int option_duration_ns(option_id id, uint64_t* out);
+// Parse a duration: "90", "0.3", "90s", "30m", "1.5h" (seconds unless a unit says otherwise).
+int parse_duration_ns(const char* text, uint64_t* out, const char* what) noexcept;
 
 // What the option accepts, in words ("a whole number from 1 to 4096"), as its errors say it.
 std::string option_accepted(option_id id);

@@ -15,6 +15,8 @@ const char* crash_point_name(crash_point point) noexcept {
     case crash_point::release_slot_freed: return "release_slot_freed";
     case crash_point::timeout_slot_freed: return "timeout_slot_freed";
     case crash_point::recovery_midway: return "recovery_midway";
+    case crash_point::over_limit_marked: return "over_limit_marked";
+    case crash_point::release_request_stored: return "release_request_stored";
     case crash_point::count_: break;
   }
   return "unknown";

@@ -19,6 +19,8 @@ enum class crash_point {
   release_slot_freed,        // release: own slot freed, the next waiter not yet granted
   timeout_slot_freed,        // timed-out acquire: own slot freed, hints not yet updated
   recovery_midway,           // recovery: dead slots reaped, hints not yet recomputed
+  over_limit_marked,         // a hold marked past its limit, mutex still held
+  release_request_stored,    // release request: the asker recorded, the request time not yet stored
   count_
 };
 

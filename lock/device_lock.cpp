@@ -1,5 +1,6 @@
 #include "lock/device_lock.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,99 @@ bool valid_priority(lock_priority p) { return p == lock_priority::normal || p ==
 bool served_before(const waiter_slot& a, const waiter_slot& b) {
   if (a.priority != b.priority) return a.priority > b.priority;
   return a.ticket < b.ticket;
+}
+
+// The waiting slot among slots[0, end) to grant now: the best by served_before, unless that
+// one carries a penalty (behind_ticket) while a slot that waited for it still waits; then
+// the best of those instead, by the same rule again. Each substitute has a lower ticket than
+// the slot it stands in for, so the choice ends, at a slot that is granted. Relaxed reads:
+// under the mutex this is the decision, without it a hint.
+uint32_t choose_next(const waiter_slot* slots, uint32_t end) {
+  uint32_t best = k_no_slot;
+  for (uint32_t i = 0; i < end; ++i) {
+    if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
+    if (best == k_no_slot || served_before(slots[i], slots[best])) best = i;
+  }
+  while (best != k_no_slot) {
+    const uint64_t behind = slots[best].behind_ticket.load(std::memory_order_relaxed);
+    if (behind == 0) break;
+    const uint64_t below = std::min(behind, slots[best].ticket.load(std::memory_order_relaxed));
+    uint32_t substitute = k_no_slot;
+    for (uint32_t i = 0; i < end; ++i) {
+      if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
+      if (slots[i].ticket.load(std::memory_order_relaxed) >= below) continue;
+      if (substitute == k_no_slot || served_before(slots[i], slots[substitute])) substitute = i;
+    }
+    if (substitute == k_no_slot) break;
+    best = substitute;
+  }
+  return best;
+}
+
+// "0.30 s", "12.5 s", "2.0 h": a duration for messages.
+void format_duration(uint64_t ns, char* buf, size_t size) {
+  const double s = static_cast<double>(ns) / 1e9;
+  if (s < 10) {
+    std::snprintf(buf, size, "%.2f s", s);
+  } else if (s < 120) {
+    std::snprintf(buf, size, "%.1f s", s);
+  } else if (s < 7200) {
+    std::snprintf(buf, size, "%.1f min", s / 60);
+  } else {
+    std::snprintf(buf, size, "%.1f h", s / 3600);
+  }
+}
+
+// Up to four waiters, copied from the slots (under the mutex, so that no /proc read happens
+// there) and described after it: "pid 12 (python3) of uid 1000, waiting 3.2 s, ...".
+struct waiter_list {
+  struct entry {
+    pid_t pid;
+    uint64_t pid_ns;
+    uint32_t uid;
+    uint64_t enqueue_ns;
+  } first[4];
+  uint32_t shown = 0;
+  uint32_t count = 0;
+
+  void collect(const waiter_slot* slots, uint32_t end) {
+    for (uint32_t i = 0; i < end; ++i) {
+      if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
+      if (shown < 4) {
+        first[shown++] = {__atomic_load_n(&slots[i].pid, __ATOMIC_RELAXED), __atomic_load_n(&slots[i].pid_ns, __ATOMIC_RELAXED),
+                          __atomic_load_n(&slots[i].uid, __ATOMIC_RELAXED), __atomic_load_n(&slots[i].enqueue_ns, __ATOMIC_RELAXED)};
+      }
+      ++count;
+    }
+  }
+
+  void describe(uint64_t now, char* buf, size_t size) const {
+    size_t used = 0;
+    buf[0] = '\0';
+    char who[192], waited[32];
+    for (uint32_t i = 0; i < shown; ++i) {
+      describe_process_in(first[i].pid, first[i].pid_ns, who, sizeof who);
+      std::string owner;
+      try {
+        owner = describe_uid(first[i].uid);
+      } catch (...) {  // out of memory: the uid's name is a nicety
+      }
+      format_duration(now > first[i].enqueue_ns ? now - first[i].enqueue_ns : 0, waited, sizeof waited);
+      const int n = std::snprintf(buf + used, size - used, "%s%s%s%s, waiting %s", i == 0 ? "" : "; ", who,
+                                  owner.empty() ? "" : " of ", owner.c_str(), waited);
+      if (n < 0 || static_cast<size_t>(n) >= size - used) return;
+      used += static_cast<size_t>(n);
+    }
+    if (count > shown) std::snprintf(buf + used, size - used, "; and %u more", count - shown);
+  }
+};
+
+int signal_of(const std::string& name) {
+  if (name == "SIGINT") return SIGINT;
+  if (name == "SIGTERM") return SIGTERM;
+  if (name == "SIGUSR1") return SIGUSR1;
+  if (name == "SIGUSR2") return SIGUSR2;
+  return 0;
 }
 
 // Fold the hold that ends at `now` into the moving averages (weight 1/4 for the newest).
@@ -102,8 +196,15 @@ device_lock& device_lock::operator=(device_lock&& other) noexcept {
   device_key_ = std::move(other.device_key_);
   holder_pid_.store(other.holder_pid_.load());
   holder_tid_.store(other.holder_tid_.load());
-  holder_slot_ = other.holder_slot_;
+  holder_slot_.store(other.holder_slot_.load());
   depth_ = other.depth_;
+  max_hold_ns_ = other.max_hold_ns_;
+  release_signal_ = other.release_signal_;
+  penalty_behind_.store(other.penalty_behind_.load());
+  hold_ticket_.store(other.hold_ticket_.load());
+  warned_over_ticket_.store(other.warned_over_ticket_.load());
+  told_release_ticket_.store(other.told_release_ticket_.load());
+  other.penalty_behind_.store(0);
   other.holder_pid_.store(0);
   other.holder_tid_.store(0);
   other.depth_ = 0;
@@ -114,10 +215,24 @@ int device_lock::open(const std::string& device_key, device_lock* out) noexcept 
   if (out == nullptr) return fail(err_invalid_argument, "device_lock::open: out is null");
   process_identity me{};
   VS_TRY(current_process(&me));
+  uint64_t max_hold_ns = 0;
+  VS_TRY(add_context(option_duration_ns(option_id::max_hold, &max_hold_ns), "device_lock::open(%s): ", device_key.c_str()));
+  std::string release_signal;
+  try {
+    release_signal = option_text(option_id::release_signal);
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "device_lock::open: out of host memory");
+  }
+  if (!release_signal.empty() && signal_of(release_signal) == 0) {
+    VS_TRY(add_context(option_check(option_id::release_signal, release_signal.c_str()), "device_lock::open(%s): ",
+                       device_key.c_str()));
+  }
   std::unique_ptr<shared_segment> segment;
   VS_TRY(shared_segment::open(device_key, &segment));
   device_lock opened;
   opened.segment_ = std::move(segment);
+  opened.max_hold_ns_ = max_hold_ns;
+  opened.release_signal_ = signal_of(release_signal);
   try {
     opened.device_key_ = device_key;
   } catch (const std::bad_alloc&) {
@@ -243,6 +358,15 @@ void device_lock::describe_queue(uint32_t priority, uint64_t ticket, char* buf, 
     const uint64_t granted = st->holder_slot.load(std::memory_order_relaxed) == holder
                                  ? st->holder_granted_ns.load(std::memory_order_relaxed) : 0;
     if (granted != 0 && granted < now) appendf(buf, size, &used, " for %.3f s", static_cast<double>(now - granted) / 1e9);
+    const uint64_t over = slots[holder].over_limit_since_ns.load(std::memory_order_relaxed);
+    if (over != 0) {
+      char limit[32];
+      format_duration(slots[holder].max_hold_ns.load(std::memory_order_relaxed), limit, sizeof limit);
+      appendf(buf, size, &used, ", past its VRAMSWAP_MAX_HOLD of %s", limit);
+    }
+    if (slots[holder].release_requested_ns.load(std::memory_order_relaxed) != 0) {
+      appendf(buf, size, &used, ", asked to release it");
+    }
     if (visible_here(pid_ns) && is_stopped_state(process_state(pid))) {
       appendf(buf, size, &used, " (kill -CONT %d resumes it)", static_cast<int>(pid));
     }
@@ -379,26 +503,24 @@ uint32_t device_lock::dispatch_locked() noexcept {
   lock_state* st = lock_state_of(segment_->base());
   waiter_slot* slots = slots_of(segment_->base());
   uint32_t best = k_no_slot;
+  const uint64_t now = monotonic_ns();
   for (;;) {
-    best = k_no_slot;
-    const uint32_t end = std::min(st->slot_high_water.load(), k_slot_count);
-    for (uint32_t i = 0; i < end; ++i) {
-      if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
-      if (best == k_no_slot || served_before(slots[i], slots[best])) best = i;
-    }
+    best = choose_next(slots, std::min(st->slot_high_water.load(), k_slot_count));
     if (best == k_no_slot) return k_no_slot;
-    // Order: tell the grantee about a dead predecessor, then grant (the state change is the
-    // grant), then fix the hints, then forget the death. A compare-and-swap, because a
-    // waiter leaves without the mutex (withdraw): if it just left, choose again.
+    // Order: tell the grantee about a dead predecessor and when its hold begins, then grant
+    // (the state change is the grant), then fix the hints, then forget the death. A
+    // compare-and-swap, because a waiter leaves without the mutex (withdraw): if it just
+    // left, choose again.
     slots[best].dead_holder_pid_ns = st->dead_holder_pid_ns;
     slots[best].dead_holder_pid = st->dead_holder_pid;
+    slots[best].granted_ns.store(now, std::memory_order_relaxed);
     uint32_t expected = slot_waiting;
     if (slots[best].state.compare_exchange_strong(expected, slot_holding, std::memory_order_acq_rel)) break;
   }
   waiter_slot& next = slots[best];
   at_crash_point(crash_point::grant_state_stored);
   st->holder_slot = best;
-  st->holder_granted_ns.store(monotonic_ns(), std::memory_order_relaxed);
+  st->holder_granted_ns.store(now, std::memory_order_relaxed);
   if (st->waiter_count > 0) --st->waiter_count;
   st->dead_holder_pid = 0;
   at_crash_point(crash_point::grant_before_wake);
@@ -428,6 +550,7 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
     std::unique_ptr<shared_segment> own;
     VS_TRY(shared_segment::open(device_key_, &own));
     segment_ = std::move(own);
+    penalty_behind_.store(0);  // the parent's long hold is not the child's
   }
   process_identity me{};
   VS_TRY(current_process(&me));
@@ -485,6 +608,17 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
   slot.enqueue_ns = start_ns;
   slot.dead_holder_pid = 0;
   slot.dead_holder_pid_ns = 0;
+  // A penalty from our last hold; one above our own ticket is left from a segment that was
+  // removed and made anew since, and means nothing here.
+  const uint64_t penalty = penalty_behind_.load(std::memory_order_relaxed);
+  slot.max_hold_ns.store(max_hold_ns_, std::memory_order_relaxed);
+  slot.behind_ticket.store(penalty <= slot.ticket ? penalty : 0, std::memory_order_relaxed);
+  slot.granted_ns.store(0, std::memory_order_relaxed);
+  slot.over_limit_since_ns.store(0, std::memory_order_relaxed);
+  slot.release_requested_ns.store(0, std::memory_order_relaxed);
+  slot.release_requester_pid.store(0, std::memory_order_relaxed);
+  slot.release_requester_pid_ns.store(0, std::memory_order_relaxed);
+  slot.release_requester_uid.store(0, std::memory_order_relaxed);
   at_crash_point(crash_point::enqueue_slot_filled);
   slot.state.store(slot_waiting, std::memory_order_release);
   ++st->waiter_count;
@@ -507,8 +641,12 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
 
   VS_TRY(wait_for_grant(mine, start_ns, timeout_ns, deadline));
 
-  holder_slot_ = mine;
+  holder_slot_.store(mine, std::memory_order_relaxed);
+  hold_ticket_.store(my_ticket, std::memory_order_release);
   depth_ = 1;
+  // The penalty is spent by this grant (unless a later long hold has set a new one).
+  uint64_t spent = penalty;
+  if (spent != 0) penalty_behind_.compare_exchange_strong(spent, 0, std::memory_order_relaxed);
   holder_pid_.store(me.pid, std::memory_order_relaxed);
   holder_tid_.store(tid, std::memory_order_relaxed);
   const uint64_t waited_ns = monotonic_ns() - start_ns;
@@ -608,6 +746,8 @@ void device_lock::liveness_tick(uint64_t deadline_ns) noexcept {
   if (now - st->last_liveness_scan_ns >= static_cast<uint64_t>(k_liveness_poll_ns)) {
     st->last_liveness_scan_ns = now;
     repair_locked();
+    // We wait: a holder past its limit is marked now, whether or not its process looks.
+    note_over_limit_locked(st->holder_slot.load(std::memory_order_relaxed), now);
   }
   unlock_mutex();
 }
@@ -637,7 +777,9 @@ int device_lock::release() noexcept {
     return ok;
   }
   lock_state* st = lock_state_of(segment_->base());
-  waiter_slot& slot = slots_of(segment_->base())[holder_slot_];
+  waiter_slot* slots = slots_of(segment_->base());
+  const uint32_t mine = holder_slot_.load(std::memory_order_relaxed);
+  waiter_slot& slot = slots[mine];
   const bool ours = slot.pid == me.pid && slot.tid == tid && slot.pid_start_time == me.start_time;
   const int mrc = lock_mutex(monotonic_ns() + static_cast<uint64_t>(k_release_mutex_ns));
   if (mrc == err_timeout && ours) {
@@ -646,10 +788,13 @@ int device_lock::release() noexcept {
     // recomputes the hints and grants the next waiter.
     const std::string why = last_error();
     forget_holding();
+    if (slot.over_limit_since_ns.load(std::memory_order_relaxed) != 0) {
+      penalty_behind_.store(__atomic_load_n(&st->next_ticket, __ATOMIC_RELAXED), std::memory_order_relaxed);
+    }
     uint32_t expected = slot_holding;
     if (slot.state.compare_exchange_strong(expected, slot_free, std::memory_order_acq_rel)) {
       at_crash_point(crash_point::release_slot_freed);
-      let_go_of_lease(holder_slot_);
+      let_go_of_lease(mine);
     }
     log(log_level::warn, "lock: released %s without handing it on (%s); the next waiter is granted once that mutex is free",
         segment_->name().c_str(), why.c_str());
@@ -659,24 +804,49 @@ int device_lock::release() noexcept {
   if (slot.state.load(std::memory_order_relaxed) != slot_holding || !ours) {
     unlock_mutex();
     forget_holding();
-    let_go_of_lease(holder_slot_);
+    let_go_of_lease(mine);
     return fail(err_internal,
                 "device_lock::release: %s no longer records thread %d as its holder (the segment was removed "
                 "and recreated, or reset); nothing was released",
                 segment_->name().c_str(), tid);
   }
+  // Fair turns: a hold past its limit while others waited (marked now if nobody has yet)
+  // puts this process behind every one of them still waiting at its next acquire: they all
+  // have tickets below the counter's value now.
+  const uint64_t now = monotonic_ns();
+  const uint64_t over_since = note_over_limit_locked(mine, now);
+  const uint64_t ticket = slot.ticket.load(std::memory_order_relaxed);
+  const uint64_t held_ns = now - std::min(now, slot.granted_ns.load(std::memory_order_relaxed));
+  waiter_list waiters;
+  if (over_since != 0) {
+    penalty_behind_.store(st->next_ticket, std::memory_order_relaxed);
+    if (warned_over_ticket_.load(std::memory_order_relaxed) != ticket) {
+      waiters.collect(slots, std::min(st->slot_high_water.load(), k_slot_count));
+    }
+  }
   // Forget first: once the slot is freed, another thread of this process may be granted
   // the lock through this same object and write these fields itself.
   forget_holding();
-  const uint32_t freed = holder_slot_;
   slot.state.store(slot_free, std::memory_order_release);
   at_crash_point(crash_point::release_slot_freed);
   st->holder_slot = k_no_slot;
-  const uint64_t held_ns = record_hold(st, monotonic_ns());
+  const uint64_t recorded_ns = record_hold(st, now);
   if (st->waiter_count > 0) dispatch_locked();
   unlock_mutex();
-  let_go_of_lease(freed);
-  if (held_ns != 0) turns_of(segment_->base())->hold.observe(held_ns);
+  let_go_of_lease(mine);
+  if (recorded_ns != 0) turns_of(segment_->base())->hold.observe(recorded_ns);
+  uint64_t unwarned = warned_over_ticket_.load(std::memory_order_relaxed);
+  if (over_since != 0 && unwarned != ticket && warned_over_ticket_.compare_exchange_strong(unwarned, ticket)) {
+    // Not said while holding (no safe point came): say it now, once.
+    char held[32], limit[32], who[1024];
+    format_duration(held_ns, held, sizeof held);
+    format_duration(max_hold_ns_, limit, sizeof limit);
+    waiters.describe(now, who, sizeof who);
+    log(log_level::warn,
+        "lock: this process held %s for %s, past its VRAMSWAP_MAX_HOLD of %s, while others waited (%u waiting at its release%s%s); "
+        "its next acquire queues behind them (docs/concepts.md, Fair turns)",
+        segment_->name().c_str(), held, limit, waiters.count, waiters.count > 0 ? ": " : "", who);
+  }
   return ok;
 }
 
@@ -692,14 +862,7 @@ void device_lock::announce_release() noexcept {
 
 uint32_t device_lock::next_in_line() const noexcept {
   const lock_state* st = lock_state_of(segment_->base());
-  const waiter_slot* slots = slots_of(segment_->base());
-  uint32_t best = k_no_slot;
-  const uint32_t end = std::min(st->slot_high_water.load(), k_slot_count);
-  for (uint32_t i = 0; i < end; ++i) {
-    if (slots[i].state.load(std::memory_order_acquire) != slot_waiting) continue;
-    if (best == k_no_slot || served_before(slots[i], slots[best])) best = i;
-  }
-  return best;
+  return choose_next(slots_of(segment_->base()), std::min(st->slot_high_water.load(), k_slot_count));
 }
 
 device_lock::hold_stats device_lock::holds() const noexcept {
@@ -759,8 +922,13 @@ int device_lock::snapshot(std::vector<lock_queue_entry>* out, int64_t wait_ns) n
   for (uint32_t i = 0; i < k_slot_count; ++i) {
     const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
     if (state != slot_waiting && state != slot_holding) continue;
+    const bool holding = state == slot_holding;
     out->push_back({slots[i].pid, slots[i].tid, static_cast<lock_priority>(slots[i].priority.load()), slots[i].ticket.load(),
-                    state == slot_holding, slots[i].enqueue_ns, slots[i].pid_ns});
+                    holding, slots[i].enqueue_ns, slots[i].pid_ns, slots[i].max_hold_ns.load(std::memory_order_relaxed),
+                    holding ? 0 : slots[i].behind_ticket.load(std::memory_order_relaxed),
+                    holding ? slots[i].granted_ns.load(std::memory_order_relaxed) : 0,
+                    holding ? slots[i].over_limit_since_ns.load(std::memory_order_relaxed) : 0,
+                    holding ? slots[i].release_requested_ns.load(std::memory_order_relaxed) : 0});
   }
   unlock_mutex();
   std::sort(out->begin(), out->end(), [](const lock_queue_entry& a, const lock_queue_entry& b) {
@@ -768,6 +936,160 @@ int device_lock::snapshot(std::vector<lock_queue_entry>* out, int64_t wait_ns) n
     if (a.priority != b.priority) return a.priority > b.priority;
     return a.ticket < b.ticket;
   });
+  return ok;
+}
+
+// --- fair turns -------------------------------------------------------------------------
+
+uint64_t device_lock::note_over_limit_locked(uint32_t holder, uint64_t now) noexcept {
+  if (holder >= k_slot_count) return 0;
+  lock_state* st = lock_state_of(segment_->base());
+  waiter_slot* slots = slots_of(segment_->base());
+  waiter_slot& h = slots[holder];
+  if (h.state.load(std::memory_order_relaxed) != slot_holding) return 0;
+  const uint64_t marked = h.over_limit_since_ns.load(std::memory_order_relaxed);
+  if (marked != 0) return marked;
+  const uint64_t limit = h.max_hold_ns.load(std::memory_order_relaxed);
+  const uint64_t granted = h.granted_ns.load(std::memory_order_relaxed);
+  if (limit == 0 || granted == 0 || now < granted || now - granted < limit) return 0;
+  // Past the limit; since when did someone wait? (The earliest waiter now: one that gave up
+  // meanwhile no longer counts.)
+  uint64_t first_wait = UINT64_MAX;
+  const uint32_t end = std::min(st->slot_high_water.load(), k_slot_count);
+  for (uint32_t i = 0; i < end; ++i) {
+    if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
+    first_wait = std::min(first_wait, slots[i].enqueue_ns);
+  }
+  if (first_wait == UINT64_MAX) return 0;
+  const uint64_t since = std::min(now, std::max(granted + limit, first_wait));
+  h.over_limit_since_ns.store(since, std::memory_order_release);
+  at_crash_point(crash_point::over_limit_marked);
+  return since;
+}
+
+bool device_lock::holder_over_hold_limit(uint64_t* since_ns) const noexcept {
+  if (segment_ == nullptr) return false;
+  const lock_state* st = lock_state_of(segment_->base());
+  const waiter_slot* slots = slots_of(segment_->base());
+  const uint32_t h = st->holder_slot.load(std::memory_order_relaxed);
+  if (h >= k_slot_count || slots[h].state.load(std::memory_order_acquire) != slot_holding) return false;
+  const uint64_t since = slots[h].over_limit_since_ns.load(std::memory_order_acquire);
+  if (since == 0) return false;
+  if (since_ns != nullptr) *since_ns = since;
+  return true;
+}
+
+hold_check device_lock::check_hold() noexcept {
+  hold_check out;
+  if (segment_ == nullptr || !segment_->opened_in_this_process()) return out;
+  process_identity me{};
+  if (current_process(&me) != ok || holder_pid_.load(std::memory_order_acquire) != me.pid) return out;
+  const uint32_t mine = holder_slot_.load(std::memory_order_relaxed);
+  const uint64_t ticket = hold_ticket_.load(std::memory_order_acquire);
+  if (mine >= k_slot_count) return out;
+  lock_state* st = lock_state_of(segment_->base());
+  waiter_slot* slots = slots_of(segment_->base());
+  waiter_slot& slot = slots[mine];
+  const uint64_t now = monotonic_ns();
+  // Without the mutex first: most checks find nothing new to say.
+  const uint64_t granted = slot.granted_ns.load(std::memory_order_relaxed);
+  out.holding = true;
+  out.max_hold_ns = max_hold_ns_;
+  out.held_ns = granted != 0 && now > granted ? now - granted : 0;
+  out.over_limit_since_ns = slot.over_limit_since_ns.load(std::memory_order_relaxed);
+  out.release_requested = slot.release_requested_ns.load(std::memory_order_relaxed) != 0;
+  const bool may_be_over = out.over_limit_since_ns != 0 ||
+                           (max_hold_ns_ != 0 && out.held_ns >= max_hold_ns_ && st->waiter_count.load(std::memory_order_relaxed) > 0);
+  const bool warn_over = may_be_over && warned_over_ticket_.load(std::memory_order_relaxed) != ticket;
+  const bool tell_request = out.release_requested && told_release_ticket_.load(std::memory_order_relaxed) != ticket;
+  if (!warn_over && !tell_request) return out;
+
+  // Something to say: make sure, under the mutex, that the slot is still this hold, mark it,
+  // and copy what the messages name.
+  if (lock_mutex(now + static_cast<uint64_t>(k_mutex_try_ns)) != ok) return out;  // the next check tries again
+  if (slot.state.load(std::memory_order_relaxed) != slot_holding || slot.ticket.load(std::memory_order_relaxed) != ticket ||
+      slot.pid != me.pid) {
+    unlock_mutex();
+    return hold_check{};  // released meanwhile
+  }
+  out.over_limit_since_ns = note_over_limit_locked(mine, now);
+  waiter_list waiters;
+  waiters.collect(slots, std::min(st->slot_high_water.load(), k_slot_count));
+  const uint64_t asked_ns = slot.release_requested_ns.load(std::memory_order_acquire);
+  const pid_t asker = slot.release_requester_pid.load(std::memory_order_relaxed);
+  const uint64_t asker_ns = slot.release_requester_pid_ns.load(std::memory_order_relaxed);
+  const uint32_t asker_uid = slot.release_requester_uid.load(std::memory_order_relaxed);
+  unlock_mutex();
+
+  char held[32], limit[32], who[1024];
+  format_duration(out.held_ns, held, sizeof held);
+  format_duration(max_hold_ns_, limit, sizeof limit);
+  uint64_t unwarned = warned_over_ticket_.load(std::memory_order_relaxed);
+  if (out.over_limit_since_ns != 0 && unwarned != ticket && warned_over_ticket_.compare_exchange_strong(unwarned, ticket)) {
+    waiters.describe(now, who, sizeof who);
+    log(log_level::warn,
+        "lock: this process has held %s for %s, past its VRAMSWAP_MAX_HOLD of %s, while others wait (%u waiting%s%s). "
+        "Release it when you can: its next acquire queues behind every one still waiting then (docs/concepts.md, Fair turns)",
+        segment_->name().c_str(), held, limit, waiters.count, waiters.count > 0 ? ": " : "", who);
+  }
+  uint64_t untold = told_release_ticket_.load(std::memory_order_relaxed);
+  if (asked_ns != 0 && untold != ticket && told_release_ticket_.compare_exchange_strong(untold, ticket)) {
+    char by[192];
+    describe_process_in(asker, asker_ns, by, sizeof by);
+    std::string owner;
+    try {
+      owner = describe_uid(asker_uid);
+    } catch (...) {  // out of memory: the uid's name is a nicety
+    }
+    char ago[32];
+    format_duration(now > asked_ns ? now - asked_ns : 0, ago, sizeof ago);
+    log(log_level::warn,
+        "lock: %s%s%s asked this process to release %s (`vramswap release-request`, %s ago), which it has held for %s; "
+        "%u waiting. Nothing is taken from it: release the lock when you can (vramswap.release_requested() tells the "
+        "program)%s",
+        by, owner.empty() ? "" : " of ", owner.c_str(), segment_->name().c_str(), ago, held, waiters.count,
+        release_signal_ != 0 ? "; VRAMSWAP_RELEASE_SIGNAL is set: sending it to this process" : "");
+    if (release_signal_ != 0) ::kill(::getpid(), release_signal_);
+  }
+  out.release_requested = asked_ns != 0;
+  return out;
+}
+
+int device_lock::request_release(release_request_result* out, int64_t wait_ns) noexcept {
+  if (segment_ == nullptr) return fail(err_invalid_argument, "device_lock::request_release: this lock is not open");
+  if (out == nullptr) return fail(err_invalid_argument, "device_lock::request_release: out is null");
+  *out = release_request_result{};
+  process_identity me{};
+  VS_TRY(current_process(&me));
+  lock_state* st = lock_state_of(segment_->base());
+  waiter_slot* slots = slots_of(segment_->base());
+  if (const int mrc = lock_mutex(deadline_after(monotonic_ns(), wait_ns)); mrc != ok) {
+    return add_context(mrc, "device_lock::request_release: ");
+  }
+  const uint64_t now = monotonic_ns();
+  const uint32_t h = st->holder_slot.load(std::memory_order_relaxed);
+  if (h < k_slot_count && slots[h].state.load(std::memory_order_relaxed) == slot_holding) {
+    waiter_slot& slot = slots[h];
+    note_over_limit_locked(h, now);
+    const uint64_t granted = slot.granted_ns.load(std::memory_order_relaxed);
+    out->held = true;
+    out->pid = slot.pid;
+    out->pid_ns = slot.pid_ns;
+    out->uid = slot.uid;
+    out->held_ns = granted != 0 && now > granted ? now - granted : 0;
+    out->max_hold_ns = slot.max_hold_ns.load(std::memory_order_relaxed);
+    out->over_limit_since_ns = slot.over_limit_since_ns.load(std::memory_order_relaxed);
+    out->already_asked = slot.release_requested_ns.load(std::memory_order_relaxed) != 0;
+    if (!out->already_asked) {
+      // Publication order: who asks, then when (the time is the flag).
+      slot.release_requester_pid.store(me.pid, std::memory_order_relaxed);
+      slot.release_requester_pid_ns.store(me.pid_ns, std::memory_order_relaxed);
+      slot.release_requester_uid.store(static_cast<uint32_t>(::geteuid()), std::memory_order_relaxed);
+      at_crash_point(crash_point::release_request_stored);
+      slot.release_requested_ns.store(now, std::memory_order_release);
+    }
+  }
+  unlock_mutex();
   return ok;
 }
 

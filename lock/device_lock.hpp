@@ -4,13 +4,29 @@
 // The full design, with its reasoning and limits, is in docs/lock.md; in short:
 //
 // State. One shared segment per device (lock/shared_segment.hpp) holds a robust
-// process-shared pthread mutex, a ticket counter and 256 cache-line slots
+// process-shared pthread mutex, a ticket counter and 256 slots of two cache lines
 // (lock/segment_layout.hpp). A thread that acquires takes a free slot and publishes it as
 // `waiting` with the next ticket; the lock is held by the one slot in state `holding`.
 //
 // Order. The next holder is the waiting slot with the highest priority class, then the
 // lowest ticket: FIFO within a class, high before normal. A normal waiter can starve while
 // high waiters keep arriving; that is what "high" means.
+//
+// Fair turns (VRAMSWAP_MAX_HOLD, docs/lock.md). A hold longer than its owner's limit while
+// others wait is marked in its slot (by a waiter's liveness scan, by the holder's own
+// check_hold() at a safe point, or at its release), and the holder's log says so once. A
+// process whose hold was marked carries a penalty into its next enqueue: the ticket counter
+// at its release (behind_ticket). Every slot still waiting with a lower ticket waited for
+// it. The penalized slot keeps its place in the order above, but when it would be granted,
+// the best of those waiters is granted instead, one per grant, until none is left; then it
+// is granted. So it is served after each waiter it made wait, whatever their class (a high
+// holder too), and it can neither starve by it (its place stays; at most as many grants as
+// there were waiters go before it) nor deadlock: each substitute has a lower ticket than
+// the slot it stands in for, so the choice always ends at a slot that is granted. The
+// penalty is spent by the next grant. An operator may ask a holder to release
+// (request_release: `vramswap release-request`); it is a flag in the holder's slot that the
+// holder's check_hold() reports. Nothing is ever taken from a holder: the flag and the
+// penalty are advisory, and a holder that does not release keeps the lock.
 //
 // Waiting. A waiter sleeps in FUTEX_WAIT on its own slot's state word. A release marks the
 // chosen slot `holding` and wakes that futex only: one handoff wakes exactly one thread.
@@ -113,6 +129,33 @@ struct lock_queue_entry {
   bool holding;
   uint64_t enqueue_ns = 0;  // CLOCK_MONOTONIC when the thread asked for the lock
   uint64_t pid_ns = 0;      // the PID namespace `pid` and `tid` belong to
+  // Fair turns (times CLOCK_MONOTONIC, 0: none):
+  uint64_t max_hold_ns = 0;           // the owner's VRAMSWAP_MAX_HOLD (0: no limit)
+  uint64_t behind_ticket = 0;         // a waiter's penalty: served after the waiters below this ticket
+  uint64_t granted_ns = 0;            // the holder: when it was granted
+  uint64_t over_limit_since_ns = 0;   // the holder: past its limit with a waiter since then
+  uint64_t release_requested_ns = 0;  // the holder: when an operator asked it to release
+};
+
+// What request_release() found and did.
+struct release_request_result {
+  bool held = false;            // somebody held the lock (otherwise nothing was asked)
+  bool already_asked = false;   // an earlier request of this hold stands (not asked again)
+  pid_t pid = 0;                // the holder
+  uint64_t pid_ns = 0;
+  uint32_t uid = 0;
+  uint64_t held_ns = 0;         // how long it has held the lock
+  uint64_t max_hold_ns = 0;     // its VRAMSWAP_MAX_HOLD (0: none)
+  uint64_t over_limit_since_ns = 0;
+};
+
+// What check_hold() found about the calling process's hold.
+struct hold_check {
+  bool holding = false;              // this process holds the lock (through this object)
+  uint64_t held_ns = 0;
+  uint64_t max_hold_ns = 0;          // this process's VRAMSWAP_MAX_HOLD (0: none)
+  uint64_t over_limit_since_ns = 0;  // past it with a waiter since then (CLOCK_MONOTONIC; 0: not)
+  bool release_requested = false;    // an operator asked this process to release the lock
 };
 
 // Asked by a waiting acquire whether to give up (see Interruption, above). signal_ran: a
@@ -206,6 +249,29 @@ class device_lock {
   // Times the recovery function repaired something in this segment, since it was created.
   uint64_t recoveries() const noexcept;
 
+  // --- fair turns (Order, above; docs/lock.md, "Fair turns") ---------------------------
+  // For observers (status, metrics): is the current holder past its VRAMSWAP_MAX_HOLD while
+  // others wait? True with *since_ns (CLOCK_MONOTONIC, this machine's clock) the moment it
+  // went past; false when nobody holds, the holder has no limit, or is within it, or nobody
+  // has waited past it. Read without the mutex, like holds(): a hint, current to a waiter's
+  // liveness period.
+  bool holder_over_hold_limit(uint64_t* since_ns = nullptr) const noexcept;
+
+  // The holder's side, at a safe point (the session's service thread, at least every 50 ms;
+  // each last release): marks this process's hold past its limit when it is and someone
+  // waits, logs that once per hold at warn (how long, who waits, that its next acquire
+  // queues behind them), and logs once per hold an operator's request to release (and sends
+  // this process VRAMSWAP_RELEASE_SIGNAL when that is set). Any thread of the holding process
+  // may call it; when this process does not hold the lock it does nothing.
+  hold_check check_hold() noexcept;
+
+  // Ask the current holder to release the lock (`vramswap release-request`): one flag in its
+  // slot, which its library reports at its next safe point (check_hold). Advisory: the holder
+  // keeps the lock until it releases. Returns 0 with *out saying whom it asked (out->held
+  // false: nobody holds the lock, nothing was asked); err_timeout after wait_ns for the
+  // internal mutex (naming its owner); err_invalid_argument when not open.
+  int request_release(release_request_result* out, int64_t wait_ns = k_observer_wait_ns) noexcept;
+
   // How long holds last (moving averages, ns; 0 before the first release) and whether they
   // are regular enough for the next waiter to predict the release (Waiting, above).
   struct hold_stats {
@@ -250,15 +316,28 @@ class device_lock {
   void liveness_tick(uint64_t deadline_ns) noexcept;
   bool held_by(pid_t pid, pid_t tid) const noexcept;
   void forget_holding() noexcept;
+  // With the mutex held: mark the hold of slot `holder` past its limit when it is and a
+  // waiter waits (once per hold). Returns its over_limit_since_ns (0: not past it).
+  uint64_t note_over_limit_locked(uint32_t holder, uint64_t now) noexcept;
 
   std::unique_ptr<shared_segment> segment_;
   std::string device_key_;  // to open the segment anew in a forked child
+  // Fair turns, this process's side: its VRAMSWAP_MAX_HOLD and VRAMSWAP_RELEASE_SIGNAL (read
+  // at open), the penalty its next enqueue carries (0: none), the ticket of the hold this
+  // object holds (it names the hold in the segment), and the holds already warned about.
+  uint64_t max_hold_ns_ = 0;
+  int release_signal_ = 0;
+  std::atomic<uint64_t> penalty_behind_{0};
+  std::atomic<uint64_t> hold_ticket_{0};
+  static constexpr uint64_t k_no_ticket = UINT64_MAX;  // tickets start at 0
+  std::atomic<uint64_t> warned_over_ticket_{k_no_ticket};
+  std::atomic<uint64_t> told_release_ticket_{k_no_ticket};
   // Which thread of which process holds the lock through this object. Written only by the
   // holding thread; read by any thread to recognize re-entry (a thread only ever finds its
   // own tid here if it wrote it, and the pid check rules out a forked copy).
   std::atomic<pid_t> holder_pid_{0};
   std::atomic<pid_t> holder_tid_{0};
-  uint32_t holder_slot_ = 0;
+  std::atomic<uint32_t> holder_slot_{0};  // atomic: check_hold reads it from any thread
   uint32_t depth_ = 0;
 };
 

@@ -3,7 +3,7 @@
 // Glossary
 //   segment   one shared file per device: <runtime dir>/<prefix>vramswap-<owner>-<key>
 //   header    the first bytes: magic + format word, checked before anything else is read
-//   slot      one cache line describing one participant thread of the lock: waiting or holding
+//   slot      two cache lines describing one participant thread of the lock: waiting or holding
 //   ticket    a 64-bit counter value taken at enqueue; lower ticket = earlier = served first
 //             within a priority class
 //
@@ -48,7 +48,8 @@ constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-end
 //    and the header records no Boost version.
 // 5: a file in the runtime dir; slots are leased (lock/liveness_lease.hpp) and record their
 //    owner's PID namespace and uid, as the internal mutex records its owner's namespace.
-// 6: the turn histograms (lock/turn_histograms.hpp) after the slots.
+// 6: slots take a second cache line for fair turns (VRAMSWAP_MAX_HOLD, release requests);
+//    the turn histograms (lock/turn_histograms.hpp) after the slots.
 constexpr uint64_t k_layout_version = 6;
 
 constexpr size_t k_cache_line = 64;
@@ -69,6 +70,12 @@ enum slot_state : uint32_t {
 // lease is dropped only after the slot is free again. A writer that dies before the state
 // store leaves the slot free; one that dies after leaves a complete entry whose lease is
 // gone, which the liveness check removes.
+//
+// The second cache line is fair turns (docs/lock.md, "Fair turns"): the owner's hold limit
+// and queue penalty, filled at enqueue like the rest, and three facts about a hold, each a
+// single store made under the mutex while the slot holds (the grant time by the dispatcher
+// just before the grant) and each meaningful in every value, so a death between any two of
+// them leaves nothing for the recovery function to recompute.
 struct alignas(k_cache_line) waiter_slot {
   std::atomic<uint32_t> state;       // slot_state; the futex word
   // Atomic (written under the mutex) because the lock's wake-up hints read them without it.
@@ -82,8 +89,30 @@ struct alignas(k_cache_line) waiter_slot {
   uint32_t uid;                      // the owner's effective uid (for messages: whose process)
   uint64_t pid_ns;                   // the owner's PID namespace (for messages: whose pid)
   uint64_t dead_holder_pid_ns;       // with dead_holder_pid
+  // --- fair turns -------------------------------------------------------------------------
+  // The owner's VRAMSWAP_MAX_HOLD in ns (0: no limit): the longest it means to hold the lock
+  // while others wait.
+  std::atomic<uint64_t> max_hold_ns;
+  // A queue penalty (0: none): the owner held the lock past its limit while others waited,
+  // and every slot still waiting with a ticket below this one waited for it. When this slot
+  // would be granted, the best of those is granted instead (device_lock.hpp, Order).
+  std::atomic<uint64_t> behind_ticket;
+  // CLOCK_MONOTONIC of the grant; written by the dispatcher before the grant (like
+  // dead_holder_pid), read only while the slot holds.
+  std::atomic<uint64_t> granted_ns;
+  // While holding: since when (CLOCK_MONOTONIC) the hold has been past max_hold_ns with a
+  // waiter; 0: it has not. Set once per hold, by a waiter's liveness scan, the holder's own
+  // check or its release.
+  std::atomic<uint64_t> over_limit_since_ns;
+  // While holding: when an operator asked the owner to release the lock (CLOCK_MONOTONIC;
+  // 0: nobody asked), and who. The asker's fields are stored before the time.
+  std::atomic<uint64_t> release_requested_ns;
+  std::atomic<uint64_t> release_requester_pid_ns;
+  std::atomic<int32_t> release_requester_pid;
+  std::atomic<uint32_t> release_requester_uid;
+  uint64_t reserved_fair_;
 };
-static_assert(sizeof(waiter_slot) == k_cache_line);
+static_assert(sizeof(waiter_slot) == 2 * k_cache_line);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 // The lock's shared state besides the slots.

@@ -184,6 +184,7 @@ void device_session::hand_on(uint64_t called_ns, uint64_t evict_start_ns, uint64
 // only after k_evict_retry_ns, or at once on a new request; the failure is logged once and
 // published for the lock holder waiting on it until an eviction succeeds.
 void device_session::serve(uint32_t seen) {
+  lock_.check_hold();  // a safe point for fair turns; needs none of our state
   std::lock_guard<std::mutex> guard(mutex_);
   const std::vector<frame_id> wanted = frames_->frames().requested_of_me();
   if (wanted.empty() || (evict_failing_ && seen == evict_failed_at_requests_ && monotonic_ns() < evict_retry_at_ns_)) return;

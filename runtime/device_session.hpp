@@ -30,6 +30,10 @@
 //   runtime/fault_report.hpp explains before the process dies).
 //
 // Re-entry: acquire by the thread that holds the lock is counted, as the lock's own.
+// Fair turns: every wake of the service thread (at least every k_service_poll_ns) is a safe
+// point where the lock checks this process's hold (lock/device_lock.hpp, check_hold): past
+// VRAMSWAP_MAX_HOLD while others wait, or asked to release by an operator, it says so in
+// this process's log, once per hold.
 #pragma once
 
 #include <atomic>
@@ -74,6 +78,7 @@ class device_session final : public session {
   int acquire(lock_priority priority = lock_priority::normal, int64_t timeout_ns = -1, acquire_info* info = nullptr) override;
   int release() override;
   bool holding() const noexcept override { return lock_.held(); }
+  hold_check check_hold() noexcept override { return lock_.check_hold(); }
   bool resident() const noexcept override { return memory().resident(); }
   // Total: the pool's bytes; free: what this process's live pages (resident or saved) leave of it.
   void memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const override;

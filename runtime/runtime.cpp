@@ -286,6 +286,17 @@ int memory_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) noexcep
   return ok;
 }
 
+bool release_requested(int device) noexcept {
+  if (forked_child() || device < 0) return false;
+  session* policy = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(g_mutex);
+    if (static_cast<size_t>(device) >= g_devices.size() || !g_devices[device]) return false;
+    policy = g_devices[device]->policy.get();  // never closed before exit
+  }
+  return policy->check_hold().release_requested;
+}
+
 bool owns(int device, uintptr_t ptr) noexcept {
   if (forked_child() || device < 0) return false;
   std::lock_guard<std::mutex> guard(g_mutex);

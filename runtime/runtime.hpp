@@ -53,6 +53,11 @@ bool owns(int device, uintptr_t ptr) noexcept;
 int oversubscribed(int device, bool* out) noexcept;
 // Fills every field of *out (size included).
 int stats(int device, vramswap_stats_t* out) noexcept;
+// Whether an operator asked this process to release `device`'s lock during its current hold
+// (`vramswap release-request`); false when it does not hold it, or the device's session is
+// not open (never opens one), or in a forked child. A safe point: the request (and a hold
+// past VRAMSWAP_MAX_HOLD) is logged here if the service thread has not yet done so.
+bool release_requested(int device) noexcept;
 
 // For tests (C++ and Python's vramswap._testing): copy bytes between host memory and this
 // process's device memory through pinned staging; the calling thread must hold the lock.

@@ -55,6 +55,10 @@ class session {
   virtual int acquire(lock_priority priority = lock_priority::normal, int64_t timeout_ns = -1, acquire_info* info = nullptr) = 0;
   virtual int release() = 0;
   virtual bool holding() const noexcept = 0;
+  // Fair turns (lock/device_lock.hpp): this process's hold checked at a safe point (its
+  // over-limit warning and an operator's release request are logged once per hold). Nothing
+  // for a policy without the lock.
+  virtual hold_check check_hold() noexcept { return {}; }
 
   // Whether all of this process's memory is mapped now.
   virtual bool resident() const noexcept = 0;

@@ -116,6 +116,9 @@ void report(int fd, const std::string& line, bool last = true) {
 
 int main(int argc, char** argv) {
   using namespace vramswap::detail;
+  // The server's log is a file of its own (or a service manager's journal): it says what it
+  // does at info unless VRAMSWAP_LOG says otherwise, where the library's clients say warn.
+  log_set_default_level(log_level::info);
   // Before anything else: under the preload shim, our own driver calls would be taken for a
   // program's, and the shim would open a session against this very server.
   if (const char* preload = std::getenv("LD_PRELOAD");

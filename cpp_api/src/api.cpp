@@ -126,6 +126,8 @@ void free_async(void* ptr, void* stream, int device) {
   }
 }
 
+bool release_requested(int device) noexcept { return rt::release_requested(device); }
+
 void release_cached(int device) {
   if (const int rc = rt::release_cached(device); rc != ok) throw_last(rc);
 }

@@ -62,6 +62,8 @@ int vramswap_free_async(void* ptr, int device, void* stream) {
 
 int vramswap_release_cached(int device) { return rt::release_cached(device); }
 
+int vramswap_release_requested(int device) { return rt::release_requested(device) ? 1 : 0; }
+
 int vramswap_advise(void* ptr, size_t size, int advice, int device) {
   if (advice < 0 || advice > VRAMSWAP_ADVICE_READ_MOSTLY) {
     return fail(err_invalid_argument, "vramswap_advise(device %d): advice %d is not a VRAMSWAP_ADVICE_* value", device, advice);

@@ -137,6 +137,13 @@ hands the lock on. Raises vramswap.Error when this thread does not hold the lock
   m.def(
       "held", [](int device) { return rt::held_by_this_thread(device); }, py::arg("device") = 0,
       "How many times this thread holds the device's lock (0: not held).");
+  m.def(
+      "release_requested", [](int device) { return rt::release_requested(device); }, py::arg("device") = 0,
+      R"doc(True when an operator asked this process to release the device's lock during its current
+hold (`vramswap release-request`); False when it does not hold the lock or nobody asked.
+Cheap enough to poll between steps. Nothing is taken from the holder: releasing (leaving the
+gpu_lock block) is up to the program. VRAMSWAP_RELEASE_SIGNAL=SIGINT turns the request into
+a KeyboardInterrupt instead.)doc");
 }
 
 }  // namespace vramswap::detail::python

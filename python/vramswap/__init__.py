@@ -15,6 +15,8 @@ variables (see README.md). PyTorch: vramswap.torch.enable(), or VRAMSWAP_TORCH=1
 routes every CUDA tensor's memory through vramswap (see vramswap/torch.py).
 
 vramswap.status() is `vramswap status --json` as a dict: who holds each device, who waits.
+vramswap.release_requested() says whether an operator asked this process to let go of the
+device (`vramswap release-request`).
 The package also carries the `vramswap` and `vramswapd` commands (console scripts, and
 `python -m vramswap`) and, where it was built with cuda.h, the LD_PRELOAD shim
 (`vramswap-preload-path`, vramswap.preload.path()).
@@ -34,6 +36,7 @@ from ._vramswap import (
     malloc,
     release,
     release_cached,
+    release_requested,
     stats,
 )
 from ._lock import gpu_lock
@@ -53,6 +56,7 @@ __all__ = [
     "malloc",
     "release",
     "release_cached",
+    "release_requested",
     "stats",
     "status",
 ]

@@ -76,6 +76,26 @@ TEST(Options, OverrideBeatsEnvironmentBeatsDefault) {
   options_reread_for_testing();
 }
 
+TEST(ParseDuration, SecondsByDefaultAndUnitsSMH) {
+  uint64_t ns = 0;
+  ASSERT_EQ(parse_duration_ns("0.3", &ns, "VRAMSWAP_TEST"), ok) << last_error();
+  EXPECT_EQ(ns, 300'000'000u);
+  ASSERT_EQ(parse_duration_ns("90s", &ns, "VRAMSWAP_TEST"), ok);
+  EXPECT_EQ(ns, 90'000'000'000u);
+  ASSERT_EQ(parse_duration_ns("1.5m", &ns, "VRAMSWAP_TEST"), ok);
+  EXPECT_EQ(ns, 90'000'000'000u);
+  ASSERT_EQ(parse_duration_ns("2h", &ns, "VRAMSWAP_TEST"), ok);
+  EXPECT_EQ(ns, 7'200'000'000'000u);
+  EXPECT_EQ(parse_duration_ns("2 h", &ns, "VRAMSWAP_TEST"), err_invalid_argument);
+  EXPECT_NE(std::string(last_error()).find("VRAMSWAP_TEST"), std::string::npos) << last_error();
+  option_set(option_id::max_hold, "0.3");
+  ASSERT_EQ(option_duration_ns(option_id::max_hold, &ns), ok) << last_error();
+  EXPECT_EQ(ns, 300'000'000u);
+  option_set(option_id::max_hold, nullptr);
+  ASSERT_EQ(option_duration_ns(option_id::max_hold, &ns), ok) << last_error();
+  EXPECT_EQ(ns, 0u) << "off by default";
+}
+
 TEST(Options, UintRangeIsChecked) {
   option_set(option_id::host_devices, "0");
   uint64_t v = 0;
@@ -106,7 +126,13 @@ std::vector<std::string> bad_values(option_id id) {
     case option_kind::choice: {
       const std::string first(f.choices, std::strcspn(f.choices, "|"));
       bad = {"abc", first + " ", " " + first, first + "x", "1.5"};
-      for (char& c : bad.emplace_back(first)) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      // Case matters: the first choice in the other case (upper, or lower for one in capitals).
+      std::string other = first;
+      for (char& c : other) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      if (other == first) {
+        for (char& c : other) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      }
+      bad.push_back(other);
       break;
     }
     case option_kind::flag: bad = {"abc", "1.5", "2", "yes", "true", "1 ", " 1", "-1", "+1", "0x1"}; break;
@@ -120,6 +146,10 @@ std::vector<std::string> bad_values(option_id id) {
       if (f.min > 0) bad.push_back("0");
       if (f.multiple > 1) bad.push_back(std::to_string(f.multiple + 1));
       if (f.max != UINT64_MAX) bad.push_back(std::to_string(f.max + f.multiple));
+      break;
+    case option_kind::duration:
+      bad = {"abc", "-1", "+1", " 5", "5 ", "1e3", "0x10", "1.5.5", "5 s", "5sec", "5d", "5ms", "nan", "inf", ".5", "5."};
+      if (f.max != UINT64_MAX) bad.push_back(std::to_string(f.max / 1'000'000'000 + 1));
       break;
   }
   return bad;
@@ -144,6 +174,7 @@ std::vector<std::string> good_values(option_id id) {
       if (f.percent_of != nullptr) good.insert(good.end(), {"50%", "12.5%", "200%"});
       return good;
     }
+    case option_kind::duration: return {"0", "0.3", "90", "90s", "1.5m", "2h", std::to_string(f.max / 1'000'000'000)};
   }
   return {};
 }
@@ -228,6 +259,8 @@ TEST(OptionForms, EveryOptionRefusesEveryKindOfBadValueNamingItAndWhatItAccepts)
         EXPECT_EQ(option_size(id, &v, f.percent_of != nullptr ? 1000 : 0), err_invalid_argument) << "option_size took it";
       } else if (f.kind == option_kind::count || f.kind == option_kind::flag) {
         EXPECT_EQ(option_uint(id, &v), err_invalid_argument) << "option_uint took it";
+      } else if (f.kind == option_kind::duration) {
+        EXPECT_EQ(option_duration_ns(id, &v), err_invalid_argument) << "option_duration_ns took it";
       }
       EXPECT_EQ(v, 77u) << "a refused value must not be written";
     }
@@ -397,6 +430,17 @@ TEST(OptionBounds, TheTypedAccessorsTakeExactlyTheTablesRange) {
         EXPECT_EQ(v, 77u);
         EXPECT_NE(std::string(last_error()).find(option_accepted(id)), std::string::npos) << last_error();
       }
+    } else if (f.kind == option_kind::duration) {
+      for (uint64_t edge : {f.min, f.max}) {
+        option_set(id, std::to_string(edge / 1'000'000'000).c_str());
+        ASSERT_EQ(option_duration_ns(id, &v), ok) << last_error();
+        EXPECT_EQ(v, edge);
+      }
+      option_set(id, (std::to_string(f.max / 1'000'000'000) + ".001").c_str());
+      v = 77;
+      EXPECT_EQ(option_duration_ns(id, &v), err_invalid_argument);
+      EXPECT_EQ(v, 77u);
+      EXPECT_NE(std::string(last_error()).find(option_accepted(id)), std::string::npos) << last_error();
     } else if (f.kind == option_kind::size && f.percent_of == nullptr) {
       const uint64_t step = f.multiple > 1 ? f.multiple : 1;
       const uint64_t low = f.min == 0 ? 0 : (f.min + step - 1) / step * step;

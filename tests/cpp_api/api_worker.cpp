@@ -13,6 +13,10 @@
 //   kills it with SIGSEGV (the test checks the message vramswap prints first).
 // usage: api_worker each <devices>
 //   lock and unlock devices 0..<devices>-1 in turn, twice (a session opened on each), exit 0.
+// usage: api_worker polled <device> <ready-file>
+//   take gpu_lock(device), create <ready-file>, poll vramswap::release_requested(device)
+//   (and the C call) every 10 ms until an operator asks for the lock (at most 60 s),
+//   release, exit 0; exit 5 when nobody asked, 6 when the C and C++ answers differ.
 // Exit: 0 ok, 2 a vramswap::error (printed), 3 bytes differed, 4 a file never appeared,
 // 64 bad usage.
 #include <fcntl.h>
@@ -27,6 +31,7 @@
 #include <thread>
 
 #include "support/signal_files.hpp"
+#include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
 
 namespace {
@@ -39,8 +44,9 @@ int usage(const char* self) {
                "usage: %s hold <device> <hold-ms> <ready-file>\n"
                "       %s fill <device> <bytes> <ready-file> <release-file>\n"
                "       %s touch <device> <bytes> <ready-file> <go-file>\n"
-               "       %s each <devices>\n",
-               self, self, self, self);
+               "       %s each <devices>\n"
+               "       %s polled <device> <ready-file>\n",
+               self, self, self, self, self);
   return 64;
 }
 
@@ -55,6 +61,19 @@ int main(int argc, char** argv) {
       create(argv[4]);
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(argv[3])));
       return 0;
+    }
+    if (mode == "polled" && argc == 4) {
+      const int device = std::atoi(argv[2]);
+      vramswap::gpu_lock lock(device);
+      if (vramswap::release_requested(device)) return 6;  // nobody asked yet
+      create(argv[3]);
+      for (int i = 0; i < 6000; ++i) {
+        const bool asked = vramswap::release_requested(device);
+        if (asked != (vramswap_release_requested(device) == 1)) return 6;
+        if (asked) return 0;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return 5;
     }
     if (mode == "each" && argc == 3) {
       for (int round = 0; round < 2; ++round) {

@@ -89,17 +89,24 @@ class PublicApi : public ::testing::Test {
     return n;
   }
 
-  // api_worker with these arguments, its stderr into `err_file` (when given).
-  pid_t spawn_worker(std::vector<std::string> args, const std::string& err_file = "") {
+  // api_worker with these arguments, its stderr into `err_file` (when given), with `extra_env`
+  // (NAME=VALUE) before this environment.
+  pid_t spawn_worker(std::vector<std::string> args, const std::string& err_file = "",
+                     const std::vector<std::string>& extra_env = {}) {
     args.insert(args.begin(), VRAMSWAP_API_WORKER);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
+    std::vector<std::string> env_text(extra_env);
+    for (char** e = environ; *e != nullptr; ++e) env_text.emplace_back(*e);
+    std::vector<char*> envp;
+    for (auto& e : env_text) envp.push_back(e.data());
+    envp.push_back(nullptr);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     if (!err_file.empty()) posix_spawn_file_actions_addopen(&actions, 2, err_file.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
     pid_t pid = -1;
-    EXPECT_EQ(::posix_spawn(&pid, VRAMSWAP_API_WORKER, &actions, nullptr, argv.data(), environ), 0);
+    EXPECT_EQ(::posix_spawn(&pid, VRAMSWAP_API_WORKER, &actions, nullptr, argv.data(), envp.data()), 0);
     posix_spawn_file_actions_destroy(&actions);
     return pid;
   }
@@ -276,6 +283,47 @@ TEST_F(PublicApi, TryAndTimeoutAgainstAnotherProcess) {
   EXPECT_GE(clock_type::now() - t0, 1s);
   g.unlock();
   EXPECT_EQ(wait_exit(holder), 0);
+}
+
+// Fair turns through a real session: a holder past VRAMSWAP_MAX_HOLD while this process
+// waits is warned by its service thread while it sleeps (no call of its own); and
+// `vramswap release-request` reaches a holder that polls vramswap::release_requested().
+TEST_F(PublicApi, AHolderIsWarnedPastItsLimitAndHearsAReleaseRequest) {
+  const std::string ready = path("ready-fair"), held_log = path("held.err"), polled_log = path("polled.err");
+  pid_t holder = spawn_worker({"hold", "0", "1500", ready}, held_log, {"VRAMSWAP_MAX_HOLD=0.3"});
+  int status = 0;
+  ASSERT_TRUE(wait_file(ready, holder, &status)) << "the holder exited " << exit_code(status) << ": " << read_file(held_log);
+  {
+    vramswap::gpu_lock waits(0);  // granted when the holder lets go
+  }
+  EXPECT_EQ(wait_exit(holder), 0) << read_file(held_log);
+  std::string text = read_file(held_log);
+  EXPECT_EQ(count_of(text, "past its VRAMSWAP_MAX_HOLD"), 1u) << text;
+  EXPECT_NE(text.find("lock: this process has held "), std::string::npos) << "said while holding, by the service thread:\n" << text;
+  EXPECT_NE(text.find("pid " + std::to_string(::getpid()) + " ("), std::string::npos) << "who waits:\n" << text;
+
+  ::unlink(ready.c_str());
+  holder = spawn_worker({"polled", "0", ready}, polled_log);
+  ASSERT_TRUE(wait_file(ready, holder, &status)) << "the holder exited " << exit_code(status) << ": " << read_file(polled_log);
+  EXPECT_FALSE(vramswap::release_requested(0)) << "this process does not hold the lock";
+  const std::string cli_out = path("cli.out");
+  std::vector<std::string> args = {VRAMSWAP_CLI_BINARY, "release-request", "--device", "host-0"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, cli_out.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t cli = -1;
+  ASSERT_EQ(::posix_spawn(&cli, VRAMSWAP_CLI_BINARY, &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  EXPECT_EQ(wait_exit(cli), 0) << read_file(cli_out);
+  EXPECT_NE(read_file(cli_out).find("asked pid " + std::to_string(holder) + " ("), std::string::npos) << read_file(cli_out);
+  EXPECT_EQ(wait_exit(holder), 0) << "the holder did not hear the request (5) or its C and C++ answers differ (6): "
+                                  << read_file(polled_log);
+  text = read_file(polled_log);
+  EXPECT_EQ(count_of(text, "asked this process to release"), 1u) << text;
 }
 
 TEST_F(PublicApi, ErrorsAreTypedAndNameTheCall) {

@@ -471,13 +471,16 @@ void kill_self_at_armed_point(crash_point point) {
 class CrashPoint : public lock_fixture, public ::testing::WithParamInterface<crash_point> {};
 
 // The victim walks through every critical section: a repair, a try_acquire that fails
-// (enqueue, then leave), a blocking acquire, and a release that hands the lock to a
-// waiting helper. It kills itself at the armed point; the helper and the test must then
-// get the lock, and the queue must be clean and FIFO.
+// (enqueue, then leave), a release request to the test (which holds the lock), a blocking
+// acquire during which its liveness scans mark the test's hold past its short limit, and a
+// release that hands the lock to a waiting helper. It kills itself at the armed point; the
+// helper and the test must then get the lock, and the queue must be clean and FIFO.
 TEST_P(CrashPoint, DeathThereLeavesTheLockWorking) {
   const crash_point point = GetParam();
   device_lock lock;
+  option_set(option_id::max_hold, "0.05");  // the test's own hold, marked by the waiting victim
   ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  option_set(option_id::max_hold, nullptr);
   auto* report = shared_object<death_report>();
   ASSERT_EQ(lock.acquire(), ok);
   const pid_t victim = spawn([&] {
@@ -487,6 +490,8 @@ TEST_P(CrashPoint, DeathThereLeavesTheLockWorking) {
     set_crash_hook(kill_self_at_armed_point);
     if (mine.repair_now() != ok) return 11;
     if (mine.try_acquire() != err_busy) return 12;
+    release_request_result asked;
+    if (mine.request_release(&asked) != ok || !asked.held) return 15;
     if (mine.acquire() != ok) return 13;
     report->holding.store(1);
     if (mine.release() != ok) return 14;
@@ -506,6 +511,15 @@ TEST_P(CrashPoint, DeathThereLeavesTheLockWorking) {
     }
     ASSERT_EQ(lock.snapshot(&q), ok) << last_error();
     if (queue_has_waiters(q, 1)) break;
+    std::this_thread::sleep_for(200us);
+  }
+  // Before anyone else waits: the victim's scans mark our hold (past 50 ms) or it dies there.
+  while (!victim_dead && std::chrono::steady_clock::now() < deadline + 5s && !lock.holder_over_hold_limit()) {
+    int status = 0;
+    if (::waitpid(victim, &status, WNOHANG) == victim) {
+      victim_dead = true;
+      victim_status = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    }
     std::this_thread::sleep_for(200us);
   }
   const pid_t helper = spawn([&] {
@@ -538,7 +552,8 @@ INSTANTIATE_TEST_SUITE_P(EveryPoint, CrashPoint,
                          ::testing::Values(crash_point::enqueue_slot_filled, crash_point::enqueue_published,
                                            crash_point::grant_state_stored, crash_point::grant_before_wake,
                                            crash_point::release_slot_freed, crash_point::timeout_slot_freed,
-                                           crash_point::recovery_midway),
+                                           crash_point::recovery_midway, crash_point::over_limit_marked,
+                                           crash_point::release_request_stored),
                          [](const ::testing::TestParamInfo<crash_point>& param) { return crash_point_name(param.param); });
 
 }  // namespace

@@ -521,3 +521,62 @@ def test_outside_the_lock_with_no_free_frame_allocation_fails_or_touch_is_explai
     assert "not reached" not in r.stdout
     assert r.returncode < 0 or r.returncode >= 128, f"touching unbacked memory must kill the process (exit {r.returncode})"
     assert "vramswap: segmentation fault at 0x" in r.stderr and "did not hold the device lock" in r.stderr, r.stderr
+
+
+def _release_request(device_key="host-0"):
+    """`vramswap release-request --device KEY`, the operator's command, from the package."""
+    from vramswap import _launch
+
+    return subprocess.run(
+        [_launch.binary_path("vramswap"), "release-request", "--device", device_key], capture_output=True, text=True
+    )
+
+
+def test_release_requested_says_when_an_operator_asks_for_the_device():
+    assert vramswap.release_requested() is False  # no session yet: none is opened
+    with vramswap.gpu_lock():
+        assert vramswap.release_requested() is False
+        r = _release_request()
+        assert r.returncode == 0, r.stderr
+        assert f"asked pid {os.getpid()} (" in r.stdout
+        assert vramswap.release_requested() is True
+    assert vramswap.release_requested() is False  # the request was for that hold only
+    r = _release_request()
+    assert r.returncode == 0 and "nobody holds its lock" in r.stdout
+
+
+def test_release_signal_sigint_interrupts_a_holder_that_does_not_poll():
+    # A notebook cell in a long `with gpu_lock()`: with VRAMSWAP_RELEASE_SIGNAL=SIGINT an
+    # operator's request becomes a KeyboardInterrupt, and leaving the block releases the lock.
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time, vramswap\n"
+            "try:\n"
+            "    with vramswap.gpu_lock():\n"
+            "        print('holding', flush=True)\n"
+            "        time.sleep(60)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', vramswap.held(0), flush=True)\n",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, VRAMSWAP_RELEASE_SIGNAL="SIGINT"),
+    )
+    try:
+        assert proc.stdout.readline().strip() == "holding"
+        t0 = time.monotonic()
+        assert _release_request().returncode == 0
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert out.strip() == "interrupted 0", (out, err)
+        assert time.monotonic() - t0 < 20
+        assert "asked this process to release" in err and "VRAMSWAP_RELEASE_SIGNAL" in err, err
+        with vramswap.gpu_lock(timeout=10):  # the lock was let go
+            pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

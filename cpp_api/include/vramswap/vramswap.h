@@ -162,6 +162,11 @@ VRAMSWAP_C_API int vramswap_lock_interruptible(int device, int priority, int64_t
  *                                  failed; the lock was released, memory not evicted stays.
  *   VRAMSWAP_ERR_INTERNAL          a bug in vramswap. */
 VRAMSWAP_C_API int vramswap_unlock(int device);
+/* 1 when an operator asked this process to release `device`'s lock during its current hold
+ * (`vramswap release-request`), else 0: this process does not hold the lock, nobody asked, or
+ * the device was not used yet (this never opens a session). Cheap enough to poll between
+ * steps. A request takes nothing from the holder: releasing is up to the program. Never fails. */
+VRAMSWAP_C_API int vramswap_release_requested(int device);
 
 /* Device memory, cudaMalloc-like (256-byte aligned); *out is set only on success. The address
  * never changes, whatever is swapped. Without the lock: see Caveats.

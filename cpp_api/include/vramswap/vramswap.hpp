@@ -218,6 +218,12 @@ class VRAMSWAP_API gpu_lock {
   int owner_pid_ = 0;  // the process that took it, to recognize a forked child
 };
 
+// Whether an operator asked this process to release `device`'s lock during its current hold
+// (`vramswap release-request`; docs/concepts.md, "Fair turns"): false when this process does
+// not hold it, nobody asked, or the device was not used yet (this never opens a session).
+// Cheap enough to poll between steps; a request takes nothing from the holder.
+VRAMSWAP_API bool release_requested(int device = 0) noexcept;
+
 // --- memory --------------------------------------------------------------------------------
 // Hints for advise(), a promise by the caller about a range of an allocation.
 enum class advice : uint8_t {
