@@ -92,6 +92,11 @@ constexpr option_form percent_form(const char* percent_of) {
   X(wait_notice, "VRAMSWAP_WAIT_NOTICE", "10", count_form(0, 86400),                             \
     "seconds a thread waits for the device lock before it logs, once per wait (at warn), who "   \
     "holds it: pid, command, user, and for how long; 0: never. A timeout's error says the same") \
+  X(job_name, "VRAMSWAP_JOB_NAME", "", text_form(),                                             \
+    "the job's name in `vramswap status`, shown instead of its command line (\"train-llama\"): " \
+    "the environment of a process is not readable by other users, so each process records the " \
+    "name in its pool member slot when it joins; the first 55 bytes are kept. Empty: the "      \
+    "command line is shown")                                                                     \
   X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", flag_form(),                                   \
     "1: evict this process's memory at every release")                                           \
   X(strict, "VRAMSWAP_STRICT", "0", flag_form(),                                                 \

@@ -1,10 +1,14 @@
 #include "pool/pool_member.hpp"
 
+#include <unistd.h>
+
 #include <utility>
 
 #include "core/log.hpp"
+#include "core/options.hpp"
 #include "core/status.hpp"
 #include "lock/futex.hpp"
+#include "pool/process_label.hpp"
 
 namespace vramswap::detail {
 
@@ -13,6 +17,7 @@ int pool_member::join(backend& be, int device, std::unique_ptr<pool_member>* out
   VS_TRY(pool_connection::connect(be, device, /*autostart=*/true, &conn));
   try {
     out->reset(new pool_member(std::move(conn)));
+    (*out)->observe().identify(static_cast<uint32_t>(::geteuid()), option_text(option_id::job_name), command_line_of(::getpid()));
   } catch (const std::bad_alloc&) {
     return fail(err_out_of_memory, "device %d: joining the pool: out of host memory", device);
   }
