@@ -110,6 +110,7 @@ struct lock_queue_entry {
   bool holding;
   uint64_t enqueue_ns = 0;  // CLOCK_MONOTONIC when the thread asked for the lock
   uint64_t pid_ns = 0;      // the PID namespace `pid` and `tid` belong to
+  uint32_t uid = 0;         // the thread's effective uid (whose process, for observers)
 };
 
 // Asked by a waiting acquire whether to give up (see Interruption, above). signal_ran: a
