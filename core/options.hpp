@@ -105,6 +105,11 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
     "a signal this process sends itself when an operator asks it to release a device's lock "   \
     "(`vramswap release-request`) while it holds it, e.g. SIGINT for a KeyboardInterrupt in "    \
     "Python; empty: none (the request is logged and vramswap.release_requested() says so)")      \
+  X(job_name, "VRAMSWAP_JOB_NAME", "", text_form(),                                             \
+    "the job's name in `vramswap status`, shown instead of its command line (\"train-llama\"): " \
+    "the environment of a process is not readable by other users, so each process records the " \
+    "name in its pool member slot when it joins; the first 55 bytes are kept. Empty: the "      \
+    "command line is shown")                                                                     \
   X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", flag_form(),                                   \
     "1: evict this process's memory at every release")                                           \
   X(strict, "VRAMSWAP_STRICT", "0", flag_form(),                                                 \

@@ -129,6 +129,7 @@ struct lock_queue_entry {
   bool holding;
   uint64_t enqueue_ns = 0;  // CLOCK_MONOTONIC when the thread asked for the lock
   uint64_t pid_ns = 0;      // the PID namespace `pid` and `tid` belong to
+  uint32_t uid = 0;         // the thread's effective uid (whose process, for observers)
   // Fair turns (times CLOCK_MONOTONIC, 0: none):
   uint64_t max_hold_ns = 0;           // the owner's VRAMSWAP_MAX_HOLD (0: no limit)
   uint64_t behind_ticket = 0;         // a waiter's penalty: served after the waiters below this ticket

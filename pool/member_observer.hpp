@@ -8,10 +8,13 @@
 // page. Debug-level log lines go with the events (one comparison when debug is off).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdint>
+#include <cstring>
+#include <string>
 
 #include "core/log.hpp"
 #include "lock/device_lock.hpp"
@@ -24,6 +27,14 @@ class member_observer {
  public:
   member_observer(pool_segment& pool, uint32_t member) noexcept : pool_(pool), member_(member), slot_(pool.member(member)) {}
 
+  // Who this process is, for observers that cannot read its environment or its /proc
+  // (pool/pool_layout.hpp, member_slot's last lines): once, when it joins.
+  void identify(uint32_t uid, const std::string& job_name, const std::string& command) noexcept {
+    slot_.uid = uid;
+    copy_cut(slot_.job_name, sizeof slot_.job_name, job_name);
+    copy_cut(slot_.command, sizeof slot_.command, command);
+    slot_.identity.store(1, std::memory_order_release);
+  }
   // acquire() called (not a re-entry).
   void asked(lock_priority priority, uint64_t ns) noexcept {
     slot_.phase.store(pool_layout::phase_waiting, std::memory_order_relaxed);
@@ -95,6 +106,14 @@ class member_observer {
   }
 
  private:
+  // NUL-terminated, cut to fit without splitting a UTF-8 character.
+  static void copy_cut(char* to, size_t size, const std::string& from) noexcept {
+    size_t n = std::min(from.size(), size - 1);
+    while (n > 0 && n < from.size() && (static_cast<unsigned char>(from[n]) & 0xC0) == 0x80) --n;
+    std::memcpy(to, from.data(), n);
+    to[n] = '\0';
+  }
+
   pool_segment& pool_;
   uint32_t member_;
   pool_layout::member_slot& slot_;

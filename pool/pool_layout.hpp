@@ -102,7 +102,9 @@ constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-end
 // 6: a file in the runtime dir; each member slot records the client's PID namespace, the
 //    header the server's.
 // 7: members lease their slots (above); the header names the pool (pool_id), counts the
-//    servers that adopted it and says whether its server answers to a service manager.
+//    servers that adopted it and says whether its server answers to a service manager; a
+//    member slot is nine lines: the last three say who the member is (uid, job name,
+//    command line), for observers that cannot look the process up themselves.
 constexpr uint64_t k_layout_version = 7;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;
@@ -207,8 +209,19 @@ struct alignas(k_cache_line) member_slot {
   // (Not part of the failure: the member's PID namespace, in which `pid` means something.)
   uint64_t pid_ns;
   char evict_error[k_cache_line * 4 - 24];  // its detail, NUL-terminated, cut to fit
+  // --- seventh to ninth lines: who the member is, written once by the member itself ---
+  // The environment of a process (VRAMSWAP_JOB_NAME) is not readable by other users, and a
+  // process of another PID namespace cannot be looked up in an observer's /proc at all: so
+  // the member says it here. Publication: the member fills uid, job_name and command, then
+  // stores identity = 1 (release); a reader reads them only after loading 1 (acquire).
+  // add_member stores 0 before it publishes the slot. Hints for display, never for
+  // decisions: any member could write anything here.
+  std::atomic<uint32_t> identity;
+  uint32_t uid;                           // the member's effective uid (in its user namespace)
+  char job_name[k_cache_line - 8];        // VRAMSWAP_JOB_NAME, NUL-terminated, cut to fit; "": not set
+  char command[2 * k_cache_line];         // its command line, shortened (pool/process_label.hpp), cut to fit
 };
-static_assert(sizeof(member_slot) == 6 * k_cache_line);
+static_assert(sizeof(member_slot) == 9 * k_cache_line);
 
 // Trace events (`vramswap trace`). Each member has a ring of k_trace_records records in the
 // segment; its session appends, any reader polls. Writers of one member (its acquiring

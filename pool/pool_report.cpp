@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,8 +17,10 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "lock/device_lock.hpp"
+#include "pool/device_index.hpp"
 #include "pool/pool_layout.hpp"
 #include "pool/pool_segment.hpp"
+#include "pool/process_label.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/runtime_dir.hpp"
 #include "lock/shared_segment.hpp"
@@ -52,52 +56,72 @@ const char* phase_name(uint32_t phase) {
   return "?";
 }
 
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
+// The recorded identity of member slot `s` (pool_layout.hpp: member_slot's last lines).
+struct recorded_identity {
+  bool present = false;
+  uint32_t uid = 0;
+  std::string job, command;
+};
+
+recorded_identity identity_of(const member_slot& s) {
+  recorded_identity id;
+  if (s.identity.load(std::memory_order_acquire) != 1) return id;
+  id.present = true;
+  id.uid = s.uid;
+  id.job.assign(s.job_name, ::strnlen(s.job_name, sizeof s.job_name));
+  id.command.assign(s.command, ::strnlen(s.command, sizeof s.command));
+  return id;
 }
 
-std::string bytes_text(uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
+// Fill p's names: from /proc where the process is visible here, else from what it recorded.
+void name_process(process_report* p, const recorded_identity& id) {
+  p->command = command_of(p->pid, p->pid_ns);
+  p->job = id.job;
+  if (visible_here(p->pid_ns)) {
+    p->command_line = command_line_of(p->pid);
+    uid_t uid = 0;
+    if (effective_uid_of(p->pid, &uid)) p->uid = uid, p->have_uid = true;
+    p->container = container_of(p->pid);
   }
-  return u == 0 ? fmt("%" PRIu64 " B", b) : fmt("%.1f %s", v, units[u]);
+  if (p->command_line.empty()) p->command_line = id.command;
+  if (!p->have_uid && id.present) p->uid = id.uid, p->have_uid = true;
+  if (p->have_uid) p->user = user_name(p->uid);
 }
 
-double seconds_since(uint64_t then_ns, uint64_t now_ns) { return then_ns != 0 && now_ns > then_ns ? (now_ns - then_ns) / 1e9 : 0.0; }
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      out += fmt("\\u%04x", c);
-    } else {
-      out += static_cast<char>(c);
-    }
+// The pool's server, from its header: running, dead, or out of sight (server_state).
+server_state judge_server(const pool_segment& pool) {
+  const pool_header* h = pool.header();
+  if (h->claimed.load(std::memory_order_acquire) == 1 && visible_here(h->server_pid_ns)) {
+    return check_liveness({h->server_pid, h->server_start_time, h->server_pid_ns}) == liveness::alive ? server_state::running
+                                                                                                       : server_state::dead;
   }
-  return out + "\"";
-}
-
-std::string command_for(const device_report& d, pid_t pid, uint64_t pid_ns) {
-  for (const process_report& p : d.processes) {
-    if (p.pid == pid && p.pid_ns == pid_ns) return p.command;
+  // Another namespace's server: its flock on the segment, if /proc/locks shows it
+  // ("1: FLOCK  ADVISORY  WRITE 812 00:1a:4711 0 EOF": major and minor in hex, inode).
+  struct stat st {};
+  if (::stat(pool.path().c_str(), &st) != 0) return server_state::unknown;
+  char want[64];
+  std::snprintf(want, sizeof want, " %02x:%02x:%lu ", major(st.st_dev), minor(st.st_dev), static_cast<unsigned long>(st.st_ino));
+  FILE* f = std::fopen("/proc/locks", "re");
+  if (f == nullptr) return server_state::unknown;
+  bool held = false;
+  char line[256];
+  while (!held && std::fgets(line, sizeof line, f) != nullptr) {
+    held = std::strstr(line, " FLOCK ") != nullptr && std::strstr(line, " WRITE ") != nullptr && std::strstr(line, "->") == nullptr &&
+           std::strstr(line, want) != nullptr;
   }
-  return command_of(pid, pid_ns);
+  std::fclose(f);
+  return held ? server_state::running : server_state::unknown;
 }
 
 }  // namespace
+
+const process_report* device_report::holder() const noexcept {
+  if (holder_pid == 0) return nullptr;
+  for (const process_report& p : processes) {
+    if (p.pid == holder_pid && p.pid_ns == holder_pid_ns) return &p;
+  }
+  return nullptr;
+}
 
 int discover_devices(std::vector<std::string>* keys) noexcept {
   try {
@@ -126,6 +150,7 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
   device_report& d = *out;
   d = device_report{};
   d.key = key;
+  d.index = device_index_of(key, nvidia_gpus());
   d.segment = pool.name();
   // The host backend's keys carry the index; a GPU's key is its UUID (its server knows the index).
   if (key.rfind("host-", 0) == 0 && key.size() > 5 && key.size() < 12 && key.find_first_not_of("0123456789", 5) == std::string::npos) {
@@ -133,6 +158,7 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
   }
   const pool_header* h = pool.header();
   d.server_pid = h->server_pid;
+  d.server = judge_server(pool);
   d.metrics_port = h->metrics_port.load(std::memory_order_relaxed);
   d.frame_size = h->frame_size;
   d.frame_count = h->frame_count;
@@ -155,11 +181,17 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
   for (uint32_t m = 0; m < k_member_count; ++m) {
     const member_slot& s = pool.member(m);
     if (s.state.load(std::memory_order_acquire) != member_live) continue;
+    // Exited, and not yet repaired by the server (or never: a dead server repairs nothing):
+    // no longer a process of the pool, whatever its slot still says.
+    if (visible_here(s.pid_ns) && check_liveness({s.pid, s.start_time, s.pid_ns}) == liveness::dead) {
+      ++d.exited;
+      continue;
+    }
     process_report p;
     p.member = m;
     p.pid = s.pid;
     p.pid_ns = s.pid_ns;
-    p.command = command_of(s.pid, s.pid_ns);
+    name_process(&p, identity_of(s));
     p.holding = s.holding.load(std::memory_order_relaxed) != 0;
     p.phase = phase_name(s.phase.load(std::memory_order_relaxed));
     p.stopped = visible_here(s.pid_ns) && is_stopped_state(process_state(s.pid));
@@ -186,6 +218,8 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     d.hold_jitter_ns = holds.jitter_ns;
     d.holds_predictable = holds.predictable;
     d.holder_granted_ns = holds.holder_granted_ns;
+    uint64_t over_since = 0;
+    if (lock->holder_over_hold_limit(&over_since)) d.holder_over_limit_since_ns = over_since;
     if (const lock_layout::turn_histograms* t = lock->turns()) {
       d.have_turns = true;
       d.turn_wait = lock_layout::read_counts(t->wait);
@@ -195,9 +229,32 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     if (lock->snapshot(&q) == ok) {
       d.have_queue = true;
       for (const lock_queue_entry& e : q) {
-        d.queue.push_back({e.pid, e.tid, e.pid_ns, e.priority == lock_priority::high ? "high" : "normal", e.ticket, e.holding,
-                           e.enqueue_ns, visible_here(e.pid_ns) && is_stopped_state(process_state(e.pid))});
+        queue_report r;
+        r.pid = e.pid;
+        r.tid = e.tid;
+        r.pid_ns = e.pid_ns;
+        r.priority = e.priority == lock_priority::high ? "high" : "normal";
+        r.ticket = e.ticket;
+        r.holding = e.holding;
+        r.enqueue_ns = e.enqueue_ns;
+        r.stopped = visible_here(e.pid_ns) && is_stopped_state(process_state(e.pid));
+        r.uid = e.uid;
+        const auto member = std::find_if(d.processes.begin(), d.processes.end(),
+                                         [&](const process_report& p) { return p.pid == e.pid && p.pid_ns == e.pid_ns; });
+        if (member != d.processes.end()) {
+          r.command = member->command, r.command_line = member->command_line, r.job = member->job;
+          r.user = member->user, r.container = member->container;
+        } else {  // in the lock's queue without being a member of the pool
+          process_report p;
+          p.pid = e.pid;
+          p.pid_ns = e.pid_ns;
+          p.uid = e.uid;
+          p.have_uid = true;
+          name_process(&p, recorded_identity{});
+          r.command = p.command, r.command_line = p.command_line, r.user = p.user, r.container = p.container;
+        }
         if (e.holding) d.holder_pid = e.pid, d.holder_pid_ns = e.pid_ns;
+        d.queue.push_back(std::move(r));
       }
     } else {
       d.queue_error = last_error();
@@ -226,132 +283,6 @@ int collect_report(const std::string& key, device_report* out) {
   VS_TRY(collect_report(key, *pool, have_lock ? &lock : nullptr, out));
   if (!have_lock) out->queue_error = lock_error;
   return ok;
-}
-
-std::string render_text(const std::vector<device_report>& devices) {
-  std::string t;
-  if (devices.empty()) t += "no vramswap device in use (no pool segment in the runtime dir)\n";
-  for (const device_report& d : devices) {
-    t += fmt("device %s: pool %s = %u frames of %s; free %u (%s), active %u, idle %u, requested %u, lent %u\n", d.key.c_str(),
-             bytes_text(uint64_t{d.frame_count} * d.frame_size).c_str(), d.frame_count, bytes_text(d.frame_size).c_str(), d.frames_free,
-             bytes_text(uint64_t{d.frames_free} * d.frame_size).c_str(), d.frames_active, d.frames_idle, d.frames_requested,
-             d.frames_lent);
-    if (d.host_slots != 0) {
-      t += fmt("  host pool %s = %u slots; used %u (%s)\n", bytes_text(uint64_t{d.host_slots} * d.host_slot_size).c_str(),
-               d.host_slots, d.host_slots_used, bytes_text(uint64_t{d.host_slots_used} * d.host_slot_size).c_str());
-    }
-    t += fmt("  server pid %d", static_cast<int>(d.server_pid));
-    if (d.metrics_port != 0) t += fmt(", metrics http://127.0.0.1:%u/metrics", d.metrics_port);
-    t += "\n";
-    const process_report* holder = nullptr;
-    for (const process_report& p : d.processes) {
-      if (p.pid == d.holder_pid && p.pid_ns == d.holder_pid_ns) holder = &p;
-    }
-    if (d.holder_pid == 0) {
-      t += "  holder: none\n";
-    } else if (holder != nullptr) {
-      t += fmt("  holder: pid %d (%s), held %.3f s, %s\n", static_cast<int>(holder->pid), holder->command.c_str(),
-               seconds_since(holder->holding_since_ns, d.now_ns),
-               holder->stopped ? fmt("STOPPED (SIGSTOP, Ctrl-Z or a debugger; kill -CONT %d resumes it) while %s",
-                                     static_cast<int>(holder->pid), holder->phase.c_str()).c_str()
-                               : holder->phase.c_str());
-    } else {
-      const bool stopped = visible_here(d.holder_pid_ns) && is_stopped_state(process_state(d.holder_pid));
-      t += fmt("  holder: pid %d (%s), not in the pool%s\n", static_cast<int>(d.holder_pid), command_of(d.holder_pid, d.holder_pid_ns).c_str(),
-               stopped ? ", STOPPED (SIGSTOP, Ctrl-Z or a debugger)" : "");
-    }
-    if (!d.have_queue) {
-      t += fmt("  queue: unknown (%s)\n", d.queue_error.c_str());
-    } else {
-      size_t waiting = 0;
-      for (const queue_report& q : d.queue) waiting += q.holding ? 0 : 1;
-      t += fmt("  queue: %zu waiting", waiting);
-      if (d.hold_mean_ns != 0) {
-        t += fmt("; holds last %.1f ms (jitter %.1f ms): %s", d.hold_mean_ns / 1e6, d.hold_jitter_ns / 1e6,
-                 d.holds_predictable ? "the next waiter wakes ahead of a release" : "too irregular to wake ahead");
-      }
-      t += "\n";
-      size_t n = 0;
-      for (const queue_report& q : d.queue) {
-        if (q.holding) continue;
-        t += fmt("    %zu. pid %d (%s) tid %d, %s priority, waiting %.3f s%s\n", ++n, static_cast<int>(q.pid), command_for(d, q.pid, q.pid_ns).c_str(),
-                 static_cast<int>(q.tid), q.priority.c_str(), seconds_since(q.enqueue_ns, d.now_ns), q.stopped ? ", stopped" : "");
-      }
-    }
-    t += fmt("  %-8s %-15s %-9s %10s %10s %10s %6s %6s %10s %10s %8s %9s\n", "PID", "COMMAND", "PHASE", "RESIDENT", "HOST", "DISK",
-             "ACQ", "SWAPS", "IN", "OUT", "EVICTED", "WAITED");
-    for (const process_report& p : d.processes) {
-      t += fmt("  %-8d %-15s %-9s %10s %10s %10s %6" PRIu64 " %6" PRIu64 " %10s %10s %8" PRIu64 " %8.2fs\n", static_cast<int>(p.pid),
-               p.command.c_str(), p.stopped ? "stopped" : p.phase.c_str(), bytes_text(p.resident_bytes).c_str(), bytes_text(p.host_bytes).c_str(),
-               bytes_text(p.disk_bytes).c_str(), p.acquires, p.swaps_in, bytes_text(p.bytes_in).c_str(), bytes_text(p.bytes_out).c_str(),
-               p.evictions_served, p.lock_wait_ns / 1e9);
-    }
-  }
-  return t;
-}
-
-std::string render_json(const std::vector<device_report>& devices) {
-  if (devices.empty()) return "{\"version\": 1, \"devices\": []}\n";
-  std::string j = "{\"version\": 1, \"devices\": [";
-  for (size_t i = 0; i < devices.size(); ++i) {
-    const device_report& d = devices[i];
-    j += i == 0 ? "\n  {" : ",\n  {";
-    j += fmt("\"key\": %s, \"segment\": %s, \"server_pid\": %d, \"metrics_port\": %u, ", json_string(d.key).c_str(),
-             json_string(d.segment).c_str(), static_cast<int>(d.server_pid), d.metrics_port);
-    j += fmt("\"frame_size\": %" PRIu64 ", \"frame_count\": %u, \"pool_bytes\": %" PRIu64 ", \"free_bytes\": %" PRIu64 ", ", d.frame_size,
-             d.frame_count, uint64_t{d.frame_count} * d.frame_size, uint64_t{d.frames_free} * d.frame_size);
-    j += fmt("\"frames\": {\"free\": %u, \"active\": %u, \"idle\": %u, \"requested\": %u, \"lent\": %u},\n   ", d.frames_free,
-             d.frames_active, d.frames_idle, d.frames_requested, d.frames_lent);
-    j += fmt("\"host_pool\": {\"slots\": %u, \"used\": %u, \"slot_bytes\": %" PRIu64 "},\n   ", d.host_slots, d.host_slots_used,
-             d.host_slot_size);
-    const process_report* holder = nullptr;
-    for (const process_report& p : d.processes) {
-      if (p.pid == d.holder_pid && p.pid_ns == d.holder_pid_ns) holder = &p;
-    }
-    if (d.holder_pid == 0) {
-      j += "\"holder\": null,\n   ";
-    } else {
-      j += fmt("\"holder\": {\"pid\": %d, \"command\": %s, \"held_seconds\": %.6f, \"phase\": %s, \"stopped\": %s},\n   ",
-               static_cast<int>(d.holder_pid), json_string(command_for(d, d.holder_pid, d.holder_pid_ns)).c_str(),
-               holder != nullptr ? seconds_since(holder->holding_since_ns, d.now_ns) : 0.0,
-               json_string(holder != nullptr ? holder->phase : "?").c_str(),
-               (holder != nullptr ? holder->stopped : visible_here(d.holder_pid_ns) && is_stopped_state(process_state(d.holder_pid))) ? "true" : "false");
-    }
-    j += fmt("\"holds\": {\"mean_seconds\": %.6f, \"jitter_seconds\": %.6f, \"predictable\": %s},\n   ", d.hold_mean_ns / 1e9,
-             d.hold_jitter_ns / 1e9, d.holds_predictable ? "true" : "false");
-    j += "\"queue\": ";
-    if (!d.have_queue) {
-      j += "null, \"queue_error\": " + json_string(d.queue_error);
-    } else {
-      j += "[";
-      bool first = true;
-      for (const queue_report& q : d.queue) {
-        if (q.holding) continue;
-        j += first ? "\n    {" : ",\n    {";
-        first = false;
-        j += fmt("\"pid\": %d, \"tid\": %d, \"command\": %s, \"priority\": %s, \"ticket\": %" PRIu64
-                 ", \"waiting_seconds\": %.6f, \"stopped\": %s}",
-                 static_cast<int>(q.pid), static_cast<int>(q.tid), json_string(command_for(d, q.pid, q.pid_ns)).c_str(), json_string(q.priority).c_str(),
-                 q.ticket, seconds_since(q.enqueue_ns, d.now_ns), q.stopped ? "true" : "false");
-      }
-      j += "]";
-    }
-    j += ",\n   \"processes\": [";
-    for (size_t k = 0; k < d.processes.size(); ++k) {
-      const process_report& p = d.processes[k];
-      j += k == 0 ? "\n    {" : ",\n    {";
-      j += fmt("\"pid\": %d, \"command\": %s, \"member\": %u, \"phase\": %s, \"stopped\": %s, \"holding\": %s, \"held_seconds\": %.6f, "
-               "\"frames\": %u",
-               static_cast<int>(p.pid), json_string(p.command).c_str(), p.member, json_string(p.phase).c_str(), p.stopped ? "true" : "false",
-               p.holding ? "true" : "false", seconds_since(p.holding_since_ns, d.now_ns), p.frames);
-#define VRAMSWAP_JSON_FIELD(field, kind, prom, div, help) j += fmt(", \"" #field "\": %" PRIu64, p.field);
-      VRAMSWAP_PROCESS_STATS(VRAMSWAP_JSON_FIELD)
-#undef VRAMSWAP_JSON_FIELD
-      j += "}";
-    }
-    j += "]}";
-  }
-  return j + "\n]}\n";
 }
 
 }  // namespace vramswap::detail

@@ -636,6 +636,7 @@ int pool_segment::add_member(pid_t pid, uint64_t start_time, uint64_t pid_ns, ui
     s.lock_wait_ns.store(0);
     s.restore_ns.store(0);
     s.evict_ns.store(0);
+    s.identity.store(0);  // until the member says who it is
     // The ring is never reset (a reader may still be reading the previous member's
     // records); the new member's events start at its current head.
     s.trace_start.store(trace_ring_of(m).head.load(std::memory_order_acquire));

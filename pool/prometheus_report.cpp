@@ -121,6 +121,7 @@ std::string program_name(const std::string& cmdline) {
 // Today the program a process runs; where the process recorded a job name (VRAMSWAP_JOB_NAME)
 // in the pool segment, that name comes first.
 std::string job_name_of(const process_report& p) {
+  if (!p.job.empty()) return bounded_label(p.job);  // VRAMSWAP_JOB_NAME, as the process recorded it
   if (!visible_here(p.pid_ns)) return "unknown";
   std::string name = program_name(cmdline_of(p.pid));
   if (name.empty() && p.command != "?") name = p.command;
@@ -143,6 +144,8 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
                [](const device_report& d) { return d.hold_mean_ns / 1e9; });
   device_gauge("vramswap_lock_hold_jitter_seconds", "Moving average of the holds' deviation from that mean",
                [](const device_report& d) { return d.hold_jitter_ns / 1e9; });
+  device_gauge("vramswap_holder_over_hold_limit", "1 while the lock's holder is past its VRAMSWAP_MAX_HOLD and others wait",
+               [](const device_report& d) { return d.holder_over_limit_since_ns != 0 ? 1 : 0; });
   device_gauge("vramswap_pool_bytes", "Bytes of the device's pool", [](const device_report& d) { return uint64_t{d.frame_count} * d.frame_size; });
   device_gauge("vramswap_pool_frame_bytes", "Bytes per frame", [](const device_report& d) { return d.frame_size; });
   device_gauge("vramswap_pool_frames", "Frames in the device's pool", [](const device_report& d) { return d.frame_count; });

@@ -4,13 +4,15 @@
 # (git-ignored; name it in the device tool's `carry`). scripts/device-run.sh unpacks it.
 #   liburing: not installed there; Debian 12's 2.3 links and runs there.
 #   libgtest-dev: a fallback in case the image has GoogleTest headers without libraries.
+#   libcli11-dev, nlohmann-json3-dev: header-only (the `vramswap` command's argument parser and
+#   JSON writer), found by CMake in the unpacked prefix (share/cmake/CLI11, share/cmake/nlohmann_json).
 #   pytest (wheels/): the PyTorch venv there has no pytest; pure-Python wheels, installed
 #   there with pip --no-index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .devdeps
 cd .devdeps
-apt-get download liburing-dev liburing2 libgtest-dev 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
+apt-get download liburing-dev liburing2 libgtest-dev libcli11-dev nlohmann-json3-dev 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
 ls -l ./*.deb
 python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12 -d wheels pytest
 ls -l wheels

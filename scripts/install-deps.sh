@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what building and testing vramswap needs on Debian 12 (or Ubuntu): compilers,
-# CMake, Ninja, GoogleTest, Boost headers, liburing. Idempotent: installs only what is
+# CMake, Ninja, GoogleTest, Boost headers, liburing, and the header-only CLI11 and
+# nlohmann/json that the `vramswap` command is built with (cli/CMakeLists.txt). Idempotent: installs only what is
 # missing, so a second run is quick. Run as root (or with sudo available).
 set -euo pipefail
 
-packages=(build-essential cmake ninja-build pkg-config libgtest-dev libboost-dev liburing-dev python3 python3-dev python3-venv)
+packages=(build-essential cmake ninja-build pkg-config libgtest-dev libboost-dev liburing-dev libcli11-dev nlohmann-json3-dev
+  python3 python3-dev python3-venv)
 # tests/slurm runs real munged, slurmctld and slurmd (with a private config; the packages'
 # own services are not used).
 packages+=(slurmd slurmctld slurm-client munge)

@@ -14,18 +14,26 @@ def status(device=None):
     `vramswap status --json` (the bundled CLI, run with this process's environment, so
     VRAMSWAP_SHM_PREFIX and VRAMSWAP_RUNTIME_DIR pick the deployment) parsed into a dict.
 
-    device: a device key ("host-0", "GPU-<uuid>") for that device alone; None for every
-    device with a pool. The dict is schema version 1 of docs/observability.md:
-    {"version": 1, "devices": [{"key", "server_pid", "pool_bytes", "free_bytes", "frames",
-    "holder" (None: nobody), "queue", "processes": [{"pid", "phase", "resident_bytes", ...}],
-    ...}]}; "devices" is empty where no device has a pool.
+    device: a device's number (0, as nvidia-smi numbers the GPUs; N for host-N) or key
+    ("host-0", "GPU-<uuid>") for that device alone; None for every device with a pool. The
+    dict is schema version 2 of docs/observability.md, sizes in bytes and times in seconds:
+    {"version": 2, "devices": [{"key", "index", "server": {"state", "pid", ...}, "pool_bytes",
+    "free_bytes", "frames", "holder" (None: nobody; else "pid", "user", "command", "job",
+    "held_seconds", ...), "queue" (each waiter's "waiting_seconds" and "behind_pid"),
+    "processes": [{"pid", "user", "command", "job", "phase", "resident_bytes", ...}], ...}]};
+    "devices" is empty where no device has a pool.
 
-    Raises ValueError for a device that is not a string, vramswap.Error when the CLI is
-    missing, fails (its message included: an unknown device, a bad VRAMSWAP_* setting) or
-    prints no JSON. Devices the CLI skipped (unreadable segments) come as RuntimeWarnings.
+    Raises ValueError for a device that is neither a number nor a string, vramswap.Error when
+    the CLI is missing, fails (its message included: an unknown device, a bad VRAMSWAP_*
+    setting) or prints no JSON. Devices the CLI skipped (unreadable segments) come as
+    RuntimeWarnings.
     """
-    if device is not None and not isinstance(device, str):
-        raise ValueError(f"vramswap.status: device must be a device key such as 'host-0', not {device!r}")
+    if isinstance(device, bool) or (device is not None and not isinstance(device, (int, str))):
+        raise ValueError(f"vramswap.status: device must be a device number such as 0 or a key such as 'host-0', not {device!r}")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"vramswap.status: device must be a device number such as 0 or a key such as 'host-0', not {device!r}")
+        device = str(device)
     cli = binary_path("vramswap")
     if not os.path.isfile(cli):
         raise Error(

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -15,8 +16,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -28,10 +31,13 @@
 #include <thread>
 #include <vector>
 
+#include "cli/status_view.hpp"
 #include "lock/process_identity.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
+#include "pool/device_index.hpp"
 #include "pool/pool_segment.hpp"
+#include "pool/process_label.hpp"
 #include "lock/shared_segment.hpp"
 #include "support/deployment.hpp"
 #include "support/loopback.hpp"
@@ -46,8 +52,15 @@ const std::string k_key = "host-0";
 
 struct ran {
   int status = -1;
-  std::string out;
+  std::string out, err;
 };
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
 
 class Cli : public ::testing::Test {
  protected:
@@ -93,16 +106,16 @@ class Cli : public ::testing::Test {
     workers_.clear();
   }
 
-  ran run(std::vector<std::string> args) {
+  ran run(std::vector<std::string> args, const std::vector<std::string>& extra = {}) {
     const std::string out = dir_ + "/out." + std::to_string(runs_++);
-    const pid_t pid = spawn(std::move(args), {}, out);
+    const std::string err = out + ".err";
+    const pid_t pid = spawn(std::move(args), extra, out, err);
     ran r;
     r.status = wait_for(pid);
-    std::ifstream f(out);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    r.out = ss.str();
+    r.out = read_file(out);
+    r.err = read_file(err);
     ::unlink(out.c_str());
+    ::unlink(err.c_str());
     return r;
   }
 
@@ -194,7 +207,7 @@ TEST_F(Cli, StatusShowsPoolHolderQueueAndPerProcessBytes) {
   EXPECT_EQ(num(s, "devices.0.free_bytes"), free_frames * 2 * MiB);
   const std::string holder = s["devices.0.holder.pid"];
   EXPECT_TRUE(pids.count(holder)) << holder;
-  EXPECT_EQ(s["devices.0.holder.command"], "\"session_worker\"");
+  EXPECT_EQ(s["devices.0.holder.command"].rfind("\"session_worker 41943040 3 ", 0), 0u) << s["devices.0.holder.command"];
   EXPECT_GE(real(s, "devices.0.holder.held_seconds"), 0.0);
   std::set<std::string> waiting;
   for (int i = 0; i < 2; ++i) {
@@ -202,7 +215,7 @@ TEST_F(Cli, StatusShowsPoolHolderQueueAndPerProcessBytes) {
     waiting.insert(s[q + "pid"]);
     EXPECT_EQ(s[q + "priority"], "\"normal\"");
     EXPECT_GE(real(s, q + "waiting_seconds"), 0.0);
-    EXPECT_EQ(s[q + "command"], "\"session_worker\"");
+    EXPECT_EQ(s[q + "command"].rfind("\"session_worker ", 0), 0u) << s[q + "command"];
   }
   EXPECT_EQ(waiting.size(), 2u);
   EXPECT_FALSE(waiting.count(holder));
@@ -223,9 +236,9 @@ TEST_F(Cli, StatusShowsPoolHolderQueueAndPerProcessBytes) {
   // The text form of a moment later (the holder may have changed since): one of the workers
   // holds or is between turns, and every worker is listed.
   const ran text = run({VRAMSWAP_CLI_BINARY, "status"});
-  EXPECT_NE(text.out.find("device host-0: pool 64.0 MiB = 32 frames of 2.0 MiB"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("device 0 \xC2\xB7 host-0 \xC2\xB7 pool 64 MiB (32 frames of 2 MiB)"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("queue: "), std::string::npos) << text.out;
-  for (const std::string& p : pids) EXPECT_NE(text.out.find("\n  " + p + " "), std::string::npos) << text.out;
+  for (const std::string& p : pids) EXPECT_NE(text.out.find(" " + p + "  "), std::string::npos) << text.out;
 
   // After a few turns, memory has moved: saved pages in host memory, bytes copied both ways.
   uint64_t host = 0, out = 0, in = 0, swaps = 0;
@@ -284,7 +297,9 @@ TEST_F(Cli, TraceHoldsEveryProcessesEventsInOrder) {
   std::ifstream f(trace);
   std::stringstream ss;
   ss << f.rdbuf();
-  EXPECT_NE(ss.str().find("\"process_name\", \"ph\": \"M\", \"pid\": " + std::to_string(a)), std::string::npos);
+  EXPECT_NE(ss.str().find("\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(a) + ","), std::string::npos) << ss.str();
+  // Each process is named by its command line (its job name when it has one).
+  EXPECT_NE(ss.str().find("\"args\":{\"name\":\"session_worker 41943040 3 20 100\"}"), std::string::npos);
 }
 
 std::string http_get(uint16_t port, const std::string& path) {
@@ -382,6 +397,326 @@ TEST_F(Cli, LogLinesCarryTimePidAndDevice) {
   }
   EXPECT_GT(lines, 0);
   EXPECT_EQ(granted, 2);
+}
+
+// Columns a line takes on a terminal (UTF-8 characters; an escape sequence takes none).
+size_t screen_columns(const std::string& line) {
+  size_t n = 0;
+  for (size_t i = 0; i < line.size(); ++i) {
+    if (line[i] == '\033') {
+      while (i < line.size() && !std::isalpha(static_cast<unsigned char>(line[i]))) ++i;
+      continue;
+    }
+    n += (static_cast<unsigned char>(line[i]) & 0xC0) != 0x80 ? 1 : 0;
+  }
+  return n;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// Two jobs take turns, one named by VRAMSWAP_JOB_NAME: the status names each by user, job
+// name or command line, numbers the device, says how long the waiter has waited and behind
+// whom, and fits 100 columns; --device takes the number, the key or a prefix, in both forms.
+TEST_F(Cli, StatusNamesJobsUsersAndWhomEachWaiterWaitsBehind) {
+  if (!have_python()) GTEST_SKIP() << "python3 is not available to parse the JSON";
+  const pid_t a = worker(40 * MiB, 2, 50, 1500, {"VRAMSWAP_JOB_NAME=train-llama"});
+  const pid_t b = worker(40 * MiB, 2, 51, 1500);
+  const std::string me = user_name(::geteuid());
+  std::map<std::string, std::string> s;
+  const auto deadline = clock_type::now() + std::chrono::seconds(30);
+  while (clock_type::now() < deadline) {
+    s = status_json();
+    if (s["devices.0.holder.phase"] == "\"running\"" && num(s, "devices.0.queue.#") == 1 && num(s, "devices.0.processes.#") == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(num(s, "devices.0.queue.#"), 1u) << "never saw one job holding while the other waits";
+  const pid_t holder = static_cast<pid_t>(num(s, "devices.0.holder.pid"));
+  const pid_t waiter = holder == a ? b : a;
+  ASSERT_TRUE(holder == a || holder == b) << holder;
+  auto command_of_worker = [&](pid_t w) { return std::string("session_worker 41943040 2 ") + (w == a ? "50" : "51") + " 1500"; };
+  EXPECT_EQ(num(s, "devices.0.index"), 0u);
+  EXPECT_EQ(s["devices.0.server.state"], "\"running\"");
+  EXPECT_EQ(s["devices.0.holder.user"], "\"" + me + "\"");
+  EXPECT_EQ(s["devices.0.holder.command"], "\"" + command_of_worker(holder) + "\"");
+  EXPECT_EQ(s["devices.0.holder.job"], holder == a ? "\"train-llama\"" : "None");
+  EXPECT_EQ(num(s, "devices.0.queue.0.pid"), static_cast<uint64_t>(waiter));
+  EXPECT_EQ(num(s, "devices.0.queue.0.position"), 1u);
+  EXPECT_EQ(num(s, "devices.0.queue.0.behind_pid"), static_cast<uint64_t>(holder));
+  EXPECT_GT(real(s, "devices.0.queue.0.waiting_seconds"), 0.0);
+  EXPECT_EQ(s["devices.0.queue.0.user"], "\"" + me + "\"");
+  EXPECT_EQ(s["devices.0.queue.0.job"], waiter == a ? "\"train-llama\"" : "None");
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = "devices.0.processes." + std::to_string(i) + ".";
+    const pid_t pid = static_cast<pid_t>(num(s, p + "pid"));
+    EXPECT_EQ(s[p + "user"], "\"" + me + "\"");
+    EXPECT_EQ(num(s, p + "uid"), ::geteuid());
+    EXPECT_EQ(s[p + "comm"], "\"session_worker\"");
+    EXPECT_EQ(s[p + "command"], "\"" + command_of_worker(pid) + "\"");
+    EXPECT_EQ(s[p + "job"], pid == a ? "\"train-llama\"" : "None");
+    EXPECT_GE(real(s, p + "lock_wait_seconds"), 0.0) << "times are in seconds";
+    EXPECT_EQ(s.count(p + "lock_wait_ns"), 0u) << "one unit per kind: no nanoseconds beside the seconds";
+  }
+
+  // The text: the same facts, in at most 100 columns.
+  const ran text = run({VRAMSWAP_CLI_BINARY, "status"});
+  ASSERT_EQ(WEXITSTATUS(text.status), 0) << text.err;
+  std::istringstream lines(text.out);
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(screen_columns(line), 100u) << "too wide:\n" << line << "\n" << text.out;
+  EXPECT_NE(text.out.find("device 0 \xC2\xB7 host-0 \xC2\xB7 pool "), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("\033["), std::string::npos) << "no color when stdout is no terminal";
+  EXPECT_NE(text.out.find("PID  USER"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("JOB / COMMAND"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("train-llama"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find(command_of_worker(b)), std::string::npos) << text.out;
+  // The holder may have changed since the JSON: whoever waits now waits behind the other.
+  const std::string behind_a = "behind pid " + std::to_string(a) + " (train-llama)";
+  const std::string behind_b = "behind pid " + std::to_string(b) + " (session_worker";
+  EXPECT_TRUE(text.out.find(behind_a) != std::string::npos || text.out.find(behind_b) != std::string::npos ||
+              text.out.find("queue: 0 waiting") != std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find(" waiting "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("(" + me + ")"), std::string::npos) << text.out;
+
+  // --device: the number, the key or a prefix of it; "--device KEY" and "--device=KEY".
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--device", "0"}, {"--device=0"}, {"--device", "host-0"},
+                                                {"--device=host"}}) {
+    std::vector<std::string> cmd = {VRAMSWAP_CLI_BINARY, "status"};
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    const ran r = run(cmd);
+    EXPECT_EQ(WEXITSTATUS(r.status), 0) << args[0] << "\n" << r.err;
+    EXPECT_NE(r.out.find("device 0 \xC2\xB7 host-0"), std::string::npos) << args[0] << "\n" << r.out;
+  }
+  const ran unknown = run({VRAMSWAP_CLI_BINARY, "status", "--device", "7"});
+  EXPECT_EQ(WEXITSTATUS(unknown.status), 1);
+  EXPECT_NE(unknown.err.find("no device \"7\": the devices with a vramswap pool are 0 (host-0)"), std::string::npos) << unknown.err;
+  const ran unknown_key = run({VRAMSWAP_CLI_BINARY, "status", "--device=GPU-0000"});
+  EXPECT_EQ(WEXITSTATUS(unknown_key.status), 1);
+  EXPECT_NE(unknown_key.err.find("0 (host-0)"), std::string::npos) << unknown_key.err;
+  expect_workers_ok();
+}
+
+// The command line's conventions: help everywhere, conflicting or malformed flags are usage
+// errors (exit 2) that say what is wrong.
+TEST_F(Cli, HelpAndConflictingFlags) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"status", "--help"}, {"help", "status"}, {"status", "-h"}}) {
+    std::vector<std::string> cmd = {VRAMSWAP_CLI_BINARY};
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    const ran r = run(cmd);
+    EXPECT_EQ(WEXITSTATUS(r.status), 0) << args[0] << " " << args[1];
+    EXPECT_NE(r.out.find("usage: vramswap status [--json | --prometheus] [--device KEY] [--watch [SECONDS]]"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("--watch"), std::string::npos) << r.out;
+  }
+  const ran top = run({VRAMSWAP_CLI_BINARY, "--help"});
+  EXPECT_EQ(WEXITSTATUS(top.status), 0);
+  EXPECT_NE(top.out.find("usage: vramswap status"), std::string::npos) << top.out;
+  EXPECT_NE(top.out.find("vramswap trace --out FILE"), std::string::npos) << top.out;
+  const ran trace_help = run({VRAMSWAP_CLI_BINARY, "help", "trace"});
+  EXPECT_NE(trace_help.out.find("usage: vramswap trace --out FILE"), std::string::npos) << trace_help.out;
+
+  struct usage_error {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  for (const usage_error& u : std::vector<usage_error>{
+           {{"status", "--json", "--prometheus"}, "vramswap status: --json excludes --prometheus: give one of them"},
+           {{"status", "--prometheus", "--json"}, "excludes"},
+           {{"status", "--watch", "--prometheus"}, "excludes"},
+           {{"status", "--watch", "soon"}, "--watch: SECONDS is a number from 0.1 to 86400, not \"soon\""},
+           {{"status", "--color=purple"}, "--color"},
+           {{"status", "--device"}, "--device"},
+           {{"status", "--bogus"}, "--bogus"},
+           {{"trace"}, "--out is required"},
+           {{"help", "frobnicate"}, "frobnicate"},
+       }) {
+    std::vector<std::string> cmd = {VRAMSWAP_CLI_BINARY};
+    cmd.insert(cmd.end(), u.args.begin(), u.args.end());
+    const ran r = run(cmd);
+    std::string joined;
+    for (const auto& a : u.args) joined += " " + a;
+    EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << "vramswap" << joined << ": status " << r.status;
+    EXPECT_NE(r.err.find(u.says), std::string::npos) << "vramswap" << joined << ":\n" << r.err;
+    EXPECT_NE(r.err.find("--help` for usage"), std::string::npos) << r.err;
+  }
+  const ran no_device = run({VRAMSWAP_CLI_BINARY, "status", "--device=0"});
+  EXPECT_EQ(WEXITSTATUS(no_device.status), 1);
+  EXPECT_NE(no_device.err.find("no device \"0\": no device has a vramswap pool in " + dir_), std::string::npos) << no_device.err;
+}
+
+// --watch redraws until SIGTERM or Ctrl-C, then exits 0: into a file, one screen after
+// another under a header (and JSON Lines with --json); on a terminal, in the alternate
+// screen, redrawn in place from the top left corner, the terminal given back at the end.
+TEST_F(Cli, WatchRefreshesUntilSignalled) {
+  const pid_t w = worker(4 * MiB, 1, 70, 6000);  // a device to watch, holding for a while
+  const std::string out = dir_ + "/watch.out";
+  auto wait_until = [&](const std::function<bool()>& done) {
+    const auto deadline = clock_type::now() + std::chrono::seconds(30);
+    while (!done() && clock_type::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return done();
+  };
+  ASSERT_TRUE(wait_until([&] { return run({VRAMSWAP_CLI_BINARY, "status"}).out.find("holder: pid " + std::to_string(w)) != std::string::npos; }));
+
+  // Into a file.
+  pid_t watcher = spawn({VRAMSWAP_CLI_BINARY, "status", "--watch", "0.2"}, {}, out, "/dev/null");
+  EXPECT_TRUE(wait_until([&] { return count_of(read_file(out), "Every 0.2s: vramswap status") >= 2; })) << read_file(out);
+  ::kill(watcher, SIGTERM);
+  int status = wait_for(watcher);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::string text = read_file(out);
+  EXPECT_GE(count_of(text, "holder: pid " + std::to_string(w)), 2u) << text;
+  EXPECT_EQ(text.find('\033'), std::string::npos) << "escape sequences in a file";
+
+  // JSON Lines.
+  watcher = spawn({VRAMSWAP_CLI_BINARY, "status", "--json", "--watch=0.2"}, {}, out, "/dev/null");
+  EXPECT_TRUE(wait_until([&] { return count_of(read_file(out), "{\"version\":2,\"devices\":[{\"key\":\"host-0\"") >= 2; })) << read_file(out);
+  ::kill(watcher, SIGINT);
+  status = wait_for(watcher);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  text = read_file(out);
+  EXPECT_EQ(count_of(text, "\n"), count_of(text, "{\"version\":2,")) << "one document a line:\n" << text;
+
+  // On a terminal (a pty whose other end this test reads).
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  ASSERT_GE(master, 0) << std::strerror(errno);
+  ASSERT_EQ(::grantpt(master), 0);
+  ASSERT_EQ(::unlockpt(master), 0);
+  char slave[64];
+  ASSERT_EQ(::ptsname_r(master, slave, sizeof slave), 0);
+  watcher = spawn({VRAMSWAP_CLI_BINARY, "status", "--watch", "0.2"}, {"TERM=xterm", "NO_COLOR="}, slave, "/dev/null");
+  std::string screen;
+  auto drain = [&](int wait_ms) {
+    pollfd p{master, POLLIN, 0};
+    char buf[4096];
+    while (::poll(&p, 1, wait_ms) > 0) {
+      const ssize_t n = ::read(master, buf, sizeof buf);
+      if (n <= 0) return false;  // EIO: the terminal's last writer is gone
+      screen.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  };
+  const auto deadline = clock_type::now() + std::chrono::seconds(30);
+  while (count_of(screen, "Every 0.2s: vramswap status") < 2 && clock_type::now() < deadline) drain(50);
+  ::kill(watcher, SIGINT);
+  status = wait_for(watcher);
+  while (drain(100)) {
+  }
+  ::close(master);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_GE(count_of(screen, "Every 0.2s: vramswap status"), 2u) << screen;
+  EXPECT_EQ(screen.rfind("\033[?1049h", 0), 0u) << "the alternate screen first";
+  EXPECT_GE(count_of(screen, "\033[H"), 2u) << "each screen drawn from the top left corner";
+  EXPECT_GE(count_of(screen, "\033[J"), 2u) << "what is below each screen cleared";
+  EXPECT_NE(screen.find("\033[32mrunning"), std::string::npos) << "a running holder in green on a terminal";
+  EXPECT_NE(screen.find("\033[?25h\033[?1049l"), std::string::npos) << "the cursor and the screen given back at the end";
+  expect_workers_ok();
+}
+
+// A daemon killed with SIGKILL leaves its pool segment: status says it is not running (not
+// its old pid), and a client that has exited since is not listed, only counted.
+TEST_F(Cli, DeadDaemonIsFlaggedAndExitedClientsAreNotListed) {
+  if (!have_python()) GTEST_SKIP() << "python3 is not available to parse the JSON";
+  const pid_t a = worker(4 * MiB, 1, 80, 8000);
+  const pid_t b = worker(4 * MiB, 1, 81, 8000);
+  std::map<std::string, std::string> s;
+  const auto deadline = clock_type::now() + std::chrono::seconds(30);
+  while (clock_type::now() < deadline) {
+    s = status_json();
+    if (num(s, "devices.0.processes.#") == 2 && s.count("devices.0.holder.pid")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(num(s, "devices.0.processes.#"), 2u);
+  const pid_t server = static_cast<pid_t>(num(s, "devices.0.server.pid"));
+  ASSERT_GT(server, 0);
+  ASSERT_EQ(::kill(server, SIGKILL), 0);
+  // The daemon was started on demand (detached): gone once its /proc entry is.
+  const auto gone = clock_type::now() + std::chrono::seconds(10);
+  while (::kill(server, 0) == 0 && clock_type::now() < gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The waiter exits (killed) while no daemon is there to repair its slot.
+  const pid_t waiter = static_cast<pid_t>(num(s, "devices.0.holder.pid")) == a ? b : a;
+  ::kill(waiter, SIGKILL);
+  wait_for(waiter);
+  workers_.erase(std::find(workers_.begin(), workers_.end(), waiter));
+
+  s = status_json();
+  EXPECT_EQ(s["devices.0.server.state"], "\"dead\"");
+  EXPECT_EQ(s["devices.0.server.pid"], "None");
+  EXPECT_EQ(s["devices.0.server.metrics_port"], "None");
+  EXPECT_GE(num(s, "devices.0.exited_processes"), 1u);
+  for (int i = 0; i < static_cast<int>(num(s, "devices.0.processes.#")); ++i) {
+    EXPECT_NE(num(s, "devices.0.processes." + std::to_string(i) + ".pid"), static_cast<uint64_t>(waiter)) << "an exited client is listed";
+  }
+  const ran text = run({VRAMSWAP_CLI_BINARY, "status"});
+  EXPECT_NE(text.out.find("daemon: NOT RUNNING (vramswapd died"), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find(std::to_string(server)), std::string::npos) << "the dead daemon's pid is shown:\n" << text.out;
+  EXPECT_EQ(text.out.find(" " + std::to_string(waiter) + "  "), std::string::npos) << "the exited client is listed:\n" << text.out;
+  EXPECT_NE(text.out.find("exited process"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("nobody frees what they held while the daemon is down"), std::string::npos) << text.out;
+}
+
+// How processes and devices are named, from real inputs of each kind: command lines as
+// /proc/<pid>/cmdline holds them, cgroup files as docker, podman, the kubelet and slurmd
+// leave them, and a /proc/driver/nvidia tree laid out as the driver lays it out.
+TEST(StatusNames, CommandLinesContainersAndDeviceNumbers) {
+  using namespace std::string_literals;
+  EXPECT_EQ(shorten_command_line("/opt/venv/bin/python3.11\0/home/alice/proj/train.py\0--lr\0003e-4\0"s), "python3.11 train.py --lr 3e-4");
+  EXPECT_EQ(shorten_command_line("python\0-u\0/srv/eval.py\0--name\0my run\0"s), "python -u eval.py --name 'my run'");
+  EXPECT_EQ(shorten_command_line("/usr/bin/python3\0-m\0torch.distributed.run\0--nproc-per-node\0008\0/x/t.py\0"s),
+            "python3 -m torch.distributed.run --nproc-per-node 8 /x/t.py");
+  EXPECT_EQ(shorten_command_line("/usr/local/bin/llama-server\0--model\0/models/7b.gguf\0"s), "llama-server --model /models/7b.gguf");
+  EXPECT_EQ(shorten_command_line("/usr/bin/python3 train.py --data /d/x"s), "python3 train.py --data /d/x");  // setproctitle
+  EXPECT_EQ(shorten_command_line(""), "");
+  EXPECT_EQ(command_line_of(::getpid()).rfind("cli_test", 0), 0u) << command_line_of(::getpid());
+
+  const std::string id = "3f2a1b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708";
+  EXPECT_EQ(container_from_cgroup("0::/system.slice/docker-" + id + ".scope\n"), "docker 3f2a1b4c5d6e");
+  EXPECT_EQ(container_from_cgroup("12:memory:/docker/" + id + "\n11:cpu:/docker/" + id + "\n"), "docker 3f2a1b4c5d6e");
+  EXPECT_EQ(container_from_cgroup("0::/machine.slice/libpod-" + id + ".scope/container\n"), "podman 3f2a1b4c5d6e");
+  EXPECT_EQ(container_from_cgroup("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_5e6f_7081_92a3_b4c5d6e7f809"
+                                  ".slice/cri-containerd-" + id + ".scope\n"),
+            "pod 1a2b3c4d");
+  EXPECT_EQ(container_from_cgroup("4:memory:/kubepods/besteffort/pod1a2b3c4d-5e6f-7081-92a3-b4c5d6e7f809/" + id + "\n"), "pod 1a2b3c4d");
+  EXPECT_EQ(container_from_cgroup("0::/system.slice/containerd.service/cri-containerd-" + id + ".scope\n"), "containerd 3f2a1b4c5d6e");
+  EXPECT_EQ(container_from_cgroup("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n"), "slurm 4242");
+  EXPECT_EQ(container_from_cgroup("5:cpuset:/slurm/uid_1000/job_77/step_batch\n"), "slurm 77");
+  EXPECT_EQ(container_from_cgroup("0::/lxc.payload.build01/init.scope\n"), "lxc build01");
+  EXPECT_EQ(container_from_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n"), "");
+  EXPECT_EQ(container_from_cgroup("0::/system.slice/docker.service\n"), "");
+
+  // The driver's tree, listed out of order: numbered by PCI bus id, as nvidia-smi numbers them.
+  char root[] = "/tmp/vramswap-proc-XXXXXX";
+  ASSERT_NE(::mkdtemp(root), nullptr);
+  const std::string gpus = std::string(root) + "/driver/nvidia/gpus";
+  const std::vector<std::pair<std::string, std::string>> cards = {{"0000:9b:00.0", "GPU-bbbbbbbb-0000-0000-0000-000000000002"},
+                                                                   {"0000:18:00.0", "GPU-aaaaaaaa-0000-0000-0000-000000000001"}};
+  ASSERT_EQ(std::system(("mkdir -p " + gpus + "/0000:9b:00.0 " + gpus + "/0000:18:00.0").c_str()), 0);
+  for (const auto& [bus, uuid] : cards) {
+    std::ofstream(gpus + "/" + bus + "/information") << "Model: \t\t NVIDIA H200\nIRQ:   \t\t 187\nGPU UUID: \t " << uuid
+                                                     << "\nVideo BIOS: \t 96.00.a5.00.01\nBus Type: \t PCIe\nBus Location: \t " << bus
+                                                     << "\nDevice Minor: \t 0\n";
+  }
+  const std::vector<numbered_device> found = nvidia_gpus(root);
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0].key, cards[1].second);
+  EXPECT_EQ(found[1].key, cards[0].second);
+  EXPECT_EQ(device_index_of(cards[0].second, found), 1);
+  EXPECT_EQ(device_index_of("GPU-AAAAAAAA-0000-0000-0000-000000000001", found), 0);
+  EXPECT_EQ(device_index_of("GPU-cccccccc-0000-0000-0000-000000000003", found), -1);
+  EXPECT_EQ(device_index_of("host-3", found), 3);
+  EXPECT_TRUE(nvidia_gpus(std::string(root) + "/nothing").empty());
+  ASSERT_EQ(std::system(("rm -rf " + std::string(root)).c_str()), 0);
+
+  EXPECT_EQ(human_bytes(0), "0 B");
+  EXPECT_EQ(human_bytes(2 * MiB), "2 MiB");
+  EXPECT_EQ(human_bytes(1536 * MiB), "1.50 GiB");
+  EXPECT_EQ(human_bytes(1000 * MiB), "0.98 GiB");
+  EXPECT_EQ(human_bytes(80ull << 30), "80 GiB");
+  EXPECT_EQ(human_duration(0.25), "250 ms");
+  EXPECT_EQ(human_duration(12.34), "12.3 s");
+  EXPECT_EQ(human_duration(245), "4 min 05 s");
+  EXPECT_EQ(human_duration(7500), "2 h 05 min");
 }
 
 // The trace ring in-process: records read back in order; a writer that died between claiming

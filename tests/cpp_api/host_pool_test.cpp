@@ -28,6 +28,7 @@
 
 #include "core/backend.hpp"
 #include "core/status.hpp"
+#include "cli/status_view.hpp"
 #include "pool/pool_report.hpp"
 #include "pool/pool_segment.hpp"
 #include "support/deployment.hpp"

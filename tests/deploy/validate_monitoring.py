@@ -37,9 +37,7 @@ import time
 import urllib.request
 
 # Metrics that the rules may name but this daemon run does not export, and why.
-CONDITIONAL = {
-    "vramswap_holder_over_hold_limit": "present where the hold limit is configured (VRAMSWAP_MAX_HOLD)",
-}
+CONDITIONAL = {}
 # Prometheus's own series that the files may name.
 PROMETHEUS_OWN = {"up"}
 GRID_COLUMNS = 24

@@ -45,6 +45,7 @@
 #include "lock/device_lock.hpp"
 #include "pool/pool_connection.hpp"
 #include "pool/pool_protocol.hpp"
+#include "cli/status_view.hpp"
 #include "pool/pool_report.hpp"
 #include "pool/pool_segment.hpp"
 #include "lock/process_identity.hpp"

@@ -94,7 +94,7 @@ os.environ.update({
 })
 os.environ.pop("VRAMSWAP_SERVER", None)  # the session must find vramswapd in the package
 empty = vramswap.status()
-check(empty == {"version": 1, "devices": []}, f"vramswap.status() with no device: {empty!r}")
+check(empty == {"version": 2, "devices": []}, f"vramswap.status() with no device: {empty!r}")
 try:
     vramswap.status("host-7")
     check(False, "vramswap.status('host-7') raises")
@@ -125,7 +125,8 @@ try:
     check(dev["pool_bytes"] == 64 << 20 and dev["frame_size"] == 2 << 20, f"host-0's pool is 64 MiB of 2 MiB frames: {dev['pool_bytes']}, {dev['frame_size']}")
     mine = [p for p in dev["processes"] if p["pid"] == holder.pid]
     check(mine and mine[0]["resident_bytes"] >= 8 << 20, f"the holder has its 8 MiB resident: {mine}")
-    server = dev["server_pid"]
+    check(dev["server"]["state"] == "running", f"host-0's daemon runs: {dev['server']}")
+    server = dev["server"]["pid"]
     server_exe = os.readlink(f"/proc/{server}/exe")
     check(server_exe == os.path.realpath(os.path.join(PKG, "vramswapd")), f"vramswapd (pid {server}) was started on demand from the wheel: {server_exe}")
     check(vramswap.status("host-0")["devices"][0]["key"] == "host-0", "vramswap.status('host-0') reports that device alone")
