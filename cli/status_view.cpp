@@ -126,7 +126,8 @@ void render_device(const device_report& d, const text_options& o, std::string* o
       break;
     case server_state::dead:
       t += "  daemon: " + paint("NOT RUNNING", tint::red) +
-           " (vramswapd died; the pool below is as it left it; the next job to start starts a new one)\n";
+           " (vramswapd died; the pool below is as it left it; its jobs or the next to start start a new one, which "
+           "adopts the pool)\n";
       break;
     case server_state::unknown:
       t += "  daemon: in another PID namespace (this one cannot tell whether it runs)\n";
@@ -140,7 +141,7 @@ void render_device(const device_report& d, const text_options& o, std::string* o
   }
   if (d.exited != 0) {
     t += fmt("  %u exited process%s left in the pool's table: %s\n", d.exited, d.exited == 1 ? "" : "es",
-             d.server == server_state::running ? "the daemon frees what they held shortly" : "nobody frees what they held while the daemon is down");
+             d.server == server_state::running ? "the daemon frees what they held shortly" : "the next daemon frees what they held");
   }
 
   // The holder, and what everyone waits behind.
