@@ -749,7 +749,7 @@ int device_lock::snapshot(std::vector<lock_queue_entry>* out, int64_t wait_ns) n
     const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
     if (state != slot_waiting && state != slot_holding) continue;
     out->push_back({slots[i].pid, slots[i].tid, static_cast<lock_priority>(slots[i].priority.load()), slots[i].ticket.load(),
-                    state == slot_holding, slots[i].enqueue_ns, slots[i].pid_ns, slots[i].uid});
+                    state == slot_holding, slots[i].enqueue_ns, slots[i].pid_ns, slots[i].uid, slot_owner_alive(i)});
   }
   unlock_mutex();
   std::sort(out->begin(), out->end(), [](const lock_queue_entry& a, const lock_queue_entry& b) {

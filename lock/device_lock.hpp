@@ -111,6 +111,10 @@ struct lock_queue_entry {
   uint64_t enqueue_ns = 0;  // CLOCK_MONOTONIC when the thread asked for the lock
   uint64_t pid_ns = 0;      // the PID namespace `pid` and `tid` belong to
   uint32_t uid = 0;         // the thread's effective uid (whose process, for observers)
+  // Its owner still holds the slot's liveness lease. False: the process has exited and the
+  // slot awaits the liveness scan (a waiter's, within k_liveness_poll_ns; with no waiter,
+  // the next acquire's).
+  bool alive = true;
 };
 
 // Asked by a waiting acquire whether to give up (see Interruption, above). signal_ran: a

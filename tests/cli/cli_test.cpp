@@ -645,12 +645,31 @@ TEST_F(Cli, DeadDaemonIsFlaggedAndExitedClientsAreNotListed) {
   for (int i = 0; i < static_cast<int>(num(s, "devices.0.processes.#")); ++i) {
     EXPECT_NE(num(s, "devices.0.processes." + std::to_string(i) + ".pid"), static_cast<uint64_t>(waiter)) << "an exited client is listed";
   }
-  const ran text = run({VRAMSWAP_CLI_BINARY, "status"});
+  // Nor is it in the queue, though no waiter is left to run the lock's liveness scan.
+  for (int i = 0; i < static_cast<int>(num(s, "devices.0.queue.#")); ++i) {
+    EXPECT_NE(num(s, "devices.0.queue." + std::to_string(i) + ".pid"), static_cast<uint64_t>(waiter)) << "an exited waiter is queued";
+  }
+  ran text = run({VRAMSWAP_CLI_BINARY, "status"});
   EXPECT_NE(text.out.find("daemon: NOT RUNNING (vramswapd died"), std::string::npos) << text.out;
-  EXPECT_EQ(text.out.find(std::to_string(server)), std::string::npos) << "the dead daemon's pid is shown:\n" << text.out;
+  EXPECT_EQ(text.out.find("pid " + std::to_string(server)), std::string::npos) << "the dead daemon's pid is shown:\n" << text.out;
+  EXPECT_EQ(text.out.find("daemon: pid"), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("pid " + std::to_string(waiter) + " "), std::string::npos) << "the exited client is queued:\n" << text.out;
   EXPECT_EQ(text.out.find(" " + std::to_string(waiter) + "  "), std::string::npos) << "the exited client is listed:\n" << text.out;
   EXPECT_NE(text.out.find("exited process"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("nobody frees what they held while the daemon is down"), std::string::npos) << text.out;
+
+  // The holder exits too: nobody holds the lock any more, and status says whose it was.
+  const pid_t holder = waiter == a ? b : a;
+  ::kill(holder, SIGKILL);
+  wait_for(holder);
+  workers_.erase(std::find(workers_.begin(), workers_.end(), holder));
+  s = status_json();
+  EXPECT_EQ(s["devices.0.holder"], "None");
+  EXPECT_EQ(num(s, "devices.0.processes.#"), 0u);
+  EXPECT_EQ(num(s, "devices.0.exited_processes"), 2u);
+  text = run({VRAMSWAP_CLI_BINARY, "status"});
+  EXPECT_NE(text.out.find("holder: none (pid " + std::to_string(holder) + " exited holding the lock"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("2 exited processes left"), std::string::npos) << text.out;
 }
 
 // How processes and devices are named, from real inputs of each kind: command lines as
