@@ -420,8 +420,8 @@ size_t count_of(const std::string& text, const std::string& what) {
 // whom, and fits 100 columns; --device takes the number, the key or a prefix, in both forms.
 TEST_F(Cli, StatusNamesJobsUsersAndWhomEachWaiterWaitsBehind) {
   if (!have_python()) GTEST_SKIP() << "python3 is not available to parse the JSON";
-  const pid_t a = worker(40 * MiB, 2, 50, 1500, {"VRAMSWAP_JOB_NAME=train-llama"});
-  const pid_t b = worker(40 * MiB, 2, 51, 1500);
+  const pid_t a = worker(40 * MiB, 2, 50, 1000, {"VRAMSWAP_JOB_NAME=train-llama"});
+  const pid_t b = worker(40 * MiB, 2, 51, 1000);
   const std::string me = user_name(::geteuid());
   std::map<std::string, std::string> s;
   const auto deadline = clock_type::now() + std::chrono::seconds(30);
@@ -434,7 +434,7 @@ TEST_F(Cli, StatusNamesJobsUsersAndWhomEachWaiterWaitsBehind) {
   const pid_t holder = static_cast<pid_t>(num(s, "devices.0.holder.pid"));
   const pid_t waiter = holder == a ? b : a;
   ASSERT_TRUE(holder == a || holder == b) << holder;
-  auto command_of_worker = [&](pid_t w) { return std::string("session_worker 41943040 2 ") + (w == a ? "50" : "51") + " 1500"; };
+  auto command_of_worker = [&](pid_t w) { return std::string("session_worker 41943040 2 ") + (w == a ? "50" : "51") + " 1000"; };
   EXPECT_EQ(num(s, "devices.0.index"), 0u);
   EXPECT_EQ(s["devices.0.server.state"], "\"running\"");
   EXPECT_EQ(s["devices.0.holder.user"], "\"" + me + "\"");
@@ -608,7 +608,7 @@ TEST_F(Cli, WatchRefreshesUntilSignalled) {
   EXPECT_GE(count_of(screen, "\033[J"), 2u) << "what is below each screen cleared";
   EXPECT_NE(screen.find("\033[32mrunning"), std::string::npos) << "a running holder in green on a terminal";
   EXPECT_NE(screen.find("\033[?25h\033[?1049l"), std::string::npos) << "the cursor and the screen given back at the end";
-  expect_workers_ok();
+  // The worker, still holding, is killed by TearDown: nothing here waits for its turn to end.
 }
 
 // A daemon killed with SIGKILL leaves its pool segment: status says it is not running (not
