@@ -147,7 +147,9 @@ void render_device(const device_report& d, const text_options& o, std::string* o
   // The holder, and what everyone waits behind.
   const process_report* holder = d.holder();
   std::string holder_label;
-  if (d.holder_pid == 0) {
+  if (d.holder_pid == 0 && d.exited_holder_pid != 0) {
+    t += fmt("  holder: none (pid %d exited holding the lock; it passes on at the next acquire)\n", static_cast<int>(d.exited_holder_pid));
+  } else if (d.holder_pid == 0) {
     t += "  holder: none\n";
   } else if (holder != nullptr) {
     holder_label = holder->label();

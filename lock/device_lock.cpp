@@ -924,7 +924,7 @@ int device_lock::snapshot(std::vector<lock_queue_entry>* out, int64_t wait_ns) n
     if (state != slot_waiting && state != slot_holding) continue;
     const bool holding = state == slot_holding;
     out->push_back({slots[i].pid, slots[i].tid, static_cast<lock_priority>(slots[i].priority.load()), slots[i].ticket.load(),
-                    holding, slots[i].enqueue_ns, slots[i].pid_ns, slots[i].uid, slots[i].max_hold_ns.load(std::memory_order_relaxed),
+                    holding, slots[i].enqueue_ns, slots[i].pid_ns, slots[i].uid, slot_owner_alive(i), slots[i].max_hold_ns.load(std::memory_order_relaxed),
                     holding ? 0 : slots[i].behind_ticket.load(std::memory_order_relaxed),
                     holding ? slots[i].granted_ns.load(std::memory_order_relaxed) : 0,
                     holding ? slots[i].over_limit_since_ns.load(std::memory_order_relaxed) : 0,

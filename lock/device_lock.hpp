@@ -130,6 +130,10 @@ struct lock_queue_entry {
   uint64_t enqueue_ns = 0;  // CLOCK_MONOTONIC when the thread asked for the lock
   uint64_t pid_ns = 0;      // the PID namespace `pid` and `tid` belong to
   uint32_t uid = 0;         // the thread's effective uid (whose process, for observers)
+  // Its owner still holds the slot's liveness lease. False: the process has exited and the
+  // slot awaits the liveness scan (a waiter's, within k_liveness_poll_ns; with no waiter,
+  // the next acquire's).
+  bool alive = true;
   // Fair turns (times CLOCK_MONOTONIC, 0: none):
   uint64_t max_hold_ns = 0;           // the owner's VRAMSWAP_MAX_HOLD (0: no limit)
   uint64_t behind_ticket = 0;         // a waiter's penalty: served after the waiters below this ticket

@@ -229,6 +229,10 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     if (lock->snapshot(&q) == ok) {
       d.have_queue = true;
       for (const lock_queue_entry& e : q) {
+        if (!e.alive) {  // exited: the lock's liveness scan frees its slot (and passes the lock on)
+          if (e.holding) d.exited_holder_pid = e.pid;
+          continue;
+        }
         queue_report r;
         r.pid = e.pid;
         r.tid = e.tid;

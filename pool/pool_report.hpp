@@ -115,6 +115,9 @@ struct device_report {
   // The holder (pid 0 when nobody holds the lock), from the queue, else from the members.
   pid_t holder_pid = 0;
   uint64_t holder_pid_ns = 0;
+  // Queue entries of exited processes (their slots not yet repaired) are left out of
+  // `queue`; a holder among them is named here (0: none), as it no longer holds anything.
+  pid_t exited_holder_pid = 0;
   // How long holds last (the lock's moving averages; 0 before the first release), and
   // whether they are regular enough for waiters to wake ahead of a release (docs/lock.md).
   uint64_t hold_mean_ns = 0, hold_jitter_ns = 0;
