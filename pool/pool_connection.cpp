@@ -110,6 +110,29 @@ bool restart_expected(const std::string& key) {
   return (seg->header()->server_flags.load(std::memory_order_relaxed) & pool_layout::k_server_managed) != 0;
 }
 
+// A hello naming this process (pid, start time, PID namespace), for a first join or a rejoin.
+int hello_from_this_process(pool_protocol::hello* h) {
+  process_identity me{};
+  VS_TRY(current_process(&me));
+  *h = pool_protocol::hello{};
+  h->magic = pool_protocol::k_magic;
+  h->version = pool_protocol::k_version;
+  h->pid = me.pid;
+  h->start_time = me.start_time;
+  h->pid_ns = me.pid_ns;
+  return ok;
+}
+
+// Send `h` with a pidfd of this process: the server learns of its exit from it, in whatever
+// PID namespace either runs (pool/pool_protocol.hpp). Without one (a kernel or a seccomp
+// policy without pidfd_open) the server falls back on what it can see.
+int send_hello(int fd, const pool_protocol::hello& h) {
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+  const int sent = send_fds(fd, pidfd >= 0 ? &pidfd : nullptr, pidfd >= 0 ? 1 : 0, &h, sizeof h);
+  if (pidfd >= 0) ::close(pidfd);
+  return sent;
+}
+
 }  // namespace
 
 int pool_connection::connect(backend& be, int device, bool autostart, std::unique_ptr<pool_connection>* out) noexcept {
@@ -164,20 +187,9 @@ int pool_connection::handshake() noexcept {
   using namespace pool_protocol;
   // Bounded: a server that stops answering is an error, not a hang.
   VS_TRY(set_timeouts(fd_, k_start_timeout_s));
-  process_identity me{};
-  VS_TRY(current_process(&me));
   hello h{};
-  h.magic = k_magic;
-  h.version = k_version;
-  h.pid = me.pid;
-  h.start_time = me.start_time;
-  h.pid_ns = me.pid_ns;
-  // A pidfd of this process goes with the hello: the server learns of its exit from it, in
-  // whatever PID namespace either runs (pool/pool_protocol.hpp). Without one (a kernel or a
-  // seccomp policy without pidfd_open) the server falls back on what it can see.
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
-  const int sent = send_fds(fd_, pidfd >= 0 ? &pidfd : nullptr, pidfd >= 0 ? 1 : 0, &h, sizeof h);
-  if (pidfd >= 0) ::close(pidfd);
+  VS_TRY(hello_from_this_process(&h));
+  const int sent = send_hello(fd_, h);
   const std::string send_error = sent == ok ? "" : last_error();
 
   // Read the welcome even when the hello could not be sent: a server refuses a peer it does
@@ -299,21 +311,12 @@ int pool_connection::rejoin(bool autostart) noexcept {
 int pool_connection::rejoin_on(int fd) noexcept {
   using namespace pool_protocol;
   VS_TRY(set_timeouts(fd, k_start_timeout_s));
-  process_identity me{};
-  VS_TRY(current_process(&me));
   hello h{};
-  h.magic = k_magic;
-  h.version = k_version;
-  h.pid = me.pid;
-  h.start_time = me.start_time;
-  h.pid_ns = me.pid_ns;
+  VS_TRY(hello_from_this_process(&h));
   h.flags = k_hello_rejoin;
   h.member = member_;
   h.pool_id = pool_id_;
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
-  const int sent = send_fds(fd, pidfd >= 0 ? &pidfd : nullptr, pidfd >= 0 ? 1 : 0, &h, sizeof h);
-  if (pidfd >= 0) ::close(pidfd);
-  VS_TRY(add_context(sent, "pool: sending the rejoin hello: "));
+  VS_TRY(add_context(send_hello(fd, h), "pool: sending the rejoin hello: "));
   welcome w{};
   size_t len = 0;
   size_t nfds = 0;
