@@ -208,6 +208,12 @@ int backend::export_frame(frame_id frame, int* fd_out) {
     return fail(err_invalid_argument, "export_frame: frame %" PRIu64 " is in host memory (create_host_frame); host frames are "
                 "process-local and cannot be exported", frame);
   }
+  // The CUDA driver refuses to export an allocation this process imported: the same rule on
+  // every backend, so that what passes on the host backend works on a GPU.
+  if (it->second.imported) {
+    return fail(err_invalid_argument, "export_frame: frame %" PRIu64 " was imported from another process; an imported frame cannot be "
+                "exported again: pass on the descriptor it was imported from", frame);
+  }
   return do_export_frame(frame, fd_out);
 }
 
@@ -222,7 +228,7 @@ int backend::import_frame(int device, int fd, size_t size, frame_id* out) {
   }
   frame_id id = 0;
   VS_TRY(do_import_frame(device, fd, size, &id));
-  frames_.emplace(id, frame_rec{device, size, 0});
+  frames_.emplace(id, frame_rec{device, size, 0, frame_location::device, true});
   *out = id;
   return ok;
 }

@@ -97,8 +97,9 @@ class backend {
   // device memory's speed. It does not use device memory. Process-local: never exportable.
   int create_host_frame(int device, size_t size, frame_id* out);
   int frame_location_of(frame_id frame, frame_location* out);
-  // A new descriptor for the frame; the caller owns it (close it when done). Device frames
-  // only: a host frame is err_invalid_argument.
+  // A new descriptor for the frame; the caller owns it (close it when done). Frames this
+  // process created only: a host frame, or one it imported, is err_invalid_argument (the
+  // CUDA driver does not export an imported allocation; pass on the descriptor instead).
   int export_frame(frame_id frame, int* fd_out);
   // Import a frame exported by this or another process. `size` must be the frame's size.
   // The descriptor stays the caller's: close it after import if no longer needed.
@@ -224,6 +225,7 @@ class backend {
     size_t size;
     int mappings;  // how many mappings reference it
     frame_location location = frame_location::device;
+    bool imported = false;  // import_frame's: not exportable again (CUDA refuses it)
   };
   struct pinned_rec {
     size_t size;

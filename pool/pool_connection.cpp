@@ -62,12 +62,13 @@ int set_timeouts(int fd, int seconds) {
   return ok;
 }
 
-// A descriptor limit high enough for `frames` imported frames (the host backend keeps one
-// descriptor per imported frame) plus a margin; best effort.
+// A descriptor limit high enough for `frames` imported frames, twice (the descriptors kept
+// for a next server, pool/kept_descriptors.hpp; and the host backend keeps one descriptor per
+// imported frame), plus a margin; best effort.
 void raise_fd_limit(uint64_t frames) {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
-  const rlim_t want = static_cast<rlim_t>(frames + 1024);
+  const rlim_t want = static_cast<rlim_t>(2 * frames + 1024);
   if (lim.rlim_cur >= want) return;
   lim.rlim_cur = lim.rlim_max == RLIM_INFINITY || lim.rlim_max > want ? want : lim.rlim_max;
   ::setrlimit(RLIMIT_NOFILE, &lim);
@@ -245,7 +246,12 @@ int pool_connection::handshake() noexcept {
           rc = add_context(rc, "pool: importing pool frame %zu: ", frames_.size());
         }
       }
-      ::close(fds[i]);  // imported or not, never kept
+      if (rc == ok && !kept_.keep(fds[i]) && kept_.fds().empty() && !told_not_kept_) {
+        told_not_kept_ = true;
+        log(log_level::info, "pool: this process cannot keep a descriptor of each of the pool's %u frames (%s; RLIMIT_NOFILE): "
+            "it works as always, but a restarted vramswapd cannot take the frames over from it", w.frame_count, std::strerror(errno));
+      }
+      ::close(fds[i]);
     }
     VS_TRY(rc);
   }
@@ -313,7 +319,7 @@ int pool_connection::rejoin_on(int fd) noexcept {
   VS_TRY(set_timeouts(fd, k_start_timeout_s));
   hello h{};
   VS_TRY(hello_from_this_process(&h));
-  h.flags = k_hello_rejoin;
+  h.flags = k_hello_rejoin | (kept_.complete() && kept_.fds().size() == frames_.size() ? k_hello_has_frames : 0);
   h.member = member_;
   h.pool_id = pool_id_;
   VS_TRY(add_context(send_hello(fd, h), "pool: sending the rejoin hello: "));
@@ -359,25 +365,20 @@ int pool_connection::rejoin_on(int fd) noexcept {
   return ok;
 }
 
-// A descriptor of every frame, exported from this process's imports, and of the host pool:
-// the next server has none of its own (its predecessor's went with it).
+// The descriptor of every frame this process was given (kept_: an imported frame cannot be
+// exported again), and of the host pool: the next server has none of its own (its
+// predecessor's went with it).
 int pool_connection::send_frames(int fd) noexcept {
   using namespace pool_protocol;
-  int fds[k_max_fds_per_message];
-  for (size_t first = 0; first < frames_.size(); first += k_max_fds_per_message) {
-    const size_t count = std::min(k_max_fds_per_message, frames_.size() - first);
-    size_t made = 0;
-    int rc = ok;
-    for (; made < count && rc == ok; ++made) {
-      rc = add_context(be_.export_frame(frames_[first + made], &fds[made]), "pool: exporting frame %zu for the next pool server: ", first + made);
-      if (rc != ok) break;
-    }
-    if (rc == ok) {
-      const frame_batch b{static_cast<uint32_t>(first), static_cast<uint32_t>(count)};
-      rc = add_context(send_fds(fd, fds, count, &b, sizeof b), "pool: handing frames %zu.. to the next pool server: ", first);
-    }
-    for (size_t i = 0; i < made; ++i) ::close(fds[i]);
-    VS_TRY(rc);
+  const std::vector<int>& fds = kept_.fds();
+  if (fds.size() != frames_.size()) {
+    return fail(err_invalid_argument, "pool: the next pool server asks for the frames' descriptors, but this process kept %zu of %zu",
+                fds.size(), frames_.size());
+  }
+  for (size_t first = 0; first < fds.size(); first += k_max_fds_per_message) {
+    const size_t count = std::min(k_max_fds_per_message, fds.size() - first);
+    const frame_batch b{static_cast<uint32_t>(first), static_cast<uint32_t>(count)};
+    VS_TRY(add_context(send_fds(fd, fds.data() + first, count, &b, sizeof b), "pool: handing frames %zu.. to the next pool server: ", first));
   }
   if (host_slot_count_ > 0) {
     const pool_protocol::host_pool hp{uint64_t{host_slot_count_} * frame_size_, host_slot_count_, 0};

@@ -13,9 +13,10 @@
 //      is ready on a pipe and connects. k_start_timeout_s bounds all of it, the wait for the
 //      start lock included: a server not ready by then is killed, and the clients that
 //      waited on the lock give up by then too, naming the server, its pid and its log.
-//   3. hello -> welcome; then receives every frame's descriptor in batches, imports each
-//      with backend::import_frame and closes the descriptor at once (never more than one
-//      batch of descriptors open); maps the pool segment that the welcome names.
+//   3. hello -> welcome; then receives every frame's descriptor in batches and imports each
+//      with backend::import_frame. It keeps each descriptor (pool/kept_descriptors.hpp): a
+//      next server can only get the frames from a member, and only as the descriptors the
+//      member was given.
 //   4. When the server has a shared host pool (VRAMSWAP_HOST_POOL): receives its memfd,
 //      maps it, faults it in and registers it with the backend once (pinned), and closes
 //      the descriptor. Saved pages then go to its slots (swap/pool_host_store.hpp).
@@ -52,6 +53,7 @@
 
 #include "core/backend.hpp"
 #include "core/pinned_chunk.hpp"
+#include "pool/kept_descriptors.hpp"
 #include "pool/pool_paths.hpp"
 #include "pool/server_start.hpp"
 
@@ -137,6 +139,8 @@ class pool_connection {
   int host_pool_fd_ = -1;  // the host pool's memfd, kept to hand to a next server
   uint64_t frame_size_ = 0;
   std::vector<frame_id> frames_;
+  kept_descriptors kept_;  // frames_[i]'s descriptor at kept_.fds()[i], for a next server
+  bool told_not_kept_ = false;
   std::unique_ptr<pool_segment> segment_;
   pinned_chunk host_pool_;  // the shared host pool, mapped and pinned; empty when none
   uint32_t host_slot_count_ = 0;

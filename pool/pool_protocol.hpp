@@ -61,9 +61,12 @@
 // welcome, which ends the membership for good (the client's pool is gone: restart the job).
 //   server -> welcome with k_welcome_rejoined, and k_welcome_send_frames when the server has
 //             no handle of the pool's frames yet (it is the first member to come back):
-//   client -> then frame_batch messages carrying a descriptor of every frame, exported from
-//             its own imports (backend::export_frame), in pool order, and with a shared host
-//             pool one host_pool message carrying its memfd; the server imports them.
+//   client -> then frame_batch messages carrying a descriptor of every frame, the ones it
+//             was given and kept (pool/kept_descriptors.hpp: CUDA does not export an
+//             imported allocation again), in pool order, and with a shared host pool one
+//             host_pool message carrying its memfd; the server imports them.
+// Only a client whose hello has k_hello_has_frames (it kept every descriptor) is asked for
+// the frames; one without rejoins all the same, and the server waits for another.
 //   server -> one attached message (status 0).
 // A newcomer that connects while the server waits for a member to hand it the frames waits
 // for its welcome (at most k_adopt_wait_ms, then err_unavailable saying why).
@@ -77,6 +80,8 @@
 //      file name in the runtime dir (it was a /dev/shm name).
 //   4: the attach / attached exchange that ends a handshake; rejoining (hello flags, member,
 //      pool_id; welcome flags, pool_id; frames sent by the client).
+//   5: the client sends the descriptors it was given (it exported its imports), and says in
+//      its hello that it has them (k_hello_has_frames).
 #pragma once
 
 #include <cstdint>
@@ -85,12 +90,13 @@
 namespace vramswap::detail::pool_protocol {
 
 constexpr uint32_t k_magic = 0x50575356;  // "VSWP"
-constexpr uint32_t k_version = 4;
+constexpr uint32_t k_version = 5;
 // How long a newcomer's welcome waits while the server has adopted a pool and no member has
 // come back yet to hand it the frames.
 constexpr int k_adopt_wait_ms = 10'000;
 
-constexpr uint32_t k_hello_rejoin = 1;  // hello::flags: rejoin membership `member` of pool `pool_id`
+constexpr uint32_t k_hello_rejoin = 1;      // hello::flags: rejoin membership `member` of pool `pool_id`
+constexpr uint32_t k_hello_has_frames = 2;  // and this client kept every frame's descriptor to hand over
 
 struct hello {
   uint32_t magic;
@@ -100,7 +106,7 @@ struct hello {
   uint64_t start_time;  // /proc start time of the client (PID reuse)
   uint64_t pid_ns;      // inode of the client's PID namespace (/proc/self/ns/pid)
   // version 4
-  uint32_t flags;       // k_hello_rejoin
+  uint32_t flags;       // k_hello_rejoin, k_hello_has_frames
   uint32_t member;      // with k_hello_rejoin: the member slot this client holds (and leases)
   uint64_t pool_id;     // with k_hello_rejoin: pool_header::pool_id of the pool it belongs to
 };

@@ -144,7 +144,9 @@ void pool_server::serve_rejoin(int fd, const pool_protocol::hello& h, pid_t peer
                                      : "the slot's identity or lease does not match");
     return;
   }
-  const bool send_frames = frames_.empty();
+  // Asked of the first member back that kept the descriptors; one that could not keep them
+  // rejoins without (its imports are its own), and newcomers wait for another.
+  const bool send_frames = frames_.empty() && (h.flags & k_hello_has_frames) != 0;
   welcome w{};
   w.magic = pool_protocol::k_magic;
   w.version = k_version;
@@ -177,10 +179,12 @@ void pool_server::serve_rejoin(int fd, const pool_protocol::hello& h, pid_t peer
   orphan->orphan = false;
   log(log_level::info, "vramswapd: member %u: pid %d rejoined the pool, %.1f s after this server adopted it%s", h.member,
       static_cast<int>(h.pid), static_cast<double>(monotonic_ns() - adopted_ns_) / 1e9,
-      send_frames ? ", and handed over the frames" : "");
+      send_frames               ? ", and handed over the frames"
+      : frames_.empty()         ? " without the frames' descriptors (it could not keep them: RLIMIT_NOFILE); waiting for another member"
+                                : "");
 }
 
-// The frames' descriptors from a rejoining member, exported from its own imports, and the host
+// The frames' descriptors from a rejoining member, the ones it was given and kept, and the host
 // pool's memfd; imported here (for scrubbing) and kept (for newcomers), as build_pool's are.
 int pool_server::receive_frames(int fd) noexcept {
   using namespace pool_protocol;

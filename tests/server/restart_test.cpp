@@ -105,8 +105,7 @@ class Restart : public ::testing::Test {
 
   // A foreground server, as a service manager runs it (with `managed`, a NOTIFY_SOCKET the
   // test holds, so that it tells its clients a manager restarts it); its pid once ready.
-  pid_t start_server(const std::string& tag, bool managed) {
-    std::vector<std::string> extra;
+  pid_t start_server(const std::string& tag, bool managed, std::vector<std::string> extra = {}) {
     if (managed) {
       if (notify_fd_ < 0) {
         notify_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -292,6 +291,50 @@ TEST_F(Restart, JobsGoOnThroughASigtermAndAKillOfTheServerWithEveryByteIntact) {
   EXPECT_TRUE(eventually([&] { return !alive(third); }));
   EXPECT_NE(::access(segment_path().c_str(), F_OK), 0) << "a server with no client left must remove the pool";
   EXPECT_NE(server_log().find("stopped; pool released"), std::string::npos) << server_log();
+}
+
+// A job whose descriptor limit does not let it keep the frames' descriptors works and rejoins
+// a next server all the same; the frames come from a job that kept them, and a newcomer
+// joins through them.
+TEST_F(Restart, AJobThatCannotKeepTheDescriptorsRejoinsAndAnotherHandsTheFramesOver) {
+  if (backend_ != "host") GTEST_SKIP() << "skipped: the descriptor budget is the host backend's (one per imported frame)";
+  constexpr int frames = 64;
+  const pid_t first = start_server("server1", /*managed=*/false, {"VRAMSWAP_POOL_SIZE=" + std::to_string(frames * 2) + "MiB"});
+  ASSERT_GT(first, 0);
+  ASSERT_TRUE(deploy_.open_pool(&pool_, 5000, /*read_only=*/true));
+  ASSERT_EQ(pool_->frame_count(), static_cast<uint32_t>(frames));
+  const pid_t limited = start_job(0, 6 * MiB, "few-fds:" + std::to_string(frames));
+  std::vector<pid_t> jobs = {limited, start_job(1, 6 * MiB)};
+  ASSERT_TRUE(all_take_turns(jobs, 2)) << job_output(0) << job_output(1);
+  EXPECT_NE(job_output(0).find("cannot keep a descriptor of each of the pool's"), std::string::npos) << job_output(0);
+  EXPECT_EQ(job_output(1).find("cannot keep"), std::string::npos) << job_output(1);
+
+  // Killed: the jobs start the next server, which adopts the pool and gets the frames from
+  // the job that kept them, whichever rejoins first.
+  EXPECT_EQ(stop_server(first, SIGKILL), 128 + SIGKILL);
+  EXPECT_TRUE(eventually([&] { return count_of(server_log(), "rejoined the pool") == 2; }, 30s)) << server_log();
+  EXPECT_EQ(count_of(server_log(), "and handed over the frames"), 1u) << server_log();
+  const std::string log = server_log();
+  const size_t at = log.find("pid " + std::to_string(limited) + " rejoined the pool");
+  ASSERT_NE(at, std::string::npos) << log;
+  EXPECT_EQ(log.substr(at, log.find('\n', at) - at).find("handed over"), std::string::npos)
+      << "the job without the descriptors cannot have handed them over: " << log;
+  const pid_t late = start_job(2, 6 * MiB);
+  jobs.push_back(late);
+  EXPECT_TRUE(eventually([&] { return server_log().find("pid " + std::to_string(late) + " attached") != std::string::npos; }))
+      << server_log();
+  EXPECT_TRUE(all_take_turns(jobs, 2)) << job_output(0) << job_output(1) << job_output(2);
+
+  const int fd = ::open(stop_file_.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(jobs[i], &status, 0), jobs[i]);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "job " << i << " status " << status << ": " << job_output(static_cast<int>(i));
+  }
+  jobs_.clear();
+  EXPECT_TRUE(eventually([&] { return pool_->count(frame_free) == pool_->frame_count(); })) << "frames still owned";
 }
 
 // A member that dies while no server runs has its frames scrubbed by the next server before

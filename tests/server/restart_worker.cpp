@@ -1,17 +1,22 @@
 // A time-sharing job for restart_test: a real process with its own session, taking turns on
 // the device lock until told to stop, while the test restarts the pool server under it.
 //
-// usage: restart_worker <bytes> <seed> <stop-file> [hold]
+// usage: restart_worker <bytes> <seed> <stop-file> [hold | few-fds:<frames>]
 // Allocates <bytes> of device memory in four allocations (sizes that share pages and span
 // them); then, round after round: acquire; check that every byte still holds what the
 // previous round wrote (random data from the seed and the round); write new random data;
 // release; until <stop-file> exists. With "hold", after its first round it takes the lock and
-// keeps it (printing "holding") until it is killed.
+// keeps it (printing "holding") until it is killed. With "few-fds:<frames>", its descriptor
+// limit leaves room to import a pool of <frames> frames but not to keep their descriptors too
+// (pool/kept_descriptors.hpp), as under a low RLIMIT_NOFILE.
 // Prints "rounds <n>" at the end. Exit: 0 ok, 2 an API call failed (the message says which
 // and why), 3 data differed (the message says where).
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +44,15 @@ struct block {
   uint64_t size;
 };
 
+int open_descriptors() {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (::readdir(d) != nullptr) ++n;
+  ::closedir(d);
+  return n - 3;  // ".", ".." and the directory's own
+}
+
 uint64_t seed_of(uint64_t seed, int round, size_t i) { return seed * 1000003 + static_cast<uint64_t>(round) * 101 + i; }
 
 }  // namespace
@@ -52,6 +66,16 @@ int main(int argc, char** argv) {
   const uint64_t seed = std::strtoull(argv[2], nullptr, 10);
   const std::string stop_file = argv[3];
   const bool hold = argc > 4 && std::strcmp(argv[4], "hold") == 0;
+  if (argc > 4 && std::strncmp(argv[4], "few-fds:", 8) == 0) {
+    // The host backend holds a descriptor per imported frame; 40 more cover the rest (the
+    // socket, segments, the host pool, the swap file) but not a second one per frame.
+    const rlim_t frames = std::strtoull(argv[4] + 8, nullptr, 10);
+    const rlimit lim{static_cast<rlim_t>(open_descriptors()) + frames + 40, static_cast<rlim_t>(open_descriptors()) + frames + 40};
+    if (frames == 0 || ::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+      std::fprintf(stderr, "%s: few-fds: setrlimit: %s\n", k_program, std::strerror(errno));
+      return 64;
+    }
+  }
 
   std::unique_ptr<device_session> session;
   check(device_session::open(0, &session), "opening the session");
