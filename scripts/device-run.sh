@@ -12,7 +12,7 @@
 # (bench/python/bench_<name>.py count as benchmarks too: bench:torch; BENCH_ARGS_<name>="..." passes
 # arguments to one, e.g. BENCH_ARGS_models="--steps 500"). Exit status: that of the test suites. $OUT gets at most
 # 8 files (the device tool's limit): machine.txt, build.log, ctest.log, gpu-tests.log,
-# bench.err and one bench_<name>.md per benchmark.
+# wheel.log, bench.err and one bench_<name>.md per benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/vramswap-device-out}
@@ -63,6 +63,37 @@ grep -E "^-- vramswap" "$OUT/build.log"
 cmake --build "$build" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 2; }
 
 status=0
+# tests:restart: restarts of vramswapd under running jobs, the backend facts they rest on,
+# and the pods that share a pool.
+if [[ $what == *tests:restart* ]]; then
+  : >"$OUT/gpu-tests.log"
+  echo "=== backend_conformance_test (cuda)" >>"$OUT/gpu-tests.log"
+  "$build/tests/core/backend_conformance_test" --gtest_filter='*cuda*' >>"$OUT/gpu-tests.log" 2>&1 || status=1
+  for t in server/restart_test pods/pods_test; do
+    echo "=== ${t#*/} (cuda)" >>"$OUT/gpu-tests.log"
+    VRAMSWAP_TEST_BACKEND=cuda "$build/tests/$t" >>"$OUT/gpu-tests.log" 2>&1 || status=1
+  done
+  grep -E "^===|\[  (PASSED|FAILED|SKIPPED) |^\[ *(OK|FAILED) " "$OUT/gpu-tests.log" | head -60
+  what=${what//tests:restart/}
+fi
+# wheel: the manylinux wheel built here for this machine's python3, from the carried build
+# tools (.devdeps/wheeltools), installed into a fresh venv and used there (tests/wheel).
+if [[ $what == *wheel* ]]; then
+  # The system's python3 where it has its headers (python3-dev), else the first python3 on PATH.
+  has_headers='import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+  py=/usr/bin/python3
+  "$py" -c "$has_headers" 2>/dev/null || py=$(command -v python3)
+  export VRAMSWAP_WHEEL_FIND_LINKS=$PWD/.devdeps/wheeltools VRAMSWAP_WHEEL_PYTHON=${VRAMSWAP_WHEEL_PYTHON:-$py}
+  {
+    echo "=== python: $("$VRAMSWAP_WHEEL_PYTHON" --version 2>&1), ensurepip: $("$VRAMSWAP_WHEEL_PYTHON" -c 'import ensurepip; print("yes")' 2>&1 | tail -1)"
+    echo "=== scripts/build-wheel.sh"
+    CMAKE_PREFIX_PATH=$prefix/usr bash scripts/build-wheel.sh >"$build/wheel.path" && wheel=$(tail -n 1 "$build/wheel.path") &&
+      echo "=== tests/wheel/wheel_test.sh $wheel" &&
+      VRAMSWAP_WHEEL=$wheel bash tests/wheel/wheel_test.sh "$PWD" "$build/wheel-check" && echo "wheel: PASSED"
+  } >"$OUT/wheel.log" 2>&1 || { echo "wheel: FAILED"; status=1; }
+  grep -E "^===|wheel_test|wheel: |build-wheel: done|manylinux" "$OUT/wheel.log" | head -40
+  what=${what//wheel/}
+fi
 # tests:oversub: only oversubscription: the multi-process suite on cuda and the
 # preload shim's GPU suite.
 if [[ $what == *tests:oversub* ]]; then
@@ -94,8 +125,8 @@ if [[ $what == *tests* ]]; then
   VRAMSWAP_TEST_BACKEND=cuda "$build/tests/cpp_api/time_sharing_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
   echo "=== oversubscription_test (cuda)" >>"$OUT/gpu-tests.log"
   VRAMSWAP_TEST_BACKEND=cuda "$build/tests/cpp_api/oversubscription_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
-  # Restarts of vramswapd under running jobs: the next server takes the frames' handles from
-  # the jobs' imports (re-exported), every byte checked.
+  # Restarts of vramswapd under running jobs: the next server takes the frames from the
+  # descriptors the jobs kept, every byte checked.
   echo "=== restart_test (cuda)" >>"$OUT/gpu-tests.log"
   VRAMSWAP_TEST_BACKEND=cuda "$build/tests/server/restart_test" >>"$OUT/gpu-tests.log" 2>&1 || status=1
   # Two "pods" (own PID, mount, IPC, UTS namespaces and uids; only the runtime dir shared)

