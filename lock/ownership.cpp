@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <vector>
 
@@ -112,6 +114,58 @@ int check_owned(const struct stat& st, mode_t kind, const std::string& path, con
   }
 }
 
+namespace {
+
+// Creates `path` with its group and mode already set, or finds that it exists (*fd_out -1).
+// The file is made under a temporary name beside it, given its group and mode there, and
+// only then linked to `path` (link(2) never replaces): a user of the group who opens `path`
+// at the same moment never meets it owned by its creator with mode 0600, which it could not
+// open.
+int create_complete(const std::string& path, int flags, const sharing& s, const char* what, int* fd_out) noexcept {
+  *fd_out = -1;
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  const std::string leaf = slash == std::string::npos ? path : path.substr(slash + 1);
+  static std::atomic<uint32_t> serial{0};
+  for (int attempt = 0;; ++attempt) {
+    char suffix[64];
+    std::snprintf(suffix, sizeof suffix, ".%d.%u.new", static_cast<int>(::getpid()), serial.fetch_add(1, std::memory_order_relaxed));
+    const std::string temp = dir + "/." + leaf + suffix;
+    const int fd = ::open(temp.c_str(), flags | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+      if (errno == EEXIST && attempt < 100) continue;  // a name another process left: the next one
+      return fail_errno(errno, "%s %s: cannot create it (as %s)", what, path.c_str(), temp.c_str());
+    }
+    // Ours from birth: group and mode past the umask, before the name exists.
+    int e = 0;
+    const char* step = nullptr;
+    if (s.group && ::fchown(fd, static_cast<uid_t>(-1), s.gid) != 0) {
+      e = errno;
+      step = "give it to the group";
+    } else if (::fchmod(fd, s.group ? 0660 : 0600) != 0) {
+      e = errno;
+      step = "fchmod";
+    } else if (::link(temp.c_str(), path.c_str()) != 0) {
+      e = errno;
+      step = "link";
+    }
+    ::unlink(temp.c_str());
+    if (step == nullptr) {
+      *fd_out = fd;
+      return ok;
+    }
+    ::close(fd);
+    if (e == EEXIST) return ok;  // someone else's came first: open that one
+    if (std::strcmp(step, "give it to the group") == 0) {
+      return fail_errno(e, "%s %s: cannot give it to group %s (VRAMSWAP_GROUP); are you a member of it?", what, path.c_str(),
+                        describe_gid(s.gid).c_str());
+    }
+    return fail_errno(e, "%s %s: %s", what, path.c_str(), step);
+  }
+}
+
+}  // namespace
+
 int open_owned(const std::string& path, int flags, const char* what, const char* remedy, int* fd_out, bool* created) noexcept {
   sharing s;
   VS_TRY(current_sharing(&s));
@@ -119,28 +173,13 @@ int open_owned(const std::string& path, int flags, const char* what, const char*
   const int base = (flags & ~(O_CREAT | O_EXCL)) | O_NOFOLLOW | O_CLOEXEC;
   for (int attempt = 0;; ++attempt) {
     if (create) {
-      const int fd = ::open(path.c_str(), base | O_CREAT | O_EXCL, 0600);
+      int fd = -1;
+      VS_TRY(create_complete(path, base, s, what, &fd));
       if (fd >= 0) {
-        // Ours from birth: set group and mode past the umask before anyone else can open it
-        // (0600 under any umask until the fchmod).
-        if (s.group && ::fchown(fd, static_cast<uid_t>(-1), s.gid) != 0) {
-          const int e = errno;
-          ::close(fd);
-          ::unlink(path.c_str());
-          return fail_errno(e, "%s %s: cannot give it to group %s (VRAMSWAP_GROUP); are you a member of it?", what, path.c_str(),
-                            describe_gid(s.gid).c_str());
-        }
-        if (::fchmod(fd, s.group ? 0660 : 0600) != 0) {
-          const int e = errno;
-          ::close(fd);
-          ::unlink(path.c_str());
-          return fail_errno(e, "%s %s: fchmod", what, path.c_str());
-        }
         if (created != nullptr) *created = true;
         *fd_out = fd;
         return ok;
       }
-      if (errno != EEXIST) return fail_errno(errno, "%s %s: cannot create it", what, path.c_str());
     }
     const int fd = ::open(path.c_str(), base);
     if (fd < 0) {

@@ -4,12 +4,19 @@
 // alone. The foreign objects are real files in the runtime dir given to uid 65534 (nobody) with
 // fchown, so those cases need root (CI runs as root) and skip otherwise.
 #include <fcntl.h>
+#include <grp.h>
+#include <sched.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <string>
 
+#include "lock/ownership.hpp"
 #include "lock/runtime_dir.hpp"
 #include "pool/pool_segment.hpp"
 #include "lock_test_support.hpp"
@@ -134,6 +141,61 @@ TEST_F(Ownership, LivePoolSegmentIsNeverRemovedOrReplaced) {
   // Its server gone, the name goes with it.
   first.reset();
   EXPECT_NE(::access(pool_path().c_str(), F_OK), 0);
+}
+
+// Users of one group (VRAMSWAP_GROUP) who create the same file at the same moment, as pods
+// starting together do with the device lock's segment: each one opens it, none meets it
+// half made (its creator's, mode 0600, before the group and mode are set).
+TEST_F(Ownership, UsersOfTheGroupCreatingAFileAtOnceAllOpenIt) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to run processes as other users";
+  constexpr gid_t k_group = 4790;
+  constexpr int k_users = 4, k_rounds = 300;
+  char dir_template[] = "/tmp/vsgroupXXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr) << std::strerror(errno);
+  const std::string dir = dir_template;
+  ASSERT_EQ(::chown(dir.c_str(), 0, k_group), 0) << std::strerror(errno);
+  ASSERT_EQ(::chmod(dir.c_str(), 02770), 0);
+  struct barrier {
+    std::atomic<int> arrived{0};
+    std::atomic<int> failures{0};
+    char first_failure[512];
+  };
+  barrier* b = shared_object<barrier>();
+  std::vector<pid_t> users;
+  for (int u = 0; u < k_users; ++u) {
+    users.push_back(spawn([&, u] {
+      const gid_t groups[] = {k_group};
+      if (::setgroups(1, groups) != 0 || ::setresgid(k_group, k_group, k_group) != 0 ||
+          ::setresuid(4791 + u, 4791 + u, 4791 + u) != 0) {
+        return 2;
+      }
+      option_set(option_id::group, std::to_string(k_group).c_str());
+      for (int round = 0; round < k_rounds; ++round) {
+        // Everyone at the start line, then all at once.
+        b->arrived.fetch_add(1);
+        while (b->arrived.load() < (round + 1) * k_users) sched_yield();
+        int fd = -1;
+        const std::string path = dir + "/segment-" + std::to_string(round);
+        if (open_owned(path, O_RDWR | O_CREAT, "the test file", "", &fd) == ok) {
+          ::close(fd);
+        } else if (b->failures.fetch_add(1) == 0) {
+          std::snprintf(b->first_failure, sizeof b->first_failure, "uid %d, round %d: %s", 4791 + u, round, last_error());
+        }
+      }
+      return 0;
+    }));
+  }
+  for (pid_t p : users) EXPECT_EQ(reap(p), 0);
+  EXPECT_EQ(b->failures.load(), 0) << "opens that failed; the first: " << b->first_failure;
+  // Nothing left behind but the files themselves.
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    EXPECT_NE(entry.path().filename().string()[0], '.') << "a temporary name left behind: " << entry.path();
+    ++files;
+  }
+  EXPECT_EQ(files, k_rounds);
+  std::filesystem::remove_all(dir);
+  free_shared_object(b);
 }
 
 }  // namespace

@@ -172,10 +172,12 @@ class Pods : public ::testing::Test {
     ss << in.rdbuf();
     return ss.str();
   }
-  static int finish(pod& p) {
+  // Waits for the pod to end; what it wrote to stderr goes to *errors when given.
+  static int finish(pod& p, std::string* errors = nullptr) {
     int status = 0;
     const pid_t got = ::waitpid(p.pid, &status, 0);
     p.pid = -1;
+    if (errors != nullptr) *errors = errors_of(p);
     ::unlink(p.err_path.c_str());
     if (got < 0) return -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -208,8 +210,8 @@ TEST_F(Pods, ThreePodsIncrementACounterExactlyUnderTheLock) {
   constexpr int k_each = 10000;
   for (uid_t uid : {4701u, 4702u, 4703u}) start(uid, {worker_, "count", counter, std::to_string(k_each)});
   for (pod& p : pods_) {
-    const std::string errors = errors_of(p);
-    EXPECT_EQ(finish(p), 0) << errors;
+    std::string errors;
+    EXPECT_EQ(finish(p, &errors), 0) << errors;
   }
   uint64_t total = 0;
   std::ifstream in(counter, std::ios::binary);
