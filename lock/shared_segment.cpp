@@ -19,6 +19,7 @@
 #include "core/status.hpp"
 #include "lock/liveness_lease.hpp"
 #include "lock/ownership.hpp"
+#include "lock/process_identity.hpp"
 #include "lock/robust_mutex.hpp"
 #include "lock/runtime_dir.hpp"
 #include "lock/segment_layout.hpp"
@@ -267,12 +268,14 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
   segment->fd_ = fd;
   segment->lease_fd_ = lease_fd;
   segment->forks_at_open_ = forks;
-  segment->opened_by_ = ::getpid();
+  segment->opened_in_generation_ = fork_generation();
   *out = std::move(segment);
   return ok;
 }
 
-bool shared_segment::opened_in_this_process() const noexcept { return ::getpid() == opened_by_; }
+// A forked child's generation differs from its parent's (lock/process_identity.hpp): no
+// system call on the acquire path.
+bool shared_segment::opened_in_this_process() const noexcept { return fork_generation() == opened_in_generation_; }
 
 int shared_segment::path_for(const std::string& device_key, bool create_dir, std::string* out) noexcept {
   try {

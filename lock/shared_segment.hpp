@@ -91,7 +91,7 @@ class shared_segment {
   int fd_ = -1;                 // kept open with a read lock on byte 0: "in use"
   int lease_fd_ = -1;           // the description the slot leases are taken on
   uint64_t forks_at_open_ = 0;  // forks of this process before it opened the segment
-  pid_t opened_by_ = 0;         // the process that opened it
+  uint64_t opened_in_generation_ = 0;  // fork_generation() of the process that opened it
   std::string name_;
   lease_set<lock_layout::k_slot_count> own_leases_;
 };
