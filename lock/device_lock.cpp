@@ -200,6 +200,7 @@ device_lock& device_lock::operator=(device_lock&& other) noexcept {
   depth_ = other.depth_;
   max_hold_ns_ = other.max_hold_ns_;
   release_signal_ = other.release_signal_;
+  uid_ = other.uid_;
   penalty_behind_.store(other.penalty_behind_.load());
   hold_ticket_.store(other.hold_ticket_.load());
   warned_over_ticket_.store(other.warned_over_ticket_.load());
@@ -233,6 +234,7 @@ int device_lock::open(const std::string& device_key, device_lock* out) noexcept 
   opened.segment_ = std::move(segment);
   opened.max_hold_ns_ = max_hold_ns;
   opened.release_signal_ = signal_of(release_signal);
+  opened.uid_ = static_cast<uint32_t>(::geteuid());
   try {
     opened.device_key_ = device_key;
   } catch (const std::bad_alloc&) {
@@ -425,6 +427,14 @@ void device_lock::let_go_of_lease(uint32_t i) noexcept {
   segment_->own_leases().remove(i);
 }
 
+// After our slot `i` was freed by a release: kept as the spare for the next acquire when
+// there is none yet (its lease too), else let go of.
+void device_lock::keep_or_let_go_of_lease(uint32_t i) noexcept {
+  uint32_t none = k_no_slot;
+  if (segment_->opened_in_this_process() && segment_->spare_slot().compare_exchange_strong(none, i, std::memory_order_acq_rel)) return;
+  let_go_of_lease(i);
+}
+
 int device_lock::recover_after_owner_death(void* self) noexcept {
   auto* lock = static_cast<device_lock*>(self);
   log(log_level::warn, "lock: a process died inside the internal critical section of %s; repairing",
@@ -490,7 +500,7 @@ int device_lock::repair_locked() noexcept {
   st->waiter_count = waiters;
   st->slot_high_water = high_water;
   if (holder == k_no_slot && waiters > 0) {
-    dispatch_locked();
+    dispatch_locked(k_no_slot);
     repaired = true;
   }
   if (repaired) ++st->recoveries;
@@ -498,8 +508,9 @@ int device_lock::repair_locked() noexcept {
 }
 
 // Grant the lock to the best waiter, if any; precondition: nobody holds it. Wakes that
-// waiter's futex and nobody else's. Returns its slot, or k_no_slot.
-uint32_t device_lock::dispatch_locked() noexcept {
+// waiter's futex and nobody else's (not the caller's own slot, `caller_slot`: the caller is
+// awake). Returns its slot, or k_no_slot.
+uint32_t device_lock::dispatch_locked(uint32_t caller_slot) noexcept {
   lock_state* st = lock_state_of(segment_->base());
   waiter_slot* slots = slots_of(segment_->base());
   uint32_t best = k_no_slot;
@@ -524,7 +535,7 @@ uint32_t device_lock::dispatch_locked() noexcept {
   if (st->waiter_count > 0) --st->waiter_count;
   st->dead_holder_pid = 0;
   at_crash_point(crash_point::grant_before_wake);
-  futex_wake_one(&next.state);
+  if (best != caller_slot) futex_wake_one(&next.state);
   return best;
 }
 
@@ -576,7 +587,12 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
   }
   // A free slot whose lease we can take: one just freed may still be leased by its owner
   // for a moment (it drops the lease after freeing the slot), another process's or ours.
-  uint32_t mine = k_no_slot;
+  // First the spare slot a release of this object kept, leased already (no system call).
+  uint32_t mine = segment_->spare_slot().exchange(k_no_slot, std::memory_order_acq_rel);
+  if (mine != k_no_slot && slots[mine].state.load(std::memory_order_relaxed) != slot_free) {
+    let_go_of_lease(mine);  // cannot happen while we lease it; never use it if it does
+    mine = k_no_slot;
+  }
   for (uint32_t i = 0; i < k_slot_count && mine == k_no_slot; ++i) {
     if (slots[i].state.load(std::memory_order_relaxed) != slot_free || segment_->own_leases().has(i)) continue;
     const int lrc = take_lease(segment_->lease_fd(), i, segment_->name().c_str());
@@ -604,7 +620,7 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
   slot.tid = tid;
   slot.pid_start_time = me.start_time;
   slot.pid_ns = me.pid_ns;
-  slot.uid = static_cast<uint32_t>(::geteuid());
+  slot.uid = uid_;
   slot.enqueue_ns = start_ns;
   slot.dead_holder_pid = 0;
   slot.dead_holder_pid_ns = 0;
@@ -624,7 +640,7 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
   ++st->waiter_count;
   if (mine >= st->slot_high_water) st->slot_high_water = mine + 1;
   at_crash_point(crash_point::enqueue_published);
-  if (st->holder_slot == k_no_slot) dispatch_locked();
+  if (st->holder_slot == k_no_slot) dispatch_locked(mine);
   const uint64_t my_ticket = slot.ticket;
 
   if (slot.state.load(std::memory_order_relaxed) != slot_holding && timeout_ns == 0) {
@@ -831,9 +847,9 @@ int device_lock::release() noexcept {
   at_crash_point(crash_point::release_slot_freed);
   st->holder_slot = k_no_slot;
   const uint64_t recorded_ns = record_hold(st, now);
-  if (st->waiter_count > 0) dispatch_locked();
+  if (st->waiter_count > 0) dispatch_locked(k_no_slot);
   unlock_mutex();
-  let_go_of_lease(mine);
+  keep_or_let_go_of_lease(mine);
   if (recorded_ns != 0) turns_of(segment_->base())->hold.observe(recorded_ns);
   uint64_t unwarned = warned_over_ticket_.load(std::memory_order_relaxed);
   if (over_since != 0 && unwarned != ticket && warned_over_ticket_.compare_exchange_strong(unwarned, ticket)) {

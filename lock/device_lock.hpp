@@ -311,7 +311,8 @@ class device_lock {
   int repair_locked() noexcept;
   bool slot_owner_alive(uint32_t i) noexcept;
   void let_go_of_lease(uint32_t i) noexcept;
-  uint32_t dispatch_locked() noexcept;
+  void keep_or_let_go_of_lease(uint32_t i) noexcept;
+  uint32_t dispatch_locked(uint32_t caller_slot) noexcept;
   int wait_for_grant(uint32_t slot, uint64_t start_ns, int64_t timeout_ns, uint64_t deadline) noexcept;
   // The waiting slot that would be granted now (read without the mutex: a hint), or k_no_slot.
   uint32_t next_in_line() const noexcept;
@@ -332,6 +333,7 @@ class device_lock {
   // object holds (it names the hold in the segment), and the holds already warned about.
   uint64_t max_hold_ns_ = 0;
   int release_signal_ = 0;
+  uint32_t uid_ = 0;  // the effective uid at open, recorded in each slot this object fills
   std::atomic<uint64_t> penalty_behind_{0};
   std::atomic<uint64_t> hold_ticket_{0};
   static constexpr uint64_t k_no_ticket = UINT64_MAX;  // tickets start at 0

@@ -30,6 +30,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -78,6 +79,10 @@ class shared_segment {
   int lease_fd() const noexcept { return lease_fd_; }
   // The slots whose leases this object holds (lease_held_elsewhere cannot see them).
   lease_set<lock_layout::k_slot_count>& own_leases() noexcept { return own_leases_; }
+  // A free slot this object still leases, kept from a release for the next acquire, which
+  // then takes it with no system call (k_no_slot: none). It stays in own_leases, so no other
+  // thread of this object takes it meanwhile, and its lease keeps other processes off it.
+  std::atomic<uint32_t>& spare_slot() noexcept { return spare_slot_; }
   // False in a forked child of the process that opened it (its leases are not the child's);
   // true in the process that opened it, however often it forked since.
   bool opened_in_this_process() const noexcept;
@@ -94,6 +99,7 @@ class shared_segment {
   uint64_t opened_in_generation_ = 0;  // fork_generation() of the process that opened it
   std::string name_;
   lease_set<lock_layout::k_slot_count> own_leases_;
+  std::atomic<uint32_t> spare_slot_{lock_layout::k_no_slot};
 };
 
 }  // namespace vramswap::detail
