@@ -1,8 +1,9 @@
 // Stream-ordered allocation (vramswap_malloc_async / vramswap_free_async, the C++ and C
-// faces) on the host backend: same-stream reuse, no reuse across streams until the caches
-// are given back, the size rounding and slack, misuse refused without changing anything,
-// room made by trimming when the arena is full, and cached blocks dropped by an eviction
-// while live blocks come back byte for byte.
+// faces) on the host backend: requests carved out of segments, same-stream reuse, no reuse
+// across streams until a trim, splitting and merging, misuse refused without changing
+// anything, room made by trimming when the arena is full, free blocks dropped by an eviction
+// while live blocks come back byte for byte, and a training loop's mixed sizes fitting a pool
+// just large enough. (runtime/stream_allocator.hpp's own tests: stream_allocator_unit_test.)
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
