@@ -1,5 +1,6 @@
 #include "runtime/runtime.hpp"
 
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -40,6 +41,10 @@ struct device_state {
 std::mutex g_mutex;
 std::vector<std::unique_ptr<device_state>> g_devices;
 std::atomic<pid_t> g_owner_pid{0};  // the process that opened the first session
+// Set in a child made by fork() (pthread_atfork): forked_child() is asked on every call,
+// malloc_async's included, and getpid() is a system call.
+std::atomic<bool> g_forked{false};
+void mark_forked() noexcept { g_forked.store(true, std::memory_order_relaxed); }
 // Locks held by this thread, by device: the re-entry depth (the sessions count the same).
 thread_local std::vector<uint32_t> t_held;
 
@@ -107,6 +112,8 @@ int state_for(const char* fn, int device, device_state** out) {
   if (g_devices.size() <= static_cast<size_t>(device)) g_devices.resize(device + 1);
   g_devices[device] = std::move(st);
   g_owner_pid.store(::getpid());
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] { ::pthread_atfork(nullptr, nullptr, mark_forked); });
   // After default_backend() made the backend, so this runs before the backend's destructor.
   static std::once_flag at_exit;
   std::call_once(at_exit, [] { std::atexit(close_all); });
@@ -153,8 +160,9 @@ int stop_pool_server(int device) noexcept {
 }
 
 bool forked_child() noexcept {
-  const pid_t owner = g_owner_pid.load();
-  return owner != 0 && owner != ::getpid();
+  // fork() and every libc wrapper that copies the process run the atfork handlers; a child
+  // made with a raw clone system call (which runs no handler) is not told apart.
+  return g_forked.load(std::memory_order_relaxed) && g_owner_pid.load() != 0;
 }
 
 uint32_t held_by_this_thread(int device) noexcept {

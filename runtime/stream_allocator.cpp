@@ -25,12 +25,30 @@ class busy_time {
   std::atomic<uint64_t>& total_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
+
+constexpr uint64_t block_unit = 512;
+uint64_t round_up(uint64_t v, uint64_t unit) noexcept { return (v + unit - 1) / unit * unit; }
 }  // namespace
 
-uint64_t stream_allocator::round_size(uint64_t size) noexcept {
-  constexpr uint64_t small = 512, large = 128 << 10, boundary = 1 << 20;
-  const uint64_t unit = size < boundary ? small : large;
-  return (size + unit - 1) / unit * unit;
+stream_allocator::~stream_allocator() {
+  for (auto& [base, seg] : segments_) {
+    for (block* b = seg.head; b != nullptr;) {
+      block* next = b->next;
+      delete b;
+      b = next;
+    }
+  }
+  for (block* b : spare_) delete b;
+}
+
+uint64_t stream_allocator::round_size(uint64_t size) noexcept { return round_up(size, block_unit); }
+
+uint64_t stream_allocator::segment_size(uint64_t want, bool small) const noexcept {
+  if (small) return small_segment;
+  // Whole frames: a large segment shares no page with another, so that giving it back frees
+  // its frames, and its tail beyond the request is a free block the next requests split.
+  const uint64_t unit = std::max<uint64_t>(small_segment, memory_.frame_size());
+  return round_up(want < medium_request ? medium_segment : want, unit);
 }
 
 int stream_allocator::capturing(uintptr_t stream, bool* out) {
@@ -38,49 +56,158 @@ int stream_allocator::capturing(uintptr_t stream, bool* out) {
                      stream);
 }
 
+stream_allocator::block* stream_allocator::new_block() {
+  if (spare_.empty()) return new block;
+  block* b = spare_.back();
+  spare_.pop_back();
+  *b = block{};
+  return b;
+}
+
+void stream_allocator::recycle(block* b) {
+  try {
+    spare_.push_back(b);
+  } catch (...) {
+    delete b;
+  }
+}
+
+stream_allocator::block* stream_allocator::find_free(free_set& pool, uint64_t want, uintptr_t stream) {
+  block key;
+  key.stream = stream;
+  key.size = want;
+  key.addr = 0;
+  auto it = pool.lower_bound(&key);
+  if (it == pool.end() || (*it)->stream != stream) return nullptr;
+  return *it;
+}
+
+stream_allocator::block* stream_allocator::find_free_any(free_set& pool, uint64_t want) {
+  block* best = nullptr;
+  block key;
+  for (auto it = pool.begin(); it != pool.end();) {
+    key.stream = (*it)->stream;
+    key.size = want;
+    key.addr = 0;
+    auto fit = pool.lower_bound(&key);
+    if (fit != pool.end() && (*fit)->stream == key.stream && (best == nullptr || (*fit)->size < best->size)) best = *fit;
+    key.size = UINT64_MAX;  // past this stream's blocks
+    key.addr = UINT64_MAX;
+    it = pool.upper_bound(&key);
+  }
+  return best;
+}
+
+int stream_allocator::take(block* b, uint64_t want, uintptr_t stream, bool graph, device_ptr* out) {
+  // Not resident (outside the lock), an eviction may have dropped or saved its pages: they
+  // must be backed now, or the block is no use. Resident, every live page is mapped.
+  if (!memory_.resident_now()) VS_TRY(memory_.back_now(b->addr, want));
+  if (b->adv != advised::none) {
+    VS_TRY(add_context(memory_.advise(b->addr, want, advice::normal), "malloc_async: reusing a free block: "));
+  }
+  const uint64_t rest = b->size - want;
+  const bool split = b->seg->small ? rest >= block_unit : rest > small_request;
+  block* r = nullptr;
+  try {
+    if (split) r = new_block();
+    live_.emplace(b->addr, b);
+  } catch (const std::bad_alloc&) {
+    if (r != nullptr) recycle(r);
+    return fail(err_out_of_memory, "malloc_async(%" PRIu64 " bytes, device %d): out of host memory", want, device_);
+  }
+  if (split) {
+    r->addr = b->addr + want;
+    r->size = rest;
+    r->stream = b->stream;
+    r->seg = b->seg;
+    r->prev = b;
+    r->next = b->next;
+    r->adv = b->adv;
+    if (b->next != nullptr) b->next->prev = r;
+    b->next = r;
+    b->size = want;
+    pool_of(r).insert(r);
+  }
+  b->st = state::live;
+  b->stream = stream;
+  b->adv = advised::none;
+  b->graph = graph;
+  stats_.cached_bytes -= b->size;
+  stats_.live_bytes += b->size;
+  if (graph) stats_.graph_bytes += b->size;
+  *out = b->addr;
+  return ok;
+}
+
+int stream_allocator::new_segment(uint64_t want, uint64_t seg_size, uintptr_t stream, bool small, bool graph, device_ptr* out) {
+  // Outside the lock the segment must be backed now (backing::required): its caller queues
+  // work on it at once (PyTorch's .cuda(), a fill), which would fault on unbacked pages.
+  device_ptr p = 0;
+  VS_TRY(memory_.malloc(seg_size, &p, backing::required));
+  block* b = nullptr;
+  try {
+    b = new_block();
+    auto [it, made] = segments_.emplace(p, segment{p, seg_size, stream, small, b});
+    (void)made;
+    b->addr = p;
+    b->size = seg_size;
+    b->stream = stream;
+    b->seg = &it->second;
+  } catch (...) {
+    if (b != nullptr) recycle(b);
+    (void)memory_.free(p);  // nothing used it yet
+    throw;
+  }
+  ++stats_.segments;
+  stats_.segment_bytes += seg_size;
+  stats_.cached_bytes += seg_size;
+  return take(b, want, stream, graph, out);  // resident or backed, never advised: cannot fail
+}
+
 int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out) {
   if (size == 0) return fail(err_invalid_argument, "malloc_async(device %d): size 0", device_);
   if (out == nullptr) return fail(err_invalid_argument, "malloc_async(device %d): out is null", device_);
   const uint64_t want = round_size(size);
-  if (want < size) return fail(err_out_of_memory, "malloc_async(%" PRIu64 " bytes, device %d): size too large", size, device_);
+  if (want < size || want > (uint64_t{1} << 62)) {
+    return fail(err_out_of_memory, "malloc_async(%" PRIu64 " bytes, device %d): size too large", size, device_);
+  }
   const busy_time busy(busy_ns_);
   std::lock_guard<std::mutex> lock(mutex_);
   bool graph = false;
   VS_TRY(add_context(capturing(stream, &graph), "malloc_async(%" PRIu64 " bytes, device %d): ", size, device_));
+  const bool small = want <= small_request;
+  free_set& pool = small ? small_free_ : large_free_;
 
-  // A block this stream freed, at most 1/8 larger than asked. Not resident (outside the
-  // lock), an eviction may have dropped its pages: it serves only if they can be backed now.
-  if (auto c = cache_.find(stream); c != cache_.end()) {
-    auto it = c->second.lower_bound(want);
-    // Resident and never advised: every page is mapped and holds what it held, so the block
-    // serves as it is. Otherwise its pages may have been dropped: backed again or no use.
-    const bool as_is = it != c->second.end() && !blocks_.at(it->second).advised && memory_.resident();
-    if (it != c->second.end() && it->first - want <= want / 8 && (as_is || back_cached(it->second))) {
-      const device_ptr p = it->second;
-      block& b = blocks_.at(p);
-      if (b.advised) VS_TRY(add_context(memory_.advise(p, b.size, advice::normal), "malloc_async: reusing a cached block: "));
-      c->second.erase(it);
-      b.cached = false;
-      b.advised = false;
-      b.graph = graph;
-      stats_.cached_bytes -= b.size;
-      stats_.live_bytes += b.size;
-      if (graph) stats_.graph_bytes += b.size;
+  // A free block of this stream: taken out of its set while it is handed out, put back if
+  // its pages cannot be backed now (outside the lock), and the search goes on to a segment.
+  auto from_free = [&](bool any_stream) -> bool {
+    block* b = any_stream ? find_free_any(pool, want) : find_free(pool, want, stream);
+    if (b == nullptr) return false;
+    pool.erase(b);
+    if (take(b, want, stream, graph, out) == ok) {
       ++stats_.hits;
-      *out = p;
-      return ok;
+      return true;
     }
-  }
+    clear_error();  // the miss path below reports it, after a trim
+    pool.insert(b);
+    return false;
+  };
+  if (from_free(false)) return ok;
 
-  // Outside the lock the block must be backed now (backing::required): its caller queues
-  // work on it at once (PyTorch's .cuda(), a fill), which would fault on unbacked pages.
-  device_ptr p = 0;
-  int rc = memory_.malloc(want, &p, backing::required);
+  const uint64_t seg_size = segment_size(want, small);
+  int rc = new_segment(want, seg_size, stream, small, graph, out);
   if (rc == err_out_of_memory && !graph && stats_.cached_bytes > 0) {
-    // Room may be waiting in the caches (of other streams, or in sizes that did not fit):
-    // arena space, and frames that go back to the pool free.
+    // Room may be waiting in free blocks of other streams, and in whole free segments whose
+    // frames go back to the pool. Right after the trim's synchronize no work is pending on
+    // any free block: the best fit of any stream serves.
     VS_TRY(add_context(trim_locked(), "malloc_async(%" PRIu64 " bytes, device %d): making room: ", size, device_));
-    rc = memory_.malloc(want, &p, backing::required);
+    if (from_free(true)) return ok;
+    rc = new_segment(want, seg_size, stream, small, graph, out);
+  }
+  if (rc == err_out_of_memory && seg_size > want) {
+    // No room for a whole segment: one of just this size may still fit.
+    clear_error();
+    rc = new_segment(want, want, stream, small, graph, out);
   }
   if (rc != ok) {
     const std::string why = last_error();
@@ -92,60 +219,78 @@ int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out)
                   "Net().cuda()`: there frames are taken from idle processes, whose bytes are saved first",
                   size, stream, device_, stats_.cached_bytes, why.c_str());
     }
-    return fail(rc, "malloc_async(%" PRIu64 " bytes, stream 0x%" PRIxPTR ", device %d; %" PRIu64 " bytes cached%s): %s", size, stream,
-                device_, stats_.cached_bytes, graph ? ", capturing a CUDA graph: no trim possible" : "", why.c_str());
+    return fail(rc,
+                "malloc_async(%" PRIu64 " bytes, stream 0x%" PRIxPTR ", device %d; %" PRIu64 " bytes live, %" PRIu64
+                " bytes free in %" PRIu64 " segment(s) of %" PRIu64 " bytes%s): %s",
+                size, stream, device_, stats_.live_bytes, stats_.cached_bytes, stats_.segments, stats_.segment_bytes,
+                graph ? ", capturing a CUDA graph: no trim possible" : "", why.c_str());
   }
-  blocks_.emplace(p, block{want, stream, false, graph});
-  stats_.live_bytes += want;
-  if (graph) stats_.graph_bytes += want;
   ++stats_.misses;
-  *out = p;
   return ok;
 }
 
-bool stream_allocator::back_cached(device_ptr p) {
-  const block& b = blocks_.at(p);
-  if (memory_.back_now(p, b.size) == ok) return true;
-  clear_error();  // the miss path below reports it, after a trim
-  return false;
+void stream_allocator::merge_into(block* into, block* gone) {
+  into->size += gone->size;
+  into->adv = into->adv == advised::all && gone->adv == advised::all     ? advised::all
+              : into->adv == advised::none && gone->adv == advised::none ? advised::none
+                                                                          : advised::some;
+  into->next = gone->next;
+  if (gone->next != nullptr) gone->next->prev = into;
+  recycle(gone);
+}
+
+void stream_allocator::insert_free(block* b) {
+  free_set& pool = pool_of(b);
+  if (block* p = b->prev; p != nullptr && p->st == state::free && p->stream == b->stream) {
+    pool.erase(p);
+    merge_into(p, b);
+    b = p;
+  }
+  if (block* n = b->next; n != nullptr && n->st == state::free && n->stream == b->stream) {
+    pool.erase(n);
+    merge_into(b, n);
+  }
+  pool.insert(b);
 }
 
 int stream_allocator::deallocate(device_ptr ptr, uintptr_t stream) {
   const busy_time busy(busy_ns_);
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = blocks_.find(ptr);
-  if (it == blocks_.end() || it->second.cached) {
+  auto it = live_.find(ptr);
+  if (it == live_.end()) {
     return fail(err_invalid_argument,
-                "free_async(0x%" PRIxPTR ", device %d): %s; nothing was freed", ptr, device_,
-                it == blocks_.end() ? "not a pointer that malloc_async returned (or one already given back)"
-                                    : "already freed (double free)");
+                "free_async(0x%" PRIxPTR ", device %d): not a pointer that malloc_async returned, or one already freed (double "
+                "free); nothing was freed",
+                ptr, device_);
   }
-  block& b = it->second;
+  block* b = it->second;
   bool now_capturing = false;
-  if (!b.graph) {
-    VS_TRY(add_context(capturing(b.stream, &now_capturing), "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_));
-    if (!now_capturing && stream != b.stream) {
+  if (!b->graph) {
+    VS_TRY(add_context(capturing(b->stream, &now_capturing), "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_));
+    if (!now_capturing && stream != b->stream) {
       VS_TRY(add_context(capturing(stream, &now_capturing), "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_));
     }
   }
-  stats_.live_bytes -= b.size;
-  if (b.graph || now_capturing) {
-    // A graph may replay and touch it at any time: it stays allocated, never reused.
-    if (!b.graph) stats_.graph_bytes += b.size;
-    b.graph = true;
-    blocks_.erase(it);
+  // Not resident, no release comes before the next eviction: advise now.
+  const bool advise_now = !b->graph && !now_capturing && (!advise_at_release_ || !memory_.resident_now());
+  if (advise_now) {
+    VS_TRY(add_context(memory_.advise(ptr, b->size, advice::discardable), "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_));
+  }
+  live_.erase(it);
+  stats_.live_bytes -= b->size;
+  if (b->graph || now_capturing) {
+    // A graph may replay and touch it at any time: it stays taken, never reused, and its
+    // segment is never given back.
+    if (!b->graph) stats_.graph_bytes += b->size;
+    b->st = state::graph;
     return ok;
   }
-  // Not resident, no release comes before the next eviction: advise now.
-  if (!advise_at_release_ || !memory_.resident()) {
-    VS_TRY(add_context(memory_.advise(ptr, b.size, advice::discardable), "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_));
-    b.advised = true;
-  }
   // Ordered on the freeing stream: that is the stream whose later work may reuse it.
-  b.cached = true;
-  b.stream = stream;
-  cache_[stream].emplace(b.size, ptr);
-  stats_.cached_bytes += b.size;
+  b->st = state::free;
+  b->stream = stream;
+  b->adv = advise_now ? advised::all : advised::none;
+  stats_.cached_bytes += b->size;
+  insert_free(b);
   return ok;
 }
 
@@ -158,12 +303,11 @@ int stream_allocator::trim() {
 int stream_allocator::advise_cached() {
   const busy_time busy(busy_ns_);
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [stream, sizes] : cache_) {
-    for (auto& [size, p] : sizes) {
-      block& b = blocks_.at(p);
-      if (b.advised) continue;
-      VS_TRY(add_context(memory_.advise(p, b.size, advice::discardable), "advising the cached blocks (device %d): ", device_));
-      b.advised = true;
+  for (free_set* pool : {&small_free_, &large_free_}) {
+    for (block* b : *pool) {
+      if (b->adv == advised::all) continue;
+      VS_TRY(add_context(memory_.advise(b->addr, b->size, advice::discardable), "advising the free blocks (device %d): ", device_));
+      b->adv = advised::all;  // not a key of the set: changing it in place is safe
     }
   }
   return ok;
@@ -172,26 +316,52 @@ int stream_allocator::advise_cached() {
 int stream_allocator::trim_locked() {
   if (stats_.cached_bytes == 0) return ok;
   // Work queued before the frees may still use the blocks: let it finish before the pager
-  // unmaps anything.
+  // unmaps anything, or another stream takes them.
   VS_TRY(add_context(be_.device_synchronize(device_), "trim(device %d): ", device_));
   ++stats_.trims;
-  for (auto& [stream, sizes] : cache_) {
-    for (auto it = sizes.begin(); it != sizes.end();) {
-      const device_ptr p = it->second;
-      const uint64_t size = blocks_.at(p).size;
-      VS_TRY(add_context(memory_.free(p), "trim(device %d): ", device_));
-      blocks_.erase(p);
-      stats_.cached_bytes -= size;
-      it = sizes.erase(it);
+  for (auto s = segments_.begin(); s != segments_.end();) {
+    segment& seg = s->second;
+    free_set& pool = seg.small ? small_free_ : large_free_;
+    // After the synchronize, free blocks may serve any stream: they go back to the
+    // segment's, merged where they meet.
+    for (block* b = seg.head; b != nullptr; b = b->next) {
+      if (b->st == state::free && b->stream != seg.stream) {
+        pool.erase(b);
+        b->stream = seg.stream;
+        pool.insert(b);
+      }
     }
+    for (block* b = seg.head; b != nullptr; b = b->next) {
+      if (b->st != state::free || b->next == nullptr || b->next->st != state::free) continue;
+      pool.erase(b);
+      while (b->next != nullptr && b->next->st == state::free) {
+        pool.erase(b->next);
+        merge_into(b, b->next);
+      }
+      pool.insert(b);
+    }
+    block* head = seg.head;
+    if (head->st == state::free && head->next == nullptr) {
+      VS_TRY(add_context(memory_.free(seg.base), "trim(device %d): ", device_));
+      pool.erase(head);
+      stats_.cached_bytes -= seg.size;
+      stats_.segment_bytes -= seg.size;
+      --stats_.segments;
+      recycle(head);
+      s = segments_.erase(s);
+      continue;
+    }
+    ++s;
   }
-  cache_.clear();
   return ok;
 }
 
 bool stream_allocator::owns(device_ptr ptr) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return blocks_.count(ptr) != 0;
+  auto s = segments_.upper_bound(ptr);
+  if (s == segments_.begin()) return false;
+  --s;
+  return ptr < s->second.base + s->second.size;
 }
 
 stream_allocator_stats stream_allocator::stats() const {
@@ -199,6 +369,56 @@ stream_allocator_stats stream_allocator::stats() const {
   stream_allocator_stats s = stats_;
   s.busy_ns = busy_ns_.load(std::memory_order_relaxed);
   return s;
+}
+
+int stream_allocator::check_invariants() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t live = 0, free = 0, graph = 0, bytes = 0, free_blocks = 0;
+  for (const auto& [base, seg] : segments_) {
+    bytes += seg.size;
+    device_ptr at = seg.base;
+    const block* prev = nullptr;
+    for (const block* b = seg.head; b != nullptr; prev = b, b = b->next) {
+      if (b->addr != at || b->prev != prev || b->seg != &seg || b->size == 0) {
+        return fail(err_internal, "stream_allocator: segment 0x%" PRIxPTR ": block 0x%" PRIxPTR " + %" PRIu64 " out of place (expected 0x%" PRIxPTR ")",
+                    seg.base, b->addr, b->size, at);
+      }
+      at += b->size;
+      if (b->st == state::free) {
+        ++free_blocks;
+        free += b->size;
+        const free_set& pool = seg.small ? small_free_ : large_free_;
+        if (pool.count(const_cast<block*>(b)) == 0) {
+          return fail(err_internal, "stream_allocator: free block 0x%" PRIxPTR " is not in its pool", b->addr);
+        }
+        if (prev != nullptr && prev->st == state::free && prev->stream == b->stream) {
+          return fail(err_internal, "stream_allocator: free blocks 0x%" PRIxPTR " and 0x%" PRIxPTR " of one stream were not merged",
+                      prev->addr, b->addr);
+        }
+      } else if (b->st == state::live) {
+        live += b->size;
+        if (b->graph) graph += b->size;
+        auto it = live_.find(b->addr);
+        if (it == live_.end() || it->second != b) {
+          return fail(err_internal, "stream_allocator: live block 0x%" PRIxPTR " is not in the live map", b->addr);
+        }
+      } else {
+        graph += b->size;
+      }
+    }
+    if (at != seg.base + seg.size) {
+      return fail(err_internal, "stream_allocator: segment 0x%" PRIxPTR " + %" PRIu64 ": blocks end at 0x%" PRIxPTR, seg.base, seg.size, at);
+    }
+  }
+  if (free_blocks != small_free_.size() + large_free_.size() || live != stats_.live_bytes || free != stats_.cached_bytes || graph != stats_.graph_bytes || bytes != stats_.segment_bytes ||
+      segments_.size() != stats_.segments) {
+    return fail(err_internal,
+                "stream_allocator: counts disagree: live %" PRIu64 "/%" PRIu64 ", free %" PRIu64 "/%" PRIu64 " (%" PRIu64
+                " blocks, %zu in the pools), graph %" PRIu64 "/%" PRIu64 ", segments %zu/%" PRIu64 " of %" PRIu64 "/%" PRIu64 " bytes",
+                live, stats_.live_bytes, free, stats_.cached_bytes, free_blocks, small_free_.size() + large_free_.size(), graph,
+                stats_.graph_bytes, segments_.size(), stats_.segments, bytes, stats_.segment_bytes);
+  }
+  return ok;
 }
 
 }  // namespace vramswap::detail

@@ -1,11 +1,13 @@
 // Stream-ordered allocation (vramswap_malloc_async / vramswap_free_async, the C++ and C
-// faces) on the host backend: same-stream reuse, no reuse across streams until the caches
-// are given back, the size rounding and slack, misuse refused without changing anything,
-// room made by trimming when the arena is full, and cached blocks dropped by an eviction
-// while live blocks come back byte for byte.
+// faces) on the host backend: requests carved out of segments, same-stream reuse, no reuse
+// across streams until a trim, splitting and merging, misuse refused without changing
+// anything, room made by trimming when the arena is full, free blocks dropped by an eviction
+// while live blocks come back byte for byte, and a training loop's mixed sizes fitting a pool
+// just large enough. (runtime/stream_allocator.hpp's own tests: stream_allocator_unit_test.)
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -33,47 +35,73 @@ class StreamAllocator : public ::testing::Test {
   vramswap::detail::test::api_test_env env_;
 };
 
-// Sizes round to 512 B below 1 MiB and to 128 KiB above, so near sizes share blocks.
-TEST_F(StreamAllocator, SizesRoundTo512BytesBelowAMebibyteAnd128KiBAbove) {
+// Sizes round to 512 B; requests up to 1 MiB come from 2 MiB segments, larger ones from
+// 20 MiB segments (below 10 MiB) or their own size in whole frames, split into blocks.
+TEST_F(StreamAllocator, RequestsAreCarvedOutOfSegmentsOfTheirPool) {
   void* a = vramswap::malloc_async(513, s1);
-  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 1024u);
-  vramswap::free_async(a, s1);
-  EXPECT_EQ(vramswap::malloc_async(1024, s1), a);
-  void* b = vramswap::malloc_async(MiB + 1, s1);
-  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 1024u + MiB + 128 * 1024);
-  vramswap::free_async(b, s1);
-  EXPECT_EQ(vramswap::malloc_async(MiB + 128 * 1024, s1), b);
+  void* b = vramswap::malloc_async(700, s1);
+  EXPECT_EQ(reinterpret_cast<char*>(b), reinterpret_cast<char*>(a) + 1024) << "513 bytes take a 1024-byte block";
+  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 2 * MiB) << "one small segment";
+  void* c = vramswap::malloc_async(MiB + 1, s1);
+  void* d = vramswap::malloc_async(3 * MiB, s1);
+  EXPECT_EQ(reinterpret_cast<char*>(d), reinterpret_cast<char*>(c) + MiB + 512);
+  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 22 * MiB) << "a small segment and a large one";
+  void* e = vramswap::malloc_async(17 * MiB + 3, s1);  // more than the large segment has left
+  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 40 * MiB) << "a request of 10 MiB or more: its own size in whole frames";
+  const vramswap::stats s = vramswap::get_stats(0);
+  EXPECT_EQ(s.cache_misses, 3u);
+  EXPECT_EQ(s.cache_hits, 2u);
+  // The last block is not split: what is left of its segment (under 1 MiB) would serve no
+  // request of the large pool.
+  EXPECT_EQ(s.cached_bytes, 40 * MiB - 1024 - 1024 - (MiB + 512) - 3 * MiB - 18 * MiB);
+  for (void* p : {a, b, c, d, e}) vramswap::free_async(p, s1);
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 40 * MiB);
   vramswap::release_cached(0);
+  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 0u) << "whole free segments go back";
 }
 
 TEST_F(StreamAllocator, SameStreamReusesAtOnceOtherStreamsDoNot) {
   void* a = vramswap::malloc_async(MiB, s1);
   vramswap::free_async(a, s1);
-  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, MiB);
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 2 * MiB) << "its segment is free";
   void* other = vramswap::malloc_async(MiB, s2);
   EXPECT_NE(other, a) << "a block freed on one stream must not serve another stream before a synchronization";
   void* again = vramswap::malloc_async(MiB, s1);
   EXPECT_EQ(again, a) << "a block freed on a stream serves that stream's next allocation of its size";
-  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 0u);
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 2 * MiB);
   vramswap::free_async(again, s1);
   vramswap::free_async(other, s2);
-  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 2 * MiB);
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 4 * MiB);
   const uint64_t allocated = vramswap::get_stats(0).allocated_bytes;
   vramswap::release_cached(0);
   const vramswap::stats s = vramswap::get_stats(0);
   EXPECT_EQ(s.cached_bytes, 0u);
-  EXPECT_EQ(s.allocated_bytes, allocated - 2 * MiB) << "release_cached gives the blocks back to the pager";
+  EXPECT_EQ(s.allocated_bytes, allocated - 4 * MiB) << "release_cached gives the segments back to the pager";
 }
 
-TEST_F(StreamAllocator, ACachedBlockServesRequestsUpToAnEighthSmaller) {
+// A block freed on another stream than its segment's serves that stream; after a trim it
+// goes back to its segment's stream and merges with its free neighbours.
+TEST_F(StreamAllocator, AFreeBlockIsSplitAndMergedWithItsNeighbours) {
   void* a = vramswap::malloc_async(8 * MiB, s1);
   vramswap::free_async(a, s1);
-  void* b = vramswap::malloc_async(8 * MiB - 512 * 1024, s1);  // 1/16 smaller
-  EXPECT_EQ(b, a);
+  void* b = vramswap::malloc_async(4 * MiB, s1);
+  void* c = vramswap::malloc_async(4 * MiB, s1);
+  EXPECT_EQ(b, a) << "best fit: the segment's free block, split";
+  EXPECT_EQ(reinterpret_cast<char*>(c), reinterpret_cast<char*>(a) + 4 * MiB);
   vramswap::free_async(b, s1);
-  void* c = vramswap::malloc_async(4 * MiB, s1);  // half: would waste too much
-  EXPECT_NE(c, a);
   vramswap::free_async(c, s1);
+  void* whole = vramswap::malloc_async(20 * MiB - 4096, s1);
+  EXPECT_EQ(whole, a) << "freed neighbours merge back into the whole segment";
+  EXPECT_EQ(vramswap::get_stats(0).cache_misses, 1u);
+  vramswap::free_async(whole, s2);  // now s2's
+  void* on_s1 = vramswap::malloc_async(4 * MiB, s1);
+  EXPECT_NE(on_s1, a) << "freed on s2: not s1's until a synchronization";
+  void* on_s2 = vramswap::malloc_async(4 * MiB, s2);
+  EXPECT_EQ(on_s2, a) << "freed on s2: s2's at once";
+  vramswap::free_async(on_s1, s1);
+  vramswap::free_async(on_s2, s2);
+  vramswap::release_cached(0);
+  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 0u);
 }
 
 TEST_F(StreamAllocator, MisuseIsRefusedAndChangesNothing) {
@@ -83,13 +111,14 @@ TEST_F(StreamAllocator, MisuseIsRefusedAndChangesNothing) {
   EXPECT_EQ(vramswap_free(a, 0), VRAMSWAP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(vramswap_last_error()).find("free_async"), std::string::npos) << vramswap_last_error();
   ASSERT_EQ(vramswap_free_async(a, 0, s1), VRAMSWAP_OK) << vramswap_last_error();
+  EXPECT_EQ(vramswap_free(a, 0), VRAMSWAP_ERR_INVALID_ARGUMENT) << "a free block is the allocator's: not for plain free";
   EXPECT_EQ(vramswap_free_async(a, 0, s1), VRAMSWAP_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(vramswap_last_error()).find("double free"), std::string::npos) << vramswap_last_error();
   EXPECT_EQ(vramswap_free_async(reinterpret_cast<char*>(a) + 256, 0, s1), VRAMSWAP_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(vramswap_malloc_async(&a, 0, 0, s1), VRAMSWAP_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(vramswap_malloc_async(nullptr, MiB, 0, s1), VRAMSWAP_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(vramswap_free_async(nullptr, 0, s1), VRAMSWAP_OK) << "NULL is ignored, as free(NULL)";
-  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, MiB) << "the refused calls changed the cache";
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 2 * MiB) << "the refused calls changed the cache";
   void* b = nullptr;
   ASSERT_EQ(vramswap_malloc_async(&b, MiB, 0, s1), VRAMSWAP_OK);
   EXPECT_EQ(b, a) << "the cached block is still good after the refused calls";
@@ -101,8 +130,8 @@ TEST_F(StreamAllocator, AFullArenaIsMadeRoomInByGivingTheCachesBack) {
   std::vector<void*> blocks;
   for (int i = 0; i < 6; ++i) blocks.push_back(vramswap::malloc_async(8 * MiB, s1));
   for (void* p : blocks) vramswap::free_async(p, s1);
-  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 48 * MiB);
-  // 48 MiB cached for s1; 40 MiB for s2 fits only if the caches are given back.
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 60 * MiB) << "three 20 MiB segments";
+  // 60 MiB cached for s1; 40 MiB for s2 fits only if the segments are given back.
   void* big = vramswap::malloc_async(40 * MiB, s2);
   EXPECT_NE(big, nullptr);
   EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 0u);
@@ -232,3 +261,82 @@ TEST_F(StreamAllocator, ManySuccessfulPairsLeaveTheErrorDetailAlone) {
 }
 
 }  // namespace
+
+namespace {
+// A training loop's pattern, scaled to 2 MiB frames: long-lived parameters, gradients and
+// optimizer state in mixed sizes (the state made after the first step's activations were
+// freed, as AdamW makes it), and per step activations of mixed sizes allocated in forward
+// order and freed in backward order, each with a short-lived temporary beside it, in an
+// order that changes from step to step. Returns the first allocation that failed (its size
+// in the message), or an empty string.
+std::string run_training_pattern(int steps, uint64_t* peak_resident) {
+  std::mt19937 rng(42);
+  const size_t KiB = 1024;
+  const std::vector<size_t> param_sizes = {2 * MiB + 768 * KiB, 2 * MiB + 256 * KiB, 12 * KiB, 4 * MiB + 256 * KiB, 256 * KiB, 2 * MiB + 768 * KiB};
+  const std::vector<size_t> act_sizes = {130 * KiB, 700 * KiB, 2 * MiB + 768 * KiB, 2 * MiB + 256 * KiB, 4 * MiB + 512 * KiB, 6 * MiB + 256 * KiB, 48 * KiB};
+  std::vector<void*> kept;
+  auto take = [&](size_t size, std::string* failed) -> void* {
+    void* p = nullptr;
+    if (vramswap_malloc_async(&p, size, 0, s1) != VRAMSWAP_OK) {
+      *failed = std::to_string(size) + " bytes: " + vramswap_last_error();
+      return nullptr;
+    }
+    std::memset(p, 0x5A, std::min<size_t>(size, 4096));  // touched, as a kernel would
+    *peak_resident = std::max(*peak_resident, vramswap::get_stats(0).resident_bytes);
+    return p;
+  };
+  std::string failed;
+  for (size_t s : param_sizes) {
+    for (int copy = 0; copy < 2 && failed.empty(); ++copy) {  // parameter, gradient
+      if (void* p = take(s, &failed)) kept.push_back(p);
+    }
+  }
+  for (int step = 0; step < steps && failed.empty(); ++step) {
+    std::vector<size_t> order;
+    for (int layer = 0; layer < 3; ++layer) order.insert(order.end(), act_sizes.begin(), act_sizes.end());
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<std::pair<void*, size_t>> acts;
+    for (size_t s : order) {
+      void* a = take(s, &failed);
+      if (a == nullptr) break;
+      acts.emplace_back(a, s);
+      void* t = take(act_sizes[rng() % act_sizes.size()], &failed);
+      if (t == nullptr) break;
+      vramswap_free_async(t, 0, s1);
+    }
+    while (!acts.empty() && failed.empty()) {  // backward: last in, first out, with gradient temporaries
+      void* g = take(acts.back().second, &failed);
+      if (g == nullptr) break;
+      vramswap_free_async(acts.back().first, 0, s1);
+      vramswap_free_async(g, 0, s1);
+      acts.pop_back();
+    }
+    for (auto& [a, s] : acts) vramswap_free_async(a, 0, s1);
+    if (step == 0) {
+      for (size_t s : param_sizes) {  // AdamW's two moments, made at the first optimizer step
+        for (int copy = 0; copy < 2 && failed.empty(); ++copy) {
+          if (void* p = take(s, &failed)) kept.push_back(p);
+        }
+      }
+    }
+  }
+  for (void* p : kept) vramswap_free_async(p, 0, s1);
+  return failed;
+}
+}  // namespace
+
+// The pool is just large enough for the pattern's live bytes at their peak and a little
+// room: an allocator that holds freed blocks only for requests of about their size, or that
+// gives each request whole pages of its own, does not fit it.
+TEST_F(StreamAllocator, ATrainingPatternOfMixedSizesFitsAPoolJustLargeEnough) {
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "128MiB");
+  uint64_t peak = 0;
+  {
+    vramswap::gpu_lock g(0);
+    const std::string failed = run_training_pattern(8, &peak);
+    EXPECT_EQ(failed, "") << "at " << peak / MiB << " MiB resident";
+  }
+  vramswap::release_cached(0);
+  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 0u) << "every segment given back";
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_SIZE", "64MiB");
+}

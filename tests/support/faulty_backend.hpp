@@ -56,6 +56,9 @@ class faulty_backend final : public backend {
     fired_ = false;
   }
   void disarm() { armed_ = false; }
+  // The host backend captures no CUDA graph: from now on, application stream `app_stream`
+  // is reported as being captured (0: none), as cuStreamIsCapturing would during a capture.
+  void set_capturing(uintptr_t app_stream) { capturing_.store(app_stream); }
   bool fired() const { return fired_; }
   // Calls of `op` since the last fail_at() (or count_calls()).
   uint64_t calls(fault_op op) const { return calls_[static_cast<unsigned>(op)].load(); }
@@ -142,7 +145,9 @@ class faulty_backend final : public backend {
     return inject(fault_op::device_synchronize);
   }
   int do_app_stream_capturing(int device, uintptr_t app_stream, bool* capturing) override {
-    return real_.app_stream_capturing(device, app_stream, capturing);
+    VS_TRY(real_.app_stream_capturing(device, app_stream, capturing));
+    if (capturing_.load() != 0 && app_stream == capturing_.load()) *capturing = true;
+    return ok;
   }
 
   backend& real_;
@@ -151,6 +156,7 @@ class faulty_backend final : public backend {
   fault_op armed_op_ = fault_op::map;
   uint64_t armed_n_ = 0;
   bool fired_ = false;
+  std::atomic<uintptr_t> capturing_{0};
 };
 
 }  // namespace vramswap::detail::test

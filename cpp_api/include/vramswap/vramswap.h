@@ -211,7 +211,9 @@ VRAMSWAP_C_API int vramswap_free(void* ptr, int device);
  *   and the errors of opening a session. */
 VRAMSWAP_C_API int vramswap_malloc_async(void** out, size_t size, int device, void* stream);
 VRAMSWAP_C_API int vramswap_free_async(void* ptr, int device, void* stream);
-/* Synchronize the device and give every kept block back (vramswap_stats' cached_bytes -> 0).
+/* Synchronize the device and give every wholly free segment of the stream-ordered allocator
+ * back to the pager (vramswap_stats' cached_bytes keeps only the free bytes of segments that
+ * still hold a live block).
  * Errors:
  *   VRAMSWAP_ERR_CUDA              synchronizing the device, or unmapping, failed.
  *   and the errors of opening a session. */
@@ -243,7 +245,7 @@ typedef struct vramswap_stats_t {
   double lock_wait_seconds;    /* of which waiting for the lock */
   double evict_seconds;        /* total time evicting this process's memory */
   double restore_seconds;      /* total time bringing it back */
-  uint64_t cached_bytes;       /* freed by vramswap_free_async, kept for reuse (of allocated_bytes) */
+  uint64_t cached_bytes;       /* free bytes in the allocator's segments, kept for reuse (of allocated_bytes) */
   uint64_t graph_bytes;        /* malloc_async memory held for CUDA graphs (of allocated_bytes) */
   /* Oversubscribed processes (VRAMSWAP_OVERSUBSCRIBE=1); 0 otherwise: */
   uint64_t host_frame_bytes;   /* pages in host memory mapped at their addresses (of resident_bytes) */
@@ -251,9 +253,9 @@ typedef struct vramswap_stats_t {
   uint64_t pages_promoted;     /* moved back into free pool frames */
   double reclaim_seconds;      /* total time demoting (the launch gate closed) */
   /* The stream-ordered allocator (vramswap_malloc_async; vramswap.torch): */
-  uint64_t cache_hits;         /* allocations served from freed blocks kept for reuse */
-  uint64_t cache_misses;       /* allocations that took new memory from the pager */
-  uint64_t cache_trims;        /* times the kept blocks were all given back to make room */
+  uint64_t cache_hits;         /* allocations served from a free block of a segment */
+  uint64_t cache_misses;       /* allocations that took a new segment from the pager */
+  uint64_t cache_trims;        /* times the device was synchronized and free segments given back */
   double allocator_seconds;    /* total time inside malloc_async, free_async and trims */
 } vramswap_stats_t;
 /* Errors:

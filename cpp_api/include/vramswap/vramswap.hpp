@@ -245,8 +245,9 @@ VRAMSWAP_API void free(void* ptr, int device = 0);
 // Stream-ordered allocation (cudaMallocAsync-like; `stream` is a cudaStream_t, nullptr the
 // legacy default stream), for code that allocates and frees at a high rate. free_async is
 // ordered on `stream`: later allocations on that stream reuse the block at once; other
-// streams only after release_cached() (which synchronizes the device) or after an
-// allocation that found no room did the same. Kept blocks are never copied by an eviction.
+// streams only after release_cached() (which synchronizes the device and gives wholly free
+// segments back) or after an allocation that found no room did the same. Free blocks are
+// never copied by an eviction (a page they share with a live block is).
 // Memory allocated for, or freed on, a stream being captured into a CUDA graph is the
 // graph's until the process exits. See vramswap_malloc_async in vramswap.h.
 // malloc_async throws invalid_argument (size 0), out_of_memory (no room; or outside the lock
@@ -280,7 +281,7 @@ struct stats {
   double lock_wait_seconds = 0;  // of which waiting for the lock
   double evict_seconds = 0;      // total time evicting this process's memory
   double restore_seconds = 0;    // total time bringing it back
-  uint64_t cached_bytes = 0;     // freed by free_async, kept for reuse (part of allocated_bytes)
+  uint64_t cached_bytes = 0;     // free bytes in the allocator's segments, kept for reuse (part of allocated_bytes)
   uint64_t graph_bytes = 0;      // malloc_async memory held for CUDA graphs (part of allocated_bytes)
   // Oversubscribed processes (VRAMSWAP_OVERSUBSCRIBE=1; docs/oversubscription.md), else 0:
   uint64_t host_frame_bytes = 0;  // pages in host frames, mapped at their addresses (part of resident_bytes)
@@ -288,9 +289,9 @@ struct stats {
   uint64_t pages_promoted = 0;    // moved back into free pool frames
   double reclaim_seconds = 0;     // total time demoting
   // The stream-ordered allocator (malloc_async / free_async; vramswap.torch):
-  uint64_t cache_hits = 0;        // allocations served from freed blocks kept for reuse
-  uint64_t cache_misses = 0;      // allocations that took new memory from the pager
-  uint64_t cache_trims = 0;       // times the kept blocks were all given back to make room
+  uint64_t cache_hits = 0;        // allocations served from a free block of a segment
+  uint64_t cache_misses = 0;      // allocations that took a new segment from the pager
+  uint64_t cache_trims = 0;       // times the device was synchronized and free segments given back
   double allocator_seconds = 0;   // total time inside malloc_async, free_async and trims
 };
 // Opens the device's session if needed (so it may start the pool server). Throws
