@@ -1,5 +1,7 @@
 #include "core/pager.hpp"
 
+#include <time.h>
+
 #include <chrono>
 #include <cinttypes>
 
@@ -29,6 +31,11 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+uint64_t clock_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
 }  // namespace
 
 int resolve_pager_config(backend& be, int device, pager_config* cfg) {
@@ -523,6 +530,7 @@ int pager::restore_all() {
   };
   on.not_copied = [&](uint64_t p, size_t) { put_back(p); };
   copy_pipeline copies(be_, in_stream_, events_, {}, std::move(on));
+  stats_.last_restore_waited_ns = stats_.last_restore_frame_after_wait_ns = 0;
   copies.note_failure(frames_.prepare(device_, needed));
   for (uint64_t p = 0; p < table_.size() && !copies.failed(); ++p) {
     page_entry& e = table_[p];
@@ -543,7 +551,10 @@ int pager::restore_all() {
     // taken without emptying the copy pipeline.
     frame_id f = 0;
     int rc;
+    bool waited = false;
     while ((rc = frames_.try_take(device_, frame_size_, &f)) == err_busy) {
+      if (!waited && stats_.last_restore_waited_ns == 0) stats_.last_restore_waited_ns = clock_ns();
+      waited = true;
       if (copies.empty()) {
         rc = frames_.take(device_, frame_size_, &f);
         break;
@@ -552,6 +563,7 @@ int pager::restore_all() {
       if (copies.failed()) break;
     }
     if (copies.failed()) break;  // rc is err_busy: no frame was taken for p
+    if (rc == ok && waited && stats_.last_restore_frame_after_wait_ns == 0) stats_.last_restore_frame_after_wait_ns = clock_ns();
     if (rc == ok) rc = map_frame(p, f);
     if (rc != ok) {
       copies.note_failure(rc);

@@ -88,6 +88,12 @@ struct pager_stats {
   uint64_t pages_remapped = 0;   // moved into other frames by remap_pages (oversubscription)
   double evict_seconds = 0;      // total time in evict_all
   double restore_seconds = 0;    // total time in restore_all
+  // The last restore_all that found no free frame for a page (it then waits for frames that
+  // other processes evict for it): when that first happened, and when the first frame came
+  // after it (CLOCK_MONOTONIC ns; both 0 when that restore never waited). Their gap is
+  // what the first eviction asked of another process takes to hand over a frame.
+  uint64_t last_restore_waited_ns = 0;
+  uint64_t last_restore_frame_after_wait_ns = 0;
 };
 
 class pager {

@@ -10,7 +10,7 @@
 # bench:oversubscribe.
 # With no argument it does both; bench:handoff,pager runs only bench_handoff and bench_pager
 # (bench/python/bench_<name>.py count as benchmarks too: bench:torch; BENCH_ARGS_<name>="..." passes
-# arguments to one, e.g. BENCH_ARGS_models="--steps 500"). Exit status: that of the test suites. $OUT gets at most
+# arguments to one, C++ or Python, e.g. BENCH_ARGS_models="--steps 500", BENCH_ARGS_handoff="--processes 3,5 --sizes 16"). Exit status: that of the test suites. $OUT gets at most
 # 8 files (the device tool's limit): machine.txt, build.log, ctest.log, gpu-tests.log,
 # wheel.log, bench.err and one bench_<name>.md per benchmark.
 set -uo pipefail
@@ -176,7 +176,9 @@ if [[ $what == *bench* ]]; then
     name=$(basename "$b")
     [[ -z $only || $only == *",${name#bench_},"* ]] || continue
     echo "== $name"
-    "$b" >"$OUT/$name.md" 2>>"$OUT/bench.err" || { echo "$name failed"; tail -5 "$OUT/bench.err"; status=1; }
+    args_var=BENCH_ARGS_${name#bench_}
+    # shellcheck disable=SC2086  # the arguments are words on purpose
+    "$b" ${!args_var:-} >"$OUT/$name.md" 2>>"$OUT/bench.err" || { echo "$name failed"; tail -5 "$OUT/bench.err"; status=1; }
     cat "$OUT/$name.md"
   done
   # Python benchmarks (bench/python/bench_<name>.py), run with the build's package.

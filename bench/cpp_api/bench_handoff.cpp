@@ -1,23 +1,40 @@
-// bench_handoff: what a switch between two time-sharing processes costs.
+// bench_handoff: what a switch between time-sharing processes costs.
 //
-//   bench_handoff [--sizes 16,32,60] [--fit 8] [--rounds 8] [--shared-above 40]     (GiB)
+//   bench_handoff [--sizes 16,32,60] [--processes 2,3,5] [--many-sizes 16] [--fit 8]
+//                 [--rounds 8] [--shared-above 40]                                  (GiB)
 //
-// For each X in --sizes: two worker processes with X GiB of device memory each take turns
-// under the lock, on a pool that holds one of them (X + 1 GiB, or X + X/4 when smaller).
-// Sizes above --shared-above keep their saved pages in a host pool shared by the two
-// (VRAMSWAP_HOST_POOL = X + the same slack, at least 18 slots) instead of a pinned tier
-// each: two 60 GiB tiers would pin 120 GiB, the shared pool ~61. Such a size runs only when
-// the host's available memory and the device's free memory allow it (else the row says
-// why it was skipped), with at most 4 rounds per worker. The handoff is the time
-// from the holder calling release() to the other's acquire() returning, all of its memory
-// resident: the holder's frames are evicted by the holder while the acquirer copies its own
-// memory in. It is reported as a ratio to X / (the one-way pinned copy rate, measured in
-// the same run): 1.0 would be a switch as fast as copying one process's memory one way;
-// a serial evict-then-restore would be about 2.0. The first two handoffs of each run (tiers
-// growing, first-touch) are not counted.
+// For each X in --sizes and N in --processes (N = 2; rows of 3 or more processes run at
+// the sizes of --many-sizes, by default the first of --sizes): N worker processes with X GiB
+// of device memory each take turns under the lock (FIFO: they go round), on a pool that
+// holds one of them when N = 2 (X + 1 GiB, or X + X/4 when smaller) and two of them when N
+// >= 3 (2X + the same slack). With two, the holder's frames are what the next one needs; with
+// five, each acquirer needs the few frames its predecessor's last eviction left to an owner
+// and most of the next owner's, so two owners evict for it at once (three processes go
+// round with one owner per switch: the least recently used idle process holds enough).
+// Saved pages go to a pinned host tier per process, or to one host pool shared by all
+// (VRAMSWAP_HOST_POOL = what they save at once plus slack, at least 18 slots) for sizes
+// above --shared-above and where N tiers of X would pin more than half the host's available
+// memory. A row runs only when the host's available memory and the device's free memory
+// allow it (else it says why it was skipped); with a shared host pool above --shared-above
+// at most 4 rounds per worker.
 //
-// --fit X: the same with a pool that holds both: no byte moves, the handoff is the lock's
-// handoff plus bookkeeping (goal p50 <= 50 us).
+// The switch is the time from the holder calling release() to the next one's acquire()
+// returning, all of its memory resident: the owners of the frames it needs evict them (their
+// service threads, at once) while it copies its own memory in, frame by frame as each comes
+// free. It is reported against the ideal: the bytes the acquirer copies in / the one-way
+// pinned copy rate measured in the same run (1.0 would be a switch as fast as copying the
+// acquirer's memory one way; a serial evict-then-restore would be about 2.0), and against X
+// / rate as issue 5's rows were. Each worker's first two acquires (first touch, tiers
+// growing) are not counted. The stages of a switch, from the pool's trace (each owner's
+// evictions, pool/pool_layout.hpp) and the acquirer's pager: the releaser's work until it
+// hands the lock on, the lock's handoff, then from the grant: the first frame the acquirer
+// got from an owner (after the free frames ran out), the first owner's eviction start, how
+// far apart the owners' starts were, the span of their evictions (first start to last end),
+// how much of the shorter eviction ran while the other did, and the restore's tail after the
+// last eviction ended.
+//
+// --fit X: two processes with a pool that holds both: no byte moves, the handoff is the
+// lock's handoff plus bookkeeping (goal p50 <= 50 us).
 //
 // The same switch done with cuda-checkpoint (cuCheckpointProcessLock + Checkpoint of the
 // holder, then Restore + Unlock of the other), on two plain CUDA processes of X GiB each,
@@ -34,6 +51,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -51,6 +69,7 @@
 #include "core/status.hpp"
 #include "runtime/device_session.hpp"
 #include "lock/process_identity.hpp"
+#include "pool/pool_segment.hpp"
 
 #ifdef VRAMSWAP_HAVE_CUDA_H
 #include <cuda.h>
@@ -71,6 +90,29 @@ constexpr uint64_t GiB = 1ull << 30;
 
 
 // --- worker: acquire, hold, release; one line per event on stdout ------------------------
+// Then, from its member's trace ring in the pool segment, one line per eviction it served.
+void print_evictions(backend& be) {
+  device_info info;
+  check(be.get_device_info(0, &info), "device info");
+  std::string name;
+  std::unique_ptr<pool_segment> pool;
+  check(pool_segment::name_for(info.uuid, &name), "pool name");
+  check(pool_segment::open(name, &pool, /*read_only=*/true), "opening the pool segment");
+  for (uint32_t m = 0; m < pool_layout::k_member_count; ++m) {
+    const pool_layout::member_slot& slot = pool->member(m);
+    if (slot.state.load() != pool_layout::member_live || slot.pid != ::getpid()) continue;
+    std::vector<pool_segment::trace_event> events;
+    uint64_t cursor = 0;
+    const uint64_t lost = pool->read_trace(m, &cursor, &events);
+    if (lost != 0) std::fprintf(stderr, "bench_handoff: worker %d: %" PRIu64 " trace records lost\n", static_cast<int>(::getpid()), lost);
+    for (const auto& e : events) {
+      if (e.kind != pool_layout::trace_evicted || e.pid != ::getpid()) continue;
+      std::printf("evicted %" PRIu64 " end %" PRIu64 " bytes %" PRIu64 "\n", e.ns, e.ns + e.duration_ns, e.bytes);
+    }
+    break;
+  }
+}
+
 int run_worker(uint64_t bytes, int rounds, int hold_ms) {
   std::unique_ptr<device_session> s;
   check(device_session::open(0, &s), "session");
@@ -89,8 +131,9 @@ int run_worker(uint64_t bytes, int rounds, int hold_ms) {
     check(s->acquire(), "acquire");
     const uint64_t acquired = monotonic_ns();
     const session_stats ss = s->stats();
-    std::printf("acquired %" PRIu64 " in %" PRIu64 " out %" PRIu64 " granted %" PRIu64 "\n", acquired, ss.pager.bytes_in,
-                ss.pager.bytes_out, ss.last_lock_granted_ns);
+    std::printf("acquired %" PRIu64 " in %" PRIu64 " out %" PRIu64 " granted %" PRIu64 " waited %" PRIu64 " frame %" PRIu64 "\n",
+                acquired, ss.pager.bytes_in, ss.pager.bytes_out, ss.last_lock_granted_ns, ss.pager.last_restore_waited_ns,
+                ss.pager.last_restore_frame_after_wait_ns);
     if (r == 0) {  // first touch: real data, never zeros
       check(s->get_backend().memset_d8(p, 0x5A, bytes, st), "fill");
       check(s->get_backend().stream_synchronize(st), "fill sync");
@@ -102,10 +145,16 @@ int run_worker(uint64_t bytes, int rounds, int hold_ms) {
     std::printf("release %" PRIu64 " unlock %" PRIu64 " synced %" PRIu64 "\n", released, after.last_unlock_ns, after.last_synced_ns);
     std::fflush(stdout);
   }
+  // The others may still ask for our frames: stay a member until every worker is done.
+  std::printf("done\n");
+  std::fflush(stdout);
+  const std::string all_done = std::string(dir != nullptr ? dir : "/tmp") + "/bench-done";
+  while (::access(all_done.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  print_evictions(s->get_backend());
+  std::fflush(stdout);
   check(s->get_backend().stream_destroy(st), "stream");
   return 0;
 }
-
 
 struct event {
   uint64_t ns;
@@ -114,6 +163,12 @@ struct event {
   uint64_t bytes_in, bytes_out;
   uint64_t stage_ns;  // acquire: when the lock was granted; release: when it was handed on
   uint64_t synced_ns;  // release: when the device was synchronized
+  uint64_t waited_ns, frame_ns;  // acquire: the restore found no free frame / got one after (0: never)
+};
+
+struct eviction {
+  int who;
+  uint64_t start_ns, end_ns, bytes;
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -122,17 +177,21 @@ double percentile(std::vector<double> v, double q) {
   return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
 }
 
-// One run: two workers of `bytes` each on a pool of `pool_bytes`; returns the counted
-// handoff times (seconds) and the bytes moved in by each counted acquire.
-// The stages of the counted handoffs (seconds): the releaser's work up to handing the lock
-// on, the lock's handoff, and the acquirer's work once granted.
-struct stages {
+// The counted switches of one run, each a sample per vector (seconds unless said).
+struct switches {
+  std::vector<double> time, bytes_in, bytes_out, owners;
   std::vector<double> release_work, lock_handoff, acquire_work;
   std::vector<double> release_sync;  // after the handoff: the releaser synchronizing the device
+  // From the grant: the first frame an owner freed for the acquirer; the first owner's
+  // eviction start; the owners' starts apart; first start to last end; the restore's tail
+  // after the last eviction ended. (Only switches where the quantity exists.)
+  std::vector<double> first_frame, first_start, start_spread, evict_span, restore_tail;
+  std::vector<double> at_once;  // switches with two or more owners: the shorter eviction's share that ran while another did
 };
 
-void run_pair(uint64_t bytes, uint64_t pool_bytes, uint64_t host_pool_bytes, int rounds, int hold_ms, std::vector<double>* handoffs,
-              std::vector<double>* moved, stages* st) {
+// One run: n workers of `bytes` each on a pool of `pool_bytes` (host pool `host_pool_bytes`,
+// 0: a tier per process), `rounds` turns each holding the lock `hold_ms`.
+void run_group(int n, uint64_t bytes, uint64_t pool_bytes, uint64_t host_pool_bytes, int rounds, int hold_ms, switches* out) {
   static int run = 0;
   char dir[] = "/tmp/vramswap-bench-XXXXXX";
   if (::mkdtemp(dir) == nullptr) check(fail_errno(errno, "mkdtemp"), "runtime dir");
@@ -141,63 +200,124 @@ void run_pair(uint64_t bytes, uint64_t pool_bytes, uint64_t host_pool_bytes, int
                                         "VRAMSWAP_POOL_SIZE=" + std::to_string(pool_bytes), "VRAMSWAP_POOL_IDLE_EXIT=2",
                                         "VRAMSWAP_LOG=warn", "VRAMSWAP_HOST_POOL=" + std::to_string(host_pool_bytes)};
   const std::vector<std::string> wargs = {"bench_handoff", "--worker", std::to_string(bytes), std::to_string(rounds), std::to_string(hold_ms)};
-  // Both attach first, then start at once (they wait for the go file).
-  child a = spawn_self(wargs, env);
-  child b = spawn_self(wargs, env);
+  // All attach first, then start at once (they wait for the go file).
+  std::vector<child> workers;
+  for (int i = 0; i < n; ++i) workers.push_back(spawn_self(wargs, env));
   char line[256];
-  for (FILE* f : {a.out, b.out}) {
-    if (std::fgets(line, sizeof line, f) == nullptr || std::strncmp(line, "attached", 8) != 0) {
+  for (child& c : workers) {
+    if (std::fgets(line, sizeof line, c.out) == nullptr || std::strncmp(line, "attached", 8) != 0) {
       check(fail(err_system, "a worker did not attach (see its errors above)"), "worker");
     }
   }
   if (FILE* g = std::fopen((std::string(dir) + "/bench-go").c_str(), "w")) std::fclose(g);
-  std::vector<event> events;
-  auto reader = [](FILE* f, int who, std::vector<event>* out) {
+  // Once every worker has done its rounds, they print their evictions and leave.
+  std::atomic<int> done{0};
+  const std::string done_file = std::string(dir) + "/bench-done";
+  auto reader = [&](FILE* f, int who, std::vector<event>* evs, std::vector<eviction>* evicted) {
     char l[256];
     while (std::fgets(l, sizeof l, f) != nullptr) {
       event e{};
       e.who = who;
-      if (std::sscanf(l, "acquired %" SCNu64 " in %" SCNu64 " out %" SCNu64 " granted %" SCNu64, &e.ns, &e.bytes_in, &e.bytes_out,
-                      &e.stage_ns) == 4) {
+      eviction v{who, 0, 0, 0};
+      if (std::sscanf(l, "acquired %" SCNu64 " in %" SCNu64 " out %" SCNu64 " granted %" SCNu64 " waited %" SCNu64 " frame %" SCNu64,
+                      &e.ns, &e.bytes_in, &e.bytes_out, &e.stage_ns, &e.waited_ns, &e.frame_ns) == 6) {
         e.acquire = true;
+        evs->push_back(e);
       } else if (std::sscanf(l, "release %" SCNu64 " unlock %" SCNu64 " synced %" SCNu64, &e.ns, &e.stage_ns, &e.synced_ns) == 3) {
-        e.acquire = false;
-      } else {
-        continue;
+        evs->push_back(e);
+      } else if (std::sscanf(l, "evicted %" SCNu64 " end %" SCNu64 " bytes %" SCNu64, &v.start_ns, &v.end_ns, &v.bytes) == 3) {
+        evicted->push_back(v);
+      } else if (std::strncmp(l, "done", 4) == 0 && ++done == n) {
+        if (FILE* g = std::fopen(done_file.c_str(), "w")) std::fclose(g);
       }
-      out->push_back(e);
     }
   };
-  std::vector<event> ea, eb;
-  std::thread ta(reader, a.out, 0, &ea), tb(reader, b.out, 1, &eb);
-  ta.join();
-  tb.join();
-  int sa = 0, sb = 0;
-  ::waitpid(a.pid, &sa, 0);
-  ::waitpid(b.pid, &sb, 0);
-  if (!WIFEXITED(sa) || WEXITSTATUS(sa) != 0 || !WIFEXITED(sb) || WEXITSTATUS(sb) != 0) {
-    check(fail(err_internal, "a worker failed (status %d / %d)", sa, sb), "workers");
+  std::vector<std::vector<event>> per(n);
+  std::vector<std::vector<eviction>> per_evicted(n);
+  std::vector<std::thread> readers;
+  for (int i = 0; i < n; ++i) readers.emplace_back(reader, workers[i].out, i, &per[i], &per_evicted[i]);
+  for (std::thread& t : readers) t.join();
+  bool failed = false;
+  for (child& c : workers) {
+    int status = 0;
+    ::waitpid(c.pid, &status, 0);
+    failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
   }
-  events.insert(events.end(), ea.begin(), ea.end());
-  events.insert(events.end(), eb.begin(), eb.end());
+  if (failed) check(fail(err_internal, "a worker failed (its errors are above)"), "workers");
+  std::vector<event> events;
+  std::vector<eviction> evictions;
+  for (int i = 0; i < n; ++i) {
+    events.insert(events.end(), per[i].begin(), per[i].end());
+    evictions.insert(evictions.end(), per_evicted[i].begin(), per_evicted[i].end());
+  }
   std::sort(events.begin(), events.end(), [](const event& x, const event& y) { return x.ns < y.ns; });
-  // Pair each acquire with the release just before it, by the other worker.
-  uint64_t last_in[2] = {0, 0};
-  int counted = 0;
+  // Pair each acquire with the release just before it, by another worker.
+  std::vector<uint64_t> last_in(n, 0);
+  std::vector<int> acquires(n, 0);
   for (size_t i = 1; i < events.size(); ++i) {
     const event& e = events[i];
     if (!e.acquire) continue;
     const event& prev = events[i - 1];
     const uint64_t in_delta = e.bytes_in - last_in[e.who];
     last_in[e.who] = e.bytes_in;
+    if (++acquires[e.who] <= 2) continue;  // first touch, tiers growing
     if (prev.acquire || prev.who == e.who) continue;
-    if (++counted <= 2) continue;  // tiers growing, first touch
-    handoffs->push_back((e.ns - prev.ns) / 1e9);
-    moved->push_back(static_cast<double>(in_delta));
-    st->release_work.push_back((prev.stage_ns - prev.ns) / 1e9);
-    st->release_sync.push_back((static_cast<double>(prev.synced_ns) - static_cast<double>(prev.stage_ns)) / 1e9);
-    st->lock_handoff.push_back((static_cast<double>(e.stage_ns) - static_cast<double>(prev.stage_ns)) / 1e9);
-    st->acquire_work.push_back((e.ns - e.stage_ns) / 1e9);
+    const uint64_t granted = e.stage_ns;
+    out->time.push_back((e.ns - prev.ns) / 1e9);
+    out->bytes_in.push_back(static_cast<double>(in_delta));
+    out->release_work.push_back((prev.stage_ns - prev.ns) / 1e9);
+    out->release_sync.push_back((static_cast<double>(prev.synced_ns) - static_cast<double>(prev.stage_ns)) / 1e9);
+    out->lock_handoff.push_back((static_cast<double>(granted) - static_cast<double>(prev.stage_ns)) / 1e9);
+    out->acquire_work.push_back((e.ns - granted) / 1e9);
+    if (e.frame_ns != 0) out->first_frame.push_back((static_cast<double>(e.frame_ns) - static_cast<double>(granted)) / 1e9);
+    // The owners: other workers whose evictions began while this acquire brought memory in
+    // (only the lock holder asks for frames).
+    std::vector<const eviction*> mine;
+    for (const eviction& v : evictions) {
+      if (v.who != e.who && v.start_ns >= granted && v.start_ns <= e.ns) mine.push_back(&v);
+    }
+    std::vector<int> owners;
+    uint64_t out_bytes = 0, first = UINT64_MAX, last_start = 0, last_end = 0;
+    for (const eviction* v : mine) {
+      if (std::find(owners.begin(), owners.end(), v->who) == owners.end()) owners.push_back(v->who);
+      out_bytes += v->bytes;
+      first = std::min(first, v->start_ns);
+      last_start = std::max(last_start, v->start_ns);
+      last_end = std::max(last_end, v->end_ns);
+    }
+    out->owners.push_back(static_cast<double>(owners.size()));
+    out->bytes_out.push_back(static_cast<double>(out_bytes));
+    if (!mine.empty()) {
+      out->first_start.push_back((first - granted) / 1e9);
+      out->start_spread.push_back((last_start - first) / 1e9);
+      out->evict_span.push_back((last_end - first) / 1e9);
+      out->restore_tail.push_back((static_cast<double>(e.ns) - static_cast<double>(last_end)) / 1e9);
+    }
+    if (owners.size() >= 2) {
+      // Each owner's eviction interval (first start to last end of its evictions for this
+      // switch); how much of the shortest ran while any other owner evicted.
+      struct span {
+        uint64_t from = UINT64_MAX, to = 0;
+      };
+      std::vector<span> spans(owners.size());
+      for (const eviction* v : mine) {
+        span& sp = spans[std::find(owners.begin(), owners.end(), v->who) - owners.begin()];
+        sp.from = std::min(sp.from, v->start_ns);
+        sp.to = std::max(sp.to, v->end_ns);
+      }
+      size_t shortest = 0;
+      for (size_t k = 1; k < spans.size(); ++k) {
+        if (spans[k].to - spans[k].from < spans[shortest].to - spans[shortest].from) shortest = k;
+      }
+      uint64_t with_other = 0;
+      for (size_t k = 0; k < spans.size(); ++k) {
+        if (k == shortest) continue;
+        const uint64_t from = std::max(spans[k].from, spans[shortest].from), to = std::min(spans[k].to, spans[shortest].to);
+        with_other = std::max<uint64_t>(with_other, to > from ? to - from : 0);
+      }
+      const uint64_t len = spans[shortest].to - spans[shortest].from;
+      out->at_once.push_back(len == 0 ? 1.0 : static_cast<double>(with_other) / static_cast<double>(len));
+    }
   }
   const std::string rm = std::string("rm -rf ") + dir;
   // The server exits by itself after VRAMSWAP_POOL_IDLE_EXIT; wait for it so that the next
@@ -347,79 +467,110 @@ int main(int argc, char** argv) {
   check(default_backend(&be), "backend");
   const bool gpu = be->kind() == backend_kind::cuda;
   std::vector<double> sizes = gpu ? std::vector<double>{16, 32, 60} : std::vector<double>{0.125};
+  std::vector<double> processes = {2, 3, 5};
+  std::vector<double> many_sizes;
   double fit = gpu ? 8 : 0.0625;
   int rounds = 8;
   double shared_above = 40;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--sizes") == 0) sizes = parse_list(argv[i + 1]);
+    if (std::strcmp(argv[i], "--processes") == 0) processes = parse_list(argv[i + 1]);
+    if (std::strcmp(argv[i], "--many-sizes") == 0) many_sizes = parse_list(argv[i + 1]);
     if (std::strcmp(argv[i], "--fit") == 0) fit = std::atof(argv[i + 1]);
     if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--shared-above") == 0) shared_above = std::atof(argv[i + 1]);
   }
+  if (many_sizes.empty() && !sizes.empty()) many_sizes = {sizes.front()};
   constexpr uint64_t k_frame = 32ull << 20;  // VRAMSWAP_FRAME_SIZE's default, which the workers use
   device_info info;
   check(be->get_device_info(0, &info), "device info");
   std::printf("# bench_handoff: %s backend, %s\n\n", be->name(), info.name.c_str());
-  const double rate = pinned_one_way_rate(*be, static_cast<uint64_t>(sizes.front() * GiB));
+  const double rate = pinned_one_way_rate(*be, static_cast<uint64_t>((sizes.empty() ? many_sizes.front() : sizes.front()) * GiB));
   std::printf("pinned one-way copy (device to host, same run): %.1f GB/s\n\n", rate / 1e9);
-  std::printf("| memory per process | pool | handoffs | ideal X/rate | handoff p50 | p90 | ratio p50/ideal | bytes in per handoff | p50 stages: release / lock / acquire |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("| processes | memory per process | pool | switches | owners per switch | bytes in / out per switch | ideal in/rate | "
+              "switch p50 | p90 | ratio p50 | ratio p90 | p50 vs X/rate | p50 stages, ms: release / lock / grant to first owner frame / "
+              "to first eviction start / owners' starts apart / evictions' span / at once / restore after the last eviction |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   std::vector<std::string> notes;
-  for (double x : sizes) {
-    const uint64_t bytes = static_cast<uint64_t>(x * GiB);
-    std::vector<double> h, moved;
-    stages st;
-    const uint64_t slack = std::min<uint64_t>(GiB, bytes / 4);
-    const uint64_t pool = bytes + slack;  // holds one, not two
-    const bool shared = x > shared_above;
-    // The shared host pool holds what is saved at once (2X less the device pool, X - slack)
-    // plus slack on both sides: X + slack, at least the server's minimum (17 slots) and one.
-    const uint64_t host_pool = shared ? std::max<uint64_t>(bytes + slack, 18 * k_frame) : 0;
-    if (shared) {
+  for (double nd : processes) {
+    const int n = static_cast<int>(nd);
+    if (n < 2) continue;
+    for (double x : n == 2 ? sizes : many_sizes) {
+      const uint64_t bytes = static_cast<uint64_t>(x * GiB);
+      const uint64_t slack = std::min<uint64_t>(GiB, bytes / 4);
+      const uint64_t pool = (n == 2 ? 1 : 2) * bytes + slack;  // holds one (two processes), or two
       const uint64_t avail = available_ram();
-      const uint64_t want_ram = host_pool + 4 * GiB;  // and room for the workers and the server
+      // Pinned tiers pin each process's memory (ahead of need): N of them must leave the host room.
+      const bool shared = x > shared_above || (avail != 0 && n * bytes > avail / 2);
+      // The shared host pool holds what is saved at once (N X less the device pool) plus
+      // slack on both sides, at least the server's minimum (17 slots) and one.
+      const uint64_t host_pool = shared ? std::max<uint64_t>(n * bytes - pool + 2 * slack, 18 * k_frame) : 0;
+      const uint64_t want_ram = (shared ? host_pool : n * bytes) + 4 * GiB;  // and room for the workers and the server
       device_info now;
       check(be->get_device_info(0, &now), "device info");
       const uint64_t want_device = pool + (gpu ? std::max<uint64_t>(GiB, now.total_bytes / 100 * 3) : 0);
       char why[256] = "";
-      if (avail < want_ram) {
-        std::snprintf(why, sizeof why, "needs %.1f GiB of available host memory (a %.1f GiB shared host pool), %.1f GiB available",
-                      want_ram / double(GiB), host_pool / double(GiB), avail / double(GiB));
+      if (avail != 0 && avail < want_ram) {
+        std::snprintf(why, sizeof why, "needs %.1f GiB of available host memory (%s of %.1f GiB), %.1f GiB available",
+                      want_ram / double(GiB), shared ? "a shared host pool" : "pinned tiers", (want_ram - 4 * GiB) / double(GiB),
+                      avail / double(GiB));
       } else if (now.free_bytes < want_device) {
         std::snprintf(why, sizeof why, "needs %.1f GiB of free device memory, %.1f GiB free", want_device / double(GiB),
                       now.free_bytes / double(GiB));
       }
       if (why[0] != '\0') {
-        std::printf("| %g GiB | %.3g GiB | skipped: %s | | | | | | |\n", x, pool / double(GiB), why);
+        std::printf("| %d | %g GiB | %.3g GiB | skipped: %s | | | | | | | | | |\n", n, x, pool / double(GiB), why);
         std::fflush(stdout);
         continue;
       }
-      char note[200];
-      std::snprintf(note, sizeof note, "%g GiB: saved pages in one shared host pool of %.3g GiB (VRAMSWAP_HOST_POOL), %d rounds per worker",
-                    x, host_pool / double(GiB), std::min(rounds, 4));
-      notes.push_back(note);
+      const int row_rounds = shared && x > shared_above ? std::min(rounds, 4) : rounds;
+      if (shared) {
+        char note[240];
+        std::snprintf(note, sizeof note, "%d x %g GiB: saved pages in one shared host pool of %.3g GiB (VRAMSWAP_HOST_POOL), %d rounds per worker",
+                      n, x, host_pool / double(GiB), row_rounds);
+        notes.push_back(note);
+      }
+      switches sw;
+      run_group(n, bytes, pool, host_pool, row_rounds, 300, &sw);
+      const double in = percentile(sw.bytes_in, 0.5);
+      const double ideal = in / rate;
+      const double p50 = percentile(sw.time, 0.5), p90 = percentile(sw.time, 0.9);
+      auto ms = [](const std::vector<double>& v) {
+        char b[32];
+        if (v.empty()) return std::string("-");
+        std::snprintf(b, sizeof b, "%.2f", percentile(v, 0.5) * 1e3);
+        return std::string(b);
+      };
+      std::string at_once = "-";
+      if (!sw.at_once.empty()) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%.0f%%", percentile(sw.at_once, 0.5) * 100);
+        at_once = b;
+      }
+      std::printf("| %d | %g GiB | %.3g GiB | %zu | %.0f (max %.0f) | %.2f / %.2f GiB | %.3f s | %.3f s | %.3f s | %.2f | %.2f | %.2f | "
+                  "%s / %s / %s / %s / %s / %s / %s / %s |\n",
+                  n, x, pool / double(GiB), sw.time.size(), percentile(sw.owners, 0.5),
+                  sw.owners.empty() ? 0.0 : *std::max_element(sw.owners.begin(), sw.owners.end()), in / GiB,
+                  percentile(sw.bytes_out, 0.5) / GiB, ideal, p50, p90, ideal > 0 ? p50 / ideal : 0.0, ideal > 0 ? p90 / ideal : 0.0,
+                  p50 / (bytes / rate), ms(sw.release_work).c_str(), ms(sw.lock_handoff).c_str(), ms(sw.first_frame).c_str(),
+                  ms(sw.first_start).c_str(), ms(sw.start_spread).c_str(), ms(sw.evict_span).c_str(), at_once.c_str(),
+                  ms(sw.restore_tail).c_str());
+      std::fflush(stdout);
     }
-    run_pair(bytes, pool, host_pool, shared ? std::min(rounds, 4) : rounds, 300, &h, &moved, &st);
-    const double ideal = bytes / rate;
-    std::printf("| %g GiB | %.3g GiB | %zu | %.3f s | %.3f s | %.3f s | %.2f | %.1f GiB | %.3f / %.6f / %.3f s |\n", x, pool / double(GiB), h.size(), ideal, percentile(h, 0.5),
-                percentile(h, 0.9), percentile(h, 0.5) / ideal, percentile(moved, 0.5) / GiB, percentile(st.release_work, 0.5),
-                percentile(st.lock_handoff, 0.5), percentile(st.acquire_work, 0.5));
-    std::fflush(stdout);
   }
   if (!notes.empty()) std::printf("\n");
-  for (const std::string& n : notes) std::printf("- %s; the other sizes: a pinned host tier per process\n", n.c_str());
+  for (const std::string& note : notes) std::printf("- %s; the other rows: a pinned host tier per process\n", note.c_str());
   if (fit > 0) {
     const uint64_t bytes = static_cast<uint64_t>(fit * GiB);
-    std::vector<double> h, moved;
-    stages st;
-    run_pair(bytes, 3 * bytes, 0, std::max(rounds, 40), 20, &h, &moved, &st);
+    switches sw;
+    run_group(2, bytes, 3 * bytes, 0, std::max(rounds, 40), 20, &sw);
     std::printf("\nBoth fit (%g GiB each, pool %g GiB): %zu handoffs, p50 %.1f us, p90 %.1f us, max bytes moved %.0f; "
                 "p50 stages: release %.1f us, lock %.1f us, acquire %.1f us; the releaser's device synchronize, after the "
                 "handoff, %.1f us\n",
-                fit, 3 * fit, h.size(), percentile(h, 0.5) * 1e6, percentile(h, 0.9) * 1e6,
-                moved.empty() ? 0.0 : *std::max_element(moved.begin(), moved.end()), percentile(st.release_work, 0.5) * 1e6,
-                percentile(st.lock_handoff, 0.5) * 1e6, percentile(st.acquire_work, 0.5) * 1e6,
-                percentile(st.release_sync, 0.5) * 1e6);
+                fit, 3 * fit, sw.time.size(), percentile(sw.time, 0.5) * 1e6, percentile(sw.time, 0.9) * 1e6,
+                sw.bytes_in.empty() ? 0.0 : *std::max_element(sw.bytes_in.begin(), sw.bytes_in.end()),
+                percentile(sw.release_work, 0.5) * 1e6, percentile(sw.lock_handoff, 0.5) * 1e6,
+                percentile(sw.acquire_work, 0.5) * 1e6, percentile(sw.release_sync, 0.5) * 1e6);
   }
 #ifdef VRAMSWAP_HAVE_CUDA_H
   if (gpu) {

@@ -8,6 +8,10 @@
 // while holding the lock (backed at once, frames taken at malloc) instead of before the first
 // acquire. Prints one summary line. Exit: 0 ok, 2 an API call failed,
 // 3 data differed (the message says where).
+//
+// SESSION_WORKER_PAUSE=<round>:<path> in the environment: after releasing round <round>,
+// wait (its frames idle, others may ask for them) until <path> exists, then go on with the
+// next rounds, which check every byte as before (at most 120 s; exit 2 past that).
 #include <unistd.h>
 
 #include <chrono>
@@ -15,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -48,6 +53,12 @@ int main(int argc, char** argv) {
   const uint64_t seed = std::strtoull(argv[3], nullptr, 10);
   const int hold_ms = argc > 4 ? std::atoi(argv[4]) : 0;
   const bool alloc_under_lock = argc > 5;
+  int pause_after = 0;
+  std::string pause_file;
+  if (const char* pause = std::getenv("SESSION_WORKER_PAUSE"); pause != nullptr && std::strchr(pause, ':') != nullptr) {
+    pause_after = std::atoi(pause);
+    pause_file = std::strchr(pause, ':') + 1;
+  }
 
   std::unique_ptr<device_session> session;
   check(device_session::open(0, &session), "opening the session");
@@ -88,6 +99,16 @@ int main(int argc, char** argv) {
     }
     if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
     check(session->release(), "release");
+    if (round == pause_after) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (::access(pause_file.c_str(), F_OK) != 0) {
+        if (std::chrono::steady_clock::now() > until) {
+          std::fprintf(stderr, "session_worker[%d]: %s did not appear within 120 s\n", static_cast<int>(getpid()), pause_file.c_str());
+          return 2;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
   }
   const session_stats st = session->stats();
   std::printf("session_worker[%d]: %d rounds ok; %llu bytes in, %llu out, %llu frames evicted for others\n", static_cast<int>(getpid()),

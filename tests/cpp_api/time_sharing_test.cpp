@@ -12,7 +12,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -90,6 +92,45 @@ class TimeSharing : public ::testing::Test {
     return k_no_member;
   }
 
+  // Every trace event of every member slot (tagged with its process's pid): the rings stay
+  // in the segment after their members left.
+  static std::vector<pool_segment::trace_event> all_traces(const pool_segment& pool) {
+    std::vector<pool_segment::trace_event> out;
+    for (uint32_t m = 0; m < k_member_count; ++m) {
+      uint64_t cursor = 0;
+      pool.read_trace(m, &cursor, &out);
+    }
+    return out;
+  }
+
+  // One acquire, and the other processes whose evictions started
+  // while it did (between its grant and its memory being resident): the owners it asked.
+  struct turn {
+    int32_t pid;
+    uint64_t granted_ns, resident_ns;
+    std::vector<int32_t> owners;
+    std::vector<std::pair<uint64_t, uint64_t>> evictions;  // [start, end) of each owner's eviction
+  };
+  static std::vector<turn> turns_with_owners(const std::vector<pool_segment::trace_event>& events) {
+    std::vector<turn> turns;
+    for (const auto& r : events) {
+      if (r.kind != trace_resident) continue;
+      turn t{r.pid, r.ns, r.ns + r.duration_ns, {}, {}};
+      for (const auto& e : events) {
+        if (e.kind != trace_evicted || e.pid == r.pid || e.ns < t.granted_ns || e.ns > t.resident_ns) continue;
+        if (std::find(t.owners.begin(), t.owners.end(), e.pid) == t.owners.end()) t.owners.push_back(e.pid);
+        t.evictions.emplace_back(e.ns, e.ns + e.duration_ns);
+      }
+      turns.push_back(t);
+    }
+    return turns;
+  }
+
+  uint32_t count_of(pool_segment& pool, frame_state state, pid_t pid) {
+    const uint32_t m = member_of(pool, pid);
+    return m == k_no_member ? 0 : pool.count(state, m);
+  }
+
   std::string backend_;
   uint64_t pool_bytes_ = 64 * MiB;
   test::deployment deploy_;
@@ -163,6 +204,161 @@ TEST_F(TimeSharing, OwnerKilledMidEvictionLeavesTheOthersIntact) {
       }
     }
     ASSERT_TRUE(killed) << "no frame of the victim was ever requested";
+    for (pid_t w : workers) {
+      const int status = wait_status(w);
+      if (w != victim) {
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "survivor " << w << " status " << status << " (trial " << trial << ")";
+      }
+    }
+    expect_no_frame_leaked(*pool);
+  }
+}
+
+// Turns on a pool that holds two processes' memory, not three: 14 MiB (7 or 8 frames) each
+// on 16 frames.
+class TimeSharingOnAPoolThatFitsTwo : public TimeSharing {
+ protected:
+  TimeSharingOnAPoolThatFitsTwo() { pool_bytes_ = 32 * MiB; }
+  static constexpr uint64_t k_process_bytes = 14 * MiB;
+};
+
+// Five processes on a pool that holds two take turns: the holder's predecessor kept only a
+// few frames after its last eviction, so each acquire needs frames from two idle owners
+// (those few, and most of the next least recently used one's). Every byte is checked at every
+// acquire; the traces show turns served by two owners, each eviction started while the
+// acquirer brought its memory in.
+TEST_F(TimeSharingOnAPoolThatFitsTwo, FiveProcessesTakeFramesFromTwoOwnersAtOnce) {
+  std::unique_ptr<pool_segment> pool;
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 5; ++i) {
+    workers.push_back(spawn_worker(k_process_bytes, 5, 600 + i, 1));
+    if (i == 0) {
+      ASSERT_TRUE(open_pool(&pool, 10000)) << "no pool segment: did the server start?";
+    }
+  }
+  for (pid_t w : workers) {
+    const int status = wait_status(w);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "worker " << w << " status " << status;
+  }
+  expect_no_frame_leaked(*pool);
+  const std::vector<turn> turns = turns_with_owners(all_traces(*pool));
+  size_t two_owners = 0;
+  for (const turn& t : turns) two_owners += t.owners.size() >= 2;
+  // 25 acquires, the first two free; from the fourth on each needs two owners when the turns
+  // go round (the lock is FIFO, but a process may re-queue late and change the order).
+  EXPECT_GE(turns.size(), 20u);
+  EXPECT_GE(two_owners, turns.size() / 2) << two_owners << " of " << turns.size() << " acquires took frames from two owners";
+}
+
+// Two owners hold the idle frames an acquirer needs, both stopped (SIGSTOP): both are asked
+// before either answers, so the requests went out at once, not one owner after the other.
+// Then both go on and evict while the acquirer brings its memory in; or one is killed
+// (SIGKILL) while asked, and the server frees its frames for the acquirer. Every byte of
+// the survivors is checked at their next turn, no frame leaks.
+TEST_F(TimeSharingOnAPoolThatFitsTwo, TwoIdleOwnersAreAskedAtOnceAndEitherMayDie) {
+  for (int trial = 0; trial < 2; ++trial) {
+    const bool kill_one = trial == 1;
+    const std::string go = deploy_.dir() + "/go" + std::to_string(trial);
+    const std::string pause = "SESSION_WORKER_PAUSE=1:" + go;
+    // A and B: 12 MiB (6 or 7 frames) each, one turn, then idle until `go`, then a turn that
+    // checks their bytes. C: 24 MiB, more than the free frames and A's together.
+    const pid_t a = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(12 * MiB), "2", std::to_string(700 + trial), "0"}, {pause});
+    std::unique_ptr<pool_segment> pool;
+    ASSERT_TRUE(open_pool(&pool, 10000));
+    // Its first turn is over: it released the lock (its frames may be idle before it, taken
+    // free while it allocated).
+    auto wait_idle = [&](pid_t w) {
+      for (int i = 0; i < 2000; ++i) {
+        const uint32_t m = member_of(*pool, w);
+        bool released = false;
+        for (const auto& e : all_traces(*pool)) released |= e.kind == trace_released && e.pid == w;
+        if (released && m != k_no_member && pool->member(m).holding.load() == 0 && pool->count(frame_idle, m) > 0) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      return false;
+    };
+    ASSERT_TRUE(wait_idle(a)) << "A never finished its first turn";
+    const pid_t b = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(12 * MiB), "2", std::to_string(710 + trial), "0"}, {pause});
+    ASSERT_TRUE(wait_idle(b)) << "B never finished its first turn";
+    const uint32_t a_frames = count_of(*pool, frame_idle, a), b_frames = count_of(*pool, frame_idle, b);
+    const uint32_t free_frames = pool->count(frame_free);
+    ASSERT_GT(12u, free_frames + std::max(a_frames, b_frames)) << "C must need frames of both";
+    ASSERT_EQ(::kill(a, SIGSTOP), 0);
+    ASSERT_EQ(::kill(b, SIGSTOP), 0);
+    const pid_t c = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(24 * MiB), "2", std::to_string(720 + trial), "0"});
+    bool both = false;
+    for (int i = 0; i < 4000 && !both; ++i) {
+      both = count_of(*pool, frame_requested, a) > 0 && count_of(*pool, frame_requested, b) > 0;
+      if (!both) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_TRUE(both) << "C's acquire did not ask both stopped owners (frames requested of A: " << count_of(*pool, frame_requested, a)
+                      << ", of B: " << count_of(*pool, frame_requested, b) << ")";
+    if (kill_one) {
+      ASSERT_EQ(::kill(a, SIGKILL), 0);
+      ASSERT_EQ(::kill(b, SIGCONT), 0);
+    } else {
+      ASSERT_EQ(::kill(a, SIGCONT), 0);
+      ASSERT_EQ(::kill(b, SIGCONT), 0);
+    }
+    const int c_status = wait_status(c);
+    EXPECT_TRUE(WIFEXITED(c_status) && WEXITSTATUS(c_status) == 0) << "acquirer status " << c_status << " (trial " << trial << ")";
+    if (FILE* f = std::fopen(go.c_str(), "w")) std::fclose(f);
+    const int a_status = wait_status(a), b_status = wait_status(b);
+    if (kill_one) {
+      EXPECT_TRUE(WIFSIGNALED(a_status) && WTERMSIG(a_status) == SIGKILL) << a_status;
+    } else {
+      EXPECT_TRUE(WIFEXITED(a_status) && WEXITSTATUS(a_status) == 0) << "owner A status " << a_status;
+    }
+    EXPECT_TRUE(WIFEXITED(b_status) && WEXITSTATUS(b_status) == 0) << "owner B status " << b_status << " (trial " << trial << ")";
+    expect_no_frame_leaked(*pool);
+    // C's first acquire: the owners' evictions began within it.
+    for (const turn& t : turns_with_owners(all_traces(*pool))) {
+      if (t.pid != c) continue;
+      EXPECT_NE(std::find(t.owners.begin(), t.owners.end(), b), t.owners.end()) << "B evicted outside C's restore";
+      if (!kill_one) {
+        EXPECT_NE(std::find(t.owners.begin(), t.owners.end(), a), t.owners.end()) << "A evicted outside C's restore";
+      }
+      break;
+    }
+    pool.reset();
+  }
+}
+
+// Five processes on a pool that holds two; the moment an acquirer has asked two owners for
+// frames, one of them is killed (SIGKILL), often in the middle of its eviction while the
+// other evicts too: the server frees the dead one's frames, the acquirer and every other
+// survivor finish with every byte intact, no frame leaks.
+TEST_F(TimeSharingOnAPoolThatFitsTwo, OneOfTwoOwnersKilledWhileBothEvictLeavesTheOthersIntact) {
+  for (int trial = 0; trial < 2; ++trial) {
+    std::vector<pid_t> workers;
+    std::unique_ptr<pool_segment> pool;
+    for (int i = 0; i < 5; ++i) {
+      workers.push_back(spawn_worker(k_process_bytes, 5, 800 + 10 * trial + i, 1));
+      if (i == 0) {
+        ASSERT_TRUE(open_pool(&pool, 10000));
+      }
+    }
+    pid_t victim = 0;
+    const auto deadline = clock_type::now() + std::chrono::seconds(30);
+    while (victim == 0 && clock_type::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      // Owners with requested frames, by the same requester.
+      uint32_t owners[2] = {k_no_member, k_no_member};
+      uint32_t requester = k_no_member;
+      for (uint32_t f = 0; f < pool->frame_count(); ++f) {
+        const frame_word w = frame_word::decode(pool->read(f));
+        if (w.state != frame_requested) continue;
+        if (requester == k_no_member) requester = w.requester;
+        if (w.requester != requester) continue;
+        if (owners[0] == k_no_member) owners[0] = w.owner;
+        else if (w.owner != owners[0]) owners[1] = w.owner;
+      }
+      if (owners[1] == k_no_member) continue;
+      const uint32_t pick = owners[trial % 2];
+      const pid_t pid = pool->member(pick).pid;
+      if (std::find(workers.begin(), workers.end(), pid) != workers.end() && ::kill(pid, SIGKILL) == 0) victim = pid;
+    }
+    ASSERT_NE(victim, 0) << "no acquire ever asked two owners at once";
     for (pid_t w : workers) {
       const int status = wait_status(w);
       if (w != victim) {
