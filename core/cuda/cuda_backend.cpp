@@ -171,6 +171,30 @@ class context_scope {
   bool switched_ = false;
 };
 
+// For the length of a call, this thread may make "potentially unsafe" driver calls while
+// another thread captures a CUDA graph. A capture in the default (global) mode forbids them
+// on every thread and is invalidated by one (cuMemHostRegister, cuMemCreate, cuMemMap...);
+// vramswap's own threads (pinning ahead, evictions, the oversubscribed job's migrations)
+// make them at any time, never on the captured streams. PyTorch's allocator does the same
+// around its cudaMalloc.
+class relaxed_capture {
+ public:
+  explicit relaxed_capture(const cuda::driver& d) noexcept : d_(d) {
+    mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+    exchanged_ = d_.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+  }
+  ~relaxed_capture() {
+    if (exchanged_) quietly(d_.cuThreadExchangeStreamCaptureMode(&mode_), "cuThreadExchangeStreamCaptureMode(restoring)");
+  }
+  relaxed_capture(const relaxed_capture&) = delete;
+  relaxed_capture& operator=(const relaxed_capture&) = delete;
+
+ private:
+  const cuda::driver& d_;
+  CUstreamCaptureMode mode_;
+  bool exchanged_ = false;
+};
+
 class cuda_backend final : public backend {
  public:
   cuda_backend(const cuda::driver& d, std::vector<CUdevice> devices)
@@ -394,6 +418,7 @@ int cuda_backend::do_device_info(int device, device_info* out) {
 // --- virtual address space ----------------------------------------------------------------
 
 int cuda_backend::do_reserve(int device, size_t size, size_t alignment, device_ptr* out) {
+  const relaxed_capture relaxed(d_);
   context_scope scope(d_);
   VS_TRY(use_device(device, &scope));
   CUdeviceptr va = 0;
@@ -405,6 +430,7 @@ int cuda_backend::do_reserve(int device, size_t size, size_t alignment, device_p
 }
 
 int cuda_backend::do_unreserve(int device, device_ptr va, size_t size) {
+  const relaxed_capture relaxed(d_);
   context_scope scope(d_);
   VS_TRY(use_device(device, &scope));
   VS_TRY(check(d_.cuMemAddressFree(va, size), "cuMemAddressFree(va=0x%llx, size=%zu) on device %d", hex(va), size,
@@ -415,6 +441,7 @@ int cuda_backend::do_unreserve(int device, device_ptr va, size_t size) {
 // --- frames -------------------------------------------------------------------------------
 
 int cuda_backend::do_create_frame(int device, size_t size, frame_id* out) {
+  const relaxed_capture relaxed(d_);
   context_scope scope(d_);
   VS_TRY(use_device(device, &scope));
   const CUmemAllocationProp prop = frame_properties(devices_[static_cast<size_t>(device)]);
@@ -427,6 +454,7 @@ int cuda_backend::do_create_frame(int device, size_t size, frame_id* out) {
 // Host memory on the NUMA node nearest the device (node 0 where the system has no NUMA, as
 // cuMemCreate asks), not exportable. Mapped and made accessible to the device like any frame.
 int cuda_backend::do_create_host_frame(int device, size_t size, frame_id* out) {
+  const relaxed_capture relaxed(d_);
   context_scope scope(d_);
   VS_TRY(use_device(device, &scope));
   const CUdevice dev = devices_[static_cast<size_t>(device)];
@@ -493,6 +521,7 @@ int cuda_backend::do_export_frame(frame_id frame, int* fd_out) {
 }
 
 int cuda_backend::do_import_frame(int device, int fd, size_t size, frame_id* out) {
+  const relaxed_capture relaxed(d_);
   context_scope scope(d_);
   VS_TRY(use_device(device, &scope));
   CUmemGenericAllocationHandle handle = 0;
@@ -520,6 +549,7 @@ int cuda_backend::do_import_frame(int device, int fd, size_t size, frame_id* out
 }
 
 int cuda_backend::do_release_frame(frame_id frame) {
+  const relaxed_capture relaxed(d_);
   frame_entry f{};
   VS_TRY(find_frame("release_frame", frame, &f));
   context_scope scope(d_);
@@ -533,6 +563,7 @@ int cuda_backend::do_release_frame(frame_id frame) {
 // --- mappings -----------------------------------------------------------------------------
 
 int cuda_backend::do_map(int device, device_ptr va, size_t size, frame_id frame, size_t offset) {
+  const relaxed_capture relaxed(d_);
   frame_entry f{};
   VS_TRY(find_frame("map", frame, &f));
   context_scope scope(d_);
@@ -544,6 +575,7 @@ int cuda_backend::do_map(int device, device_ptr va, size_t size, frame_id frame,
 }
 
 int cuda_backend::do_unmap(int device, device_ptr va, size_t size) {
+  const relaxed_capture relaxed(d_);
   // One whole mapping: the base takes a run of them one at a time.
   context_scope scope(d_);
   VS_TRY(use_device(device, &scope));
@@ -551,6 +583,7 @@ int cuda_backend::do_unmap(int device, device_ptr va, size_t size) {
 }
 
 int cuda_backend::do_set_access(int device, device_ptr va, size_t size, access_flags flags) {
+  const relaxed_capture relaxed(d_);
   context_scope scope(d_);
   VS_TRY(use_device(device, &scope));
   CUmemAccessDesc desc{};
@@ -565,6 +598,7 @@ int cuda_backend::do_set_access(int device, device_ptr va, size_t size, access_f
 // --- pinned host memory (device 0's primary context; PORTABLE, so usable with every device)
 
 int cuda_backend::do_host_alloc(size_t size, void** out) {
+  const relaxed_capture relaxed(d_);
   context_scope scope(d_);
   VS_TRY(use_device(0, &scope));
   void* p = nullptr;
@@ -574,12 +608,14 @@ int cuda_backend::do_host_alloc(size_t size, void** out) {
 }
 
 int cuda_backend::do_host_free(void* ptr, size_t size) {
+  const relaxed_capture relaxed(d_);
   context_scope scope(d_);
   VS_TRY(use_device(0, &scope));
   return check(d_.cuMemFreeHost(ptr), "cuMemFreeHost(%p) (%zu bytes)", ptr, size);
 }
 
 int cuda_backend::do_host_register(void* ptr, size_t size) {
+  const relaxed_capture relaxed(d_);
   context_scope scope(d_);
   VS_TRY(use_device(0, &scope));
   VS_TRY(check(d_.cuMemHostRegister(ptr, size, CU_MEMHOSTREGISTER_PORTABLE),
@@ -588,6 +624,7 @@ int cuda_backend::do_host_register(void* ptr, size_t size) {
 }
 
 int cuda_backend::do_host_unregister(void* ptr, size_t size) {
+  const relaxed_capture relaxed(d_);
   context_scope scope(d_);
   VS_TRY(use_device(0, &scope));
   return check(d_.cuMemHostUnregister(ptr), "cuMemHostUnregister(%p) (%zu bytes)", ptr, size);

@@ -66,6 +66,7 @@ namespace vramswap::detail::cuda {
   X(cuStreamSynchronize)                                       \
   X(cuStreamWaitEvent)                                         \
   X(cuStreamIsCapturing)                                       \
+  X(cuThreadExchangeStreamCaptureMode)                         \
   X(cuMemcpyDtoHAsync)                                         \
   X(cuMemcpyHtoDAsync)                                         \
   X(cuMemcpyDtoDAsync)                                         \
