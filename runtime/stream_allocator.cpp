@@ -194,8 +194,15 @@ int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out)
   };
   if (from_free(false)) return ok;
 
+  // A shared large segment while there is room for one, else one of the request's size.
   const uint64_t seg_size = segment_size(want, small);
-  int rc = new_segment(want, seg_size, stream, small, graph, out);
+  const uint64_t shared_size = small || want < medium_request ? seg_size
+                               : std::max(seg_size, large_segment_frames * memory_.frame_size());
+  int rc = new_segment(want, shared_size, stream, small, graph, out);
+  if (rc == err_out_of_memory && shared_size > seg_size) {
+    clear_error();
+    rc = new_segment(want, seg_size, stream, small, graph, out);
+  }
   if (rc == err_out_of_memory && !graph && stats_.cached_bytes > 0) {
     // Room may be waiting in free blocks of other streams, and in whole free segments whose
     // frames go back to the pool. Right after the trim's synchronize no work is pending on

@@ -6,8 +6,9 @@
 // pager in segments, and requests are served from blocks carved out of them:
 //   - sizes round up to 512 B;
 //   - requests up to 1 MiB (the small pool) come from 2 MiB segments; larger ones (the large
-//     pool) from segments of 20 MiB for requests below 10 MiB, and of the request's size
-//     otherwise, both rounded up to the pager's frame size (so that a large segment covers
+//     pool) from segments of 20 MiB for requests below 10 MiB, and of 16 frames or the
+//     request's size otherwise (the request's size alone once the pool has no room for
+//     more), all rounded up to the pager's frame size (so that a large segment covers
 //     whole pages, which a trim then gives back whole). The pager packs small segments
 //     into shared pages;
 //   - an allocation takes the best fit (smallest, then lowest address) among the free blocks
@@ -115,6 +116,11 @@ class stream_allocator {
   static constexpr uint64_t small_segment = 2 << 20;
   static constexpr uint64_t medium_request = 10 << 20;  // below this: a shared large segment
   static constexpr uint64_t medium_segment = 20 << 20;
+  // Requests of medium_request and more share segments of this many frames while the pool
+  // has room: one segment per request would leave up to a frame's worth free after each
+  // (a 44 MiB tensor in a 64 MiB segment), which only smaller requests of the same stream
+  // can use.
+  static constexpr uint64_t large_segment_frames = 16;
 
  private:
   enum class state : uint8_t { free, live, graph };

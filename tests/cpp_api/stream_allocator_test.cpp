@@ -36,7 +36,8 @@ class StreamAllocator : public ::testing::Test {
 };
 
 // Sizes round to 512 B; requests up to 1 MiB come from 2 MiB segments, larger ones from
-// 20 MiB segments (below 10 MiB) or their own size in whole frames, split into blocks.
+// 20 MiB segments (below 10 MiB) or segments of 16 frames shared by the large requests,
+// split into blocks.
 TEST_F(StreamAllocator, RequestsAreCarvedOutOfSegmentsOfTheirPool) {
   void* a = vramswap::malloc_async(513, s1);
   void* b = vramswap::malloc_async(700, s1);
@@ -47,15 +48,16 @@ TEST_F(StreamAllocator, RequestsAreCarvedOutOfSegmentsOfTheirPool) {
   EXPECT_EQ(reinterpret_cast<char*>(d), reinterpret_cast<char*>(c) + MiB + 512);
   EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 22 * MiB) << "a small segment and a large one";
   void* e = vramswap::malloc_async(17 * MiB + 3, s1);  // more than the large segment has left
-  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 40 * MiB) << "a request of 10 MiB or more: its own size in whole frames";
+  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 54 * MiB) << "a request of 10 MiB or more: a segment of 16 frames of 2 MiB";
+  void* f = vramswap::malloc_async(11 * MiB, s1);  // the rest of that segment
+  EXPECT_EQ(reinterpret_cast<char*>(f), reinterpret_cast<char*>(e) + 17 * MiB + 512);
+  EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 54 * MiB) << "large requests share their segment";
   const vramswap::stats s = vramswap::get_stats(0);
   EXPECT_EQ(s.cache_misses, 3u);
-  EXPECT_EQ(s.cache_hits, 2u);
-  // The last block is not split: what is left of its segment (under 1 MiB) would serve no
-  // request of the large pool.
-  EXPECT_EQ(s.cached_bytes, 40 * MiB - 1024 - 1024 - (MiB + 512) - 3 * MiB - 18 * MiB);
-  for (void* p : {a, b, c, d, e}) vramswap::free_async(p, s1);
-  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 40 * MiB);
+  EXPECT_EQ(s.cache_hits, 3u);
+  EXPECT_EQ(s.cached_bytes, 54 * MiB - 1024 - 1024 - (MiB + 512) - 3 * MiB - (17 * MiB + 512) - 11 * MiB);
+  for (void* p : {a, b, c, d, e, f}) vramswap::free_async(p, s1);
+  EXPECT_EQ(vramswap::get_stats(0).cached_bytes, 54 * MiB);
   vramswap::release_cached(0);
   EXPECT_EQ(vramswap::get_stats(0).allocated_bytes, 0u) << "whole free segments go back";
 }
