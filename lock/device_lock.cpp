@@ -1001,8 +1001,14 @@ void device_lock::wait_holder_change(uint32_t seen, uint64_t timeout_ns) noexcep
   st->compute_watchers.fetch_sub(1, std::memory_order_seq_cst);
   if (st->holder_slot.load(std::memory_order_acquire) != seen || !holder_claims_compute(seen)) return;
   // Still the same hold: make sure its owner lives (a holder that died holding is found by
-  // waiters' scans, and a job may be the only one looking).
-  liveness_tick(monotonic_ns() + static_cast<uint64_t>(k_mutex_try_ns));
+  // waiters' scans, and a job may be the only one looking). The rate limit is read without
+  // the mutex first, so that parked threads take it once per scan period, not once a wake.
+  const uint64_t now = monotonic_ns();
+  if (now - std::min(now, __atomic_load_n(&st->last_liveness_scan_ns, __ATOMIC_RELAXED)) <
+      static_cast<uint64_t>(k_liveness_poll_ns)) {
+    return;
+  }
+  liveness_tick(now + static_cast<uint64_t>(k_mutex_try_ns));
 }
 
 bool device_lock::holder_over_hold_limit(uint64_t* since_ns) const noexcept {
