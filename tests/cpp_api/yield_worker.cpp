@@ -77,6 +77,7 @@ int run_job(const char* path, double seconds) {
       check(be.copy_h2d(p, staging, 4096, s), "copy_h2d");
     }
     check(be.stream_synchronize(s), "sync");
+    shared->last_pass_ns.store(now, std::memory_order_release);
     shared->rounds.store(++rounds, std::memory_order_release);
     if (now - last > shared->longest_pause_ns.load(std::memory_order_relaxed)) {
       shared->longest_pause_ns.store(now - last, std::memory_order_relaxed);
