@@ -229,6 +229,9 @@ std::string accepted(const option_form& f) {
     case option_kind::choice: {
       std::string s = "one of ";
       for (const char* c = f.choices; *c != '\0'; ++c) s += *c == '|' ? std::string(", ") : std::string(1, *c);
+      if (std::strstr(f.choices, ":N") != nullptr) {
+        s += " (N: a whole number from " + std::to_string(f.min) + " to " + std::to_string(f.max) + ")";
+      }
       return s;
     }
     case option_kind::count: return "a whole number from " + std::to_string(f.min) + " to " + std::to_string(f.max);
@@ -451,7 +454,15 @@ int option_check(option_id id, const char* text) {
       for (const char* c = d.form.choices;;) {
         const char* bar = std::strchr(c, '|');
         const size_t len = bar != nullptr ? static_cast<size_t>(bar - c) : std::strlen(c);
-        if (len == n && std::strncmp(c, text, n) == 0) return ok;
+        // "word:N": "word:" and a number in the form's range (not the letter N).
+        const bool numbered = len >= 2 && std::strncmp(c + len - 2, ":N", 2) == 0;
+        if (!numbered && len == n && std::strncmp(c, text, n) == 0) return ok;
+        if (numbered && n > len - 1 && std::strncmp(c, text, len - 1) == 0) {
+          if (const char* why = count_problem(text + len - 1, d.form.min, d.form.max, &v)) {
+            return bad_value(id, text, (std::string("has a number that ") + why).c_str());
+          }
+          return ok;
+        }
         if (bar == nullptr) break;
         c = bar + 1;
       }

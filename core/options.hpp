@@ -22,7 +22,7 @@ namespace vramswap::detail {
 enum class option_kind : uint8_t {
   text,    // anything (a path, a group name)
   name,    // letters, digits, '-', '_', '.' (part of a file or segment name), at most 128
-  choice,  // one of `choices`, separated by '|'
+  choice,  // one of `choices`, separated by '|'; a choice "word:N" takes "word:" and a count in [min, max]
   flag,    // 0 or 1
   count,   // a whole number in [min, max]
   size,    // bytes with an optional K/M/G/T suffix (or a percentage of `percent_of`)
@@ -41,6 +41,10 @@ struct option_form {
 constexpr option_form text_form() { return {}; }
 constexpr option_form name_form() { return {option_kind::name}; }
 constexpr option_form choice_form(const char* choices) { return {option_kind::choice, choices}; }
+// Choices of which one ("share:N") carries a number from min to max.
+constexpr option_form choice_form(const char* choices, uint64_t min, uint64_t max) {
+  return {option_kind::choice, choices, min, max};
+}
 constexpr option_form flag_form() { return {option_kind::flag, nullptr, 0, 1}; }
 constexpr option_form count_form(uint64_t min, uint64_t max) { return {option_kind::count, nullptr, min, max}; }
 constexpr option_form size_form(uint64_t min = 0, uint64_t max = UINT64_MAX, uint64_t multiple = 0) {
@@ -142,7 +146,13 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
     "docs/oversubscription.md)")                                                                 \
   X(oversubscribe_limit, "VRAMSWAP_OVERSUBSCRIBE_LIMIT", "50%", percent_form("RAM"),             \
     "host memory an oversubscribed process may use for what does not fit the pool: size, or "  \
-    "percent of RAM")
+    "percent of RAM")                                                                            \
+  X(oversubscribe_compute, "VRAMSWAP_OVERSUBSCRIBE_COMPUTE", "yield",                            \
+    choice_form("yield|share:N|free", 1, 99),                                                    \
+    "what an oversubscribed process's device work does while a lock holder holds the device: "  \
+    "yield (new launches wait at the launch gate until the holder releases), share:N (they go "  \
+    "on for N% of each 10 ms, N from 1 to 99), free (they run beside the holder). "             \
+    "Work already queued runs on. docs/oversubscription.md, Compute")
 
 enum class option_id {
 #define VRAMSWAP_OPTION_ENUM(id, env, def, form, help) id,

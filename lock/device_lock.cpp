@@ -495,7 +495,8 @@ int device_lock::repair_locked() noexcept {
                   holder, i, segment_->name().c_str());
     }
   }
-  if (st->holder_slot != holder || st->waiter_count != waiters || st->slot_high_water != high_water) repaired = true;
+  const uint32_t holder_before = st->holder_slot.load(std::memory_order_relaxed);
+  if (holder_before != holder || st->waiter_count != waiters || st->slot_high_water != high_water) repaired = true;
   st->holder_slot = holder;
   st->waiter_count = waiters;
   st->slot_high_water = high_water;
@@ -504,6 +505,11 @@ int device_lock::repair_locked() noexcept {
     repaired = true;
   }
   if (repaired) ++st->recoveries;
+  // A dead holder's yielding jobs run again (or look at the next holder).
+  if (st->holder_slot.load(std::memory_order_relaxed) != holder_before &&
+      st->compute_watchers.load(std::memory_order_seq_cst) != 0) {
+    futex_wake_all(&st->holder_slot);
+  }
   return ok;
 }
 
@@ -810,6 +816,9 @@ int device_lock::release() noexcept {
     uint32_t expected = slot_holding;
     if (slot.state.compare_exchange_strong(expected, slot_free, std::memory_order_acq_rel)) {
       at_crash_point(crash_point::release_slot_freed);
+      // holder_slot still names the slot until the next repair; a yielding job looks at
+      // the slot's state too (holder_claims_compute), so a wake is enough.
+      if (st->compute_watchers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&st->holder_slot);
       let_go_of_lease(mine);
     }
     log(log_level::warn, "lock: released %s without handing it on (%s); the next waiter is granted once that mutex is free",
@@ -849,6 +858,8 @@ int device_lock::release() noexcept {
   const uint64_t recorded_ns = record_hold(st, now);
   if (st->waiter_count > 0) dispatch_locked(k_no_slot);
   unlock_mutex();
+  // Low-priority jobs yielding to this hold run again (or look at the next holder).
+  if (st->compute_watchers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&st->holder_slot);
   keep_or_let_go_of_lease(mine);
   if (recorded_ns != 0) turns_of(segment_->base())->hold.observe(recorded_ns);
   uint64_t unwarned = warned_over_ticket_.load(std::memory_order_relaxed);
@@ -981,6 +992,39 @@ uint64_t device_lock::note_over_limit_locked(uint32_t holder, uint64_t now) noex
   h.over_limit_since_ns.store(since, std::memory_order_release);
   at_crash_point(crash_point::over_limit_marked);
   return since;
+}
+
+const std::atomic<uint32_t>* device_lock::holder_word() const noexcept {
+  static_assert(k_no_holder == k_no_slot);
+  return segment_ == nullptr ? nullptr : &lock_state_of(segment_->base())->holder_slot;
+}
+
+bool device_lock::holder_claims_compute(uint32_t seen) const noexcept {
+  if (segment_ == nullptr || seen >= k_slot_count) return false;
+  const waiter_slot& h = slots_of(segment_->base())[seen];
+  if (h.state.load(std::memory_order_acquire) != slot_holding) return false;  // released without the mutex
+  return h.priority.load(std::memory_order_relaxed) >= static_cast<uint32_t>(lock_priority::normal);
+}
+
+void device_lock::wait_holder_change(uint32_t seen, uint64_t timeout_ns) noexcept {
+  if (segment_ == nullptr) return;
+  lock_state* st = lock_state_of(segment_->base());
+  // Counted in before the word is compared (inside FUTEX_WAIT): a release that changes the
+  // word after our comparison sees the count and wakes us; one that changed it before makes
+  // the comparison fail. Both sides use sequentially consistent operations for that.
+  st->compute_watchers.fetch_add(1, std::memory_order_seq_cst);
+  if (st->holder_slot.load(std::memory_order_seq_cst) == seen) futex_wait(&st->holder_slot, seen, timeout_ns);
+  st->compute_watchers.fetch_sub(1, std::memory_order_seq_cst);
+  if (st->holder_slot.load(std::memory_order_acquire) != seen || !holder_claims_compute(seen)) return;
+  // Still the same hold: make sure its owner lives (a holder that died holding is found by
+  // waiters' scans, and a job may be the only one looking). The rate limit is read without
+  // the mutex first, so that parked threads take it once per scan period, not once a wake.
+  const uint64_t now = monotonic_ns();
+  if (now - std::min(now, __atomic_load_n(&st->last_liveness_scan_ns, __ATOMIC_RELAXED)) <
+      static_cast<uint64_t>(k_liveness_poll_ns)) {
+    return;
+  }
+  liveness_tick(now + static_cast<uint64_t>(k_mutex_try_ns));
 }
 
 bool device_lock::holder_over_hold_limit(uint64_t* since_ns) const noexcept {

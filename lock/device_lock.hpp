@@ -292,6 +292,22 @@ class device_lock {
   // when not open.
   lock_layout::turn_histograms* turns() const noexcept;
 
+  // --- low-priority compute (docs/oversubscription.md, "Compute") -----------------------
+  // For a low-priority (oversubscribed) job that yields the GPU while somebody holds the
+  // lock: the word to watch, read without the mutex and without a system call. Nobody holds
+  // the lock while it reads k_no_holder. nullptr when not open.
+  static constexpr uint32_t k_no_holder = 0xFFFFFFFFu;
+  const std::atomic<uint32_t>* holder_word() const noexcept;
+  // Whether `seen` (a value read from holder_word) names a live-looking hold that a
+  // low-priority job yields to (a holding slot, priority normal or high). A hint, read
+  // without the mutex.
+  bool holder_claims_compute(uint32_t seen) const noexcept;
+  // Sleep until holder_word no longer reads `seen` (a release or a repair wakes it) or
+  // timeout_ns passes; then, if it still reads `seen`, run the liveness scan (rate limited
+  // across processes, as a waiter's): a holder that died is removed, which changes the word.
+  // Safe to call from any number of threads; never takes a slot.
+  void wait_holder_change(uint32_t seen, uint64_t timeout_ns) noexcept;
+
   // The segment, for later components that keep their state in its managed area.
   shared_segment* segment() const noexcept { return segment_.get(); }
 

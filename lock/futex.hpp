@@ -36,4 +36,9 @@ inline void futex_wake_one(std::atomic<uint32_t>* word) noexcept {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
 }
 
+// Wake every thread sleeping on `word`.
+inline void futex_wake_all(std::atomic<uint32_t>* word) noexcept {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
 }  // namespace vramswap::detail

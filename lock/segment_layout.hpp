@@ -50,7 +50,8 @@ constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-end
 //    owner's PID namespace and uid, as the internal mutex records its owner's namespace.
 // 6: slots take a second cache line for fair turns (VRAMSWAP_MAX_HOLD, release requests);
 //    the turn histograms (lock/turn_histograms.hpp) after the slots.
-constexpr uint64_t k_layout_version = 6;
+// 7: lock_state's compute_watchers (low-priority jobs asleep on holder_slot).
+constexpr uint64_t k_layout_version = 7;
 
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_slot_count = 256;  // participant threads per device, waiting or holding
@@ -134,7 +135,14 @@ struct alignas(k_cache_line) lock_state {
   // Authoritative: pid of a holder found dead and not yet reported to a grantee (0: none).
   // Set by the recovery function, copied into the next grantee's slot, then cleared.
   int32_t dead_holder_pid;
-  uint32_t reserved2_;
+  // A hint, changed without the mutex: how many threads of low-priority (oversubscribed)
+  // jobs sleep in FUTEX_WAIT on holder_slot, yielding the GPU to the holder
+  // (docs/oversubscription.md, "Compute"). Whoever changes holder_slot away from a holder
+  // (a release, the recovery function) wakes holder_slot when it is not 0. A watcher that
+  // dies asleep leaves it too high, for good: every release then makes one futex call that
+  // wakes nobody. Too high costs that; it is never too low (a watcher counts itself in
+  // before it reads holder_slot for its wait).
+  std::atomic<uint32_t> compute_watchers;
   uint64_t dead_holder_pid_ns;  // with dead_holder_pid
   // A hint for messages: the PID namespace of the internal mutex's latest owner (the mutex
   // word holds its thread id, which means something only in that namespace).

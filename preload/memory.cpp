@@ -62,9 +62,10 @@ void summary_at_exit() {
     if (rt::stats(device, &s) != ok) continue;
     log(log_level::info,
         "preload: device %d at exit: %.1f MiB allocated in %llu allocation(s); %.1f MiB in host frames; %llu page(s) moved to host "
-        "frames for lock holders in %.3f s in all, %llu moved back",
+        "frames for lock holders in %.3f s in all, %llu moved back; %llu launch(es) waited %.3f s in all for lock holders",
         device, s.allocated_bytes / 1048576.0, static_cast<unsigned long long>(s.allocations), s.host_frame_bytes / 1048576.0,
-        static_cast<unsigned long long>(s.pages_demoted), s.reclaim_seconds, static_cast<unsigned long long>(s.pages_promoted));
+        static_cast<unsigned long long>(s.pages_demoted), s.reclaim_seconds, static_cast<unsigned long long>(s.pages_promoted),
+        static_cast<unsigned long long>(s.yield_waits), s.yield_seconds);
   }
 }
 

@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <cstdlib>
+#include <string>
 
 #include "core/launch_gate.hpp"
 #include "core/log.hpp"
 #include "core/options.hpp"
 #include "core/status.hpp"
+#include "lock/device_lock.hpp"
 #include "lock/process_identity.hpp"
 
 namespace vramswap::detail {
@@ -20,17 +23,83 @@ constexpr uint64_t k_burst_linger_ns = 20'000'000;      // the gate stays closed
 constexpr uint64_t k_spare_keep_ns = 30'000'000'000;    // spare host frames kept this long after a reclaim
 constexpr uint64_t k_retry_after_failure_ns = 1'000'000'000;  // a failed demotion is tried again after this
 
+// VRAMSWAP_OVERSUBSCRIBE_COMPUTE: yield | share:N | free.
+int read_compute_policy(launch_gate::yield_policy* policy, unsigned* share) {
+  const std::string v = option_text(option_id::oversubscribe_compute);
+  VS_TRY(option_check(option_id::oversubscribe_compute, v.c_str()));
+  *share = 0;
+  if (v == "free") {
+    *policy = launch_gate::yield_policy::free;
+  } else if (v.rfind("share:", 0) == 0) {
+    *policy = launch_gate::yield_policy::share;
+    *share = static_cast<unsigned>(std::strtoul(v.c_str() + 6, nullptr, 10));
+  } else {
+    *policy = launch_gate::yield_policy::yield;
+  }
+  return ok;
+}
+
+// The device locks that launches yield to, one per device, opened by the first
+// oversubscribed session on it and kept for the life of the process: a thread may read a
+// lock's holder word (or sleep on it) in the launch gate at any time, even while a session
+// closes, so the mapping must never go away under it.
+struct yield_lock {
+  device_lock lock;
+  launch_gate::yield_source source;
+};
+std::mutex g_yield_locks_mutex;
+yield_lock* g_yield_locks[64] = {};
+
+bool lock_claims(void* context, uint32_t seen) {
+  return static_cast<device_lock*>(context)->holder_claims_compute(seen);
+}
+void lock_wait(void* context, uint32_t seen, uint64_t timeout_ns) {
+  static_cast<device_lock*>(context)->wait_holder_change(seen, timeout_ns);
+}
+
+int yield_lock_of(int device, const std::string& key, yield_lock** out) {
+  std::lock_guard<std::mutex> guard(g_yield_locks_mutex);
+  if (device < 0 || device >= 64) {
+    return fail(err_invalid_argument, "device %d: an oversubscribed process yields compute on devices 0 to 63 only", device);
+  }
+  if (g_yield_locks[device] == nullptr) {
+    std::unique_ptr<yield_lock> y(new yield_lock());
+    VS_TRY(add_context(device_lock::open(key, &y->lock), "device %d: opening its lock (to yield compute to its holders): ", device));
+    y->source.word = y->lock.holder_word();
+    y->source.idle = device_lock::k_no_holder;
+    y->source.claims = lock_claims;
+    y->source.wait = lock_wait;
+    y->source.context = &y->lock;
+    g_yield_locks[device] = y.release();  // kept: see above
+  }
+  *out = g_yield_locks[device];
+  return ok;
+}
+
 }  // namespace
 
 int oversubscribed_session::open(int device, std::unique_ptr<oversubscribed_session>* out) {
   std::unique_ptr<oversubscribed_session> s(new oversubscribed_session());
   VS_TRY(option_size(option_id::oversubscribe_limit, &s->limit_, physical_ram()));
+  VS_TRY(read_compute_policy(&s->compute_policy_, &s->compute_share_));
   VS_TRY(s->session::open(device));
   *out = std::move(s);
   return ok;
 }
 
 int oversubscribed_session::build(pool_member& member, frame_source** frames, page_store** store, pager_config* cfg) {
+  if (compute_policy_ != launch_gate::yield_policy::free) {
+    device_info info;
+    VS_TRY(be_->get_device_info(device_, &info));
+    yield_lock* y = nullptr;
+    VS_TRY(yield_lock_of(device_, info.uuid, &y));
+    yield_handle_ = launch_gate::add_yield_source(y->source);
+    if (yield_handle_ < 0) {
+      return fail(err_busy, "device %d: the launch gate yields to %u locks at most (one per device); set "
+                  "VRAMSWAP_OVERSUBSCRIBE_COMPUTE=free to run without yielding", device_, launch_gate::k_max_yield_sources);
+    }
+  }
+  launch_gate::set_yield_policy(compute_policy_, compute_share_);
   pool_connection& conn = member.connection();
   frames_ = std::make_unique<lending_frame_source>(*be_, conn.segment(), conn.member(), conn.frames(), limit_);
   store_ = std::make_unique<host_tier>(*be_, conn.frame_size());
@@ -48,12 +117,17 @@ void oversubscribed_session::opened() {
         "LD_PRELOAD=libvramswap_preload.so",
         device_);
   }
+  const char* compute = compute_policy_ == launch_gate::yield_policy::free    ? "run beside lock holders"
+                        : compute_policy_ == launch_gate::yield_policy::yield ? "wait while a lock holder holds"
+                                                                              : "go on part of the time while a lock holder holds";
   log(log_level::info, "device %d: oversubscribed (low priority, no lock): pool frames while free, then up to %" PRIu64
-      " MiB of host memory (VRAMSWAP_OVERSUBSCRIBE_LIMIT)", device_, limit_ >> 20);
+      " MiB of host memory (VRAMSWAP_OVERSUBSCRIBE_LIMIT); launches %s (VRAMSWAP_OVERSUBSCRIBE_COMPUTE=%s)", device_,
+      limit_ >> 20, compute, option_text(option_id::oversubscribe_compute).c_str());
   last_request_ns_ = monotonic_ns();
 }
 
 oversubscribed_session::~oversubscribed_session() {
+  if (yield_handle_ >= 0) launch_gate::remove_yield_source(yield_handle_);
   close();  // stops the service thread, destroys the pager (pool frames scrubbed and freed, host frames released)
   store_.reset();
   frames_.reset();
@@ -225,6 +299,9 @@ oversubscribed_stats oversubscribed_session::stats() const {
   oversubscribed_stats s = stats_;
   s.host_frame_bytes = frames_->host_bytes();
   s.spare_host_bytes = frames_->spare_bytes();
+  const launch_gate::yield_totals y = launch_gate::yielded();
+  s.yield_waits = y.waits;
+  s.yield_seconds = y.waited_ns / 1e9;
   const uint64_t resident = memory().stats().resident_bytes;
   s.pool_frame_bytes = resident - std::min(resident, s.host_frame_bytes);
   return s;
@@ -240,6 +317,8 @@ void oversubscribed_session::fill_stats(vramswap_stats_t* out) const {
   out->pages_demoted = o.pages_demoted;
   out->pages_promoted = o.pages_promoted;
   out->reclaim_seconds = o.demote_seconds;
+  out->yield_waits = o.yield_waits;
+  out->yield_seconds = o.yield_seconds;
 }
 
 void oversubscribed_session::memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const {

@@ -23,7 +23,12 @@
 // frames the same way, up to the number free. Their host frames become spares, released
 // when no reclaim came for k_spare_keep_ns.
 //
-// Both need the gate: the preload shim (libvramswap_preload.so) brackets the process's
+// Compute (VRAMSWAP_OVERSUBSCRIBE_COMPUTE): with yield (the default) or share:N, the session
+// registers the device's lock with the launch gate, whose entry then holds this process's
+// new device work back while a lock holder holds (core/launch_gate.hpp). The lock stays open
+// for the life of the process (a thread may be asleep on its holder word at any time).
+//
+// All of it needs the gate: the preload shim (libvramswap_preload.so) brackets the process's
 // device work with it. Without the shim nothing does, and the session says so once.
 #pragma once
 
@@ -33,6 +38,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/launch_gate.hpp"
 #include "core/pager.hpp"
 #include "pool/lending_frame_source.hpp"
 #include "runtime/session.hpp"
@@ -50,6 +56,10 @@ struct oversubscribed_stats {
   uint64_t host_frame_bytes = 0;  // pages in host frames now
   uint64_t pool_frame_bytes = 0;  // pages in lent pool frames now
   uint64_t spare_host_bytes = 0;  // host frames kept for the next reclaim
+  // Compute yielded to lock holders (VRAMSWAP_OVERSUBSCRIBE_COMPUTE; the process's launch
+  // gate, all devices): launches that waited, and the time they waited (summed over threads).
+  uint64_t yield_waits = 0;
+  double yield_seconds = 0;
 };
 
 class oversubscribed_session final : public session {
@@ -83,6 +93,9 @@ class oversubscribed_session final : public session {
   int promote(uint32_t at_most);
 
   uint64_t limit_ = 0;  // VRAMSWAP_OVERSUBSCRIBE_LIMIT
+  launch_gate::yield_policy compute_policy_ = launch_gate::yield_policy::yield;  // VRAMSWAP_OVERSUBSCRIBE_COMPUTE
+  unsigned compute_share_ = 0;
+  int yield_handle_ = -1;  // this device's lock in the launch gate's yield sources
   std::unique_ptr<lending_frame_source> frames_;
   std::unique_ptr<host_tier> store_;  // the pager needs one; an oversubscribed pager never evicts
   mutable std::mutex mutex_;  // stats

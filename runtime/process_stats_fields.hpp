@@ -44,7 +44,9 @@
   X(cache_hits, uint64_t)         \
   X(cache_misses, uint64_t)       \
   X(cache_trims, uint64_t)        \
-  X(allocator_seconds, double)
+  X(allocator_seconds, double)    \
+  X(yield_waits, uint64_t)        \
+  X(yield_seconds, double)
 
 namespace vramswap::detail::process_stats_layout {
 

@@ -15,11 +15,22 @@ markdown report on stdout.
    priority under the shim) then allocates 3/4 of the pool. Its allocation time (the lock,
    plus the job's demotion of the frames it needs) against the same allocation on an idle
    pool; and the job's own demotion time and rate from its exit summary.
+4. Compute (VRAMSWAP_OVERSUBSCRIBE_COMPUTE): a PyTorch lock holder (vramswap.torch, holds of
+   COMPUTE_STEPS training steps under one gpu_lock, COMPUTE_VALLEY_S valleys between) alone,
+   then beside a low-priority job (the same training step, unmodified, under the shim with
+   VRAMSWAP_OVERSUBSCRIBE=1) with each policy: the holder's step time against alone, and the
+   job's throughput in the valleys and during the holds against the job alone.
+
+VRAMSWAP_BENCH_PARTS=kernel,torch,reclaim,compute (the default: all) picks sections.
 """
+import json
 import os
 import re
+import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 BUILD = os.environ.get("VRAMSWAP_BUILD_DIR", "build/device")
@@ -135,19 +146,208 @@ def reclaim(pool):
         sys.stderr.write(err[-3000:])
 
 
+# --- 4. compute: a lock holder beside a low-priority job ----------------------------------
+# Both train the same MLP (fp32, Adam), and both wait for every step's loss (loss.item()), as
+# training loops do: so the job has at most about one step queued on the GPU when a hold
+# begins, which the holder's first step of each hold shares the GPU with (a launch already
+# queued cannot be taken back).
+COMPUTE_WIDTH, COMPUTE_DEPTH, COMPUTE_BATCH = 4096, 8, 1024
+COMPUTE_HOLDS, COMPUTE_STEPS, COMPUTE_VALLEY_S = 8, 30, 0.5
+COMPUTE_POLICIES = ("free", "yield", "share:25")
+
+
+def compute_step(torch):
+    """The training step both sides run, on a model made on the current device."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(COMPUTE_DEPTH):
+        layers += [torch.nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-5)
+    x = torch.randn(COMPUTE_BATCH, COMPUTE_WIDTH, device="cuda")
+
+    def step():
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()  # waits for the step's kernels
+
+    return step
+
+
+def compute_job():
+    """The low-priority job (run under the shim; knows nothing of vramswap): steps until its
+    stdin closes. Prints {"ready": t} once warm, then {"ends": [t, ...]}: each step's end
+    (time.monotonic, CLOCK_MONOTONIC: comparable with the holder's)."""
+    import torch
+
+    step = compute_step(torch)
+    for _ in range(5):  # cuBLAS plans, the caching allocator's blocks, Adam's state
+        step()
+    stop = threading.Event()
+
+    def wait_for_eof():
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=wait_for_eof, daemon=True).start()
+    print(json.dumps({"ready": time.monotonic()}), flush=True)
+    ends = []
+    while not stop.is_set():
+        step()
+        ends.append(time.monotonic())
+    print(json.dumps({"ends": ends}), flush=True)
+
+
+def compute_holder():
+    """The lock holder: a warm-up hold, then COMPUTE_HOLDS holds of COMPUTE_STEPS steps, each
+    after a COMPUTE_VALLEY_S valley. Prints {"holds": [[start, end], ...] (the warm-up
+    first; time.monotonic), "steps": [[hold, index, seconds], ...]}."""
+    import torch
+    import vramswap
+    import vramswap.torch
+
+    vramswap.torch.enable()
+    holds, steps = [], []
+    with vramswap.gpu_lock(0):
+        start = time.monotonic()
+        step = compute_step(torch)
+        for _ in range(5):
+            step()
+    holds.append([start, time.monotonic()])
+    for h in range(COMPUTE_HOLDS):
+        time.sleep(COMPUTE_VALLEY_S)
+        with vramswap.gpu_lock(0):
+            start = time.monotonic()
+            for i in range(COMPUTE_STEPS):
+                t0 = time.perf_counter()
+                step()
+                steps.append([h, i, time.perf_counter() - t0])
+        holds.append([start, time.monotonic()])
+    print(json.dumps({"holds": holds, "steps": steps}), flush=True)
+
+
+def start_compute_job(pool, prefix, policy):
+    """The job, warm; returns (process, its stderr file, when it was ready) or (None, ...)."""
+    err = tempfile.TemporaryFile(mode="w+")
+    env = environment(True, {"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_OVERSUBSCRIBE_COMPUTE": policy,
+                             "VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": prefix})
+    job = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--compute-job"], env=env, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=err, text=True)
+    line = job.stdout.readline()
+    try:
+        return job, err, json.loads(line)["ready"]
+    except (ValueError, KeyError):
+        job.kill()
+        job.wait()
+        err.seek(0)
+        sys.stderr.write(f"FAILED: the compute job ({policy}) did not start: {line}\n{err.read()[-3000:]}\n")
+        return None, err, 0.0
+
+
+def stop_compute_job(job, err):
+    """Close the job's stdin; returns (its step end times, its launches' waits, seconds waited)."""
+    job.stdin.close()
+    out = job.stdout.read()
+    job.wait(timeout=120)
+    err.seek(0)
+    said = err.read()
+    ends = []
+    for line in out.splitlines():
+        if line.startswith("{") and "ends" in line:
+            ends = json.loads(line)["ends"]
+    m = re.search(r"(\d+) launch\(es\) waited ([\d.]+) s in all", said)
+    if job.returncode != 0:
+        sys.stderr.write(f"FAILED ({job.returncode}): the compute job\n{said[-3000:]}\n")
+    return ends, (int(m.group(1)), float(m.group(2))) if m else (0, 0.0)
+
+
+def run_compute_holder(pool, prefix):
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--compute-holder"],
+                       env=environment(False, {"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": prefix}),
+                       capture_output=True, text=True, timeout=600)
+    for line in p.stdout.splitlines():
+        if line.startswith("{") and "holds" in line:
+            return json.loads(line)
+    sys.stderr.write(f"FAILED ({p.returncode}): the compute holder\n{p.stdout}\n{p.stderr[-3000:]}\n")
+    return None
+
+
+def steps_within(ends, spans):
+    """Job steps that ended within the spans, per second of the spans."""
+    total = sum(b - a for a, b in spans)
+    n = sum(1 for t in ends if any(a <= t <= b for a, b in spans))
+    return n / total if total > 0 else 0.0
+
+
+def compute(pool):
+    print(f"## Compute: a PyTorch lock holder beside a low-priority job (VRAMSWAP_OVERSUBSCRIBE_COMPUTE), pool {pool // GiB} GiB\n")
+    print(f"Both train an MLP ({COMPUTE_DEPTH} x Linear {COMPUTE_WIDTH} + GELU, Adam, batch {COMPUTE_BATCH}, fp32) and wait "
+          f"for each step's loss. The holder (vramswap.torch) makes {COMPUTE_HOLDS} holds of {COMPUTE_STEPS} steps under one "
+          f"gpu_lock each, {COMPUTE_VALLEY_S} s apart; the job runs the same step unmodified under the shim "
+          f"(VRAMSWAP_OVERSUBSCRIBE=1) all along. Holder step times: every step of every hold; the first step of a "
+          f"hold shares the GPU with the job's work queued before the grant.\n")
+    alone = run_compute_holder(pool, f"{PREFIX}ca-")
+    job, err, ready = start_compute_job(pool, f"{PREFIX}cj-", "free")
+    job_alone = 0.0
+    if job is not None:
+        time.sleep(6)
+        stopped = time.monotonic()
+        ends, _ = stop_compute_job(job, err)
+        job_alone = steps_within(ends, [(ready, stopped)])
+    if alone is None:
+        return
+    base = [s for _, _, s in alone["steps"]]
+    base_median, base_mean = statistics.median(base), statistics.mean(base)
+    base_first = statistics.mean([s for _, i, s in alone["steps"] if i == 0])
+    print(f"The job alone: {job_alone:.1f} steps/s.\n")
+    print("| low-priority job | holder ms/step, median | median / alone | mean / alone | first step of a hold / alone "
+          "| job steps/s in the valleys (of alone) | job steps/s during holds | job's launches that waited, s waited |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| none | {base_median * 1e3:.2f} | 1.000 | 1.000 | 1.00 | | | |")
+    for i, policy in enumerate(COMPUTE_POLICIES):
+        job, err, ready = start_compute_job(pool, f"{PREFIX}c{i}-", policy)
+        if job is None:
+            print(f"| {policy} | job failed | | | | | | |")
+            continue
+        held = run_compute_holder(pool, f"{PREFIX}c{i}-")
+        ends, (waits, waited) = stop_compute_job(job, err)
+        if held is None:
+            print(f"| {policy} | holder failed | | | | | | |")
+            continue
+        t = [s for _, _, s in held["steps"]]
+        first = statistics.mean([s for _, k, s in held["steps"] if k == 0])
+        holds = held["holds"]
+        valleys = [(holds[k][1], holds[k + 1][0]) for k in range(len(holds) - 1)]
+        in_valleys = steps_within(ends, valleys)
+        in_holds = steps_within(ends, [tuple(h) for h in holds[1:]])
+        print(f"| {policy} | {statistics.median(t) * 1e3:.2f} | {statistics.median(t) / base_median:.3f} "
+              f"| {statistics.mean(t) / base_mean:.3f} | {first / base_first:.2f} "
+              f"| {in_valleys:.1f} ({in_valleys / job_alone if job_alone else 0:.2f}) | {in_holds:.1f} | {waits}, {waited:.2f} |")
+    print()
+
+
 def main():
     sys.stdout.reconfigure(line_buffering=True)  # a run cut short keeps what it measured
     print("# Oversubscription benchmark\n")
-    print(f"Command: `bash scripts/device-run.sh bench:oversubscribe` (this file: bench/python/bench_oversubscribe.py).\n")
-    # VRAMSWAP_BENCH_PARTS=kernel,torch,reclaim (the default: all) picks sections.
-    parts = os.environ.get("VRAMSWAP_BENCH_PARTS", "kernel,torch,reclaim").split(",")
+    parts = os.environ.get("VRAMSWAP_BENCH_PARTS", "kernel,torch,reclaim,compute").split(",")
+    print(f"Command: `VRAMSWAP_BENCH_PARTS={','.join(parts)} bash scripts/device-run.sh bench:oversubscribe` "
+          f"(this file: bench/python/bench_oversubscribe.py).\n")
     if "kernel" in parts:
         kernel_table(16 * GiB)
     if "torch" in parts:
         torch_table(8 * GiB)
     if "reclaim" in parts:
         reclaim(16 * GiB)
+    if "compute" in parts:
+        compute(16 * GiB)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--compute-job"]:
+        compute_job()
+    elif sys.argv[1:] == ["--compute-holder"]:
+        compute_holder()
+    else:
+        main()

@@ -98,5 +98,60 @@ TEST(LaunchGate, ManyThreadsPassingWhileAnotherClosesRepeatedly) {
   EXPECT_GT(passes.load(), 0);
 }
 
+// Yielding and closing are independent: a thread held back for a lock holder is not inside
+// the gate, so a closer (the migration thread) closes and reopens without waiting for it;
+// when the hold ends while the gate is closed, the thread waits for the reopening too.
+std::atomic<uint32_t> g_holder{0};  // 0: nobody holds
+bool claims_always(void*, uint32_t) { return true; }
+void wait_a_little(void*, uint32_t seen, uint64_t timeout_ns) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+  while (g_holder.load() == seen && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(200us);
+}
+
+TEST(LaunchGate, AYieldingThreadNeitherBlocksNorWaitsForACloser) {
+  static launch_gate::yield_source source;  // lives as long as the process, as sources must
+  source.word = &g_holder;
+  source.idle = 0;
+  source.claims = claims_always;
+  source.wait = wait_a_little;
+  launch_gate::set_yield_policy(launch_gate::yield_policy::yield);
+  const int handle = launch_gate::add_yield_source(source);
+  ASSERT_GE(handle, 0);
+  { launch_gate::pass p; }  // nobody holds: passes at once
+
+  g_holder = 7;
+  std::atomic<bool> passed{false};
+  std::thread t([&] {
+    launch_gate::pass p;
+    passed = true;
+  });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(passed) << "a launch went on while a holder held";
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    launch_gate::closed gate;  // must not wait for the yielding thread
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+    g_holder = 0;  // the hold ends while the gate is closed
+    std::this_thread::sleep_for(50ms);
+    EXPECT_FALSE(passed) << "a launch went through a closed gate";
+  }
+  t.join();
+  EXPECT_TRUE(passed);
+  const launch_gate::yield_totals y = launch_gate::yielded();
+  EXPECT_GE(y.waits, 1u);
+  EXPECT_GE(y.waited_ns, 40'000'000u);
+
+  // Free: holders change nothing.
+  launch_gate::set_yield_policy(launch_gate::yield_policy::free);
+  g_holder = 7;
+  { launch_gate::pass p; }
+  // Removed: the same.
+  launch_gate::set_yield_policy(launch_gate::yield_policy::yield);
+  launch_gate::remove_yield_source(handle);
+  { launch_gate::pass p; }
+  g_holder = 0;
+  launch_gate::set_yield_policy(launch_gate::yield_policy::free);
+}
+
 }  // namespace
 }  // namespace vramswap::detail

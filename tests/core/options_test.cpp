@@ -133,6 +133,14 @@ std::vector<std::string> bad_values(option_id id) {
         for (char& c : other) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       }
       bad.push_back(other);
+      // A choice "word:N" takes a number in the form's range, nothing else after "word:".
+      std::stringstream in(f.choices);
+      for (std::string c; std::getline(in, c, '|');) {
+        if (c.size() < 2 || c.compare(c.size() - 2, 2, ":N") != 0) continue;
+        const std::string word = c.substr(0, c.size() - 1);
+        bad.insert(bad.end(), {word, word + "x", word + "N", word + " 5", word + std::to_string(f.max + 1)});
+        if (f.min > 0) bad.push_back(word + std::to_string(f.min - 1));
+      }
       break;
     }
     case option_kind::flag: bad = {"abc", "1.5", "2", "yes", "true", "1 ", " 1", "-1", "+1", "0x1"}; break;
@@ -164,7 +172,15 @@ std::vector<std::string> good_values(option_id id) {
     case option_kind::choice: {
       std::vector<std::string> all;
       std::stringstream in(f.choices);
-      for (std::string c; std::getline(in, c, '|');) all.push_back(c);
+      for (std::string c; std::getline(in, c, '|');) {
+        if (c.size() >= 2 && c.compare(c.size() - 2, 2, ":N") == 0) {
+          const std::string word = c.substr(0, c.size() - 1);
+          all.push_back(word + std::to_string(f.min));
+          all.push_back(word + std::to_string(f.max));
+        } else {
+          all.push_back(c);
+        }
+      }
       return all;
     }
     case option_kind::flag: return {"0", "1"};

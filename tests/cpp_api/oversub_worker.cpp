@@ -104,9 +104,10 @@ int main(int argc, char** argv) {
   }
   const oversubscribed_stats st = session->stats();
   std::printf("rounds=%d start_host_bytes=%" PRIu64 " host_bytes=%" PRIu64 " pool_bytes=%" PRIu64 " demoted=%" PRIu64
-              " promoted=%" PRIu64 " reclaims=%" PRIu64 " bursts=%" PRIu64 " reclaim_ms=%.3f spare_bytes=%" PRIu64 "\n",
+              " promoted=%" PRIu64 " reclaims=%" PRIu64 " bursts=%" PRIu64 " reclaim_ms=%.3f spare_bytes=%" PRIu64
+              " yield_waits=%" PRIu64 " yield_ms=%.3f\n",
               round + 1, at_start.host_frame_bytes, st.host_frame_bytes, st.pool_frame_bytes, st.pages_demoted, st.pages_promoted,
-              st.demotions, st.bursts, st.demote_seconds * 1e3, st.spare_host_bytes);
+              st.demotions, st.bursts, st.demote_seconds * 1e3, st.spare_host_bytes, st.yield_waits, st.yield_seconds * 1e3);
   std::fflush(stdout);
   check(be.stream_destroy(s), "stream_destroy");
   check(be.host_free(staging), "host_free");

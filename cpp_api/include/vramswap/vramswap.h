@@ -257,6 +257,10 @@ typedef struct vramswap_stats_t {
   uint64_t cache_misses;       /* allocations that took a new segment from the pager */
   uint64_t cache_trims;        /* times the device was synchronized and free segments given back */
   double allocator_seconds;    /* total time inside malloc_async, free_async and trims */
+  /* Oversubscribed processes: device work held back for lock holders (VRAMSWAP_OVERSUBSCRIBE_COMPUTE;
+   * the process's, all devices): */
+  uint64_t yield_waits;        /* launches that waited for a lock holder */
+  double yield_seconds;        /* total time they waited (summed over threads) */
 } vramswap_stats_t;
 /* Errors:
  *   VRAMSWAP_ERR_INVALID_ARGUMENT  out is NULL, or out->size is smaller than 16 bytes.

@@ -293,6 +293,10 @@ struct stats {
   uint64_t cache_misses = 0;      // allocations that took a new segment from the pager
   uint64_t cache_trims = 0;       // times the device was synchronized and free segments given back
   double allocator_seconds = 0;   // total time inside malloc_async, free_async and trims
+  // Oversubscribed processes: device work held back for lock holders
+  // (VRAMSWAP_OVERSUBSCRIBE_COMPUTE; the process's, all devices):
+  uint64_t yield_waits = 0;       // launches that waited for a lock holder
+  double yield_seconds = 0;       // total time they waited (summed over threads)
 };
 // Opens the device's session if needed (so it may start the pool server). Throws
 // out_of_memory (host memory), and what opening the device's session throws.
