@@ -79,6 +79,10 @@ class device_session final : public session {
   int release() override;
   bool holding() const noexcept override { return lock_.held(); }
   hold_check check_hold() noexcept override { return lock_.check_hold(); }
+  device_lock* gang_lock() noexcept override { return &lock_; }
+  void asking(lock_priority priority, acquire_start* out) noexcept override;
+  void gave_up(const acquire_start& start) noexcept override;
+  int granted(lock_priority priority, const acquire_start& start, const acquire_info& info) override;
   bool resident() const noexcept override { return memory().resident(); }
   // Total: the pool's bytes; free: what this process's live pages (resident or saved) leave of it.
   void memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const override;

@@ -572,6 +572,74 @@ TEST_F(PublicApi, DevicesAreLockedInIncreasingOrder) {
   EXPECT_TRUE(a.owns_lock() && b.owns_lock());
 }
 
+// A gang guard over both devices: all or none, the order rule, the C calls, bad lists.
+TEST_F(PublicApi, AGangGuardTakesEveryDeviceOrNone) {
+  {
+    vramswap::gpu_lock both(std::vector<int>{1, 0});
+    EXPECT_TRUE(both.owns_lock());
+    EXPECT_EQ(both.device(), 0);
+    EXPECT_EQ(both.devices(), (std::vector<int>{0, 1}));
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 1u);
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(1), 1u);
+    vramswap::gpu_lock again(std::vector<int>{0, 1});  // the whole gang again: re-entry
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(1), 2u);
+  }
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(1), 0u);
+  {
+    vramswap::gpu_lock one(1);
+    try {
+      vramswap::gpu_lock both(std::vector<int>{0, 1});
+      FAIL() << "a gang from device 0 while holding device 1 must throw";
+    } catch (const vramswap::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("increasing device order"), std::string::npos) << e.what();
+    }
+  }
+  // Another process holds device 1: a try takes nothing, not even the free device 0.
+  const pid_t holder = spawn_holder(1, 400);
+  {
+    vramswap::gpu_lock both(std::vector<int>{0, 1}, std::try_to_lock);
+    EXPECT_FALSE(both.owns_lock());
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
+    const int devs[] = {0, 1};
+    EXPECT_EQ(vramswap_lock_devices(devs, 2, VRAMSWAP_PRIORITY_NORMAL, 0), VRAMSWAP_ERR_BUSY);
+    EXPECT_NE(std::string(vramswap_last_error()).find("held by"), std::string::npos) << vramswap_last_error();
+    // Waiting: granted both once the holder is done.
+    const auto t0 = clock_type::now();
+    ASSERT_EQ(vramswap_lock_devices(devs, 2, VRAMSWAP_PRIORITY_NORMAL, 20'000'000'000), VRAMSWAP_OK) << vramswap_last_error();
+    EXPECT_GT(clock_type::now() - t0, 50ms) << "granted while another process held device 1";
+    const int only_one[] = {0, 0};
+    EXPECT_EQ(vramswap_unlock_devices(only_one, 2), VRAMSWAP_ERR_NOT_OWNER);
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 1u) << "a wrong list releases nothing";
+    EXPECT_EQ(vramswap_unlock_devices(devs, 2), VRAMSWAP_OK) << vramswap_last_error();
+    EXPECT_EQ(vramswap_unlock_devices(devs, 2), VRAMSWAP_ERR_NOT_OWNER);
+  }
+  EXPECT_EQ(wait_exit(holder), 0);
+  EXPECT_THROW(vramswap::gpu_lock(std::vector<int>{}), vramswap::invalid_argument);
+  EXPECT_THROW(vramswap::gpu_lock(std::vector<int>{0, 0}), vramswap::invalid_argument);
+  EXPECT_THROW(vramswap::gpu_lock(std::vector<int>{0, 16}), vramswap::invalid_argument);
+  EXPECT_EQ(vramswap_lock_devices(nullptr, 2, VRAMSWAP_PRIORITY_NORMAL, -1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  const int twice[] = {1, 1};
+  EXPECT_EQ(vramswap_lock_devices(twice, 2, VRAMSWAP_PRIORITY_NORMAL, -1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  const int no_such[] = {0, 5};
+  EXPECT_EQ(vramswap_lock_devices(no_such, 2, VRAMSWAP_PRIORITY_NORMAL, -1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+}
+
+// Real sessions in a random mix of single-device locks and gangs (the guard and the C call)
+// over two devices whose memory does not fit the pools together: every grant finds nobody
+// else inside and its memory as it left it.
+TEST_F(PublicApi, GangsAndSinglesMixWithMemorySwappedThrough) {
+  const std::string inside = path("inside");
+  std::vector<pid_t> workers;
+  for (int w = 0; w < 3; ++w) {
+    workers.push_back(spawn_worker({"mix", "40", std::to_string(11 + w), std::to_string(24 * MiB), inside},
+                                   path(("mix" + std::to_string(w) + ".err").c_str())));
+  }
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_EQ(wait_exit(workers[w]), 0) << read_file(path(("mix" + std::to_string(w) + ".err").c_str()));
+  }
+}
+
 TEST_F(PublicApi, AMalformedSettingStopsAProcessAtItsFirstCall) {
   // Each of these used to run with a warning ("no disk tier") and no pinned-memory limit.
   for (const char* setting : {"VRAMSWAP_HOST_LIMIT=abc", "VRAMSWAP_SWAP_BLOCK=1.5", "VRAMSWAP_SWAP_EXTENT=1GiB ",

@@ -162,6 +162,26 @@ VRAMSWAP_C_API int vramswap_lock_interruptible(int device, int priority, int64_t
  *                                  failed; the lock was released, memory not evicted stays.
  *   VRAMSWAP_ERR_INTERNAL          a bug in vramswap. */
 VRAMSWAP_C_API int vramswap_unlock(int device);
+/* A gang: take the locks of devices[0..count) at once, all or none (docs/lock.md, "Gangs").
+ * The devices may come in any order, each once; count 1 is vramswap_lock. The call waits in
+ * FIFO order on every device and is granted them together when it is next on each; meanwhile
+ * a member device that is free idles rather than serve those queued behind the gang (which
+ * keeps the gang from starving behind single-device users). It returns when this process's
+ * memory on every one of them is resident; each device is then held as by vramswap_lock (one
+ * vramswap_unlock each, or vramswap_unlock_devices). timeout_ns and priority as for
+ * vramswap_lock. Device order: the gang takes all its devices at its lowest one.
+ * Errors (nothing is held after any of them): those of vramswap_lock, and
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  devices NULL, count 0 or over 64, a device listed twice; a
+ *                                  waiting gang of a thread that holds a device above the
+ *                                  gang's lowest, or some but not all of the gang's devices;
+ *                                  an oversubscribed device.
+ *   VRAMSWAP_ERR_BUSY, VRAMSWAP_ERR_TIMEOUT  the message names each device's holder and the
+ *                                  waiters ahead of the gang there. */
+VRAMSWAP_C_API int vramswap_lock_devices(const int* devices, size_t count, int priority, int64_t timeout_ns);
+/* vramswap_unlock of each of devices[0..count), highest first. Every device is checked first:
+ * VRAMSWAP_ERR_NOT_OWNER (nothing released) when this thread does not hold one of them (or
+ * one is listed twice). Otherwise each is unlocked and the first error is returned. */
+VRAMSWAP_C_API int vramswap_unlock_devices(const int* devices, size_t count);
 /* 1 when an operator asked this process to release `device`'s lock during its current hold
  * (`vramswap release-request`), else 0: this process does not hold the lock, nobody asked, or
  * the device was not used yet (this never opens a session). Cheap enough to poll between
