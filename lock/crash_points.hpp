@@ -24,6 +24,7 @@ enum class crash_point {
   gang_enqueued_one,         // gang acquire: queued on its first device, not yet on the others
   gang_reserved,             // gang grant: every member slot reserved (granting), none granted
   gang_granted_one,          // gang grant: the first member granted, the others still reserved
+  gang_queued_one,           // rank gang: the first rank's slot given its place, the others still forming
   count_
 };
 

@@ -31,15 +31,16 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-// Sleep while every word[i] == expected, until `deadline_ns` (CLOCK_MONOTONIC, absolute):
+// Sleep while every word[i] == expected[i], until `deadline_ns` (CLOCK_MONOTONIC, absolute):
 // futex_waitv, one sleep on several words (up to 128). Returns 0 when woken, or the errno:
 // ETIMEDOUT, EAGAIN (a word differs already), EINTR (a signal handler ran), ENOSYS (a kernel
 // before 5.16: the caller sleeps on one word in short slices instead).
-inline int futex_wait_any(std::atomic<uint32_t>* const* words, unsigned count, uint32_t expected, uint64_t deadline_ns) noexcept {
+inline int futex_wait_any(std::atomic<uint32_t>* const* words, const uint32_t* expected, unsigned count,
+                          uint64_t deadline_ns) noexcept {
   struct futex_waitv waiters[128] = {};
   if (count > 128) count = 128;
   for (unsigned i = 0; i < count; ++i) {
-    waiters[i].val = expected;
+    waiters[i].val = expected[i];
     waiters[i].uaddr = reinterpret_cast<uintptr_t>(words[i]);
     waiters[i].flags = FUTEX_32;  // shared: no FUTEX_PRIVATE_FLAG
   }

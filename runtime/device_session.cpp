@@ -75,11 +75,21 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
   if (info == nullptr) info = &local;
   acquire_start start;
   asking(priority, &start);
-  if (const int lrc = lock_.acquire(priority, timeout_ns, info); lrc != ok) {
+  const int lrc = rank_ != nullptr ? rank_->acquire(lock_, priority, timeout_ns, info) : lock_.acquire(priority, timeout_ns, info);
+  if (lrc != ok) {
     gave_up(start);
     return lrc;
   }
   return granted(priority, start, *info);
+}
+
+int device_session::set_rank_gang(std::unique_ptr<rank_gang> gang) {
+  if (lock_.held()) {
+    return fail(err_invalid_argument, "join_gang(device %d): this thread holds the device's lock; join or leave a gang between turns",
+                device_);
+  }
+  rank_ = std::move(gang);
+  return ok;
 }
 
 void device_session::asking(lock_priority priority, acquire_start* out) noexcept {

@@ -247,6 +247,12 @@ int lock_gang(const int* devices, size_t count, uint32_t priority, int64_t timeo
     for (size_t i = 0; i < devs.size(); ++i) {
       VS_TRY(state_for("lock_gang", devs[i], &states[i]));
       locks[i] = states[i]->policy->gang_lock();
+      if (locks[i] == nullptr && states[i]->policy->joined_gang() != nullptr) {
+        return fail(err_invalid_argument,
+                    "lock_gang(devices %s): device %d is rank %u of gang %s (join_gang): its turns are its gang's, so it cannot "
+                    "be in a gang of devices too",
+                    listed.c_str(), devs[i], states[i]->policy->joined_gang()->rank(), states[i]->policy->joined_gang()->job().c_str());
+      }
       if (locks[i] == nullptr) {
         return fail(err_invalid_argument,
                     "lock_gang(devices %s): device %d is oversubscribed (VRAMSWAP_OVERSUBSCRIBE=1): it runs without the lock, "
@@ -288,6 +294,39 @@ int lock_gang(const int* devices, size_t count, uint32_t priority, int64_t timeo
     return ok;
   } catch (const std::bad_alloc&) {
     return fail(err_out_of_memory, "lock_gang: out of host memory");
+  }
+}
+
+int join_gang(const char* job, int rank, int world_size, int device) noexcept {
+  try {
+    VS_TRY(check_process("join_gang", device));
+    if (held_by_this_thread(device) > 0) {
+      return fail(err_invalid_argument, "join_gang(device %d): this thread holds the device's lock; join or leave a gang between turns",
+                  device);
+    }
+    device_state* st = nullptr;
+    VS_TRY(state_for("join_gang", device, &st));
+    if (job == nullptr) return st->policy->set_rank_gang(nullptr);
+    if (rank < 0 || world_size < 1) {
+      return fail(err_invalid_argument, "join_gang(%s, device %d): rank %d of world size %d; ranks count from 0 below the world size",
+                  job, device, rank, world_size);
+    }
+    if (const rank_gang* current = st->policy->joined_gang(); current != nullptr) {
+      if (current->job() == job && current->rank() == static_cast<uint32_t>(rank) &&
+          current->world_size() == static_cast<uint32_t>(world_size)) {
+        return ok;  // joined already
+      }
+      return fail(err_invalid_argument,
+                  "join_gang(%s, rank %d, device %d): this process is rank %u of gang %s on the device already; leave it first "
+                  "(join_gang with no job)",
+                  job, rank, device, current->rank(), current->job().c_str());
+    }
+    std::unique_ptr<rank_gang> gang;
+    VS_TRY(add_context(rank_gang::open(job, static_cast<uint32_t>(rank), static_cast<uint32_t>(world_size), &gang),
+                       "join_gang(device %d): ", device));
+    return st->policy->set_rank_gang(std::move(gang));
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "join_gang: out of host memory");
   }
 }
 

@@ -33,6 +33,13 @@ int unlock(int device) noexcept;
 // (unless the thread holds the whole gang: re-entry). *holder_died: a member device was
 // taken over from a holder that died holding it.
 int lock_gang(const int* devices, size_t count, uint32_t priority, int64_t timeout_ns, bool* holder_died) noexcept;
+// Gangs of processes (lock/rank_gang.hpp): from now on this process's locks of `device` are
+// the rounds of rank `rank` of the gang of `job` (world_size ranks, one process per device):
+// each is granted when every rank has asked and the gang is next on every rank's device.
+// job nullptr: leave the gang (plain locks again). Only while no thread of this process holds
+// or waits for the device. Errors: rank_gang::open's; err_invalid_argument (holding the
+// device, an oversubscribed device, already a rank of another gang here).
+int join_gang(const char* job, int rank, int world_size, int device) noexcept;
 // unlock() of each device, highest first; the first error is returned, after every device
 // was tried.
 int unlock_gang(const int* devices, size_t count) noexcept;

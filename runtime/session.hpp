@@ -26,6 +26,7 @@
 #include "core/page_store.hpp"
 #include "core/pager.hpp"
 #include "lock/device_lock.hpp"
+#include "lock/rank_gang.hpp"
 #include "pool/pool_member.hpp"
 #include "vramswap/vramswap.h"
 
@@ -72,6 +73,11 @@ class session {
     uint64_t t0_ns = 0;
   };
   virtual device_lock* gang_lock() noexcept { return nullptr; }
+  // A gang of processes (lock/rank_gang.hpp): from now on this session's acquires are this
+  // rank's rounds of `gang` (nullptr: plain acquires again). Only while no thread holds or
+  // waits for the device. err_invalid_argument for a policy without the lock.
+  virtual int set_rank_gang(std::unique_ptr<rank_gang> gang);
+  virtual const rank_gang* joined_gang() const noexcept { return nullptr; }
   virtual void asking(lock_priority, acquire_start*) noexcept {}
   virtual void gave_up(const acquire_start&) noexcept {}
   virtual int granted(lock_priority, const acquire_start&, const acquire_info&) { return 0; }

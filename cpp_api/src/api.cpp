@@ -207,6 +207,14 @@ void free_async(void* ptr, void* stream, int device) {
 
 bool release_requested(int device) noexcept { return rt::release_requested(device); }
 
+void join_gang(const std::string& job, int rank, int world_size, int device) {
+  if (const int rc = rt::join_gang(job.c_str(), rank, world_size, device); rc != ok) throw_last(rc);
+}
+
+void leave_gang(int device) {
+  if (const int rc = rt::join_gang(nullptr, 0, 0, device); rc != ok) throw_last(rc);
+}
+
 void release_cached(int device) {
   if (const int rc = rt::release_cached(device); rc != ok) throw_last(rc);
 }

@@ -23,6 +23,13 @@
 //   else is inside a device it took (a counter per device in <inside-file>, 64 bytes, shared
 //   by every worker) and that its memory there is as it left it, change it, release. Exit 7
 //   when another process was inside, 3 when bytes differed.
+// usage: api_worker rank <job> <rank> <world> <rounds> <bytes> <shared-file>
+//   join the gang of <job> as <rank> of <world> on device <rank>, allocate <bytes> there and
+//   fill them; then <rounds> times lock the device, check that nobody else is inside it, that
+//   its memory is as it left it and that every rank of the gang reaches this round while it
+//   holds (a round counter per rank in <shared-file>, after the devices' counters), change
+//   the memory, release. It creates <shared-file>.joined<rank> once it joined. Exit 8 when a lock failed with VRAMSWAP_ERR_OWNER_DIED (printed), 9
+//   when the ranks were not granted together.
 // Exit: 0 ok, 2 a vramswap::error (printed), 3 bytes differed, 4 a file never appeared,
 // 64 bad usage.
 #include <fcntl.h>
@@ -56,8 +63,9 @@ int usage(const char* self) {
                "       %s touch <device> <bytes> <ready-file> <go-file>\n"
                "       %s each <devices>\n"
                "       %s polled <device> <ready-file>\n"
-               "       %s mix <rounds> <seed> <bytes> <inside-file>\n",
-               self, self, self, self, self, self);
+               "       %s mix <rounds> <seed> <bytes> <inside-file>\n"
+               "       %s rank <job> <rank> <world> <rounds> <bytes> <shared-file>\n",
+               self, self, self, self, self, self, self);
   return 64;
 }
 
@@ -121,6 +129,53 @@ int mix(int rounds, unsigned seed, size_t bytes, const char* inside_path) {
   return 0;
 }
 
+// The rank mode (see the top).
+int rank_rounds(const char* job, int rank, int world, int rounds, size_t bytes, const char* shared_path) {
+  const int fd = ::open(shared_path, O_RDWR | O_CREAT, 0600);
+  if (fd < 0 || ::ftruncate(fd, 256) != 0) return 4;
+  void* map = ::mmap(nullptr, 256, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return 4;
+  auto* inside = static_cast<std::atomic<int>*>(map);
+  auto* round_of = reinterpret_cast<std::atomic<int>*>(static_cast<char*>(map) + 64);
+  const int device = rank;
+  const int me = static_cast<int>(::getpid());
+  vramswap::join_gang(job, rank, world, device);
+  create((std::string(shared_path) + ".joined" + std::to_string(rank)).c_str());
+  auto* mem = static_cast<unsigned char*>(vramswap::malloc(bytes, device));
+  unsigned char value = static_cast<unsigned char>(rank * 50);
+  for (int r = 0; r <= rounds; ++r) {
+    try {
+      if (r == 0) {  // the first turn fills the memory
+        vramswap::gpu_lock lock(device, std::chrono::seconds(30));
+        std::memset(mem, value, bytes);
+        continue;
+      }
+      vramswap::gpu_lock lock(device, std::chrono::seconds(30));
+      int nobody = 0;
+      if (!inside[device].compare_exchange_strong(nobody, me)) {
+        std::fprintf(stderr, "api_worker: pid %d was inside device %d too\n", nobody, device);
+        return 7;
+      }
+      if (mem[0] != value || mem[bytes - 1] != value) return 3;
+      std::memset(mem, ++value, bytes);
+      round_of[rank].store(r);
+      for (int p = 0; p < world; ++p) {
+        for (int i = 0; i < 5000 && round_of[p].load() < r; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (round_of[p].load() < r) {
+          std::fprintf(stderr, "api_worker: rank %d held round %d without rank %d\n", rank, r, p);
+          return 9;
+        }
+      }
+      inside[device].store(0);
+    } catch (const vramswap::error& e) {
+      std::fprintf(stderr, "api_worker: %s\n", e.what());
+      return e.code() == VRAMSWAP_ERR_OWNER_DIED ? 8 : 2;
+    }
+  }
+  vramswap::free(mem, device);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -145,6 +200,10 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       return 5;
+    }
+    if (mode == "rank" && argc == 8) {
+      return rank_rounds(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::strtoull(argv[6], nullptr, 10),
+                         argv[7]);
     }
     if (mode == "mix" && argc == 6) {
       return mix(std::atoi(argv[2]), static_cast<unsigned>(std::atoi(argv[3])), std::strtoull(argv[4], nullptr, 10), argv[5]);

@@ -640,6 +640,40 @@ TEST_F(PublicApi, GangsAndSinglesMixWithMemorySwappedThrough) {
   }
 }
 
+// Gangs of processes: two ranks (one process per device) take their turns together, beside
+// a process that mixes single-device locks and gangs of both devices; then a rank killed
+// while the other waits makes the other's lock fail, naming it.
+TEST_F(PublicApi, RanksOfAJobTakeTheirTurnsTogether) {
+  const std::string shared = path("ranks");
+  const std::string job = "job-" + env_.prefix();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    pids.push_back(spawn_worker({"rank", job, std::to_string(r), "2", "25", std::to_string(8 * MiB), shared},
+                                path(("rank" + std::to_string(r) + ".err").c_str())));
+  }
+  const pid_t mixer = spawn_worker({"mix", "25", "7", std::to_string(8 * MiB), path("inside")}, path("mixer.err"));
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(wait_exit(pids[r]), 0) << read_file(path(("rank" + std::to_string(r) + ".err").c_str()));
+  EXPECT_EQ(wait_exit(mixer), 0) << read_file(path("mixer.err"));
+
+  // A rank killed while its gang waits (device 1 is ours): the other's lock fails, naming it.
+  const std::string job2 = "dies-" + env_.prefix();
+  vramswap::gpu_lock hold(1);
+  const pid_t rank0 = spawn_worker({"rank", job2, "0", "2", "3", std::to_string(MiB), path("ranks2")}, path("r0.err"));
+  const pid_t rank1 = spawn_worker({"rank", job2, "1", "2", "3", std::to_string(MiB), path("ranks2")}, path("r1.err"));
+  int status = 0;
+  ASSERT_TRUE(wait_file(path("ranks2") + ".joined1", rank1, &status)) << read_file(path("r1.err"));
+  std::this_thread::sleep_for(200ms);  // most likely queued by now; joined is enough
+  ::kill(rank1, SIGKILL);
+  EXPECT_EQ(wait_exit(rank1), 128 + SIGKILL);
+  EXPECT_EQ(wait_exit(rank0), 8) << read_file(path("r0.err"));
+  const std::string err = read_file(path("r0.err"));
+  EXPECT_NE(err.find("rank 1 (pid " + std::to_string(rank1)), std::string::npos) << err;
+  EXPECT_NE(err.find("Restart the whole job"), std::string::npos) << err;
+  // The C call: bad arguments.
+  EXPECT_EQ(vramswap_join_gang("j", 2, 2, 0), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(vramswap_join_gang("bad/job", 0, 2, 0), VRAMSWAP_ERR_INVALID_ARGUMENT);
+}
+
 TEST_F(PublicApi, AMalformedSettingStopsAProcessAtItsFirstCall) {
   // Each of these used to run with a warning ("no disk tier") and no pinned-memory limit.
   for (const char* setting : {"VRAMSWAP_HOST_LIMIT=abc", "VRAMSWAP_SWAP_BLOCK=1.5", "VRAMSWAP_SWAP_EXTENT=1GiB ",

@@ -6,6 +6,11 @@
 // not starve a gang; a death at each named point of the gang's critical sections leaves
 // every device working.
 //
+// Gangs of processes (rank_gang): the ranks of a job, one process per device, granted
+// together when every rank has joined; many rounds against another job and single users; a
+// rank killed while its gang waits breaks it with an error naming it; a missing rank times
+// out naming it; a death of the rank that queues the round leaves every device working.
+//
 // Environment: VRAMSWAP_GANG_ROUNDS (rounds per worker of the random mix, default 500).
 #include <signal.h>
 
@@ -13,6 +18,8 @@
 #include <random>
 
 #include "lock/crash_points.hpp"
+#include "lock/futex.hpp"
+#include "lock/rank_gang.hpp"
 #include "lock_test_support.hpp"
 
 namespace vramswap::detail::lock_test {
@@ -389,6 +396,237 @@ INSTANTIATE_TEST_SUITE_P(EveryPoint, GangCrashPoint,
                                            crash_point::enqueue_published, crash_point::gang_reserved,
                                            crash_point::gang_granted_one),
                          [](const ::testing::TestParamInfo<crash_point>& param) { return crash_point_name(param.param); });
+
+// --- gangs of processes ------------------------------------------------------------------
+
+struct rank_page {
+  std::atomic<int> inside[k_devices];  // pid inside device d
+  std::atomic<uint64_t> round_of[8];   // the round each rank process is in
+  std::atomic<int> violations{0};
+  std::atomic<int> apart{0};  // a rank held its device while a rank of its gang did not come
+  std::atomic<int> joined{0};
+  std::atomic<int> stop{0};
+};
+
+// Open the gang and run `rounds` rounds: acquire (rank `rank` of `world`, device `device`),
+// check that nobody else is inside the device and that every other rank of this gang is
+// inside its device too (within a bound), release. Returns an exit code.
+int rank_rounds(const std::string& job, uint32_t rank, uint32_t world, int device, int rounds, rank_page* page, int slot0) {
+  std::unique_ptr<rank_gang> gang;
+  if (rank_gang::open(job, rank, world, &gang) != ok) {
+    std::fprintf(stderr, "rank %u: %s\n", rank, last_error());
+    return 20;
+  }
+  device_lock mine;
+  if (device_lock::open("host-" + std::to_string(device), &mine) != ok) return 21;
+  const pid_t me = ::getpid();
+  for (int r = 1; r <= rounds; ++r) {
+    if (gang->acquire(mine, lock_priority::normal, 20'000'000'000) != ok) {
+      std::fprintf(stderr, "rank %u round %d: %s\n", rank, r, last_error());
+      return 22;
+    }
+    pid_t nobody = 0;
+    if (!page->inside[device].compare_exchange_strong(nobody, me)) page->violations.fetch_add(1);
+    page->round_of[slot0 + rank].store(static_cast<uint64_t>(r));
+    // Granted together: every peer reaches this round while we hold ours.
+    const uint64_t until = monotonic_ns() + 5'000'000'000ull;
+    for (uint32_t p = 0; p < world; ++p) {
+      while (page->round_of[slot0 + p].load() < static_cast<uint64_t>(r) && monotonic_ns() < until) cpu_relax();
+      if (page->round_of[slot0 + p].load() < static_cast<uint64_t>(r)) page->apart.fetch_add(1);
+    }
+    page->inside[device].store(0);
+    if (mine.release() != ok) return 23;
+  }
+  return 0;
+}
+
+TEST_F(Gang, RanksOfAJobAreGrantedTogetherWhenAllHaveJoined) {
+  auto* page = shared_object<rank_page>();
+  std::vector<device_lock> locks;
+  ASSERT_EQ(open_all({0, 1}, &locks), ok);
+  ASSERT_EQ(locks[1].acquire(), ok);  // the test holds device 1: the gang cannot be granted yet
+  const std::string job = "job-" + prefix_;
+  const pid_t rank0 = spawn([&] { return rank_rounds(job, 0, 2, 0, 1, page, 0); });
+  // Rank 0 alone is not in device 0's order: a single there is served at once.
+  ASSERT_TRUE(wait_for_queue(locks[0], [](const auto& q) { return queue_has_waiters(q, 1); }));
+  ASSERT_EQ(locks[0].acquire(lock_priority::normal, 2'000'000'000), ok) << "a forming gang blocked device 0: " << last_error();
+  ASSERT_EQ(locks[0].release(), ok);
+  const pid_t rank1 = spawn([&] { return rank_rounds(job, 1, 2, 1, 1, page, 0); });
+  ASSERT_TRUE(wait_for_queue(locks[1], [](const auto& q) { return queue_has_waiters(q, 1); }));
+  std::this_thread::sleep_for(30ms);
+  // Queued now: device 0 is free but its next is the gang, so a try there fails.
+  EXPECT_EQ(locks[0].try_acquire(), err_busy) << "device 0 went past the queued gang";
+  EXPECT_EQ(page->round_of[0].load(), 0u);
+  ASSERT_EQ(locks[1].release(), ok);
+  EXPECT_EQ(reap(rank0), 0);
+  EXPECT_EQ(reap(rank1), 0);
+  EXPECT_EQ(page->apart.load(), 0);
+  EXPECT_EQ(page->violations.load(), 0);
+  free_shared_object(page);
+}
+
+// Two jobs of two ranks each over devices 0-1 and 1-2, and single users on every device,
+// for many rounds: no deadlock, nobody shares a device, each gang's ranks hold together.
+TEST_F(Gang, TwoJobsAndSinglesTakeManyRoundsWithoutDeadlock) {
+  const int rounds = static_cast<int>(env_or("VRAMSWAP_GANG_ROUNDS", 500) / 4);
+  auto* page = shared_object<rank_page>();
+  std::vector<pid_t> pids;
+  pids.push_back(spawn([&] { return rank_rounds("a-" + prefix_, 0, 2, 0, rounds, page, 0); }));
+  pids.push_back(spawn([&] { return rank_rounds("a-" + prefix_, 1, 2, 1, rounds, page, 0); }));
+  pids.push_back(spawn([&] { return rank_rounds("b-" + prefix_, 0, 2, 1, rounds, page, 2); }));
+  pids.push_back(spawn([&] { return rank_rounds("b-" + prefix_, 1, 2, 2, rounds, page, 2); }));
+  std::vector<pid_t> singles;
+  for (int d = 0; d < 3; ++d) {
+    singles.push_back(spawn([&, d] {
+      device_lock mine;
+      if (device_lock::open(key(d), &mine) != ok) return 10;
+      std::mt19937 rng(static_cast<uint32_t>(d));
+      while (page->stop.load() == 0) {
+        if (mine.acquire(lock_priority::normal, 20'000'000'000) != ok) return 11;
+        pid_t nobody = 0;
+        if (!page->inside[d].compare_exchange_strong(nobody, ::getpid())) page->violations.fetch_add(1);
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+        page->inside[d].store(0);
+        if (mine.release() != ok) return 12;
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+      }
+      return 0;
+    }));
+  }
+  for (pid_t pid : pids) EXPECT_EQ(reap(pid), 0);
+  page->stop.store(1);
+  for (pid_t pid : singles) EXPECT_EQ(reap(pid), 0);
+  EXPECT_EQ(page->violations.load(), 0);
+  EXPECT_EQ(page->apart.load(), 0);
+  free_shared_object(page);
+}
+
+// A rank killed while its gang is queued: the others leave with an error naming it, the
+// devices keep working, and the job's next incarnation (all ranks new) starts clean.
+TEST_F(Gang, ARankThatDiesBreaksItsGangWithAClearError) {
+  std::vector<device_lock> locks;
+  ASSERT_EQ(open_all({0, 1, 2}, &locks), ok);
+  ASSERT_EQ(locks[0].acquire(), ok);  // the gang cannot be granted while we hold device 0
+  const std::string job = "dies-" + prefix_;
+  auto* page = shared_object<rank_page>();
+  std::vector<pid_t> survivors;
+  for (uint32_t r = 0; r < 2; ++r) {
+    survivors.push_back(spawn([&, r] {
+      std::unique_ptr<rank_gang> gang;
+      if (rank_gang::open(job, r, 3, &gang) != ok) return 10;
+      device_lock mine;
+      if (device_lock::open(key(static_cast<int>(r)), &mine) != ok) return 11;
+      const int rc = gang->acquire(mine, lock_priority::normal, 20'000'000'000);
+      if (rc != err_owner_died) {
+        std::fprintf(stderr, "rank %u: acquire returned %d: %s\n", r, rc, last_error());
+        return 12;
+      }
+      const std::string why = last_error();
+      if (why.find("rank 2") == std::string::npos || why.find("died") == std::string::npos ||
+          why.find("Restart the whole job") == std::string::npos) {
+        std::fprintf(stderr, "rank %u: unclear error: %s\n", r, why.c_str());
+        return 13;
+      }
+      // And the next acquire says so too.
+      if (gang->acquire(mine, lock_priority::normal, 1'000'000'000) != err_owner_died) return 14;
+      page->joined.fetch_add(1);
+      while (page->stop.load() == 0) std::this_thread::sleep_for(1ms);
+      return 0;
+    }));
+  }
+  const pid_t victim = spawn([&] {
+    std::unique_ptr<rank_gang> gang;
+    if (rank_gang::open(job, 2, 3, &gang) != ok) return 10;
+    device_lock mine;
+    if (device_lock::open(key(2), &mine) != ok) return 11;
+    gang->acquire(mine, lock_priority::normal, 20'000'000'000);
+    return 12;
+  });
+  // All three queued: device 2 has the victim's slot in its order, device 0 a gang waiter.
+  ASSERT_TRUE(wait_for_queue(locks[0], [](const auto& q) { return queue_has_waiters(q, 1); }));
+  ASSERT_TRUE(wait_for_queue(locks[2], [](const auto& q) { return queue_has_waiters(q, 1); }));
+  std::this_thread::sleep_for(20ms);
+  ::kill(victim, SIGKILL);
+  EXPECT_EQ(reap(victim), 128 + SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (page->joined.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(page->joined.load(), 2) << "the surviving ranks did not learn of the death";
+  // While survivors are in it, the gang stays broken for a new rank 2.
+  std::unique_ptr<rank_gang> late;
+  EXPECT_EQ(rank_gang::open(job, 2, 3, &late), err_owner_died);
+  page->stop.store(1);
+  for (pid_t pid : survivors) EXPECT_EQ(reap(pid), 0);
+  ASSERT_EQ(locks[0].release(), ok);
+  // The devices work, and nothing of the gang is left in their queues.
+  std::vector<lock_queue_entry> q;
+  for (auto& l : locks) {
+    ASSERT_EQ(l.acquire(lock_priority::normal, 2'000'000'000), ok) << last_error();
+    ASSERT_EQ(l.release(), ok);
+    ASSERT_EQ(l.repair_now(), ok);
+    ASSERT_EQ(l.snapshot(&q), ok);
+    EXPECT_TRUE(q.empty());
+  }
+  // A new incarnation of the job: a fresh gang.
+  EXPECT_EQ(rank_gang::open(job, 2, 3, &late), ok) << last_error();
+  free_shared_object(page);
+}
+
+TEST_F(Gang, ARankThatNeverJoinsTimesOutNamingIt) {
+  std::unique_ptr<rank_gang> gang;
+  const std::string job = "alone-" + prefix_;
+  ASSERT_EQ(rank_gang::open(job, 0, 3, &gang), ok) << last_error();
+  std::unique_ptr<rank_gang> twice;
+  EXPECT_EQ(rank_gang::open(job, 0, 3, &twice), err_busy);
+  EXPECT_EQ(rank_gang::open(job, 1, 4, &twice), err_invalid_argument) << "another world size";
+  EXPECT_EQ(rank_gang::open(job, 3, 3, &twice), err_invalid_argument);
+  device_lock mine;
+  ASSERT_EQ(device_lock::open(key(0), &mine), ok);
+  EXPECT_EQ(gang->acquire(mine, lock_priority::normal, 200'000'000), err_timeout);
+  EXPECT_NE(std::string(last_error()).find("ranks 1, 2 of 3 never joined"), std::string::npos) << last_error();
+  std::vector<lock_queue_entry> q;
+  ASSERT_EQ(mine.snapshot(&q), ok);
+  EXPECT_TRUE(q.empty()) << "the rank's slot stayed after its timeout";
+}
+
+// The rank that completes the round dies while giving the members their places: the others
+// get the error, and every device works afterwards.
+TEST_F(Gang, DeathOfTheQueueingRankLeavesEveryDeviceWorking) {
+  const std::string job = "queuer-" + prefix_;
+  auto* page = shared_object<rank_page>();
+  const pid_t first = spawn([&] {
+    std::unique_ptr<rank_gang> gang;
+    if (rank_gang::open(job, 0, 2, &gang) != ok) return 10;
+    device_lock mine;
+    if (device_lock::open(key(0), &mine) != ok) return 11;
+    page->joined.store(1);
+    const int rc = gang->acquire(mine, lock_priority::normal, 20'000'000'000);
+    return rc == err_owner_died ? 0 : 12;
+  });
+  std::vector<device_lock> locks;
+  ASSERT_EQ(open_all({0, 1}, &locks), ok);
+  ASSERT_TRUE(wait_for_queue(locks[0], [](const auto& q) { return queue_has_waiters(q, 1); }));
+  const pid_t queuer = spawn([&] {
+    std::unique_ptr<rank_gang> gang;
+    if (rank_gang::open(job, 1, 2, &gang) != ok) return 10;
+    device_lock mine;
+    if (device_lock::open(key(1), &mine) != ok) return 11;
+    g_armed_point = crash_point::gang_queued_one;
+    set_crash_hook(kill_self_at_armed_point);
+    gang->acquire(mine, lock_priority::normal, 20'000'000'000);
+    return 12;
+  });
+  EXPECT_EQ(reap(queuer), 128 + SIGKILL);
+  EXPECT_EQ(reap(first), 0) << "the surviving rank did not get the death as its error";
+  std::vector<lock_queue_entry> q;
+  for (auto& l : locks) {
+    ASSERT_EQ(l.acquire(lock_priority::normal, 2'000'000'000), ok) << last_error();
+    ASSERT_EQ(l.release(), ok);
+    ASSERT_EQ(l.repair_now(), ok);
+    ASSERT_EQ(l.snapshot(&q), ok);
+    EXPECT_TRUE(q.empty());
+  }
+  free_shared_object(page);
+}
 
 }  // namespace
 }  // namespace vramswap::detail::lock_test

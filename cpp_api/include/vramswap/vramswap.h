@@ -182,6 +182,27 @@ VRAMSWAP_C_API int vramswap_lock_devices(const int* devices, size_t count, int p
  * VRAMSWAP_ERR_NOT_OWNER (nothing released) when this thread does not hold one of them (or
  * one is listed twice). Otherwise each is unlocked and the first error is returned. */
 VRAMSWAP_C_API int vramswap_unlock_devices(const int* devices, size_t count);
+/* A gang of processes (docs/lock.md, "Gangs of processes"): the ranks of one job, one process
+ * per device, take their turns together. From this call on, this process's locks of `device`
+ * (vramswap_lock, the C++ guard, Python's gpu_lock, vramswap.torch) are the turns of rank
+ * `rank` of `world_size` in the gang of `job` (a node-wide name: letters, digits, '-', '_',
+ * '.'; every rank gives the same job and world size). Each lock is granted when every rank
+ * has asked and the gang is next on every rank's device (FIFO there, like a gang of devices);
+ * each rank then has its own device's memory resident, and each unlock releases its own
+ * device. job NULL: leave the gang (plain locks again). Call it while no thread of this
+ * process holds or waits for the device.
+ * Errors:
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  a bad job, rank or world size (1 to 64); the gang's ranks
+ *                                  gave another world size; this thread holds the device; the
+ *                                  device is oversubscribed or a rank of another gang here.
+ *   VRAMSWAP_ERR_BUSY              a live process is that rank of the job already.
+ *   VRAMSWAP_ERR_OWNER_DIED        the gang is broken: one of its ranks died; the message
+ *                                  names it and the ranks still in it (restart the whole job).
+ *   and the errors of opening a session (above).
+ * A lock of a joined device fails, besides its usual errors, with VRAMSWAP_ERR_OWNER_DIED when
+ * a rank died (the message names it and its pid: restart the job), and VRAMSWAP_ERR_TIMEOUT
+ * naming the ranks that never asked, or the rank that left the turn. */
+VRAMSWAP_C_API int vramswap_join_gang(const char* job, int rank, int world_size, int device);
 /* 1 when an operator asked this process to release `device`'s lock during its current hold
  * (`vramswap release-request`), else 0: this process does not hold the lock, nobody asked, or
  * the device was not used yet (this never opens a session). Cheap enough to poll between

@@ -242,6 +242,17 @@ class VRAMSWAP_API gpu_lock {
   int owner_pid_ = 0;  // the process that took it, to recognize a forked child
 };
 
+// A gang of processes (docs/lock.md, "Gangs of processes"; vramswap.h, vramswap_join_gang,
+// says it all): from now on this process's locks of `device` are the turns of rank `rank` of
+// `world_size` in the gang of `job`, granted when every rank has asked and the gang is next
+// on every rank's device. A lock of such a device throws vramswap::error with code()
+// VRAMSWAP_ERR_OWNER_DIED when a rank died (what() names it: restart the whole job), and
+// vramswap::timeout naming the ranks that never asked. Throws invalid_argument, error (codes
+// VRAMSWAP_ERR_BUSY, VRAMSWAP_ERR_OWNER_DIED) as vramswap_join_gang returns them.
+VRAMSWAP_API void join_gang(const std::string& job, int rank, int world_size, int device = 0);
+// Leave the gang: plain locks of `device` again.
+VRAMSWAP_API void leave_gang(int device = 0);
+
 // Whether an operator asked this process to release `device`'s lock during its current hold
 // (`vramswap release-request`; docs/concepts.md, "Fair turns"): false when this process does
 // not hold it, nobody asked, or the device was not used yet (this never opens a session).
