@@ -967,7 +967,7 @@ uint64_t device_lock::note_over_limit_locked(uint32_t holder, uint64_t now) noex
   uint64_t first_wait = UINT64_MAX;
   const uint32_t end = std::min(st->slot_high_water.load(), k_slot_count);
   for (uint32_t i = 0; i < end; ++i) {
-    if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
+    if (!in_order(slots[i])) continue;  // a gang rank whose gang is still forming waits for its peers, not for us
     first_wait = std::min(first_wait, slots[i].enqueue_ns);
   }
   if (first_wait == UINT64_MAX) return 0;

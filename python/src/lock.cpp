@@ -127,7 +127,8 @@ Returns False when the lock was not had in time (like threading.Lock.acquire). T
 released while waiting, and the wait is interruptible like threading.Lock's: when a signal
 handler raises (Ctrl-C: KeyboardInterrupt), the wait leaves the queue and the exception
 propagates, with nothing held. A thread that holds the lock may take it again (counted: each
-acquire needs its release). Several devices: take them in increasing device order; a
+acquire needs its release). Several devices: all at once with acquire_devices(), or one by
+one in increasing device order; a
 waiting acquire of a device below one this thread holds raises ValueError.
 Raises ValueError (bad device, priority or timeout; device order), vramswap.Error.)doc");
   m.def(

@@ -632,7 +632,7 @@ TEST_F(PublicApi, GangsAndSinglesMixWithMemorySwappedThrough) {
   const std::string inside = path("inside");
   std::vector<pid_t> workers;
   for (int w = 0; w < 3; ++w) {
-    workers.push_back(spawn_worker({"mix", "40", std::to_string(11 + w), std::to_string(24 * MiB), inside},
+    workers.push_back(spawn_worker({"mix", "30", std::to_string(11 + w), std::to_string(24 * MiB), inside},
                                    path(("mix" + std::to_string(w) + ".err").c_str())));
   }
   for (int w = 0; w < 3; ++w) {
