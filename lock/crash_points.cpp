@@ -17,6 +17,10 @@ const char* crash_point_name(crash_point point) noexcept {
     case crash_point::recovery_midway: return "recovery_midway";
     case crash_point::over_limit_marked: return "over_limit_marked";
     case crash_point::release_request_stored: return "release_request_stored";
+    case crash_point::gang_enqueued_one: return "gang_enqueued_one";
+    case crash_point::gang_reserved: return "gang_reserved";
+    case crash_point::gang_granted_one: return "gang_granted_one";
+    case crash_point::gang_queued_one: return "gang_queued_one";
     case crash_point::count_: break;
   }
   return "unknown";

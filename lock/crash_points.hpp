@@ -21,6 +21,10 @@ enum class crash_point {
   recovery_midway,           // recovery: dead slots reaped, hints not yet recomputed
   over_limit_marked,         // a hold marked past its limit, mutex still held
   release_request_stored,    // release request: the asker recorded, the request time not yet stored
+  gang_enqueued_one,         // gang acquire: queued on its first device, not yet on the others
+  gang_reserved,             // gang grant: every member slot reserved (granting), none granted
+  gang_granted_one,          // gang grant: the first member granted, the others still reserved
+  gang_queued_one,           // rank gang: the first rank's slot given its place, the others still forming
   count_
 };
 

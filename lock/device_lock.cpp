@@ -17,6 +17,7 @@
 #include "lock/liveness_lease.hpp"
 #include "lock/ownership.hpp"
 #include "lock/process_identity.hpp"
+#include "lock/queue_order.hpp"
 #include "lock/robust_mutex.hpp"
 #include "lock/segment_layout.hpp"
 #include "lock/shared_segment.hpp"
@@ -27,39 +28,6 @@ using namespace lock_layout;
 namespace {
 
 bool valid_priority(lock_priority p) { return p == lock_priority::normal || p == lock_priority::high; }
-
-// Is slot `a` served before slot `b`? Higher class first, then lower ticket.
-bool served_before(const waiter_slot& a, const waiter_slot& b) {
-  if (a.priority != b.priority) return a.priority > b.priority;
-  return a.ticket < b.ticket;
-}
-
-// The waiting slot among slots[0, end) to grant now: the best by served_before, unless that
-// one carries a penalty (behind_ticket) while a slot that waited for it still waits; then
-// the best of those instead, by the same rule again. Each substitute has a lower ticket than
-// the slot it stands in for, so the choice ends, at a slot that is granted. Relaxed reads:
-// under the mutex this is the decision, without it a hint.
-uint32_t choose_next(const waiter_slot* slots, uint32_t end) {
-  uint32_t best = k_no_slot;
-  for (uint32_t i = 0; i < end; ++i) {
-    if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
-    if (best == k_no_slot || served_before(slots[i], slots[best])) best = i;
-  }
-  while (best != k_no_slot) {
-    const uint64_t behind = slots[best].behind_ticket.load(std::memory_order_relaxed);
-    if (behind == 0) break;
-    const uint64_t below = std::min(behind, slots[best].ticket.load(std::memory_order_relaxed));
-    uint32_t substitute = k_no_slot;
-    for (uint32_t i = 0; i < end; ++i) {
-      if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
-      if (slots[i].ticket.load(std::memory_order_relaxed) >= below) continue;
-      if (substitute == k_no_slot || served_before(slots[i], slots[substitute])) substitute = i;
-    }
-    if (substitute == k_no_slot) break;
-    best = substitute;
-  }
-  return best;
-}
 
 // "0.30 s", "12.5 s", "2.0 h": a duration for messages.
 void format_duration(uint64_t ns, char* buf, size_t size) {
@@ -171,6 +139,8 @@ void appendf(char* buf, size_t size, size_t* used, const char* fmt, ...) {
 }
 
 }  // namespace
+
+bool interrupted_now(bool signal_ran) noexcept { return interrupted(signal_ran); }
 
 scoped_wait_interrupt::scoped_wait_interrupt(wait_interrupt check) noexcept : previous_(t_interrupt) { t_interrupt = check; }
 scoped_wait_interrupt::~scoped_wait_interrupt() { t_interrupt = previous_; }
@@ -377,7 +347,7 @@ void device_lock::describe_queue(uint32_t priority, uint64_t ticket, char* buf, 
     uint32_t ahead = 0;
     for (uint32_t i = 0; i < k_slot_count; ++i) {
       if (slots[i].state.load(std::memory_order_acquire) != slot_waiting) continue;
-      const uint32_t p = slots[i].priority.load(std::memory_order_relaxed);
+      const uint32_t p = class_of(slots[i].priority.load(std::memory_order_relaxed));
       const uint64_t t = slots[i].ticket.load(std::memory_order_relaxed);
       if (t == ticket || !(p > priority || (p == priority && t < ticket))) continue;
       if (ahead++ < 4) {
@@ -454,6 +424,15 @@ int device_lock::repair_locked() noexcept {
   for (uint32_t i = 0; i < k_slot_count; ++i) {
     const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
     if (state == slot_free) continue;
+    if (state == slot_granting) {
+      // Its gang's granter died between reserving the members and granting them (a live
+      // one holds this mutex throughout): the member waits again, and its gang learns of
+      // the death (lock/gang.hpp) or grants it anew.
+      slots[i].state.store(slot_waiting, std::memory_order_release);
+      repaired = true;
+      if (!slot_owner_alive(i)) slots[i].state.store(slot_free, std::memory_order_release);
+      continue;
+    }
     if (state != slot_waiting && state != slot_holding) {
       log(log_level::warn, "lock: slot %u of %s has unknown state %u; freeing it", i, segment_->name().c_str(),
           state);
@@ -500,10 +479,9 @@ int device_lock::repair_locked() noexcept {
   st->holder_slot = holder;
   st->waiter_count = waiters;
   st->slot_high_water = high_water;
-  if (holder == k_no_slot && waiters > 0) {
-    dispatch_locked(k_no_slot);
-    repaired = true;
-  }
+  // With nobody holding, a waiter should have been granted, unless the next is a gang
+  // member waiting for its other devices (which is not a repair).
+  if (holder == k_no_slot && waiters > 0 && dispatch_locked(k_no_slot) != k_no_slot) repaired = true;
   if (repaired) ++st->recoveries;
   // A dead holder's yielding jobs run again (or look at the next holder).
   if (st->holder_slot.load(std::memory_order_relaxed) != holder_before &&
@@ -524,6 +502,14 @@ uint32_t device_lock::dispatch_locked(uint32_t caller_slot) noexcept {
   for (;;) {
     best = choose_next(slots, std::min(st->slot_high_water.load(), k_slot_count));
     if (best == k_no_slot) return k_no_slot;
+    if (is_gang(slots[best])) {
+      // A gang member is next: it is granted only with the rest of its gang, by its own
+      // waiter, which this wakes to look (docs/lock.md, "Gangs"). The device idles until
+      // then: the waiters behind the gang stay behind it (FIFO), which is what keeps a gang
+      // from starving behind a stream of single-device users.
+      futex_wake_one(&slots[best].state);
+      return k_no_slot;
+    }
     // Order: tell the grantee about a dead predecessor and when its hold begins, then grant
     // (the state change is the grant), then fix the hints, then forget the death. A
     // compare-and-swap, because a waiter leaves without the mutex (withdraw): if it just
@@ -547,6 +533,68 @@ uint32_t device_lock::dispatch_locked(uint32_t caller_slot) noexcept {
 
 // --- acquire / release ----------------------------------------------------------------
 
+// A free slot whose lease we can take: one just freed may still be leased by its owner
+// for a moment (it drops the lease after freeing the slot), another process's or ours.
+// With the mutex held. err_busy when every slot is taken; a lease error as is.
+int device_lock::take_slot_locked(uint32_t* out) noexcept {
+  waiter_slot* slots = slots_of(segment_->base());
+  // First the spare slot a release of this object kept, leased already (no system call).
+  if (const uint32_t spare = segment_->spare_slot().exchange(k_no_slot, std::memory_order_acq_rel); spare != k_no_slot) {
+    if (slots[spare].state.load(std::memory_order_relaxed) == slot_free) {
+      *out = spare;
+      return ok;
+    }
+    let_go_of_lease(spare);  // cannot happen while we lease it; never use it if it does
+  }
+  for (uint32_t i = 0; i < k_slot_count; ++i) {
+    if (slots[i].state.load(std::memory_order_relaxed) != slot_free || segment_->own_leases().has(i)) continue;
+    const int lrc = take_lease(segment_->lease_fd(), i, segment_->name().c_str());
+    if (lrc == ok) {
+      segment_->own_leases().add(i);
+      *out = i;
+      return ok;
+    }
+    if (lrc != err_busy) return lrc;
+  }
+  return fail(err_busy,
+              "device_lock::acquire: all %u slots of %s are taken (that many threads already hold or wait "
+              "for this device); retry later",
+              k_slot_count, segment_->name().c_str());
+}
+
+// With the mutex held: fill slot `mine` (leased by us) and publish it as waiting with the
+// next ticket. Publication order: fill the slot, then publish it with the state store.
+void device_lock::publish_slot_locked(uint32_t mine, uint32_t priority_word, const process_identity& me, pid_t tid,
+                                      uint64_t start_ns, uint64_t behind, uint64_t gang_id) noexcept {
+  lock_state* st = lock_state_of(segment_->base());
+  waiter_slot& slot = slots_of(segment_->base())[mine];
+  slot.priority = priority_word;
+  slot.ticket = st->next_ticket;
+  st->next_ticket = slot.ticket + 1;
+  slot.pid = me.pid;
+  slot.tid = tid;
+  slot.pid_start_time = me.start_time;
+  slot.pid_ns = me.pid_ns;
+  slot.uid = uid_;
+  slot.enqueue_ns = start_ns;
+  slot.dead_holder_pid = 0;
+  slot.dead_holder_pid_ns = 0;
+  slot.max_hold_ns.store(max_hold_ns_, std::memory_order_relaxed);
+  slot.behind_ticket.store(behind, std::memory_order_relaxed);
+  slot.granted_ns.store(0, std::memory_order_relaxed);
+  slot.over_limit_since_ns.store(0, std::memory_order_relaxed);
+  slot.release_requested_ns.store(0, std::memory_order_relaxed);
+  slot.release_requester_pid.store(0, std::memory_order_relaxed);
+  slot.release_requester_pid_ns.store(0, std::memory_order_relaxed);
+  slot.release_requester_uid.store(0, std::memory_order_relaxed);
+  slot.gang_id.store(gang_id, std::memory_order_relaxed);
+  at_crash_point(crash_point::enqueue_slot_filled);
+  slot.state.store(slot_waiting, std::memory_order_release);
+  ++st->waiter_count;
+  if (mine >= st->slot_high_water) st->slot_high_water = mine + 1;
+  at_crash_point(crash_point::enqueue_published);
+}
+
 int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_info* info) noexcept {
   const uint64_t start_ns = monotonic_ns();
   if (info != nullptr) *info = acquire_info{};
@@ -562,13 +610,7 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
                 "device_lock::acquire: timeout %lld ns is negative; use -1 to wait forever, 0 to only try",
                 static_cast<long long>(timeout_ns));
   }
-  if (!segment_->opened_in_this_process()) {
-    // A forked child: its descriptor of the segment was its parent's (liveness_lease.hpp).
-    std::unique_ptr<shared_segment> own;
-    VS_TRY(shared_segment::open(device_key_, &own));
-    segment_ = std::move(own);
-    penalty_behind_.store(0);  // the parent's long hold is not the child's
-  }
+  VS_TRY(reopen_if_forked());
   process_identity me{};
   VS_TRY(current_process(&me));
   const pid_t tid = current_tid();
@@ -591,61 +633,16 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
     if (mrc == err_timeout && timeout_ns == 0) return add_context(err_busy, "device_lock::try_acquire: ");
     return mrc;
   }
-  // A free slot whose lease we can take: one just freed may still be leased by its owner
-  // for a moment (it drops the lease after freeing the slot), another process's or ours.
-  // First the spare slot a release of this object kept, leased already (no system call).
-  uint32_t mine = segment_->spare_slot().exchange(k_no_slot, std::memory_order_acq_rel);
-  if (mine != k_no_slot && slots[mine].state.load(std::memory_order_relaxed) != slot_free) {
-    let_go_of_lease(mine);  // cannot happen while we lease it; never use it if it does
-    mine = k_no_slot;
-  }
-  for (uint32_t i = 0; i < k_slot_count && mine == k_no_slot; ++i) {
-    if (slots[i].state.load(std::memory_order_relaxed) != slot_free || segment_->own_leases().has(i)) continue;
-    const int lrc = take_lease(segment_->lease_fd(), i, segment_->name().c_str());
-    if (lrc == ok) {
-      segment_->own_leases().add(i);
-      mine = i;
-    } else if (lrc != err_busy) {
-      unlock_mutex();
-      return lrc;
-    }
-  }
-  if (mine == k_no_slot) {
+  uint32_t mine = k_no_slot;
+  if (const int trc = take_slot_locked(&mine); trc != ok) {
     unlock_mutex();
-    return fail(err_busy,
-                "device_lock::acquire: all %u slots of %s are taken (that many threads already hold or wait "
-                "for this device); retry later",
-                k_slot_count, segment_->name().c_str());
+    return trc;
   }
-  // Publication order: fill the slot, then publish it with the state store.
-  waiter_slot& slot = slots[mine];
-  slot.priority = static_cast<uint32_t>(priority);
-  slot.ticket = st->next_ticket;
-  st->next_ticket = slot.ticket + 1;
-  slot.pid = me.pid;
-  slot.tid = tid;
-  slot.pid_start_time = me.start_time;
-  slot.pid_ns = me.pid_ns;
-  slot.uid = uid_;
-  slot.enqueue_ns = start_ns;
-  slot.dead_holder_pid = 0;
-  slot.dead_holder_pid_ns = 0;
   // A penalty from our last hold; one above our own ticket is left from a segment that was
   // removed and made anew since, and means nothing here.
   const uint64_t penalty = penalty_behind_.load(std::memory_order_relaxed);
-  slot.max_hold_ns.store(max_hold_ns_, std::memory_order_relaxed);
-  slot.behind_ticket.store(penalty <= slot.ticket ? penalty : 0, std::memory_order_relaxed);
-  slot.granted_ns.store(0, std::memory_order_relaxed);
-  slot.over_limit_since_ns.store(0, std::memory_order_relaxed);
-  slot.release_requested_ns.store(0, std::memory_order_relaxed);
-  slot.release_requester_pid.store(0, std::memory_order_relaxed);
-  slot.release_requester_pid_ns.store(0, std::memory_order_relaxed);
-  slot.release_requester_uid.store(0, std::memory_order_relaxed);
-  at_crash_point(crash_point::enqueue_slot_filled);
-  slot.state.store(slot_waiting, std::memory_order_release);
-  ++st->waiter_count;
-  if (mine >= st->slot_high_water) st->slot_high_water = mine + 1;
-  at_crash_point(crash_point::enqueue_published);
+  publish_slot_locked(mine, static_cast<uint32_t>(priority), me, tid, start_ns, penalty <= st->next_ticket ? penalty : 0, 0);
+  waiter_slot& slot = slots[mine];
   if (st->holder_slot == k_no_slot) dispatch_locked(mine);
   const uint64_t my_ticket = slot.ticket;
 
@@ -662,14 +659,30 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
   unlock_mutex();
 
   VS_TRY(wait_for_grant(mine, start_ns, timeout_ns, deadline));
-
-  holder_slot_.store(mine, std::memory_order_relaxed);
-  hold_ticket_.store(my_ticket, std::memory_order_release);
-  depth_ = 1;
   // The penalty is spent by this grant (unless a later long hold has set a new one).
   uint64_t spent = penalty;
   if (spent != 0) penalty_behind_.compare_exchange_strong(spent, 0, std::memory_order_relaxed);
-  holder_pid_.store(me.pid, std::memory_order_relaxed);
+  became_holder(mine, my_ticket, me.pid, tid, start_ns, info);
+  return ok;
+}
+
+int device_lock::reopen_if_forked() noexcept {
+  if (segment_->opened_in_this_process()) return ok;
+  // A forked child: its descriptor of the segment was its parent's (liveness_lease.hpp).
+  std::unique_ptr<shared_segment> own;
+  VS_TRY(shared_segment::open(device_key_, &own));
+  segment_ = std::move(own);
+  penalty_behind_.store(0);  // the parent's long hold is not the child's
+  return ok;
+}
+
+void device_lock::became_holder(uint32_t mine, uint64_t my_ticket, pid_t pid, pid_t tid, uint64_t start_ns,
+                                acquire_info* info) noexcept {
+  waiter_slot& slot = slots_of(segment_->base())[mine];
+  holder_slot_.store(mine, std::memory_order_relaxed);
+  hold_ticket_.store(my_ticket, std::memory_order_release);
+  depth_ = 1;
+  holder_pid_.store(pid, std::memory_order_relaxed);
   holder_tid_.store(tid, std::memory_order_relaxed);
   const uint64_t waited_ns = monotonic_ns() - start_ns;
   turns_of(segment_->base())->wait.observe(waited_ns);
@@ -683,7 +696,6 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
     describe_process_in(slot.dead_holder_pid, slot.dead_holder_pid_ns, who, sizeof who);
     log(log_level::warn, "lock: acquired %s from holder %s, which died holding it", segment_->name().c_str(), who);
   }
-  return ok;
 }
 
 // Sleep until our slot is granted, the time runs out, or the thread's wait_interrupt says
@@ -691,7 +703,7 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
 // waiters of the segment).
 int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeout_ns, uint64_t deadline) noexcept {
   waiter_slot& slot = slots_of(segment_->base())[mine];
-  const uint32_t my_priority = slot.priority.load(std::memory_order_relaxed);
+  const uint32_t my_priority = class_of(slot.priority.load(std::memory_order_relaxed));
   const uint64_t my_ticket = slot.ticket.load(std::memory_order_relaxed);
   uint64_t last_tick = monotonic_ns();
   uint64_t spun_for = 0;  // the predicted release this waiter already spun for
@@ -950,12 +962,13 @@ int device_lock::snapshot(std::vector<lock_queue_entry>* out, int64_t wait_ns) n
     const uint32_t state = slots[i].state.load(std::memory_order_relaxed);
     if (state != slot_waiting && state != slot_holding) continue;
     const bool holding = state == slot_holding;
-    out->push_back({slots[i].pid, slots[i].tid, static_cast<lock_priority>(slots[i].priority.load()), slots[i].ticket.load(),
+    out->push_back({slots[i].pid, slots[i].tid, static_cast<lock_priority>(class_of(slots[i].priority.load())), slots[i].ticket.load(),
                     holding, slots[i].enqueue_ns, slots[i].pid_ns, slots[i].uid, slot_owner_alive(i), slots[i].max_hold_ns.load(std::memory_order_relaxed),
                     holding ? 0 : slots[i].behind_ticket.load(std::memory_order_relaxed),
                     holding ? slots[i].granted_ns.load(std::memory_order_relaxed) : 0,
                     holding ? slots[i].over_limit_since_ns.load(std::memory_order_relaxed) : 0,
-                    holding ? slots[i].release_requested_ns.load(std::memory_order_relaxed) : 0});
+                    holding ? slots[i].release_requested_ns.load(std::memory_order_relaxed) : 0,
+                    slots[i].gang_id.load(std::memory_order_relaxed)});
   }
   unlock_mutex();
   std::sort(out->begin(), out->end(), [](const lock_queue_entry& a, const lock_queue_entry& b) {
@@ -984,7 +997,7 @@ uint64_t device_lock::note_over_limit_locked(uint32_t holder, uint64_t now) noex
   uint64_t first_wait = UINT64_MAX;
   const uint32_t end = std::min(st->slot_high_water.load(), k_slot_count);
   for (uint32_t i = 0; i < end; ++i) {
-    if (slots[i].state.load(std::memory_order_relaxed) != slot_waiting) continue;
+    if (!in_order(slots[i])) continue;  // a gang rank whose gang is still forming waits for its peers, not for us
     first_wait = std::min(first_wait, slots[i].enqueue_ns);
   }
   if (first_wait == UINT64_MAX) return 0;

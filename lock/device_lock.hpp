@@ -104,6 +104,7 @@
 namespace vramswap::detail {
 
 class shared_segment;
+struct process_identity;
 namespace lock_layout {
 struct turn_histograms;
 }
@@ -140,6 +141,7 @@ struct lock_queue_entry {
   uint64_t granted_ns = 0;            // the holder: when it was granted
   uint64_t over_limit_since_ns = 0;   // the holder: past its limit with a waiter since then
   uint64_t release_requested_ns = 0;  // the holder: when an operator asked it to release
+  uint64_t gang_id = 0;               // a gang member's gang (docs/lock.md, "Gangs"); 0: a single
 };
 
 // What request_release() found and did.
@@ -181,6 +183,10 @@ class scoped_wait_interrupt {
  private:
   wait_interrupt previous_;
 };
+
+// Does this thread's installed wait_interrupt (if any) say stop? For waits outside
+// device_lock::acquire that follow its Interruption rules (the gang acquire).
+bool interrupted_now(bool signal_ran) noexcept;
 
 class device_lock {
  public:
@@ -311,7 +317,38 @@ class device_lock {
   // The segment, for later components that keep their state in its managed area.
   shared_segment* segment() const noexcept { return segment_.get(); }
 
+  // --- gangs (docs/lock.md, "Gangs") ------------------------------------------------------
+  // Take the locks of several devices at once, all or none: `locks[0..count)`, each open
+  // and each of a different device (count <= k_max_gang). The calling thread queues on every
+  // one of them in one step (it takes their internal mutexes together, in the order of
+  // their device keys), and is granted all of them at once when it is next on every one;
+  // until then a member device that is free idles rather than serve those queued behind
+  // the gang (FIFO per device: that is what keeps a gang from starving behind single-device
+  // users). Gangs never deadlock against each other or against singles: a gang's queue
+  // places are taken in one step, so all gangs stand in the same order on every device,
+  // and the first of them is granted as soon as its devices are free.
+  // Each lock is then held as by acquire(): release each with release() (in any order; each
+  // device is handed on at its own release). infos (optional): count entries, filled per
+  // lock. Re-entry: when the thread holds every one of them already, each count goes up;
+  // when it holds only some, err_invalid_argument (waiting for the rest while holding those
+  // could deadlock). Returns what acquire() returns; on any failure, none is held.
+  // gang_id: recorded in the slots for observers (0: one is made from the thread).
+  static constexpr size_t k_max_gang = 64;
+  static int acquire_gang(device_lock* const* locks, size_t count, lock_priority priority, int64_t timeout_ns,
+                          acquire_info* infos = nullptr, uint64_t gang_id = 0) noexcept;
+
+  // The device key this lock was opened for.
+  const std::string& device_key() const noexcept { return device_key_; }
+
  private:
+  friend class gang_waiter;
+  int take_slot_locked(uint32_t* out) noexcept;
+  void publish_slot_locked(uint32_t mine, uint32_t priority_word, const process_identity& me, pid_t tid, uint64_t start_ns,
+                           uint64_t behind, uint64_t gang_id) noexcept;
+  // After a grant of slot `mine` (ticket `ticket`): record this thread as the holder.
+  void became_holder(uint32_t mine, uint64_t ticket, pid_t pid, pid_t tid, uint64_t start_ns, acquire_info* info) noexcept;
+  // If needed, open the segment anew in a forked child (its descriptor was its parent's).
+  int reopen_if_forked() noexcept;
   // Take the internal mutex by `deadline_ns` (CLOCK_MONOTONIC); `interruptible`: also stop
   // when the thread's wait_interrupt says so. err_timeout names the mutex's owner.
   int lock_mutex(uint64_t deadline_ns, bool interruptible = false) noexcept;

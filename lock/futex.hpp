@@ -31,6 +31,24 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+// Sleep while every word[i] == expected[i], until `deadline_ns` (CLOCK_MONOTONIC, absolute):
+// futex_waitv, one sleep on several words (up to 128). Returns 0 when woken, or the errno:
+// ETIMEDOUT, EAGAIN (a word differs already), EINTR (a signal handler ran), ENOSYS (a kernel
+// before 5.16: the caller sleeps on one word in short slices instead).
+inline int futex_wait_any(std::atomic<uint32_t>* const* words, const uint32_t* expected, unsigned count,
+                          uint64_t deadline_ns) noexcept {
+  struct futex_waitv waiters[128] = {};
+  if (count > 128) count = 128;
+  for (unsigned i = 0; i < count; ++i) {
+    waiters[i].val = expected[i];
+    waiters[i].uaddr = reinterpret_cast<uintptr_t>(words[i]);
+    waiters[i].flags = FUTEX_32;  // shared: no FUTEX_PRIVATE_FLAG
+  }
+  timespec ts{static_cast<time_t>(deadline_ns / 1000000000ull), static_cast<long>(deadline_ns % 1000000000ull)};
+  const long rc = ::syscall(SYS_futex_waitv, waiters, count, 0, &ts, CLOCK_MONOTONIC);
+  return rc >= 0 ? 0 : errno;
+}
+
 // Wake at most one thread sleeping on `word`.
 inline void futex_wake_one(std::atomic<uint32_t>* word) noexcept {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);

@@ -50,7 +50,9 @@ constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-end
 //    owner's PID namespace and uid, as the internal mutex records its owner's namespace.
 // 6: slots take a second cache line for fair turns (VRAMSWAP_MAX_HOLD, release requests);
 //    the turn histograms (lock/turn_histograms.hpp) after the slots.
-// 7: lock_state's compute_watchers (low-priority jobs asleep on holder_slot).
+// 7: lock_state's compute_watchers (low-priority jobs asleep on holder_slot); gangs
+//    (docs/lock.md, "Gangs"): the priority word carries gang bits above the class, a slot
+//    may be `granting`, and the fair-turns line records a gang slot's gang id.
 constexpr uint64_t k_layout_version = 7;
 
 constexpr size_t k_cache_line = 64;
@@ -63,7 +65,23 @@ enum slot_state : uint32_t {
   slot_free = 0,     // unused; every other field is garbage and must not be read
   slot_waiting = 1,  // enqueued: owner/ticket/priority fields are complete
   slot_holding = 2,  // granted: this slot's thread holds the lock
+  // A gang member being granted with the rest of its gang: a granter holding every member
+  // device's mutex reserves each member slot waiting -> granting, then stores each holding.
+  // Its owner treats it as waiting that it cannot leave; the recovery function (which runs
+  // only with the mutex, so never during a live grant) turns it back into waiting.
+  slot_granting = 3,
 };
+
+// The priority word: the class (lock_priority) in the low 16 bits, gang bits above it.
+// Keeping them in the first cache line keeps the queue scan to one line per slot.
+constexpr uint32_t k_class_mask = 0xFFFFu;
+// A gang member (docs/lock.md, "Gangs"): never granted alone by a dispatch (which wakes it
+// instead); its gang's granter grants all members at once when each is next on its device.
+constexpr uint32_t k_gang_member = 1u << 16;
+// A cross-process gang member whose gang has not yet been queued (not every rank has
+// joined): not in the order at all until the last rank to join gives it its ticket.
+constexpr uint32_t k_gang_forming = 1u << 17;
+inline uint32_t class_of(uint32_t priority_word) { return priority_word & k_class_mask; }
 
 // One participant. Written only under lock_state::mutex, except `state`, which the owning
 // waiter also reads without the mutex (to learn of its grant). Publication order for
@@ -80,7 +98,7 @@ enum slot_state : uint32_t {
 struct alignas(k_cache_line) waiter_slot {
   std::atomic<uint32_t> state;       // slot_state; the futex word
   // Atomic (written under the mutex) because the lock's wake-up hints read them without it.
-  std::atomic<uint32_t> priority;    // lock_priority value; higher is served first
+  std::atomic<uint32_t> priority;    // lock_priority in the low bits (class_of), gang bits above
   std::atomic<uint64_t> ticket;      // FIFO order within a priority class
   int32_t pid;                       // owning process, in its own PID namespace
   int32_t tid;                       // owning thread (re-entry and release checks)
@@ -111,7 +129,9 @@ struct alignas(k_cache_line) waiter_slot {
   std::atomic<uint64_t> release_requester_pid_ns;
   std::atomic<int32_t> release_requester_pid;
   std::atomic<uint32_t> release_requester_uid;
-  uint64_t reserved_fair_;
+  // A gang member's gang, for observers (status: which slots go together); 0 for a single.
+  // Filled at enqueue like the rest.
+  std::atomic<uint64_t> gang_id;
 };
 static_assert(sizeof(waiter_slot) == 2 * k_cache_line);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);

@@ -17,10 +17,6 @@ namespace vramswap::detail {
 namespace {
 constexpr uint64_t k_evict_retry_ns = 1'000'000'000;  // a failed eviction is tried again after this
 
-double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
 int flag_option(option_id id, bool* out) {
   uint64_t v = 0;
   VS_TRY(option_uint(id, &v));
@@ -75,22 +71,45 @@ void device_session::leaving() noexcept {
 }
 
 int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_info* info) {
-  const auto t0 = std::chrono::steady_clock::now();
   acquire_info local;
   if (info == nullptr) info = &local;
-  // Observability: an "asked" event unless this thread already holds the lock (re-entry).
-  const bool first = !lock_.held();
-  const uint64_t asked_ns = monotonic_ns();
-  if (first) member().observe().asked(priority, asked_ns);
-  if (const int lrc = lock_.acquire(priority, timeout_ns, info); lrc != ok) {
-    if (first) member().observe().gave_up();
+  acquire_start start;
+  asking(priority, &start);
+  const int lrc = rank_ != nullptr ? rank_->acquire(lock_, priority, timeout_ns, info) : lock_.acquire(priority, timeout_ns, info);
+  if (lrc != ok) {
+    gave_up(start);
     return lrc;
   }
-  if (info->reentered) {
+  return granted(priority, start, *info);
+}
+
+int device_session::set_rank_gang(std::unique_ptr<rank_gang> gang) {
+  if (lock_.held()) {
+    return fail(err_invalid_argument, "join_gang(device %d): this thread holds the device's lock; join or leave a gang between turns",
+                device_);
+  }
+  rank_ = std::move(gang);
+  return ok;
+}
+
+void device_session::asking(lock_priority priority, acquire_start* out) noexcept {
+  out->t0_ns = monotonic_ns();
+  // Observability: an "asked" event unless this thread already holds the lock (re-entry).
+  out->first = !lock_.held();
+  out->asked_ns = out->t0_ns;
+  if (out->first) member().observe().asked(priority, out->asked_ns);
+}
+
+void device_session::gave_up(const acquire_start& start) noexcept {
+  if (start.first) member().observe().gave_up();
+}
+
+int device_session::granted(lock_priority priority, const acquire_start& start, const acquire_info& info) {
+  if (info.reentered) {
     ++depth_;
     return ok;
   }
-  const auto t1 = std::chrono::steady_clock::now();
+  const uint64_t asked_ns = start.asked_ns;
   const uint64_t granted_ns = monotonic_ns();
   std::lock_guard<std::mutex> guard(mutex_);
   member().set_holding(true);
@@ -120,9 +139,8 @@ int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_
   member().observe().resident(granted_ns, stats_.last_resident_ns, memory().stats().bytes_in - bytes_in_before);
   lock_.turns()->switching.observe(stats_.last_resident_ns - granted_ns);  // the device's switch times, for the metrics
   publish_store();
-  const auto t2 = std::chrono::steady_clock::now();
-  stats_.lock_wait_seconds += seconds_between(t0, t1);
-  stats_.acquire_seconds += seconds_between(t0, t2);
+  stats_.lock_wait_seconds += static_cast<double>(granted_ns - start.t0_ns) / 1e9;
+  stats_.acquire_seconds += static_cast<double>(monotonic_ns() - start.t0_ns) / 1e9;
   return ok;
 }
 

@@ -79,6 +79,12 @@ class device_session final : public session {
   int release() override;
   bool holding() const noexcept override { return lock_.held(); }
   hold_check check_hold() noexcept override { return lock_.check_hold(); }
+  device_lock* gang_lock() noexcept override { return rank_ == nullptr ? &lock_ : nullptr; }
+  int set_rank_gang(std::unique_ptr<rank_gang> gang) override;
+  const rank_gang* joined_gang() const noexcept override { return rank_.get(); }
+  void asking(lock_priority priority, acquire_start* out) noexcept override;
+  void gave_up(const acquire_start& start) noexcept override;
+  int granted(lock_priority priority, const acquire_start& start, const acquire_info& info) override;
   bool resident() const noexcept override { return memory().resident(); }
   // Total: the pool's bytes; free: what this process's live pages (resident or saved) leave of it.
   void memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const override;
@@ -101,6 +107,7 @@ class device_session final : public session {
   bool strict_ = false;
   uint64_t evict_timeout_ns_ = 0;
   device_lock lock_;
+  std::unique_ptr<rank_gang> rank_;  // set: this process is a rank of a gang on this device
   std::unique_ptr<pool_frame_source> frames_;
   std::unique_ptr<page_store> store_;
   uint32_t depth_ = 0;  // re-entry count, touched by the holding thread only

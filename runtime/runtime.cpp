@@ -210,6 +210,162 @@ int lock(int device, uint32_t priority, int64_t timeout_ns, bool* holder_died) n
   }
 }
 
+int lock_gang(const int* devices, size_t count, uint32_t priority, int64_t timeout_ns, bool* holder_died) noexcept {
+  try {
+    if (holder_died != nullptr) *holder_died = false;
+    if (devices == nullptr || count == 0) return fail(err_invalid_argument, "lock_gang: no devices; list at least one");
+    if (count > device_lock::k_max_gang) {
+      return fail(err_invalid_argument, "lock_gang: %zu devices; a gang has at most %zu", count, device_lock::k_max_gang);
+    }
+    std::vector<int> devs(devices, devices + count);
+    std::sort(devs.begin(), devs.end());
+    std::string listed;
+    for (size_t i = 0; i < devs.size(); ++i) listed += (i == 0 ? "" : ",") + std::to_string(devs[i]);
+    for (size_t i = 1; i < devs.size(); ++i) {
+      if (devs[i] == devs[i - 1]) {
+        return fail(err_invalid_argument, "lock_gang(devices %s): device %d is listed twice; list each device once", listed.c_str(),
+                    devs[i]);
+      }
+    }
+    if (count == 1) return lock(devs[0], priority, timeout_ns, holder_died);
+    if (priority != static_cast<uint32_t>(lock_priority::normal) && priority != static_cast<uint32_t>(lock_priority::high)) {
+      return fail(err_invalid_argument, "lock_gang(devices %s): priority %u is not one of 1 (normal), 2 (high)", listed.c_str(),
+                  priority);
+    }
+    if (timeout_ns < -1) {
+      return fail(err_invalid_argument, "lock_gang(devices %s): timeout %lld ns; use -1 (wait), 0 (try) or a positive time",
+                  listed.c_str(), static_cast<long long>(timeout_ns));
+    }
+    VS_TRY(check_process("lock_gang", devs[0]));
+    bool holds_all = true;
+    for (int d : devs) holds_all = holds_all && d >= 0 && held_by_this_thread(d) > 0;
+    if (timeout_ns != 0 && !holds_all && devs[0] >= 0) {
+      for (size_t above = static_cast<size_t>(devs[0]) + 1; above < t_held.size(); ++above) {
+        if (t_held[above] > 0) {
+          return fail(err_invalid_argument,
+                      "lock_gang(devices %s): this thread holds device %zu; a gang takes all its devices at its lowest one, "
+                      "in increasing device order (%d before %zu), so that two processes can never wait for each other. "
+                      "Release device %zu first, or take it in the gang",
+                      listed.c_str(), above, devs[0], above, above);
+        }
+      }
+    }
+    std::vector<device_state*> states(devs.size(), nullptr);
+    std::vector<device_lock*> locks(devs.size(), nullptr);
+    for (size_t i = 0; i < devs.size(); ++i) {
+      VS_TRY(state_for("lock_gang", devs[i], &states[i]));
+      locks[i] = states[i]->policy->gang_lock();
+      if (locks[i] == nullptr && states[i]->policy->joined_gang() != nullptr) {
+        return fail(err_invalid_argument,
+                    "lock_gang(devices %s): device %d is rank %u of gang %s (join_gang): its turns are its gang's, so it cannot "
+                    "be in a gang of devices too",
+                    listed.c_str(), devs[i], states[i]->policy->joined_gang()->rank(), states[i]->policy->joined_gang()->job().c_str());
+      }
+      if (locks[i] == nullptr) {
+        return fail(err_invalid_argument,
+                    "lock_gang(devices %s): device %d is oversubscribed (VRAMSWAP_OVERSUBSCRIBE=1): it runs without the lock, "
+                    "so it cannot be part of a gang",
+                    listed.c_str(), devs[i]);
+      }
+    }
+    std::vector<session::acquire_start> starts(devs.size());
+    std::vector<acquire_info> infos(devs.size());
+    const auto prio = static_cast<lock_priority>(priority);
+    for (size_t i = 0; i < devs.size(); ++i) states[i]->policy->asking(prio, &starts[i]);
+    if (const int rc = device_lock::acquire_gang(locks.data(), locks.size(), prio, timeout_ns, infos.data()); rc != ok) {
+      for (size_t i = 0; i < devs.size(); ++i) states[i]->policy->gave_up(starts[i]);
+      return add_context(rc, "lock_gang(devices %s): ", listed.c_str());
+    }
+    // Every lock is held: bring each device's memory in. One that fails releases its own
+    // lock; then the whole gang is let go (all or none).
+    for (size_t i = 0; i < devs.size(); ++i) {
+      if (const int rc = states[i]->policy->granted(prio, starts[i], infos[i]); rc != ok) {
+        const std::string why = last_error();
+        for (size_t j = 0; j < i; ++j) states[j]->policy->release();
+        for (size_t j = i + 1; j < devs.size(); ++j) {
+          states[j]->policy->gave_up(starts[j]);
+          if (!infos[j].reentered) locks[j]->release();
+        }
+        return fail(rc, "lock_gang(devices %s): device %d: %s; the gang's other devices were released too", listed.c_str(),
+                    devs[i], why.c_str());
+      }
+    }
+    for (size_t i = 0; i < devs.size(); ++i) {
+      ++held_slot(devs[i]);
+      if (infos[i].previous_holder_died) {
+        states[i]->holder_deaths.fetch_add(1);
+        log(log_level::warn, "device %d: the lock was taken over from process %d, which died holding it; the lock was repaired",
+            devs[i], static_cast<int>(infos[i].dead_holder_pid));
+        if (holder_died != nullptr) *holder_died = true;
+      }
+    }
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "lock_gang: out of host memory");
+  }
+}
+
+int join_gang(const char* job, int rank, int world_size, int device) noexcept {
+  try {
+    VS_TRY(check_process("join_gang", device));
+    if (held_by_this_thread(device) > 0) {
+      return fail(err_invalid_argument, "join_gang(device %d): this thread holds the device's lock; join or leave a gang between turns",
+                  device);
+    }
+    device_state* st = nullptr;
+    VS_TRY(state_for("join_gang", device, &st));
+    if (job == nullptr) return st->policy->set_rank_gang(nullptr);
+    if (rank < 0 || world_size < 1) {
+      return fail(err_invalid_argument, "join_gang(%s, device %d): rank %d of world size %d; ranks count from 0 below the world size",
+                  job, device, rank, world_size);
+    }
+    if (const rank_gang* current = st->policy->joined_gang(); current != nullptr) {
+      if (current->job() == job && current->rank() == static_cast<uint32_t>(rank) &&
+          current->world_size() == static_cast<uint32_t>(world_size)) {
+        return ok;  // joined already
+      }
+      return fail(err_invalid_argument,
+                  "join_gang(%s, rank %d, device %d): this process is rank %u of gang %s on the device already; leave it first "
+                  "(join_gang with no job)",
+                  job, rank, device, current->rank(), current->job().c_str());
+    }
+    std::unique_ptr<rank_gang> gang;
+    VS_TRY(add_context(rank_gang::open(job, static_cast<uint32_t>(rank), static_cast<uint32_t>(world_size), &gang),
+                       "join_gang(device %d): ", device));
+    return st->policy->set_rank_gang(std::move(gang));
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "join_gang: out of host memory");
+  }
+}
+
+int unlock_gang(const int* devices, size_t count) noexcept {
+  if (devices == nullptr || count == 0) return fail(err_invalid_argument, "unlock_gang: no devices");
+  try {
+    std::vector<int> devs(devices, devices + count);
+    std::sort(devs.begin(), devs.end());
+    // Every device is checked first, so that a wrong list releases nothing.
+    for (size_t i = 0; i < devs.size(); ++i) {
+      VS_TRY(check_process("unlock_gang", devs[i]));
+      if ((i > 0 && devs[i] == devs[i - 1]) || held_by_this_thread(devs[i]) == 0) {
+        return fail(err_not_owner, "unlock_gang: this thread does not hold device %d%s; nothing was released", devs[i],
+                    i > 0 && devs[i] == devs[i - 1] ? " twice (listed twice)" : "");
+      }
+    }
+    int first = ok;
+    std::string why;
+    for (size_t i = devs.size(); i-- > 0;) {
+      if (const int rc = unlock(devs[i]); rc != ok && first == ok) {
+        first = rc;
+        why = last_error();
+      }
+    }
+    if (first != ok) return fail(first, "%s", why.c_str());
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "unlock_gang: out of host memory");
+  }
+}
+
 int unlock(int device) noexcept {
   VS_TRY(check_process("unlock", device));
   if (held_by_this_thread(device) == 0) {

@@ -26,6 +26,23 @@ namespace vramswap::detail::rt {
 // *holder_died (optional): the lock was taken over from a holder that died holding it.
 int lock(int device, uint32_t priority, int64_t timeout_ns, bool* holder_died) noexcept;
 int unlock(int device) noexcept;
+// A gang (docs/lock.md, "Gangs"): the locks of devices[0..count) at once, all or none, each
+// then held as by lock() (unlock each, or unlock_gang). The devices may come in any order;
+// each once. Device order: the gang counts as taking all its devices at its lowest one, so a
+// waiting gang by a thread that holds a device above its lowest is err_invalid_argument
+// (unless the thread holds the whole gang: re-entry). *holder_died: a member device was
+// taken over from a holder that died holding it.
+int lock_gang(const int* devices, size_t count, uint32_t priority, int64_t timeout_ns, bool* holder_died) noexcept;
+// Gangs of processes (lock/rank_gang.hpp): from now on this process's locks of `device` are
+// the rounds of rank `rank` of the gang of `job` (world_size ranks, one process per device):
+// each is granted when every rank has asked and the gang is next on every rank's device.
+// job nullptr: leave the gang (plain locks again). Only while no thread of this process holds
+// or waits for the device. Errors: rank_gang::open's; err_invalid_argument (holding the
+// device, an oversubscribed device, already a rank of another gang here).
+int join_gang(const char* job, int rank, int world_size, int device) noexcept;
+// unlock() of each device, highest first; the first error is returned, after every device
+// was tried.
+int unlock_gang(const int* devices, size_t count) noexcept;
 // Locks of `device` this thread holds (its re-entry depth), 0 in a forked child.
 uint32_t held_by_this_thread(int device) noexcept;
 

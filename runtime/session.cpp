@@ -33,6 +33,13 @@ void session::close() noexcept {
   pager_.reset();  // unmaps every page; its pool frames are zeroed and given back
 }
 
+int session::set_rank_gang(std::unique_ptr<rank_gang> gang) {
+  if (gang == nullptr) return ok;
+  return fail(err_invalid_argument,
+              "join_gang(device %d): this device is oversubscribed (VRAMSWAP_OVERSUBSCRIBE=1): it runs without the lock, so "
+              "it cannot be a rank of a gang", device_);
+}
+
 // The policy's destructor has called close() and destroyed its frame source and store;
 // leaving the pool is last (the server frees whatever this member still owns).
 session::~session() { member_.reset(); }

@@ -26,6 +26,7 @@
 #include "core/page_store.hpp"
 #include "core/pager.hpp"
 #include "lock/device_lock.hpp"
+#include "lock/rank_gang.hpp"
 #include "pool/pool_member.hpp"
 #include "vramswap/vramswap.h"
 
@@ -59,6 +60,27 @@ class session {
   // over-limit warning and an operator's release request are logged once per hold). Nothing
   // for a policy without the lock.
   virtual hold_check check_hold() noexcept { return {}; }
+
+  // Gangs (several devices at once: lock/device_lock.hpp, acquire_gang). The runtime takes
+  // the gang's device locks together, then lets each session bring its memory in:
+  //   gang_lock(): the device's lock (nullptr: this policy has none, err_invalid_argument);
+  //   asking(): before the locks are taken (observability); gave_up(): they were not;
+  //   granted(): this session's lock is now held by this thread (`info` as its acquire said):
+  //     bring the memory in, as acquire() does after its lock; on failure the lock is released.
+  struct acquire_start {
+    bool first = false;  // not a re-entry
+    uint64_t asked_ns = 0;
+    uint64_t t0_ns = 0;
+  };
+  virtual device_lock* gang_lock() noexcept { return nullptr; }
+  // A gang of processes (lock/rank_gang.hpp): from now on this session's acquires are this
+  // rank's rounds of `gang` (nullptr: plain acquires again). Only while no thread holds or
+  // waits for the device. err_invalid_argument for a policy without the lock.
+  virtual int set_rank_gang(std::unique_ptr<rank_gang> gang);
+  virtual const rank_gang* joined_gang() const noexcept { return nullptr; }
+  virtual void asking(lock_priority, acquire_start*) noexcept {}
+  virtual void gave_up(const acquire_start&) noexcept {}
+  virtual int granted(lock_priority, const acquire_start&, const acquire_info&) { return 0; }
 
   // Whether all of this process's memory is mapped now.
   virtual bool resident() const noexcept = 0;

@@ -34,15 +34,76 @@ gpu_lock::gpu_lock(int device, std::try_to_lock_t, priority p) : device_(device)
 
 gpu_lock::gpu_lock(int device, std::defer_lock_t, priority p) noexcept : device_(device), priority_(p) {}
 
+namespace {
+// The bit mask of a gang's devices; throws invalid_argument for what cannot be one.
+uint16_t gang_mask(const std::vector<int>& devices, int* lowest) {
+  if (devices.empty()) throw invalid_argument(err_invalid_argument, "gpu_lock({}): no devices; list at least one");
+  uint32_t mask = 0;
+  for (int d : devices) {
+    if (d < 0 || d > 15) {
+      throw invalid_argument(err_invalid_argument, "gpu_lock(devices): device " + std::to_string(d) +
+                                                       " is not one of 0 to 15, which a gang guard can hold");
+    }
+    if ((mask & (1u << d)) != 0) {
+      throw invalid_argument(err_invalid_argument, "gpu_lock(devices): device " + std::to_string(d) + " is listed twice");
+    }
+    mask |= 1u << d;
+  }
+  *lowest = __builtin_ctz(mask);
+  return (mask & (mask - 1)) == 0 ? 0 : static_cast<uint16_t>(mask);  // one device: a plain lock
+}
+
+std::vector<int> gang_devices(uint16_t mask) {
+  std::vector<int> out;
+  for (int d = 0; d < 16; ++d) {
+    if ((mask & (1u << d)) != 0) out.push_back(d);
+  }
+  return out;
+}
+
+std::string gang_text(uint16_t mask, int device) {
+  if (mask == 0) return "device " + std::to_string(device);
+  std::string s = "devices ";
+  for (int d : gang_devices(mask)) s += (s.size() > 8 ? "," : "") + std::to_string(d);
+  return s;
+}
+}  // namespace
+
+gpu_lock::gpu_lock(const std::vector<int>& devices, priority p) : priority_(p) {
+  gang_ = gang_mask(devices, &device_);
+  acquire(-1);
+}
+
+gpu_lock::gpu_lock(const std::vector<int>& devices, std::chrono::nanoseconds timeout_, priority p) : priority_(p) {
+  gang_ = gang_mask(devices, &device_);
+  const int64_t ns = timeout_.count() > 0 ? timeout_.count() : 0;
+  if (!acquire(ns)) {
+    const std::string why = last_error();
+    throw timeout(err_timeout, "gpu_lock(" + gang_text(gang_, device_) + "): not acquired within " +
+                                   std::to_string(ns / 1000000.0) + " ms: " + why);
+  }
+}
+
+gpu_lock::gpu_lock(const std::vector<int>& devices, std::try_to_lock_t, priority p) : priority_(p) {
+  gang_ = gang_mask(devices, &device_);
+  acquire(0);
+}
+
+gpu_lock::gpu_lock(const std::vector<int>& devices, std::defer_lock_t, priority p) : priority_(p) {
+  gang_ = gang_mask(devices, &device_);
+}
+
+std::vector<int> gpu_lock::devices() const { return gang_ == 0 ? std::vector<int>{device_} : gang_devices(gang_); }
+
 gpu_lock::~gpu_lock() {
   if (!owned_) return;
   if (owner_pid_ != ::getpid()) {
-    log(log_level::warn, "~gpu_lock(device %d): destroyed in a forked child; the lock is the parent's, nothing released",
-        device_);
+    log(log_level::warn, "~gpu_lock(%s): destroyed in a forked child; the lock is the parent's, nothing released",
+        gang_text(gang_, device_).c_str());
     return;
   }
-  const int rc = rt::unlock(device_);
-  if (rc != ok) log(log_level::error, "~gpu_lock(device %d): %s", device_, last_error());
+  const int rc = unlock_all();
+  if (rc != ok) log(log_level::error, "~gpu_lock(%s): %s", gang_text(gang_, device_).c_str(), last_error());
 }
 
 gpu_lock::gpu_lock(gpu_lock&& other) noexcept
@@ -50,6 +111,7 @@ gpu_lock::gpu_lock(gpu_lock&& other) noexcept
       priority_(other.priority_),
       owned_(std::exchange(other.owned_, false)),
       previous_holder_died_(other.previous_holder_died_),
+      gang_(other.gang_),
       owner_pid_(other.owner_pid_) {}
 
 gpu_lock& gpu_lock::operator=(gpu_lock&& other) noexcept {
@@ -59,6 +121,7 @@ gpu_lock& gpu_lock::operator=(gpu_lock&& other) noexcept {
     priority_ = other.priority_;
     owned_ = std::exchange(other.owned_, false);
     previous_holder_died_ = other.previous_holder_died_;
+    gang_ = other.gang_;
     owner_pid_ = other.owner_pid_;
   }
   return *this;
@@ -66,11 +129,17 @@ gpu_lock& gpu_lock::operator=(gpu_lock&& other) noexcept {
 
 bool gpu_lock::acquire(int64_t timeout_ns) {
   if (owned_) {
-    throw invalid_argument(err_invalid_argument, "gpu_lock::lock(device " + std::to_string(device_) +
+    throw invalid_argument(err_invalid_argument, "gpu_lock::lock(" + gang_text(gang_, device_) +
                                                      "): this guard already owns the lock (to re-enter, use a second guard)");
   }
   bool died = false;
-  const int rc = rt::lock(device_, static_cast<uint32_t>(priority_), timeout_ns, &died);
+  int rc = ok;
+  if (gang_ == 0) {
+    rc = rt::lock(device_, static_cast<uint32_t>(priority_), timeout_ns, &died);
+  } else {
+    const std::vector<int> devs = gang_devices(gang_);
+    rc = rt::lock_gang(devs.data(), devs.size(), static_cast<uint32_t>(priority_), timeout_ns, &died);
+  }
   if (rc == ok) {
     owned_ = true;
     owner_pid_ = ::getpid();
@@ -87,9 +156,9 @@ bool gpu_lock::try_lock_for(std::chrono::nanoseconds t) { return acquire(t.count
 
 void gpu_lock::unlock() {
   if (!owned_) {
-    throw error(err_not_owner, "gpu_lock::unlock(device " + std::to_string(device_) + "): this guard does not own the lock");
+    throw error(err_not_owner, "gpu_lock::unlock(" + gang_text(gang_, device_) + "): this guard does not own the lock");
   }
-  const int rc = rt::unlock(device_);
+  const int rc = unlock_all();
   if (rc == ok) {
     owned_ = false;
     return;
@@ -101,6 +170,16 @@ void gpu_lock::unlock() {
 }
 
 bool gpu_lock::release() noexcept { return std::exchange(owned_, false); }
+
+int gpu_lock::unlock_all() noexcept {
+  if (gang_ == 0) return rt::unlock(device_);
+  int devs[16];
+  size_t n = 0;
+  for (int d = 0; d < 16; ++d) {
+    if ((gang_ & (1u << d)) != 0) devs[n++] = d;
+  }
+  return rt::unlock_gang(devs, n);
+}
 
 // --- memory --------------------------------------------------------------------------------
 
@@ -127,6 +206,14 @@ void free_async(void* ptr, void* stream, int device) {
 }
 
 bool release_requested(int device) noexcept { return rt::release_requested(device); }
+
+void join_gang(const std::string& job, int rank, int world_size, int device) {
+  if (const int rc = rt::join_gang(job.c_str(), rank, world_size, device); rc != ok) throw_last(rc);
+}
+
+void leave_gang(int device) {
+  if (const int rc = rt::join_gang(nullptr, 0, 0, device); rc != ok) throw_last(rc);
+}
 
 void release_cached(int device) {
   if (const int rc = rt::release_cached(device); rc != ok) throw_last(rc);

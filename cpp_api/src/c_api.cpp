@@ -38,6 +38,17 @@ int vramswap_lock_interruptible(int device, int priority, int64_t timeout_ns) {
 
 int vramswap_unlock(int device) { return rt::unlock(device); }
 
+int vramswap_lock_devices(const int* devices, size_t count, int priority, int64_t timeout_ns) {
+  if (priority < 0) return fail(err_invalid_argument, "vramswap_lock_devices: priority %d is negative", priority);
+  return rt::lock_gang(devices, count, static_cast<uint32_t>(priority), timeout_ns, nullptr);
+}
+
+int vramswap_unlock_devices(const int* devices, size_t count) { return rt::unlock_gang(devices, count); }
+
+int vramswap_join_gang(const char* job, int rank, int world_size, int device) {
+  return rt::join_gang(job, rank, world_size, device);
+}
+
 int vramswap_malloc(void** out, size_t size, int device) {
   if (out == nullptr) return fail(err_invalid_argument, "vramswap_malloc(device %d): out is NULL", device);
   uintptr_t p = 0;

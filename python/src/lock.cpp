@@ -62,15 +62,21 @@ struct python_signals {
 
 // Take the lock, interruptibly (above). True when held; false when a timed or tried acquire
 // did not get it; raises the signal handler's exception (holding nothing), or the error.
-bool acquire_interruptibly(int device, priority p, int64_t ns) {
+// More than one device: a gang (all or none, docs/lock.md "Gangs").
+bool acquire_interruptibly(const std::vector<int>& devices, priority p, int64_t ns) {
   python_signals signals;
   int rc = 0;
   {
     py::gil_scoped_release nogil;
     const scoped_wait_interrupt interruptible({&python_signals::should_stop, &signals});
-    rc = rt::lock(device, static_cast<uint32_t>(p), ns, nullptr);
-    // Granted just as a handler raised: the exception wins, and the lock goes back.
-    if (rc == VRAMSWAP_OK && signals.raised) rt::unlock(device);
+    if (devices.size() == 1) {
+      rc = rt::lock(devices[0], static_cast<uint32_t>(p), ns, nullptr);
+      // Granted just as a handler raised: the exception wins, and the lock goes back.
+      if (rc == VRAMSWAP_OK && signals.raised) rt::unlock(devices[0]);
+    } else {
+      rc = rt::lock_gang(devices.data(), devices.size(), static_cast<uint32_t>(p), ns, nullptr);
+      if (rc == VRAMSWAP_OK && signals.raised) rt::unlock_gang(devices.data(), devices.size());
+    }
   }
   if (signals.raised) throw py::error_already_set();
   if (rc == VRAMSWAP_OK) return true;
@@ -78,16 +84,26 @@ bool acquire_interruptibly(int device, priority p, int64_t ns) {
   throw_error(rc, vramswap_last_error());
 }
 
+bool acquire_interruptibly(int device, priority p, int64_t ns) { return acquire_interruptibly(std::vector<int>{device}, p, ns); }
+
+std::string device_text(const std::vector<int>& devices) {
+  if (devices.size() == 1) return "device " + std::to_string(devices[0]);
+  std::string s = "devices ";
+  for (size_t i = 0; i < devices.size(); ++i) s += (i == 0 ? "" : ",") + std::to_string(devices[i]);
+  return s;
+}
+
 // gpu_lock.__enter__ (python/vramswap/_lock.py has the class).
 py::object gpu_lock_enter(py::object self) {
-  const int device = self.attr("device").cast<int>();
+  const std::vector<int> devices = self.attr("devices").cast<std::vector<int>>();
   const priority p = parse_priority("gpu_lock", self.attr("priority").cast<std::string>());
   const py::object timeout = self.attr("timeout");
   const int64_t ns = timeout_ns("gpu_lock", timeout.is_none() ? std::nullopt : std::optional<double>(timeout.cast<double>()));
-  if (!acquire_interruptibly(device, p, ns)) {
+  if (!acquire_interruptibly(devices, p, ns)) {
     const std::string detail = vramswap_last_error();
-    char head[96];
-    std::snprintf(head, sizeof head, "gpu_lock(device %d): not acquired within %g s: ", device, static_cast<double>(ns) / 1e9);
+    char head[160];
+    std::snprintf(head, sizeof head, "gpu_lock(%s): not acquired within %g s: ", device_text(devices).c_str(),
+                  static_cast<double>(ns) / 1e9);
     PyErr_SetString(PyExc_TimeoutError, (head + detail).c_str());
     throw py::error_already_set();
   }
@@ -111,9 +127,48 @@ Returns False when the lock was not had in time (like threading.Lock.acquire). T
 released while waiting, and the wait is interruptible like threading.Lock's: when a signal
 handler raises (Ctrl-C: KeyboardInterrupt), the wait leaves the queue and the exception
 propagates, with nothing held. A thread that holds the lock may take it again (counted: each
-acquire needs its release). Several devices: take them in increasing device order; a
+acquire needs its release). Several devices: all at once with acquire_devices(), or one by
+one in increasing device order; a
 waiting acquire of a device below one this thread holds raises ValueError.
 Raises ValueError (bad device, priority or timeout; device order), vramswap.Error.)doc");
+  m.def(
+      "acquire_devices",
+      [](const std::vector<int>& devices, const std::string& prio, std::optional<double> timeout) {
+        if (devices.empty()) {
+          throw vramswap::invalid_argument(VRAMSWAP_ERR_INVALID_ARGUMENT, "acquire_devices: no devices; list at least one");
+        }
+        return acquire_interruptibly(devices, parse_priority("acquire_devices", prio), timeout_ns("acquire_devices", timeout));
+      },
+      py::arg("devices"), py::arg("priority") = "normal", py::arg("timeout") = py::none(),
+      R"doc(A gang: take the locks of several devices at once, all or none (docs/lock.md, "Gangs").
+It waits in FIFO order on every device and is granted them together when it is next on each
+(meanwhile a free member device idles rather than serve those queued behind it); then this
+process's memory on every one of them is resident. timeout and the return value as for
+acquire(); interruptible the same way. Each device is then held as by acquire(): release them
+with release_devices() (or release() each). Device order: a gang takes all its devices at its
+lowest one. Raises ValueError (an empty list, a device twice, no such device, holding a device
+above the gang's lowest or only some of its devices), vramswap.Error.)doc");
+  m.def(
+      "release_devices",
+      [](const std::vector<int>& devices) {
+        int rc = 0;
+        {
+          py::gil_scoped_release nogil;
+          rc = rt::unlock_gang(devices.data(), devices.size());
+        }
+        if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
+      },
+      py::arg("devices"),
+      R"doc(release() of each of the devices, highest first. When this thread does not hold one of them,
+vramswap.Error and nothing is released.)doc");
+  m.def(
+      "_join_gang",
+      [](std::optional<std::string> job, int rank, int world_size, int device) {
+        const int rc = rt::join_gang(job ? job->c_str() : nullptr, rank, world_size, device);
+        if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
+      },
+      py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("device"),
+      "vramswap.join_gang's C++ side (python/vramswap/_lock.py); job None leaves the gang.");
   m.def(
       "_install_gpu_lock_enter",
       [](py::object cls) {

@@ -30,16 +30,18 @@ from ._vramswap import (
     __version__,
     _testing,
     acquire,
+    acquire_devices,
     advise,
     free,
     held,
     malloc,
     release,
     release_cached,
+    release_devices,
     release_requested,
     stats,
 )
-from ._lock import gpu_lock
+from ._lock import gpu_lock, join_gang, leave_gang
 from ._status import status
 
 __all__ = [
@@ -49,13 +51,17 @@ __all__ = [
     "VersionMismatchError",
     "__version__",
     "acquire",
+    "acquire_devices",
     "advise",
     "free",
     "gpu_lock",
     "held",
+    "join_gang",
+    "leave_gang",
     "malloc",
     "release",
     "release_cached",
+    "release_devices",
     "release_requested",
     "stats",
     "status",

@@ -17,18 +17,35 @@
 //   take gpu_lock(device), create <ready-file>, poll vramswap::release_requested(device)
 //   (and the C call) every 10 ms until an operator asks for the lock (at most 60 s),
 //   release, exit 0; exit 5 when nobody asked, 6 when the C and C++ answers differ.
+// usage: api_worker mix <rounds> <seed> <bytes> <inside-file>
+//   allocate <bytes> on devices 0 and 1 and fill them; then <rounds> times take device 0,
+//   device 1, or both as a gang (the C++ guard or the C call, at random), check that nobody
+//   else is inside a device it took (a counter per device in <inside-file>, 64 bytes, shared
+//   by every worker) and that its memory there is as it left it, change it, release. Exit 7
+//   when another process was inside, 3 when bytes differed.
+// usage: api_worker rank <job> <rank> <world> <rounds> <bytes> <shared-file>
+//   join the gang of <job> as <rank> of <world> on device <rank>, allocate <bytes> there and
+//   fill them; then <rounds> times lock the device, check that nobody else is inside it, that
+//   its memory is as it left it and that every rank of the gang reaches this round while it
+//   holds (a round counter per rank in <shared-file>, after the devices' counters), change
+//   the memory, release. It creates <shared-file>.joined<rank> once it joined. Exit 8 when a lock failed with VRAMSWAP_ERR_OWNER_DIED (printed), 9
+//   when the ranks were not granted together.
 // Exit: 0 ok, 2 a vramswap::error (printed), 3 bytes differed, 4 a file never appeared,
 // 64 bad usage.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <cstring>
+#include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "support/signal_files.hpp"
 #include "vramswap/vramswap.h"
@@ -45,9 +62,118 @@ int usage(const char* self) {
                "       %s fill <device> <bytes> <ready-file> <release-file>\n"
                "       %s touch <device> <bytes> <ready-file> <go-file>\n"
                "       %s each <devices>\n"
-               "       %s polled <device> <ready-file>\n",
-               self, self, self, self, self);
+               "       %s polled <device> <ready-file>\n"
+               "       %s mix <rounds> <seed> <bytes> <inside-file>\n"
+               "       %s rank <job> <rank> <world> <rounds> <bytes> <shared-file>\n",
+               self, self, self, self, self, self, self);
   return 64;
+}
+
+// The mix mode (see the top).
+int mix(int rounds, unsigned seed, size_t bytes, const char* inside_path) {
+  const int fd = ::open(inside_path, O_RDWR | O_CREAT, 0600);
+  if (fd < 0 || ::ftruncate(fd, 64) != 0) return 4;
+  void* map = ::mmap(nullptr, 64, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return 4;
+  auto* inside = static_cast<std::atomic<int>*>(map);  // inside[d]: who is in device d (pid; 0 none)
+  const int me = static_cast<int>(::getpid());
+  unsigned char* mem[2];
+  unsigned char value[2] = {static_cast<unsigned char>(seed), static_cast<unsigned char>(seed + 1)};
+  for (int d = 0; d < 2; ++d) {
+    vramswap::gpu_lock lock(d);
+    mem[d] = static_cast<unsigned char*>(vramswap::malloc(bytes, d));
+    std::memset(mem[d], value[d], bytes);
+  }
+  std::mt19937 rng(seed);
+  for (int r = 0; r < rounds; ++r) {
+    const int kind = static_cast<int>(rng() % 4);  // 0: device 0, 1: device 1, 2: the C++ gang, 3: the C gang
+    std::vector<int> devs = kind == 0 ? std::vector<int>{0} : kind == 1 ? std::vector<int>{1} : std::vector<int>{1, 0};
+    vramswap::gpu_lock guard(devs, std::defer_lock);
+    if (kind == 3) {
+      if (const int rc = vramswap_lock_devices(devs.data(), devs.size(), VRAMSWAP_PRIORITY_NORMAL, 30'000'000'000); rc != 0) {
+        std::fprintf(stderr, "api_worker: vramswap_lock_devices: %s\n", vramswap_last_error());
+        return 2;
+      }
+    } else {
+      guard.lock();
+    }
+    for (int d : devs) {
+      int nobody = 0;
+      if (!inside[d].compare_exchange_strong(nobody, me)) {
+        std::fprintf(stderr, "api_worker: pid %d was inside device %d too\n", nobody, d);
+        return 7;
+      }
+      // Resident and ours: the first, a middle and the last byte (all of them would be slow).
+      const size_t at[3] = {0, bytes / 2, bytes - 1};
+      for (size_t i : at) {
+        if (mem[d][i] != value[d]) {
+          std::fprintf(stderr, "api_worker: device %d byte %zu is %u, not %u\n", d, i, mem[d][i], value[d]);
+          return 3;
+        }
+      }
+      ++value[d];
+      std::memset(mem[d], value[d], bytes);
+    }
+    if ((rng() % 4) == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 500));
+    for (int d : devs) inside[d].store(0);
+    if (kind == 3) {
+      if (vramswap_unlock_devices(devs.data(), devs.size()) != 0) {
+        std::fprintf(stderr, "api_worker: vramswap_unlock_devices: %s\n", vramswap_last_error());
+        return 2;
+      }
+    } else {
+      guard.unlock();
+    }
+  }
+  for (int d = 0; d < 2; ++d) vramswap::free(mem[d], d);
+  return 0;
+}
+
+// The rank mode (see the top).
+int rank_rounds(const char* job, int rank, int world, int rounds, size_t bytes, const char* shared_path) {
+  const int fd = ::open(shared_path, O_RDWR | O_CREAT, 0600);
+  if (fd < 0 || ::ftruncate(fd, 256) != 0) return 4;
+  void* map = ::mmap(nullptr, 256, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return 4;
+  auto* inside = static_cast<std::atomic<int>*>(map);
+  auto* round_of = reinterpret_cast<std::atomic<int>*>(static_cast<char*>(map) + 64);
+  const int device = rank;
+  const int me = static_cast<int>(::getpid());
+  vramswap::join_gang(job, rank, world, device);
+  create((std::string(shared_path) + ".joined" + std::to_string(rank)).c_str());
+  auto* mem = static_cast<unsigned char*>(vramswap::malloc(bytes, device));
+  unsigned char value = static_cast<unsigned char>(rank * 50);
+  for (int r = 0; r <= rounds; ++r) {
+    try {
+      if (r == 0) {  // the first turn fills the memory
+        vramswap::gpu_lock lock(device, std::chrono::seconds(30));
+        std::memset(mem, value, bytes);
+        continue;
+      }
+      vramswap::gpu_lock lock(device, std::chrono::seconds(30));
+      int nobody = 0;
+      if (!inside[device].compare_exchange_strong(nobody, me)) {
+        std::fprintf(stderr, "api_worker: pid %d was inside device %d too\n", nobody, device);
+        return 7;
+      }
+      if (mem[0] != value || mem[bytes - 1] != value) return 3;
+      std::memset(mem, ++value, bytes);
+      round_of[rank].store(r);
+      for (int p = 0; p < world; ++p) {
+        for (int i = 0; i < 5000 && round_of[p].load() < r; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (round_of[p].load() < r) {
+          std::fprintf(stderr, "api_worker: rank %d held round %d without rank %d\n", rank, r, p);
+          return 9;
+        }
+      }
+      inside[device].store(0);
+    } catch (const vramswap::error& e) {
+      std::fprintf(stderr, "api_worker: %s\n", e.what());
+      return e.code() == VRAMSWAP_ERR_OWNER_DIED ? 8 : 2;
+    }
+  }
+  vramswap::free(mem, device);
+  return 0;
 }
 
 }  // namespace
@@ -74,6 +200,13 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       return 5;
+    }
+    if (mode == "rank" && argc == 8) {
+      return rank_rounds(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::strtoull(argv[6], nullptr, 10),
+                         argv[7]);
+    }
+    if (mode == "mix" && argc == 6) {
+      return mix(std::atoi(argv[2]), static_cast<unsigned>(std::atoi(argv[3])), std::strtoull(argv[4], nullptr, 10), argv[5]);
     }
     if (mode == "each" && argc == 3) {
       for (int round = 0; round < 2; ++round) {

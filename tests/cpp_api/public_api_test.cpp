@@ -572,6 +572,108 @@ TEST_F(PublicApi, DevicesAreLockedInIncreasingOrder) {
   EXPECT_TRUE(a.owns_lock() && b.owns_lock());
 }
 
+// A gang guard over both devices: all or none, the order rule, the C calls, bad lists.
+TEST_F(PublicApi, AGangGuardTakesEveryDeviceOrNone) {
+  {
+    vramswap::gpu_lock both(std::vector<int>{1, 0});
+    EXPECT_TRUE(both.owns_lock());
+    EXPECT_EQ(both.device(), 0);
+    EXPECT_EQ(both.devices(), (std::vector<int>{0, 1}));
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 1u);
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(1), 1u);
+    vramswap::gpu_lock again(std::vector<int>{0, 1});  // the whole gang again: re-entry
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(1), 2u);
+  }
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(1), 0u);
+  {
+    vramswap::gpu_lock one(1);
+    try {
+      vramswap::gpu_lock both(std::vector<int>{0, 1});
+      FAIL() << "a gang from device 0 while holding device 1 must throw";
+    } catch (const vramswap::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("increasing device order"), std::string::npos) << e.what();
+    }
+  }
+  // Another process holds device 1: a try takes nothing, not even the free device 0.
+  const pid_t holder = spawn_holder(1, 400);
+  {
+    vramswap::gpu_lock both(std::vector<int>{0, 1}, std::try_to_lock);
+    EXPECT_FALSE(both.owns_lock());
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
+    const int devs[] = {0, 1};
+    EXPECT_EQ(vramswap_lock_devices(devs, 2, VRAMSWAP_PRIORITY_NORMAL, 0), VRAMSWAP_ERR_BUSY);
+    EXPECT_NE(std::string(vramswap_last_error()).find("held by"), std::string::npos) << vramswap_last_error();
+    // Waiting: granted both once the holder is done.
+    const auto t0 = clock_type::now();
+    ASSERT_EQ(vramswap_lock_devices(devs, 2, VRAMSWAP_PRIORITY_NORMAL, 20'000'000'000), VRAMSWAP_OK) << vramswap_last_error();
+    EXPECT_GT(clock_type::now() - t0, 50ms) << "granted while another process held device 1";
+    const int only_one[] = {0, 0};
+    EXPECT_EQ(vramswap_unlock_devices(only_one, 2), VRAMSWAP_ERR_NOT_OWNER);
+    EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 1u) << "a wrong list releases nothing";
+    EXPECT_EQ(vramswap_unlock_devices(devs, 2), VRAMSWAP_OK) << vramswap_last_error();
+    EXPECT_EQ(vramswap_unlock_devices(devs, 2), VRAMSWAP_ERR_NOT_OWNER);
+  }
+  EXPECT_EQ(wait_exit(holder), 0);
+  EXPECT_THROW(vramswap::gpu_lock(std::vector<int>{}), vramswap::invalid_argument);
+  EXPECT_THROW(vramswap::gpu_lock(std::vector<int>{0, 0}), vramswap::invalid_argument);
+  EXPECT_THROW(vramswap::gpu_lock(std::vector<int>{0, 16}), vramswap::invalid_argument);
+  EXPECT_EQ(vramswap_lock_devices(nullptr, 2, VRAMSWAP_PRIORITY_NORMAL, -1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  const int twice[] = {1, 1};
+  EXPECT_EQ(vramswap_lock_devices(twice, 2, VRAMSWAP_PRIORITY_NORMAL, -1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  const int no_such[] = {0, 5};
+  EXPECT_EQ(vramswap_lock_devices(no_such, 2, VRAMSWAP_PRIORITY_NORMAL, -1), VRAMSWAP_ERR_INVALID_ARGUMENT);
+}
+
+// Real sessions in a random mix of single-device locks and gangs (the guard and the C call)
+// over two devices whose memory does not fit the pools together: every grant finds nobody
+// else inside and its memory as it left it.
+TEST_F(PublicApi, GangsAndSinglesMixWithMemorySwappedThrough) {
+  const std::string inside = path("inside");
+  std::vector<pid_t> workers;
+  for (int w = 0; w < 3; ++w) {
+    workers.push_back(spawn_worker({"mix", "30", std::to_string(11 + w), std::to_string(24 * MiB), inside},
+                                   path(("mix" + std::to_string(w) + ".err").c_str())));
+  }
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_EQ(wait_exit(workers[w]), 0) << read_file(path(("mix" + std::to_string(w) + ".err").c_str()));
+  }
+}
+
+// Gangs of processes: two ranks (one process per device) take their turns together, beside
+// a process that mixes single-device locks and gangs of both devices; then a rank killed
+// while the other waits makes the other's lock fail, naming it.
+TEST_F(PublicApi, RanksOfAJobTakeTheirTurnsTogether) {
+  const std::string shared = path("ranks");
+  const std::string job = "job-" + env_.prefix();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    pids.push_back(spawn_worker({"rank", job, std::to_string(r), "2", "25", std::to_string(8 * MiB), shared},
+                                path(("rank" + std::to_string(r) + ".err").c_str())));
+  }
+  const pid_t mixer = spawn_worker({"mix", "25", "7", std::to_string(8 * MiB), path("inside")}, path("mixer.err"));
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(wait_exit(pids[r]), 0) << read_file(path(("rank" + std::to_string(r) + ".err").c_str()));
+  EXPECT_EQ(wait_exit(mixer), 0) << read_file(path("mixer.err"));
+
+  // A rank killed while its gang waits (device 1 is ours): the other's lock fails, naming it.
+  const std::string job2 = "dies-" + env_.prefix();
+  vramswap::gpu_lock hold(1);
+  const pid_t rank0 = spawn_worker({"rank", job2, "0", "2", "3", std::to_string(MiB), path("ranks2")}, path("r0.err"));
+  const pid_t rank1 = spawn_worker({"rank", job2, "1", "2", "3", std::to_string(MiB), path("ranks2")}, path("r1.err"));
+  int status = 0;
+  ASSERT_TRUE(wait_file(path("ranks2") + ".joined1", rank1, &status)) << read_file(path("r1.err"));
+  std::this_thread::sleep_for(200ms);  // most likely queued by now; joined is enough
+  ::kill(rank1, SIGKILL);
+  EXPECT_EQ(wait_exit(rank1), 128 + SIGKILL);
+  EXPECT_EQ(wait_exit(rank0), 8) << read_file(path("r0.err"));
+  const std::string err = read_file(path("r0.err"));
+  EXPECT_NE(err.find("rank 1 (pid " + std::to_string(rank1)), std::string::npos) << err;
+  EXPECT_NE(err.find("Restart the whole job"), std::string::npos) << err;
+  // The C call: bad arguments.
+  EXPECT_EQ(vramswap_join_gang("j", 2, 2, 0), VRAMSWAP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(vramswap_join_gang("bad/job", 0, 2, 0), VRAMSWAP_ERR_INVALID_ARGUMENT);
+}
+
 TEST_F(PublicApi, AMalformedSettingStopsAProcessAtItsFirstCall) {
   // Each of these used to run with a warning ("no disk tier") and no pinned-memory limit.
   for (const char* setting : {"VRAMSWAP_HOST_LIMIT=abc", "VRAMSWAP_SWAP_BLOCK=1.5", "VRAMSWAP_SWAP_EXTENT=1GiB ",

@@ -130,6 +130,97 @@ def test_device_order_is_enforced():
         assert vramswap.held(0) == 1 and vramswap.held(1) == 1
 
 
+GANG_WORKER = r"""
+import random, sys, vramswap
+seed, rounds = int(sys.argv[1]), int(sys.argv[2])
+rng = random.Random(seed)
+for r in range(rounds):
+    kind = rng.randrange(3)
+    lock = vramswap.gpu_lock(kind) if kind < 2 else vramswap.gpu_lock(devices=[1, 0])
+    with lock:
+        held = [vramswap.held(d) for d in (0, 1)]
+        want = [1, 1] if kind == 2 else [int(kind == 0), int(kind == 1)]
+        assert held == want, (held, want)
+print("done", flush=True)
+"""
+
+
+def test_gang_of_devices_all_or_none():
+    with vramswap.gpu_lock(devices=[1, 0]) as both:
+        assert both.devices == (0, 1) and both.device == 0
+        assert vramswap.held(0) == 1 and vramswap.held(1) == 1
+        with vramswap.gpu_lock(devices=[0, 1]):  # the whole gang again: re-entry
+            assert vramswap.held(1) == 2
+    assert vramswap.held(0) == 0 and vramswap.held(1) == 0
+    assert "devices=[0, 1]" in repr(vramswap.gpu_lock(devices=[0, 1]))
+    holder = spawn_holder(1, 1.0)
+    try:
+        # Device 0 is free, device 1 held: a gang try takes nothing.
+        assert vramswap.acquire_devices([0, 1], timeout=0) is False
+        assert vramswap.held(0) == 0
+        with pytest.raises(TimeoutError, match="devices 0,1"):
+            with vramswap.gpu_lock(devices=[0, 1], timeout=0.2):
+                pass
+        with vramswap.gpu_lock(devices=[0, 1], timeout=30):  # granted once the holder is done
+            assert holder.poll() is not None or vramswap.held(1) == 1
+    finally:
+        holder.wait()
+    assert vramswap.acquire_devices([0, 1]) is True
+    vramswap.release_devices([0, 1])
+    with pytest.raises(vramswap.Error, match="does not hold"):
+        vramswap.release_devices([0, 1])
+    with vramswap.gpu_lock(1):
+        with pytest.raises(ValueError, match="increasing device order"):
+            with vramswap.gpu_lock(devices=[0, 1]):
+                pass
+    for bad in ([], [0, 0], ["0"], 5):
+        with pytest.raises(ValueError):
+            vramswap.gpu_lock(devices=bad)
+    with pytest.raises(ValueError, match="not both"):
+        vramswap.gpu_lock(1, devices=[0, 1])
+
+
+def test_gangs_and_singles_in_several_processes():
+    procs = [
+        subprocess.Popen([sys.executable, "-c", GANG_WORKER, str(seed), "60"], stdout=subprocess.PIPE, text=True,
+                         env=os.environ.copy())
+        for seed in (1, 2, 3)
+    ]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and out.strip() == "done"
+
+
+RANK_WORKER = r"""
+import os, sys, vramswap
+vramswap.join_gang(job=sys.argv[1])  # rank, world size, device: torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE
+for _ in range(20):
+    with vramswap.gpu_lock(int(os.environ["LOCAL_RANK"])):
+        pass
+print("done", flush=True)
+"""
+
+
+def test_ranks_of_a_job_take_turns_together(deployment):
+    job = "py-" + deployment["VRAMSWAP_SHM_PREFIX"]
+    procs = []
+    for rank in (0, 1):
+        env = os.environ.copy()
+        env.update({"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"})
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_WORKER, job], stdout=subprocess.PIPE, text=True, env=env))
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and out.strip() == "done"
+    with pytest.raises(ValueError, match="no job given"):
+        saved = {k: os.environ.pop(k, None) for k in ("TORCHELASTIC_RUN_ID",)}
+        try:
+            vramswap.join_gang(rank=0, world_size=2)
+        finally:
+            os.environ.update({k: v for k, v in saved.items() if v is not None})
+    with pytest.raises(ValueError, match="world size"):
+        vramswap.join_gang("j", rank=2, world_size=2, device=0)
+
+
 def test_release_without_acquire_is_an_error():
     with pytest.raises(vramswap.Error, match="does not hold") as info:
         vramswap.release(0)

@@ -162,6 +162,47 @@ VRAMSWAP_C_API int vramswap_lock_interruptible(int device, int priority, int64_t
  *                                  failed; the lock was released, memory not evicted stays.
  *   VRAMSWAP_ERR_INTERNAL          a bug in vramswap. */
 VRAMSWAP_C_API int vramswap_unlock(int device);
+/* A gang: take the locks of devices[0..count) at once, all or none (docs/lock.md, "Gangs").
+ * The devices may come in any order, each once; count 1 is vramswap_lock. The call waits in
+ * FIFO order on every device and is granted them together when it is next on each; meanwhile
+ * a member device that is free idles rather than serve those queued behind the gang (which
+ * keeps the gang from starving behind single-device users). It returns when this process's
+ * memory on every one of them is resident; each device is then held as by vramswap_lock (one
+ * vramswap_unlock each, or vramswap_unlock_devices). timeout_ns and priority as for
+ * vramswap_lock. Device order: the gang takes all its devices at its lowest one.
+ * Errors (nothing is held after any of them): those of vramswap_lock, and
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  devices NULL, count 0 or over 64, a device listed twice; a
+ *                                  waiting gang of a thread that holds a device above the
+ *                                  gang's lowest, or some but not all of the gang's devices;
+ *                                  an oversubscribed device.
+ *   VRAMSWAP_ERR_BUSY, VRAMSWAP_ERR_TIMEOUT  the message names each device's holder and the
+ *                                  waiters ahead of the gang there. */
+VRAMSWAP_C_API int vramswap_lock_devices(const int* devices, size_t count, int priority, int64_t timeout_ns);
+/* vramswap_unlock of each of devices[0..count), highest first. Every device is checked first:
+ * VRAMSWAP_ERR_NOT_OWNER (nothing released) when this thread does not hold one of them (or
+ * one is listed twice). Otherwise each is unlocked and the first error is returned. */
+VRAMSWAP_C_API int vramswap_unlock_devices(const int* devices, size_t count);
+/* A gang of processes (docs/lock.md, "Gangs of processes"): the ranks of one job, one process
+ * per device, take their turns together. From this call on, this process's locks of `device`
+ * (vramswap_lock, the C++ guard, Python's gpu_lock, vramswap.torch) are the turns of rank
+ * `rank` of `world_size` in the gang of `job` (a node-wide name: letters, digits, '-', '_',
+ * '.'; every rank gives the same job and world size). Each lock is granted when every rank
+ * has asked and the gang is next on every rank's device (FIFO there, like a gang of devices);
+ * each rank then has its own device's memory resident, and each unlock releases its own
+ * device. job NULL: leave the gang (plain locks again). Call it while no thread of this
+ * process holds or waits for the device.
+ * Errors:
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  a bad job, rank or world size (1 to 64); the gang's ranks
+ *                                  gave another world size; this thread holds the device; the
+ *                                  device is oversubscribed or a rank of another gang here.
+ *   VRAMSWAP_ERR_BUSY              a live process is that rank of the job already.
+ *   VRAMSWAP_ERR_OWNER_DIED        the gang is broken: one of its ranks died; the message
+ *                                  names it and the ranks still in it (restart the whole job).
+ *   and the errors of opening a session (above).
+ * A lock of a joined device fails, besides its usual errors, with VRAMSWAP_ERR_OWNER_DIED when
+ * a rank died (the message names it and its pid: restart the job), and VRAMSWAP_ERR_TIMEOUT
+ * naming the ranks that never asked, or the rank that left the turn. */
+VRAMSWAP_C_API int vramswap_join_gang(const char* job, int rank, int world_size, int device);
 /* 1 when an operator asked this process to release `device`'s lock during its current hold
  * (`vramswap release-request`), else 0: this process does not hold the lock, nobody asked, or
  * the device was not used yet (this never opens a session). Cheap enough to poll between

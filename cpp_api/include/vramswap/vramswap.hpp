@@ -40,10 +40,12 @@
 //   - The lock is per device and per thread. A thread that holds a device's lock may lock it
 //     again (counted: every lock needs its unlock). Another thread of the same process that
 //     locks the device waits like any other process. Unlock on the thread that locked.
-//   - Several devices: take their locks in increasing device order (0 before 1). A thread
-//     that holds device d and makes a blocking or timed lock of a device below d gets
-//     vramswap::invalid_argument instead of a possible deadlock. try_lock() may go in any
-//     order (it never waits), so std::lock(a, b) works.
+//   - Several devices: take them together with one gang guard, gpu_lock({0, 1}) (all or none,
+//     FIFO on each device: docs/lock.md, "Gangs"), or one guard each in increasing device
+//     order (0 before 1). A thread that holds device d and makes a blocking or timed lock of a
+//     device below d gets vramswap::invalid_argument instead of a possible deadlock (a gang
+//     counts as taking all its devices at its lowest). try_lock() may go in any order (it
+//     never waits), so std::lock(a, b) works.
 //   - fork after first use: a child forked after vramswap was used in the parent cannot use
 //     vramswap (nor CUDA): every call there throws vramswap::unavailable saying so. Start
 //     helpers with posix_spawn/exec (Python multiprocessing: the "spawn" start method). A
@@ -75,6 +77,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "vramswap/version.hpp"
 
@@ -171,6 +174,19 @@ class VRAMSWAP_API gpu_lock {
   gpu_lock(int device, std::try_to_lock_t, priority p = priority::normal);
   // Do not take it yet.
   gpu_lock(int device, std::defer_lock_t, priority p = priority::normal) noexcept;
+
+  // A gang: the locks of several devices (0 to 15, each once, any order) at once, all or
+  // none (docs/lock.md, "Gangs"). The guard waits in FIFO order on every one of them and is
+  // granted them together when it is next on each; meanwhile a member device that is free
+  // idles rather than serve those queued behind the gang. Then this process's memory on every
+  // one of them is resident; unlocking releases them all. The same forms as for one device;
+  // what they throw is the same too, and also invalid_argument for an empty list, a device
+  // listed twice or above 15, or a thread that holds some but not all of them. One device in
+  // the list is a plain lock of that device.
+  explicit gpu_lock(const std::vector<int>& devices, priority p = priority::normal);
+  gpu_lock(const std::vector<int>& devices, std::chrono::nanoseconds timeout, priority p = priority::normal);
+  gpu_lock(const std::vector<int>& devices, std::try_to_lock_t, priority p = priority::normal);
+  gpu_lock(const std::vector<int>& devices, std::defer_lock_t, priority p = priority::normal);
   // Releases the lock if owned. Never throws: a failure is logged.
   ~gpu_lock();
 
@@ -198,25 +214,44 @@ class VRAMSWAP_API gpu_lock {
   // first two the guard no longer owns.
   void unlock();
   // Stop managing the lock without releasing it; the caller must release it through the C
-  // API (vramswap_unlock) from this thread. Returns whether it was owned.
+  // API (vramswap_unlock; a gang's: vramswap_unlock_devices) from this thread. Returns
+  // whether it was owned.
   bool release() noexcept;
 
   bool owns_lock() const noexcept { return owned_; }
   explicit operator bool() const noexcept { return owned_; }
+  // The device (a gang's lowest).
   int device() const noexcept { return device_; }
+  // Every device of the guard, increasing (one for a single-device guard).
+  std::vector<int> devices() const;
   priority get_priority() const noexcept { return priority_; }
   // Whether the last successful lock took over from a holder that died holding it.
   bool previous_holder_died() const noexcept { return previous_holder_died_; }
 
  private:
   bool acquire(int64_t timeout_ns);  // false: busy or timed out (only for timeout_ns >= 0)
+  int unlock_all() noexcept;         // the runtime's unlock of every device of the guard
 
   int device_ = 0;
   priority priority_ = priority::normal;
   bool owned_ = false;
   bool previous_holder_died_ = false;
+  // A gang's devices, bit d for device d (0: the one device_). In what was padding, so that
+  // the guard keeps its size and layout.
+  uint16_t gang_ = 0;
   int owner_pid_ = 0;  // the process that took it, to recognize a forked child
 };
+
+// A gang of processes (docs/lock.md, "Gangs of processes"; vramswap.h, vramswap_join_gang,
+// says it all): from now on this process's locks of `device` are the turns of rank `rank` of
+// `world_size` in the gang of `job`, granted when every rank has asked and the gang is next
+// on every rank's device. A lock of such a device throws vramswap::error with code()
+// VRAMSWAP_ERR_OWNER_DIED when a rank died (what() names it: restart the whole job), and
+// vramswap::timeout naming the ranks that never asked. Throws invalid_argument, error (codes
+// VRAMSWAP_ERR_BUSY, VRAMSWAP_ERR_OWNER_DIED) as vramswap_join_gang returns them.
+VRAMSWAP_API void join_gang(const std::string& job, int rank, int world_size, int device = 0);
+// Leave the gang: plain locks of `device` again.
+VRAMSWAP_API void leave_gang(int device = 0);
 
 // Whether an operator asked this process to release `device`'s lock during its current hold
 // (`vramswap release-request`; docs/concepts.md, "Fair turns"): false when this process does
