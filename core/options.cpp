@@ -40,6 +40,7 @@ constexpr other_variable k_other[] = {
     {"VRAMSWAP_FUZZ_STEPS", "the range allocator's and the pager's fuzz tests"},
     {"VRAMSWAP_TORTURE_ROUNDS", "the lock's SIGKILL torture test"},
     {"VRAMSWAP_TORTURE_SEED", "the lock's SIGKILL torture test"},
+    {"VRAMSWAP_GANG_ROUNDS", "the lock's gang test (rounds per worker of its random mix)"},
     {"VRAMSWAP_BENCH_PARTS", "bench/python/bench_oversubscribe.py"},
     {"VRAMSWAP_BUILD_DIR", "bench/python/bench_oversubscribe.py"},
 };
