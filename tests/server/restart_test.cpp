@@ -143,6 +143,21 @@ class Restart : public ::testing::Test {
     return test::slurp(file("job" + std::to_string(i) + ".out")) + test::slurp(file("job" + std::to_string(i) + ".err"));
   }
 
+  // Tells every job to stop (the stop file) and waits for each: it must end well, with
+  // every byte it wrote checked at every turn. `ids` name their output files.
+  void stop_jobs(const std::vector<pid_t>& jobs, const std::vector<int>& ids) {
+    const int fd = ::open(stop_file_.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0);
+    ::close(fd);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(jobs[i], &status, 0), jobs[i]);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "job " << ids[i] << " status " << status << ": " << job_output(ids[i]);
+      EXPECT_NE(job_output(ids[i]).find("rounds "), std::string::npos) << job_output(ids[i]);
+    }
+    jobs_.clear();
+  }
+
   uint32_t member_of(pid_t pid) const {
     for (uint32_t m = 0; m < k_member_count; ++m) {
       if (pool_->member(m).state.load() == member_live && pool_->member(m).pid == pid) return m;
@@ -266,16 +281,7 @@ TEST_F(Restart, JobsGoOnThroughASigtermAndAKillOfTheServerWithEveryByteIntact) {
   EXPECT_TRUE(alive(third));
 
   // Every job ends well, with every byte it wrote checked at every turn.
-  const int fd = ::open(stop_file_.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-  ASSERT_GE(fd, 0);
-  ::close(fd);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(jobs[i], &status, 0), jobs[i]);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "job " << ids[i] << " status " << status << ": " << job_output(ids[i]);
-    EXPECT_NE(job_output(ids[i]).find("rounds "), std::string::npos) << job_output(ids[i]);
-  }
-  jobs_.clear();
+  stop_jobs(jobs, ids);
   EXPECT_TRUE(eventually([&] { return pool_->count(frame_free) == pool_->frame_count(); })) << "frames still owned";
   EXPECT_TRUE(eventually([&] { return pool_->count_slots(slot_free) == pool_->host_slot_count(); })) << "host slots still used";
   EXPECT_EQ(pool_->host_slot_count(), 24u);
@@ -325,15 +331,7 @@ TEST_F(Restart, AJobThatCannotKeepTheDescriptorsRejoinsAndAnotherHandsTheFramesO
       << server_log();
   EXPECT_TRUE(all_take_turns(jobs, 2)) << job_output(0) << job_output(1) << job_output(2);
 
-  const int fd = ::open(stop_file_.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-  ASSERT_GE(fd, 0);
-  ::close(fd);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(jobs[i], &status, 0), jobs[i]);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "job " << i << " status " << status << ": " << job_output(static_cast<int>(i));
-  }
-  jobs_.clear();
+  stop_jobs(jobs, {0, 1, 2});
   EXPECT_TRUE(eventually([&] { return pool_->count(frame_free) == pool_->frame_count(); })) << "frames still owned";
 }
 
