@@ -305,7 +305,10 @@ TEST_F(Restart, JobsGoOnThroughASigtermAndAKillOfTheServerWithEveryByteIntact) {
 TEST_F(Restart, AJobThatCannotKeepTheDescriptorsRejoinsAndAnotherHandsTheFramesOver) {
   if (backend_ != "host") GTEST_SKIP() << "skipped: the descriptor budget is the host backend's (one per imported frame)";
   constexpr int frames = 64;
-  const pid_t first = start_server("server1", /*managed=*/false, {"VRAMSWAP_POOL_SIZE=" + std::to_string(frames * 2) + "MiB"});
+  const std::string pool_size = "VRAMSWAP_POOL_SIZE=" + std::to_string(frames * 2) + "MiB";
+  // Managed, so that the next server is the test's (the manager's), with the test's limits:
+  // one the limited job started would inherit its RLIMIT_NOFILE, too low to hold the pool.
+  const pid_t first = start_server("server1", /*managed=*/true, {pool_size});
   ASSERT_GT(first, 0);
   ASSERT_TRUE(deploy_.open_pool(&pool_, 5000, /*read_only=*/true));
   ASSERT_EQ(pool_->frame_count(), static_cast<uint32_t>(frames));
@@ -315,9 +318,11 @@ TEST_F(Restart, AJobThatCannotKeepTheDescriptorsRejoinsAndAnotherHandsTheFramesO
   EXPECT_NE(job_output(0).find("cannot keep a descriptor of each of the pool's"), std::string::npos) << job_output(0);
   EXPECT_EQ(job_output(1).find("cannot keep"), std::string::npos) << job_output(1);
 
-  // Killed: the jobs start the next server, which adopts the pool and gets the frames from
-  // the job that kept them, whichever rejoins first.
+  // Killed: the manager starts the next server, which adopts the pool and gets the frames
+  // from the job that kept them, whichever rejoins first.
   EXPECT_EQ(stop_server(first, SIGKILL), 128 + SIGKILL);
+  ASSERT_GT(start_server("server2", /*managed=*/false, {pool_size}), 0);
+  const auto server_log = [&] { return test::slurp(file("server2.log")); };
   EXPECT_TRUE(eventually([&] { return count_of(server_log(), "rejoined the pool") == 2; }, 30s)) << server_log();
   EXPECT_EQ(count_of(server_log(), "and handed over the frames"), 1u) << server_log();
   const std::string log = server_log();
