@@ -395,9 +395,17 @@ sys.stdin.read()
 """
 
 
+def default_sigint():
+    """For the processes these tests interrupt: Python installs its KeyboardInterrupt handler
+    only where SIGINT is not ignored at start, and a shell's background job (a CI runner's
+    `cmd &`) inherits it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn_script(script):
     return subprocess.Popen(
-        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy(),
+        preexec_fn=default_sigint,
     )
 
 
@@ -518,7 +526,7 @@ def test_interrupts_at_random_moments_around_the_grant_never_keep_the_lock():
     seconds = "3"
     env = os.environ.copy()
     run = lambda script: subprocess.Popen(  # noqa: E731
-        [sys.executable, "-c", script, seconds], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", script, seconds], stdout=subprocess.PIPE, text=True, env=env, preexec_fn=default_sigint
     )
     churn = run(TAKE_TURNS)
     victim = run(INTERRUPTED_AROUND_THE_GRANT)
@@ -652,6 +660,7 @@ def test_release_signal_sigint_interrupts_a_holder_that_does_not_poll():
             "except KeyboardInterrupt:\n"
             "    print('interrupted', vramswap.held(0), flush=True)\n",
         ],
+        preexec_fn=default_sigint,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
