@@ -74,6 +74,19 @@ struct order_page {
   std::atomic<int> phase{0};
 };
 
+// Each device can be taken and let go, and nothing is left in its queue after a repair.
+template <typename Locks>
+void expect_devices_work_with_empty_queues(Locks& locks) {
+  std::vector<lock_queue_entry> q;
+  for (auto& l : locks) {
+    ASSERT_EQ(l.acquire(lock_priority::normal, 2'000'000'000), ok) << last_error();
+    ASSERT_EQ(l.release(), ok);
+    ASSERT_EQ(l.repair_now(), ok);
+    ASSERT_EQ(l.snapshot(&q), ok);
+    EXPECT_TRUE(q.empty());
+  }
+}
+
 TEST_F(Gang, TakesAllTheDevicesAtOnceAndEachIsReleasedOnItsOwn) {
   std::vector<device_lock> locks;
   ASSERT_EQ(open_all({0, 1}, &locks), ok) << last_error();
@@ -558,14 +571,7 @@ TEST_F(Gang, ARankThatDiesBreaksItsGangWithAClearError) {
   for (pid_t pid : survivors) EXPECT_EQ(reap(pid), 0);
   ASSERT_EQ(locks[0].release(), ok);
   // The devices work, and nothing of the gang is left in their queues.
-  std::vector<lock_queue_entry> q;
-  for (auto& l : locks) {
-    ASSERT_EQ(l.acquire(lock_priority::normal, 2'000'000'000), ok) << last_error();
-    ASSERT_EQ(l.release(), ok);
-    ASSERT_EQ(l.repair_now(), ok);
-    ASSERT_EQ(l.snapshot(&q), ok);
-    EXPECT_TRUE(q.empty());
-  }
+  expect_devices_work_with_empty_queues(locks);
   // A new incarnation of the job: a fresh gang.
   EXPECT_EQ(rank_gang::open(job, 2, 3, &late), ok) << last_error();
   free_shared_object(page);
@@ -617,14 +623,7 @@ TEST_F(Gang, DeathOfTheQueueingRankLeavesEveryDeviceWorking) {
   });
   EXPECT_EQ(reap(queuer), 128 + SIGKILL);
   EXPECT_EQ(reap(first), 0) << "the surviving rank did not get the death as its error";
-  std::vector<lock_queue_entry> q;
-  for (auto& l : locks) {
-    ASSERT_EQ(l.acquire(lock_priority::normal, 2'000'000'000), ok) << last_error();
-    ASSERT_EQ(l.release(), ok);
-    ASSERT_EQ(l.repair_now(), ok);
-    ASSERT_EQ(l.snapshot(&q), ok);
-    EXPECT_TRUE(q.empty());
-  }
+  expect_devices_work_with_empty_queues(locks);
   free_shared_object(page);
 }
 
