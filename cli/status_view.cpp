@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
 
+#include "core/string_format.hpp"
 #include "lock/process_identity.hpp"
 
 namespace vramswap::detail {
@@ -15,16 +15,6 @@ namespace vramswap::detail {
 namespace {
 
 using json = nlohmann::ordered_json;  // keys in the order written, as the schema lists them
-
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
 
 double seconds_since(uint64_t then_ns, uint64_t now_ns) { return then_ns != 0 && now_ns > then_ns ? (now_ns - then_ns) / 1e9 : 0.0; }
 
@@ -89,7 +79,7 @@ tint tint_of_state(const std::string& state) {
 
 // "pid 4242 (alice)"
 std::string who(pid_t pid, const std::string& user) {
-  return user.empty() ? fmt("pid %d", static_cast<int>(pid)) : fmt("pid %d (%s)", static_cast<int>(pid), printable(user).c_str());
+  return user.empty() ? string_format("pid %d", static_cast<int>(pid)) : string_format("pid %d (%s)", static_cast<int>(pid), printable(user).c_str());
 }
 
 // `label` cut so that a line of `fixed` other columns fits in `width` (never below 12 columns).
@@ -114,14 +104,14 @@ void render_device(const device_report& d, const text_options& o, std::string* o
   const int width = o.wide ? 0 : o.width;
   std::string& t = *out;
   const uint64_t pool_bytes = uint64_t{d.frame_count} * d.frame_size;
-  t += paint(fmt("%s \xC2\xB7 %s", device_label(d).c_str(), d.key.c_str()), tint::bold);
-  t += fmt(" \xC2\xB7 pool %s (%u frames of %s), %s free\n", human_bytes(pool_bytes).c_str(), d.frame_count,
+  t += paint(string_format("%s \xC2\xB7 %s", device_label(d).c_str(), d.key.c_str()), tint::bold);
+  t += string_format(" \xC2\xB7 pool %s (%u frames of %s), %s free\n", human_bytes(pool_bytes).c_str(), d.frame_count,
            human_bytes(d.frame_size).c_str(), human_bytes(uint64_t{d.frames_free} * d.frame_size).c_str());
   // The daemon: a dead one is said to be dead, never shown as if its old pid still served.
   switch (d.server) {
     case server_state::running:
-      t += fmt("  daemon: pid %d", static_cast<int>(d.server_pid));
-      if (d.metrics_port != 0) t += fmt(" \xC2\xB7 metrics http://127.0.0.1:%u/metrics", d.metrics_port);
+      t += string_format("  daemon: pid %d", static_cast<int>(d.server_pid));
+      if (d.metrics_port != 0) t += string_format(" \xC2\xB7 metrics http://127.0.0.1:%u/metrics", d.metrics_port);
       t += "\n";
       break;
     case server_state::dead:
@@ -133,14 +123,14 @@ void render_device(const device_report& d, const text_options& o, std::string* o
       t += "  daemon: in another PID namespace (this one cannot tell whether it runs)\n";
       break;
   }
-  t += fmt("  frames: %u free \xC2\xB7 %u active \xC2\xB7 %u idle \xC2\xB7 %u requested \xC2\xB7 %u lent\n", d.frames_free,
+  t += string_format("  frames: %u free \xC2\xB7 %u active \xC2\xB7 %u idle \xC2\xB7 %u requested \xC2\xB7 %u lent\n", d.frames_free,
            d.frames_active, d.frames_idle, d.frames_requested, d.frames_lent);
   if (d.host_slots != 0) {
-    t += fmt("  host pool: %s in %u slots, %u used (%s)\n", human_bytes(uint64_t{d.host_slots} * d.host_slot_size).c_str(), d.host_slots,
+    t += string_format("  host pool: %s in %u slots, %u used (%s)\n", human_bytes(uint64_t{d.host_slots} * d.host_slot_size).c_str(), d.host_slots,
              d.host_slots_used, human_bytes(uint64_t{d.host_slots_used} * d.host_slot_size).c_str());
   }
   if (d.exited != 0) {
-    t += fmt("  %u exited process%s left in the pool's table: %s\n", d.exited, d.exited == 1 ? "" : "es",
+    t += string_format("  %u exited process%s left in the pool's table: %s\n", d.exited, d.exited == 1 ? "" : "es",
              d.server == server_state::running ? "the daemon frees what they held shortly" : "the next daemon frees what they held");
   }
 
@@ -148,18 +138,18 @@ void render_device(const device_report& d, const text_options& o, std::string* o
   const process_report* holder = d.holder();
   std::string holder_label;
   if (d.holder_pid == 0 && d.exited_holder_pid != 0) {
-    t += fmt("  holder: none (pid %d exited holding the lock; it passes on at the next acquire)\n", static_cast<int>(d.exited_holder_pid));
+    t += string_format("  holder: none (pid %d exited holding the lock; it passes on at the next acquire)\n", static_cast<int>(d.exited_holder_pid));
   } else if (d.holder_pid == 0) {
     t += "  holder: none\n";
   } else if (holder != nullptr) {
     holder_label = holder->label();
     const std::string head = "  holder: " + who(holder->pid, holder->user) + " ";
-    const std::string held = fmt(" \xC2\xB7 held %s \xC2\xB7 ", human_duration(seconds_since(holder->holding_since_ns, d.now_ns)).c_str());
-    std::string state = holder->stopped ? fmt("STOPPED (SIGSTOP, Ctrl-Z or a debugger; kill -CONT %d resumes it) while %s",
+    const std::string held = string_format(" \xC2\xB7 held %s \xC2\xB7 ", human_duration(seconds_since(holder->holding_since_ns, d.now_ns)).c_str());
+    std::string state = holder->stopped ? string_format("STOPPED (SIGSTOP, Ctrl-Z or a debugger; kill -CONT %d resumes it) while %s",
                                               static_cast<int>(holder->pid), holder->phase.c_str())
                                         : holder->phase;
     if (d.holder_over_limit_since_ns != 0) {
-      state += fmt(", PAST ITS VRAMSWAP_MAX_HOLD for %s", human_duration(seconds_since(d.holder_over_limit_since_ns, d.now_ns)).c_str());
+      state += string_format(", PAST ITS VRAMSWAP_MAX_HOLD for %s", human_duration(seconds_since(d.holder_over_limit_since_ns, d.now_ns)).c_str());
     }
     t += head + fit(holder_label, columns(head) + columns(held) + columns(state), width) + held +
          paint(state, holder->stopped || d.holder_over_limit_since_ns != 0 ? tint::red : tint_of_state(holder->phase)) + "\n";
@@ -176,9 +166,9 @@ void render_device(const device_report& d, const text_options& o, std::string* o
   } else {
     size_t waiting = 0;
     for (const queue_report& q : d.queue) waiting += q.holding ? 0 : 1;
-    t += fmt("  queue: %zu waiting", waiting);
+    t += string_format("  queue: %zu waiting", waiting);
     if (d.hold_mean_ns != 0) {
-      t += fmt(" \xC2\xB7 holds last %s (jitter %s): %s", human_duration(d.hold_mean_ns / 1e9).c_str(),
+      t += string_format(" \xC2\xB7 holds last %s (jitter %s): %s", human_duration(d.hold_mean_ns / 1e9).c_str(),
                human_duration(d.hold_jitter_ns / 1e9).c_str(),
                d.holds_predictable ? "the next waiter wakes ahead of a release" : "too irregular to wake ahead");
     }
@@ -189,11 +179,11 @@ void render_device(const device_report& d, const text_options& o, std::string* o
     std::string ahead_label = holder_label;
     for (const queue_report& q : d.queue) {
       if (q.holding) continue;
-      std::string head = fmt("    %zu. %s", ++n, who(q.pid, q.user).c_str());
-      if (q.tid != q.pid) head += fmt(" tid %d", static_cast<int>(q.tid));
-      std::string tail = fmt(" \xC2\xB7 waiting %s", human_duration(seconds_since(q.enqueue_ns, d.now_ns)).c_str());
+      std::string head = string_format("    %zu. %s", ++n, who(q.pid, q.user).c_str());
+      if (q.tid != q.pid) head += string_format(" tid %d", static_cast<int>(q.tid));
+      std::string tail = string_format(" \xC2\xB7 waiting %s", human_duration(seconds_since(q.enqueue_ns, d.now_ns)).c_str());
       if (ahead_pid != 0) {
-        tail += fmt(" behind pid %d", static_cast<int>(ahead_pid));
+        tail += string_format(" behind pid %d", static_cast<int>(ahead_pid));
         if (!ahead_label.empty()) tail += " (" + cut(printable(ahead_label), 16) + ")";
       }
       if (q.priority != "normal") tail += " \xC2\xB7 " + q.priority + " priority";
@@ -399,27 +389,27 @@ json device_json(const device_report& d) {
 
 std::string human_bytes(uint64_t bytes) {
   static const char* const k_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  if (bytes < 1024) return fmt("%" PRIu64 " B", bytes);
+  if (bytes < 1024) return string_format("%" PRIu64 " B", bytes);
   double v = static_cast<double>(bytes);
   int u = 0;
   while (v >= 1000 && u < 5) {  // 1000 MiB is shown as 0.98 GiB: never more than three digits
     v /= 1024;
     ++u;
   }
-  if (v == std::floor(v)) return fmt("%.0f %s", v, k_units[u]);
-  return fmt(v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, k_units[u]);
+  if (v == std::floor(v)) return string_format("%.0f %s", v, k_units[u]);
+  return string_format(v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, k_units[u]);
 }
 
 std::string human_duration(double s) {
   if (s < 0) s = 0;
-  if (s < 1) return fmt("%.0f ms", s * 1e3);
-  if (s < 60) return fmt("%.1f s", s);
+  if (s < 1) return string_format("%.0f ms", s * 1e3);
+  if (s < 60) return string_format("%.1f s", s);
   const auto whole = static_cast<uint64_t>(s);
-  if (whole < 3600) return fmt("%" PRIu64 " min %02" PRIu64 " s", whole / 60, whole % 60);
-  return fmt("%" PRIu64 " h %02" PRIu64 " min", whole / 3600, whole % 3600 / 60);
+  if (whole < 3600) return string_format("%" PRIu64 " min %02" PRIu64 " s", whole / 60, whole % 60);
+  return string_format("%" PRIu64 " h %02" PRIu64 " min", whole / 3600, whole % 3600 / 60);
 }
 
-std::string device_label(const device_report& d) { return d.index >= 0 ? fmt("device %d", d.index) : std::string("device ?"); }
+std::string device_label(const device_report& d) { return d.index >= 0 ? string_format("device %d", d.index) : std::string("device ?"); }
 
 std::string render_text(const std::vector<device_report>& devices, const text_options& options) {
   std::string t;

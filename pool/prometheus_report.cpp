@@ -6,26 +6,16 @@
 #include <algorithm>
 #include <charconv>
 #include <cinttypes>
-#include <cstdarg>
 #include <cstdio>
 #include <vector>
 
+#include "core/string_format.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/turn_histograms.hpp"
 
 namespace vramswap::detail {
 
 namespace {
-
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
 
 // A label value in the text format: backslash, double quote and newline escaped.
 std::string label_value(const std::string& s) {
@@ -130,14 +120,14 @@ std::string job_name_of(const process_report& p) {
 
 std::string render_prometheus(const std::vector<device_report>& devices) {
   std::string m;
-  auto family = [&](const char* name, const char* type, const char* help) { m += fmt("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type); };
+  auto family = [&](const char* name, const char* type, const char* help) { m += string_format("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type); };
   auto device_labels = [](const device_report& d) {
-    return (d.index >= 0 ? fmt("gpu=\"%d\",", d.index) : std::string()) + "UUID=\"" + label_value(d.key) + "\"";
+    return (d.index >= 0 ? string_format("gpu=\"%d\",", d.index) : std::string()) + "UUID=\"" + label_value(d.key) + "\"";
   };
   auto device_gauge = [&](const char* name, const char* help, auto value_of) {
     family(name, "gauge", help);
     for (const device_report& d : devices) {
-      m += fmt("%s{%s} %s\n", name, device_labels(d).c_str(), number(static_cast<double>(value_of(d))).c_str());
+      m += string_format("%s{%s} %s\n", name, device_labels(d).c_str(), number(static_cast<double>(value_of(d))).c_str());
     }
   };
   device_gauge("vramswap_lock_hold_mean_seconds", "Moving average of how long the lock is held (0: no release yet)",
@@ -194,11 +184,11 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
       uint64_t cumulative = 0;
       for (size_t i = 0; i < lock_layout::k_turn_buckets; ++i) {
         cumulative += c.count[i];
-        const std::string le = i + 1 < lock_layout::k_turn_buckets ? fmt("%g", lock_layout::k_turn_bucket_le_ns[i] / 1e9) : "+Inf";
-        m += fmt("%s_bucket{%s,le=\"%s\"} %" PRIu64 "\n", name, labels.c_str(), le.c_str(), cumulative);
+        const std::string le = i + 1 < lock_layout::k_turn_buckets ? string_format("%g", lock_layout::k_turn_bucket_le_ns[i] / 1e9) : "+Inf";
+        m += string_format("%s_bucket{%s,le=\"%s\"} %" PRIu64 "\n", name, labels.c_str(), le.c_str(), cumulative);
       }
-      m += fmt("%s_sum{%s} %s\n", name, labels.c_str(), number(c.sum_ns / 1e9).c_str());
-      m += fmt("%s_count{%s} %" PRIu64 "\n", name, labels.c_str(), cumulative);
+      m += string_format("%s_sum{%s} %s\n", name, labels.c_str(), number(c.sum_ns / 1e9).c_str());
+      m += string_format("%s_count{%s} %" PRIu64 "\n", name, labels.c_str(), cumulative);
     }
   };
   histogram("vramswap_lock_wait_seconds", "Time from asking for the lock to its grant, per grant", &device_report::turn_wait);
@@ -218,7 +208,7 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
     family(name, type, help);
     for (size_t i = 0; i < devices.size(); ++i) {
       for (size_t k = 0; k < devices[i].processes.size(); ++k) {
-        m += fmt("%s{%s} %s\n", name, labels[i][k].c_str(), number(static_cast<double>(value_of(devices[i], devices[i].processes[k]))).c_str());
+        m += string_format("%s{%s} %s\n", name, labels[i][k].c_str(), number(static_cast<double>(value_of(devices[i], devices[i].processes[k]))).c_str());
       }
     }
   };
