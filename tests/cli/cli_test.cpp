@@ -302,17 +302,7 @@ TEST_F(Cli, TraceHoldsEveryProcessesEventsInOrder) {
   EXPECT_NE(ss.str().find("\"args\":{\"name\":\"session_worker 41943040 3 20 100\"}"), std::string::npos);
 }
 
-std::string http_get(uint16_t port, const std::string& path) {
-  const int fd = test::connect_loopback(port);
-  if (fd < 0) return "connect failed: " + std::string(std::strerror(errno));
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string answer;
-  char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) answer.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return answer;
-}
+std::string http_get(uint16_t port, const std::string& path) { return test::http_exchange(port, "GET " + path + " HTTP/1.0"); }
 
 TEST_F(Cli, MetricsEndpointScrapesOnLoopback) {
   const std::string k_worker_series = "vramswap_process_resident_bytes{gpu=\"0\",UUID=\"host-0\",job_name=\"session_worker\",member=\"";

@@ -35,6 +35,7 @@
 
 #include "core/status.hpp"
 #include "server/metrics_endpoint.hpp"
+#include "support/loopback.hpp"
 #include "support/test_env.hpp"
 
 extern char** environ;
@@ -44,48 +45,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct reply {
-  int status = 0;  // 0: no answer (connection refused or cut)
-  std::string body;
-};
-
-// One HTTP/1.0 request to address:port; the whole answer, headers and all ("" when none came).
-std::string http_exchange(uint16_t port, const std::string& line, const char* address = "127.0.0.1") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  ::inet_pton(AF_INET, address, &addr.sin_addr);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string text = line + "\r\n\r\n";
-  (void)!::send(fd, text.data(), text.size(), MSG_NOSIGNAL);
-  std::string all;
-  char buf[4096];
-  for (;;) {
-    pollfd pfd{fd, POLLIN, 0};
-    if (::poll(&pfd, 1, 5000) <= 0) break;
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    all.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return all;
-}
-
-// The status code and the body of http_exchange()'s answer (status 0: none).
-reply request(uint16_t port, const std::string& line, const char* address = "127.0.0.1") {
-  reply r;
-  const std::string all = http_exchange(port, line, address);
-  if (all.rfind("HTTP/1.0 ", 0) != 0) return r;
-  r.status = std::atoi(all.c_str() + 9);
-  const size_t at = all.find("\r\n\r\n");
-  if (at != std::string::npos) r.body = all.substr(at + 4);
-  return r;
-}
+using test::http_exchange;
+using test::http_reply;
+using test::http_request;
 
 bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -143,51 +105,51 @@ TEST(HealthEndpoint, LivenessAndReadinessFollowTheLoopsBeat) {
   ASSERT_EQ(loop.start_rc, ok) << "the endpoint should start on 127.0.0.1: " << last_error();
   const uint16_t port = loop.port();
   // No beat yet: alive (within the stall limit of the start) but not ready.
-  reply r = request(port, "GET /readyz HTTP/1.0");
+  http_reply r = http_request(port, "GET /readyz HTTP/1.0");
   EXPECT_EQ(r.status, 503) << "/readyz before the loop's first beat should be 503; body: " << r.body;
   EXPECT_NE(r.body.find("has not begun serving"), std::string::npos) << "/readyz should say the loop is not serving yet: " << r.body;
-  r = request(port, "GET /healthz HTTP/1.0");
+  r = http_request(port, "GET /healthz HTTP/1.0");
   EXPECT_EQ(r.status, 200) << "/healthz within the stall limit should be 200; body: " << r.body;
 
   loop.go(fake_loop::step::turn);
-  EXPECT_TRUE(eventually([&] { return request(port, "GET /readyz HTTP/1.0").status == 200; }))
-      << "/readyz should turn 200 once the loop beats; last body: " << request(port, "GET /readyz HTTP/1.0").body;
-  r = request(port, "GET /healthz HTTP/1.0");
+  EXPECT_TRUE(eventually([&] { return http_request(port, "GET /readyz HTTP/1.0").status == 200; }))
+      << "/readyz should turn 200 once the loop beats; last body: " << http_request(port, "GET /readyz HTTP/1.0").body;
+  r = http_request(port, "GET /healthz HTTP/1.0");
   EXPECT_EQ(r.status, 200) << "/healthz with the loop turning should be 200; body: " << r.body;
   EXPECT_EQ(r.body, "ok\n") << "/healthz should answer \"ok\"";
   std::this_thread::sleep_for(900ms);
-  r = request(port, "GET /healthz HTTP/1.0");
+  r = http_request(port, "GET /healthz HTTP/1.0");
   EXPECT_EQ(r.status, 200) << "a loop that keeps turning past the stall limit is alive; body: " << r.body;
 
   // Stuck: 503 once past the limit, saying for how long.
   loop.go(fake_loop::step::stuck);
-  EXPECT_EQ(request(port, "GET /healthz HTTP/1.0").status, 200) << "a loop that just stopped is still within the limit";
-  EXPECT_TRUE(eventually([&] { return request(port, "GET /healthz HTTP/1.0").status == 503; }, 5s))
+  EXPECT_EQ(http_request(port, "GET /healthz HTTP/1.0").status, 200) << "a loop that just stopped is still within the limit";
+  EXPECT_TRUE(eventually([&] { return http_request(port, "GET /healthz HTTP/1.0").status == 503; }, 5s))
       << "/healthz should turn 503 once the loop has not turned for 600 ms";
-  r = request(port, "GET /healthz HTTP/1.0");
+  r = http_request(port, "GET /healthz HTTP/1.0");
   EXPECT_NE(r.body.find("has not turned for"), std::string::npos) << "the 503 should say why: " << r.body;
   EXPECT_NE(r.body.find("restart vramswapd"), std::string::npos) << "the 503 should say what to do: " << r.body;
-  r = request(port, "GET /readyz HTTP/1.0");
+  r = http_request(port, "GET /readyz HTTP/1.0");
   EXPECT_EQ(r.status, 503) << "a stalled loop is not ready; body: " << r.body;
 
   // Turning again: live again.
   loop.go(fake_loop::step::turn);
-  EXPECT_TRUE(eventually([&] { return request(port, "GET /healthz HTTP/1.0").status == 200; }, 5s))
+  EXPECT_TRUE(eventually([&] { return http_request(port, "GET /healthz HTTP/1.0").status == 200; }, 5s))
       << "/healthz should recover once the loop turns again";
 
   // Paths and methods.
-  r = request(port, "GET /metrics HTTP/1.0");
+  r = http_request(port, "GET /metrics HTTP/1.0");
   EXPECT_EQ(r.status, 200) << "/metrics should render; body: " << r.body;
   EXPECT_EQ(r.body, "vramswap_test_metric 1\n") << "/metrics should be the render function's text";
-  r = request(port, "GET /nothing-here HTTP/1.0");
+  r = http_request(port, "GET /nothing-here HTTP/1.0");
   EXPECT_EQ(r.status, 404) << "an unknown path should be 404; body: " << r.body;
   EXPECT_NE(r.body.find("/healthz"), std::string::npos) << "the 404 should list what is served: " << r.body;
-  EXPECT_EQ(request(port, "POST /healthz HTTP/1.0").status, 405) << "a POST should be 405";
-  EXPECT_EQ(request(port, "GET /healthz?verbose HTTP/1.0").status, 200) << "a query string should not change the path";
+  EXPECT_EQ(http_request(port, "POST /healthz HTTP/1.0").status, 405) << "a POST should be 405";
+  EXPECT_EQ(http_request(port, "GET /healthz?verbose HTTP/1.0").status, 200) << "a query string should not change the path";
 
   // The loop's thread ends: no more beats, so not live.
   loop.join();
-  EXPECT_TRUE(eventually([&] { return request(port, "GET /healthz HTTP/1.0").status == 503; }, 5s))
+  EXPECT_TRUE(eventually([&] { return http_request(port, "GET /healthz HTTP/1.0").status == 503; }, 5s))
       << "/healthz should be 503 once the loop no longer turns";
 }
 
@@ -198,7 +160,7 @@ TEST(HealthEndpoint, HeadAnswersWhatGetWouldWithoutTheBody) {
   ASSERT_EQ(loop.start_rc, ok) << last_error();
   loop.go(fake_loop::step::turn);
   const uint16_t port = loop.port();
-  ASSERT_TRUE(eventually([&] { return request(port, "GET /readyz HTTP/1.0").status == 200; }));
+  ASSERT_TRUE(eventually([&] { return http_request(port, "GET /readyz HTTP/1.0").status == 200; }));
   for (const char* path : {"/healthz", "/readyz", "/metrics", "/nothing-here"}) {
     const std::string get = http_exchange(port, std::string("GET ") + path + " HTTP/1.0");
     const std::string head = http_exchange(port, std::string("HEAD ") + path + " HTTP/1.0");
@@ -230,9 +192,9 @@ TEST(HealthEndpoint, BindsTheAddressItIsGivenAndRefusesABadOneByName) {
     fake_loop loop(30000);
     ASSERT_EQ(loop.start_rc, ok) << "the endpoint should bind 127.0.0.2: " << last_error();
     loop.go(fake_loop::step::turn);
-    EXPECT_TRUE(eventually([&] { return request(loop.port(), "GET /readyz HTTP/1.0", "127.0.0.2").status == 200; }))
+    EXPECT_TRUE(eventually([&] { return http_request(loop.port(), "GET /readyz HTTP/1.0", "127.0.0.2").status == 200; }))
         << "the endpoint should answer on 127.0.0.2";
-    EXPECT_EQ(request(loop.port(), "GET /readyz HTTP/1.0", "127.0.0.1").status, 0)
+    EXPECT_EQ(http_request(loop.port(), "GET /readyz HTTP/1.0", "127.0.0.1").status, 0)
         << "the endpoint should not listen on 127.0.0.1 when given 127.0.0.2";
   }
   ASSERT_EQ(metrics_endpoint::set_address("127.0.0.1", "the test"), ok) << last_error();
@@ -324,15 +286,15 @@ TEST_F(Vramswapd, AnswersItsProbesAndExitsZeroPromptlyOnSigtermWithAClientAttach
     return port != 0;
   }, 20s)) << "vramswapd should log its metrics URL; its stderr: " << read_file(server_err);
 
-  EXPECT_TRUE(eventually([&] { return request(port, "GET /readyz HTTP/1.0").status == 200; }))
-      << "a serving vramswapd's /readyz should be 200; last body: " << request(port, "GET /readyz HTTP/1.0").body;
-  reply r = request(port, "GET /healthz HTTP/1.0");
+  EXPECT_TRUE(eventually([&] { return http_request(port, "GET /readyz HTTP/1.0").status == 200; }))
+      << "a serving vramswapd's /readyz should be 200; last body: " << http_request(port, "GET /readyz HTTP/1.0").body;
+  http_reply r = http_request(port, "GET /healthz HTTP/1.0");
   EXPECT_EQ(r.status, 200) << "a serving vramswapd's /healthz should be 200; body: " << r.body;
   EXPECT_EQ(r.body, "ok\n") << "a serving vramswapd should answer \"ok\"";
-  r = request(port, "GET /metrics HTTP/1.0");
+  r = http_request(port, "GET /metrics HTTP/1.0");
   EXPECT_EQ(r.status, 200) << "/metrics should be 200; body: " << r.body;
   EXPECT_NE(r.body.find("vramswap_pool_frames"), std::string::npos) << "/metrics should carry the pool's gauges: " << r.body;
-  EXPECT_EQ(request(port, "GET /favicon.ico HTTP/1.0").status, 404) << "an unknown path should be 404";
+  EXPECT_EQ(http_request(port, "GET /favicon.ico HTTP/1.0").status, 404) << "an unknown path should be 404";
 
   // A client that attaches and then waits for the server to go.
   const std::string client_out = files_ + "client.out";
@@ -364,7 +326,7 @@ TEST_F(Vramswapd, AnswersItsProbesAndExitsZeroPromptlyOnSigtermWithAClientAttach
       << "vramswapd should say it stopped on request with the client attached: " << log;
   EXPECT_NE(log.find("stopped; pool left for the next server"), std::string::npos) << "with a client attached, vramswapd should say it left the pool for the next server: " << log;
   EXPECT_NE(::stat(socket_path.c_str(), &st), 0) << "the socket " << socket_path << " should be removed on SIGTERM";
-  EXPECT_EQ(request(port, "GET /healthz HTTP/1.0").status, 0) << "the endpoint should be closed after exit";
+  EXPECT_EQ(http_request(port, "GET /healthz HTTP/1.0").status, 0) << "the endpoint should be closed after exit";
 
   EXPECT_EQ(reap(client, 10s), 0) << "the attached client should notice the server's end and exit 0; its stderr: "
                                   << read_file(client_err);
@@ -397,12 +359,12 @@ TEST(HealthEndpointStopping, ReadinessIs503OnceStopping) {
   fake_loop loop(30000);
   ASSERT_EQ(loop.start_rc, ok) << last_error();
   loop.go(fake_loop::step::turn);
-  ASSERT_TRUE(eventually([&] { return request(loop.port(), "GET /readyz HTTP/1.0").status == 200; })) << "should be ready first";
+  ASSERT_TRUE(eventually([&] { return http_request(loop.port(), "GET /readyz HTTP/1.0").status == 200; })) << "should be ready first";
   metrics_endpoint::note_stopping();
-  const reply r = request(loop.port(), "GET /readyz HTTP/1.0");
+  const http_reply r = http_request(loop.port(), "GET /readyz HTTP/1.0");
   EXPECT_EQ(r.status, 503) << "/readyz should be 503 once stopping; body: " << r.body;
   EXPECT_NE(r.body.find("stopping"), std::string::npos) << "the 503 should say it is stopping: " << r.body;
-  EXPECT_EQ(request(loop.port(), "GET /healthz HTTP/1.0").status, 200) << "stopping is not dead: /healthz stays 200";
+  EXPECT_EQ(http_request(loop.port(), "GET /healthz HTTP/1.0").status, 200) << "stopping is not dead: /healthz stays 200";
 }
 
 }  // namespace

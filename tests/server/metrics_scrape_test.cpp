@@ -29,6 +29,7 @@
 #include "lock/turn_histograms.hpp"
 #include "pool/pool_segment.hpp"
 #include "support/deployment.hpp"
+#include "support/loopback.hpp"
 
 namespace vramswap::detail {
 namespace {
@@ -40,30 +41,10 @@ constexpr int k_workers = 3;
 constexpr int k_rounds = 2;
 constexpr int k_hold_ms = 150;
 
-// GET `path` from address:port over HTTP/1.0; the body of a 200 answer, else "".
+// GET `path` from address:port; the body of a 200 answer, else "".
 std::string scrape(const char* address, uint16_t port, const std::string& path = "/metrics") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  ::inet_pton(AF_INET, address, &addr.sin_addr);
-  std::string all;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
-    (void)!::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-    char buf[8192];
-    for (;;) {
-      pollfd pfd{fd, POLLIN, 0};
-      if (::poll(&pfd, 1, 10000) <= 0) break;
-      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      all.append(buf, static_cast<size_t>(n));
-    }
-  }
-  ::close(fd);
-  if (all.rfind("HTTP/1.0 200 OK\r\n", 0) != 0) return "";
-  return all.substr(all.find("\r\n\r\n") + 4);
+  const test::http_reply r = test::http_request(port, "GET " + path + " HTTP/1.0", address);
+  return r.status == 200 ? r.body : "";
 }
 
 // Samples of a scrape: "name{labels}" -> value; and each family's # TYPE.
