@@ -18,6 +18,7 @@
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -1279,6 +1280,42 @@ TEST_F(PoolServer, SegmentOfAServerThatDiedWhileBuildingIsNamedAndReplaced) {
   ASSERT_EQ(f.size(), 3u) << "the next client did not get a server";
   EXPECT_NE(f[2], server.pid);
   vramswap::detail::test::unset_env("VRAMSWAP_HOST_POOL");
+}
+
+}  // namespace
+}  // namespace vramswap::detail
+
+namespace vramswap::detail {
+namespace {
+
+// A server started with a low soft descriptor limit (a shell's, which a server started on
+// demand inherits) raises it to the hard limit, and says so in its log.
+TEST_F(PoolServer, ServerRaisesItsSoftDescriptorLimitToTheHardOne) {
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max <= 256) GTEST_SKIP() << "the hard descriptor limit is " << lim.rlim_max;
+  vramswap::detail::test::set_env("VRAMSWAP_LOG", "info");  // the server's log is checked below
+  const std::string err = dir_ + "-server.err";
+  const std::string cmd = std::string("ulimit -Sn 256 && exec ") + VRAMSWAP_SERVER_BINARY + " --foreground --ready-fd 1";
+  proc server = spawn({"/bin/sh", "-c", cmd}, err);
+  ASSERT_GT(server.pid, 0);
+  servers_.push_back(server.pid);
+  ASSERT_EQ(read_line(server).rfind("ready ", 0), 0u) << read_file(err);
+  const std::string limits = read_file("/proc/" + std::to_string(server.pid) + "/limits");
+  const std::string hard = lim.rlim_max == RLIM_INFINITY ? "unlimited" : std::to_string(lim.rlim_max);
+  std::istringstream lines(limits);
+  std::string line;
+  while (std::getline(lines, line) && line.rfind("Max open files", 0) != 0) {
+  }
+  std::istringstream words(line.substr(std::strlen("Max open files")));
+  std::string soft_now, hard_now;
+  words >> soft_now >> hard_now;
+  EXPECT_EQ(soft_now, hard) << limits;
+  EXPECT_NE(read_file(err).find("raised the descriptor limit (RLIMIT_NOFILE) from 256 to the hard limit " + hard), std::string::npos)
+      << read_file(err);
+  ::close(server.in);
+  ::close(server.out);
+  ::unlink(err.c_str());
 }
 
 }  // namespace
