@@ -1275,6 +1275,7 @@ TEST_F(PoolServer, SegmentOfAServerThatDiedWhileBuildingIsNamedAndReplaced) {
   EXPECT_NE(said.find("no longer running"), std::string::npos) << said;
   EXPECT_NE(said.find("replaces it"), std::string::npos) << said;
   vramswap::detail::test::set_env("VRAMSWAP_HOST_POOL", "0");
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "1");  // the server this client starts leaves after the test
   proc& c = client({"connect", "ready", "hold"});
   const std::vector<long> f = fields(read_line(c, 60s));
   ASSERT_EQ(f.size(), 3u) << "the next client did not get a server";
