@@ -148,6 +148,8 @@ int pool_connection::connect(backend& be, int device, bool autostart, std::uniqu
       c->device_ = device;
       c->key_ = info.uuid;
       int rc = dial_server(paths.socket, &c->fd_);
+      // A server that has claimed the pool and builds it listens once it has: wait for it.
+      if (rc == err_unavailable) rc = wait_for_starting_server(paths, info.uuid, device, &c->fd_);
       if (rc == err_unavailable && autostart && restart_expected(info.uuid)) {
         // The pool's server answers to a service manager that restarts it: give it the time
         // (pool_member does the same), rather than race the manager's start with ours.
@@ -158,7 +160,7 @@ int pool_connection::connect(backend& be, int device, bool autostart, std::uniqu
         }
         if (rc == ok) log(log_level::debug, "pool: the service manager restarted the pool server of %s", info.uuid.c_str());
       }
-      if (rc == err_unavailable && autostart) rc = start_or_join_server(paths, device, &c->fd_);
+      if (rc == err_unavailable && autostart) rc = start_or_join_server(paths, info.uuid, device, &c->fd_);
       if (rc != ok) {
         if (rc == err_unavailable && !autostart) {
           return fail(err_unavailable, "pool: no pool server listens on %s; start vramswapd --device %d, or connect with autostart",
@@ -257,8 +259,23 @@ int pool_connection::handshake() noexcept {
   }
   if (w.host_slot_count > 0) VS_TRY(attach_host_pool(w.host_slot_count, w.host_pool_bytes));
   // By name, in this process's view of the runtime dir: a container may mount it elsewhere
-  // than the server sees it.
-  VS_TRY(pool_segment::open(w.segment_name, &segment_));
+  // than the server sees it. Opened after the frames and the host pool, which can take
+  // seconds: the server that welcomed this process may have ended meanwhile, and the name be
+  // gone or another server's (claimed, maybe still building its pool). That is the end of
+  // this handshake, not a broken pool: the caller joins the next server (connect).
+  int opened = pool_segment::open(w.segment_name, &segment_);
+  if (opened == ok && (segment_->header()->server_pid != static_cast<int32_t>(server_pid()) || segment_->header()->pool_id != pool_id_)) {
+    opened = fail(err_version_mismatch,
+                  "pool: the pool segment %s belongs to the pool server pid %d, not to pid %d that welcomed this process",
+                  segment_->path().c_str(), static_cast<int>(segment_->header()->server_pid), static_cast<int>(server_pid()));
+  }
+  if (opened != ok && !server_alive()) {
+    const std::string why = last_error();
+    segment_.reset();
+    return fail(err_system, "pool: the pool server pid %d that welcomed this process ended before it attached (%s)",
+                static_cast<int>(server_pid()), why.c_str());
+  }
+  VS_TRY(opened);
   // The segment at that name must be this server's: a frame table of another pool would
   // have this process write into frames that other processes own.
   if (segment_->header()->server_pid != static_cast<int32_t>(server_pid()) || segment_->header()->pool_id != pool_id_) {
@@ -300,7 +317,8 @@ int pool_connection::rejoin(bool autostart) noexcept {
     VS_TRY(pool_paths::make(key_, autostart, &paths));
     int fd = -1;
     int rc = dial_server(paths.socket, &fd);
-    if (rc == err_unavailable && autostart) rc = start_or_join_server(paths, device_, &fd);
+    if (rc == err_unavailable) rc = wait_for_starting_server(paths, key_, device_, &fd);
+    if (rc == err_unavailable && autostart) rc = start_or_join_server(paths, key_, device_, &fd);
     if (rc != ok) return rc;
     fd_guard conn(fd);
     VS_TRY(check_server_peer(conn.fd, paths.socket));

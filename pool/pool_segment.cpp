@@ -123,6 +123,19 @@ stale_pool inspect_stale(int fd, size_t file_size) {
   return old;
 }
 
+// Does a live server hold the claim of the segment open on `fd`, whose header said `who`
+// (`known`: it did)? By the process where this namespace can see it (no lock taken, so a
+// server's claim or remove is never disturbed); else by the flock itself, tried shared and
+// let go at once.
+bool claim_alive(int fd, bool known, const pool_segment::server_identity& who) {
+  if (known && visible_here(who.pid_ns)) return check_liveness({who.pid, who.start_time}) == liveness::alive;
+  if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
+    ::flock(fd, LOCK_UN);
+    return false;
+  }
+  return errno == EWOULDBLOCK;
+}
+
 uint64_t new_pool_id() {
   uint64_t id = 0;
   if (::getrandom(&id, sizeof id, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof id) || id == 0) {
@@ -383,6 +396,36 @@ int pool_segment::create(const std::string& device_key, uint32_t frame_count, ui
   return ok;
 }
 
+bool pool_segment::starting(const std::string& device_key, server_identity* who) noexcept {
+  try {
+    std::string name;
+    if (name_for(device_key, &name) != ok) {
+      clear_error();
+      return false;
+    }
+    const std::string path = path_of(name);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct stat st {};
+    bool result = false;
+    if (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && static_cast<size_t>(st.st_size) >= sizeof(pool_header)) {
+      void* p = ::mmap(nullptr, sizeof(pool_header), PROT_READ, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) {
+        const bool initialized = header_of(p)->magic.load(std::memory_order_acquire) != 0;
+        ::munmap(p, sizeof(pool_header));
+        server_identity seen;
+        const bool known = read_identity(fd, &seen);
+        result = !initialized && claim_alive(fd, known, seen);
+        if (result && who != nullptr) *who = seen;
+      }
+    }
+    ::close(fd);
+    return result;
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+}
+
 int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* out, bool read_only) noexcept {
   int fd = -1;
   const std::string path = path_of(name);
@@ -401,9 +444,27 @@ int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* o
   }
   const pool_header* h = header_of(base);
   int rc = ok;
-  if (h->magic.load(std::memory_order_acquire) != k_magic) {
-    rc = fail(err_version_mismatch, "pool: %s is not an initialized pool segment (magic %#" PRIx64 ")", path.c_str(),
-              h->magic.load());
+  const uint64_t magic = h->magic.load(std::memory_order_acquire);
+  if (magic == 0) {
+    // Claimed and not initialized yet (pool/pool_layout.hpp): a server that builds its pool,
+    // or one that died while it did. Neither is a version mismatch.
+    server_identity who;
+    const bool known = read_identity(fd, &who);
+    const std::string whom = known ? describe(who) : std::string("a pool server that has not said who it is yet");
+    if (claim_alive(fd, known, who)) {
+      rc = fail(err_unavailable,
+                "pool: %s is claimed by %s, which is still starting (building its pool: device frames, the pinned host "
+                "pool) and does not serve yet; try again once it listens on its socket%s",
+                path.c_str(), whom.c_str(), known ? "" : " (or find it: fuser -v <the segment>)");
+    } else {
+      rc = fail(err_unavailable,
+                "pool: %s was claimed by %s, which is no longer running: it died while building its pool, before it "
+                "served. Nothing uses it; the next vramswapd of the device replaces it when it starts (a client with "
+                "autostart starts one), or remove it (rm %s)",
+                path.c_str(), whom.c_str(), path.c_str());
+    }
+  } else if (magic != k_magic) {
+    rc = fail(err_version_mismatch, "pool: %s is not an initialized pool segment (magic %#" PRIx64 ")", path.c_str(), magic);
   } else if (h->format != format_word()) {
     rc = fail(err_version_mismatch,
               "pool: %s has layout format %#" PRIx64 " (version %" PRIu64 "), this build expects %#" PRIx64

@@ -58,11 +58,18 @@ class pool_segment {
   // claim, then initialize (tests, tools).
   static int create(const std::string& device_key, uint32_t frame_count, uint64_t frame_size, uint32_t host_slots,
                     pid_t server_pid, uint64_t server_start_time, std::unique_ptr<pool_segment>* out) noexcept;
-  // Client: map the segment named by the server. err_version_mismatch when its magic,
-  // format or size are not what this build expects; err_not_owner when it belongs to another
-  // user or is open to others. read_only: map it PROT_READ (observers such as `vramswap
-  // status`); then only the const readers below may be used.
+  // Client: map the segment named by the server. err_unavailable when it is claimed and not
+  // initialized yet: by a server that is still building its pool (the detail names it: wait
+  // for its socket, pool_connection does), or by one that died while it did (the next server
+  // replaces it; the detail says so). err_version_mismatch when its magic, format or size are
+  // not what this build expects; err_not_owner when it belongs to another user or is open to
+  // others. read_only: map it PROT_READ (observers such as `vramswap status`); then only the
+  // const readers below may be used.
   static int open(const std::string& name, std::unique_ptr<pool_segment>* out, bool read_only = false) noexcept;
+  // Is `device_key`'s segment claimed by a live server that has not initialized it yet (it
+  // is building its pool, and listens once it has)? *who (may be null): that server, as far
+  // as it has said. Never fails: anything unreadable is false.
+  static bool starting(const std::string& device_key, server_identity* who) noexcept;
   // Remove the name of a dead server's segment: 0 when removed or absent; err_busy (naming
   // the server) when a server holds it: a live pool is never removed.
   static int remove(const std::string& device_key) noexcept;

@@ -32,6 +32,7 @@
 #include "core/code_location.hpp"
 #include "core/fd_guard.hpp"
 #include "core/unix_address.hpp"
+#include "pool/pool_segment.hpp"
 #include "pool/preload_shim.hpp"
 
 extern char** environ;
@@ -152,7 +153,8 @@ bool read_start_record(int lock_fd, start_record* r) {
 // when connected, ok with *fd < 0 when the lock is ours and a start is up to us; err_timeout
 // naming whoever holds it; the start's error when the client we waited for failed to start
 // one (trying again at once, with what is left of our time, would only fail again).
-int wait_for_start_lock(int lock_fd, const pool_paths& paths, int device, uint64_t deadline, int* fd) {
+int wait_for_start_lock(int lock_fd, const pool_paths& paths, const std::string& key, int device, uint64_t deadline,
+                        uint64_t build_limit, int* fd) {
   *fd = -1;
   bool waited = false;
   for (;;) {
@@ -163,7 +165,10 @@ int wait_for_start_lock(int lock_fd, const pool_paths& paths, int device, uint64
     if (rc == ok) return ok;
     if (rc != err_unavailable) return rc;
     clear_error();
-    if (monotonic_ns() >= deadline) {
+    const uint64_t now = monotonic_ns();
+    // The server that the lock's holder started builds its pool: wait while it does (the
+    // holder waits as long, spawn_server).
+    if (now >= deadline && !(now < build_limit && pool_segment::starting(key, nullptr))) {
       start_record r;
       if (!read_start_record(lock_fd, &r)) {
         return fail(err_timeout,
@@ -199,8 +204,8 @@ int wait_for_start_lock(int lock_fd, const pool_paths& paths, int device, uint64
 // most until `deadline`; a server still not ready then is killed (and our child reaped), so
 // that nothing is left behind and the start lock passes on. `lock_fd`: the start lock, ours.
 // *server_out and *server_pid_out say what was started (for the start lock's record).
-int spawn_server(const pool_paths& paths, int device, int lock_fd, uint64_t deadline, std::string* server_out,
-                 pid_t* server_pid_out) {
+int spawn_server(const pool_paths& paths, const std::string& key, int device, int lock_fd, uint64_t deadline,
+                 uint64_t build_limit, std::string* server_out, pid_t* server_pid_out) {
   std::string server;
   std::string tried;
   VS_TRY(find_server(&server, &tried));
@@ -281,6 +286,7 @@ int spawn_server(const pool_paths& paths, int device, int lock_fd, uint64_t dead
   std::string report;    // what was read and not yet taken as a line
   std::string outcome;   // the "ready ..." or "error ..." line
   bool eof = false;
+  bool building = false;  // past the deadline, while our server builds its pool
   while (outcome.empty() && !eof) {
     if (!reaped) {
       int wstatus = 0;
@@ -288,9 +294,20 @@ int spawn_server(const pool_paths& paths, int device, int lock_fd, uint64_t dead
       reaped = r == pid || (r < 0 && errno == ECHILD);
     }
     const uint64_t now = monotonic_ns();
-    if (now >= deadline) break;
-    // Poll the pipe; while our child lives, wake every 10 ms to reap it.
-    const int left_ms = static_cast<int>((deadline - now) / 1'000'000) + 1;
+    if (now >= deadline) {
+      // Past the start timeout, a server that has claimed the pool and is alive building it
+      // (pinning a large host pool, say) is waited for, up to the build limit.
+      pool_segment::server_identity who;
+      if (now >= build_limit || server_pid <= 0 || !pool_segment::starting(key, &who) || who.pid != server_pid) break;
+      if (!building) {
+        building = true;
+        log(log_level::info, "pool: the pool server %s (pid %d) is still building its pool after %d s; waiting while it does "
+            "(at most %d s)", server.c_str(), static_cast<int>(server_pid), k_server_start_timeout_s, k_server_build_limit_s);
+      }
+    }
+    // Poll the pipe; while our child lives, wake every 10 ms to reap it; while it builds, every 100 ms to look at it.
+    const uint64_t until = now >= deadline ? now + 100'000'000 : deadline;
+    const int left_ms = static_cast<int>((until - now) / 1'000'000) + 1;
     pollfd p{read_end.fd, POLLIN, 0};
     const int n = ::poll(&p, 1, reaped ? left_ms : std::min(left_ms, 10));
     if (n < 0 && errno != EINTR) return fail_errno(errno, "pool: poll on vramswapd's ready pipe");
@@ -329,10 +346,11 @@ int spawn_server(const pool_paths& paths, int device, int lock_fd, uint64_t dead
     const pid_t named = server_pid > 0 ? server_pid : pid;
     const std::string tail = tail_of(paths.log, 600);
     return fail(err_timeout,
-                "pool: the pool server %s (pid %d) did not become ready within %d s, so it was killed%s; its log %s ends with: "
+                "pool: the pool server %s (pid %d) did not become ready within %d s%s, so it was killed%s; its log %s ends with: "
                 "%s. Fix what the log says; a server that needs longer to build its pool can be started by hand "
                 "(vramswapd --device %d --foreground)",
-                server.c_str(), static_cast<int>(named), k_server_start_timeout_s,
+                server.c_str(), static_cast<int>(named), building ? k_server_build_limit_s : k_server_start_timeout_s,
+                building ? " (it was building its pool all that time)" : "",
                 reaped ? "" : " (our child did not exit in 2 s of SIGKILL)", paths.log.c_str(),
                 tail.empty() ? "(nothing)" : tail.c_str(), device);
   }
@@ -350,19 +368,74 @@ int spawn_server(const pool_paths& paths, int device, int lock_fd, uint64_t dead
 
 }  // namespace
 
-int start_or_join_server(const pool_paths& paths, int device, int* fd) noexcept {
+int wait_for_starting_server(const pool_paths& paths, const std::string& key, int device, int* fd) noexcept {
   try {
-    // One bound for all of a start: waiting for the start lock, the spawn, the ready report.
-    const uint64_t deadline = monotonic_ns() + uint64_t{k_server_start_timeout_s} * 1'000'000'000;
+    const uint64_t since = monotonic_ns();
+    const uint64_t limit = since + uint64_t{k_server_build_limit_s} * 1'000'000'000;
+    pool_segment::server_identity who;
+    bool told = false;
+    for (;;) {
+      pool_segment::server_identity now_who;
+      const bool starting = pool_segment::starting(key, &now_who);
+      // Dialled after the look: a server that initialized its segment in between listens by now.
+      const int rc = dial_server(paths.socket, fd);
+      if (rc != err_unavailable) {
+        if (rc == ok && told) {
+          log(log_level::info, "pool: the pool server pid %d of device %d serves now (waited %.1f s for it to build its pool)",
+              static_cast<int>(who.pid), device, static_cast<double>(monotonic_ns() - since) / 1e9);
+        }
+        return rc;
+      }
+      if (!starting) {
+        if (!told) return rc;  // nobody is starting: the caller starts one or says so
+        return fail(err_unavailable,
+                    "pool: the pool server pid %d of device %d, which this process waited for while it built its pool, ended "
+                    "before it listened on %s; see its log %s",
+                    static_cast<int>(who.pid), device, paths.socket.c_str(), paths.log.c_str());
+      }
+      clear_error();
+      if (!told) {
+        who = now_who;
+        told = true;
+        log(log_level::info, "pool: the pool server pid %d of device %d is starting (building its pool); waiting for it to listen on %s",
+            static_cast<int>(who.pid), device, paths.socket.c_str());
+      }
+      if (monotonic_ns() >= limit) {
+        return fail(err_timeout,
+                    "pool: the pool server pid %d of device %d has been building its pool for %d s and does not listen on %s "
+                    "yet; it is taken for hung: see its log %s, stop it (kill %d) and start vramswapd --device %d "
+                    "--foreground to see why",
+                    static_cast<int>(who.pid), device, k_server_build_limit_s, paths.socket.c_str(), paths.log.c_str(),
+                    static_cast<int>(who.pid), device);
+      }
+      ::usleep(20'000);
+    }
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "pool: out of host memory");
+  }
+}
+
+int start_or_join_server(const pool_paths& paths, const std::string& key, int device, int* fd) noexcept {
+  try {
+    // One bound for all of a start: waiting for the start lock, the spawn, the ready report;
+    // longer only while the server that was started is alive and building its pool.
+    const uint64_t start = monotonic_ns();
+    const uint64_t deadline = start + uint64_t{k_server_start_timeout_s} * 1'000'000'000;
+    const uint64_t build_limit = start + uint64_t{k_server_build_limit_s} * 1'000'000'000;
     // One starter at a time: the others wait here and then find the server it started.
     fd_guard lock;
     VS_TRY(open_owned(paths.start_lock, O_RDWR | O_CREAT, "pool: the start lock", "or use another VRAMSWAP_RUNTIME_DIR", &lock.fd));
-    VS_TRY(wait_for_start_lock(lock.fd, paths, device, deadline, fd));
+    VS_TRY(wait_for_start_lock(lock.fd, paths, key, device, deadline, build_limit, fd));
     int rc = *fd >= 0 ? ok : dial_server(paths.socket, fd);
     if (rc == err_unavailable) {
       std::string server;
       pid_t server_pid = 0;
-      const int spawned = spawn_server(paths, device, lock.fd, deadline, &server, &server_pid);
+      // A server started by hand (or of another runtime dir mounted here) that builds the
+      // pool: wait for it rather than start a second one, which could only fail.
+      const int waited = wait_for_starting_server(paths, key, device, fd);
+      if (waited != err_unavailable) return waited;
+      clear_error();
+      const int spawned = spawn_server(paths, key, device, lock.fd, deadline, build_limit, &server, &server_pid);
       const std::string spawn_error = spawned == ok ? "" : last_error();
       rc = dial_server(paths.socket, fd);
       // A server that lost a race with one started by hand reports an error, yet one

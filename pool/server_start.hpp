@@ -16,6 +16,12 @@ namespace vramswap::detail {
 // The bound over a whole start: waiting for the start lock, the spawn, the ready report (and,
 // in pool_connection, each message of the handshake).
 inline constexpr int k_server_start_timeout_s = 30;
+// How long a server that has claimed the device's pool and is building it (alive, its claim
+// in the pool segment, the segment not yet initialized: pool_segment::starting) is waited
+// for past k_server_start_timeout_s: faulting in and pinning a host pool of hundreds of GiB
+// takes minutes, and is no reason to kill it. A server still building after this is taken
+// for hung.
+inline constexpr int k_server_build_limit_s = 600;
 
 // Connects to the server's SOCK_SEQPACKET socket at `socket_path`: *fd, or err_unavailable
 // when nobody listens there (no such file, or a stale file of a dead server).
@@ -25,7 +31,15 @@ int dial_server(const std::string& socket_path, int* fd) noexcept;
 // is starting one, then connects (*fd). err_unavailable (no binary found, or it could not
 // start or died before it was ready: the detail names what was tried or its log),
 // err_timeout (nothing ready within k_server_start_timeout_s), err_not_owner, err_system.
-int start_or_join_server(const pool_paths& paths, int device, int* fd) noexcept;
+int start_or_join_server(const pool_paths& paths, const std::string& device_key, int device, int* fd) noexcept;
+
+// After dial_server found nobody: if a live server has claimed `device_key`'s pool and is
+// building it (pool_segment::starting), wait for it to listen and connect (*fd); it serves
+// once its pool is built. err_unavailable at once when no server is starting (then nobody
+// serves the device: start one), or when the one that was starting ended before it listened;
+// err_timeout after k_server_build_limit_s (the detail names the server, its pid and its
+// log).
+int wait_for_starting_server(const pool_paths& paths, const std::string& device_key, int device, int* fd) noexcept;
 
 // Where vramswapd is looked for: VRAMSWAP_SERVER; else next to the object holding this
 // code (libvramswap, the Python module, the shim; found with dladdr), then ../bin and

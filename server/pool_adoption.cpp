@@ -167,9 +167,20 @@ void pool_server::serve_rejoin(int fd, const pool_protocol::hello& h, pid_t peer
     rc = send_fds(fd, nullptr, 0, &done, sizeof done);
   }
   if (rc != ok) {
-    log(log_level::warn, "vramswapd: member %u (pid %d) could not rejoin: %s; it stays out until it tries again or ends", h.member,
-        static_cast<int>(h.pid), last_error());
+    const std::string why = last_error();
     ::close(fd);
+    // A member tries again every few hundred ms: one line per member and half minute says
+    // it, with what was left out.
+    const uint64_t now = monotonic_ns();
+    ++rejoin_failures_;
+    if (rejoin_warned_ns_ != 0 && now - rejoin_warned_ns_ < k_rejoin_warn_interval_ns) return;
+    const uint64_t more = rejoin_failures_ - 1;
+    rejoin_failures_ = 0;
+    rejoin_warned_ns_ = now;
+    const std::string limit = descriptor_limit_note(why);
+    log(log_level::warn, "vramswapd: member %u (pid %d) could not rejoin: %s%s; it stays out until it tries again or ends%s", h.member,
+        static_cast<int>(h.pid), why.c_str(), limit.c_str(),
+        more > 0 ? (" (" + std::to_string(more) + " more failed rejoins in the last 30 s not logged)").c_str() : "");
     return;
   }
   orphan->fd = fd;
@@ -182,6 +193,19 @@ void pool_server::serve_rejoin(int fd, const pool_protocol::hello& h, pid_t peer
       send_frames               ? ", and handed over the frames"
       : frames_.empty()         ? " without the frames' descriptors (it could not keep them: RLIMIT_NOFILE); waiting for another member"
                                 : "");
+}
+
+// When `why` (a failed rejoin) comes from this server's descriptor limit: what the limit is,
+// what the pool needs, and how to raise it; else "".
+std::string pool_server::descriptor_limit_note(const std::string& why) const {
+  if (why.find("Too many open files") == std::string::npos && why.find("file descriptor limit") == std::string::npos) return "";
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return "";
+  auto text = [](rlim_t v) { return v == RLIM_INFINITY ? std::string("unlimited") : std::to_string(static_cast<unsigned long long>(v)); };
+  return "; this server's descriptor limit (RLIMIT_NOFILE: soft " + text(lim.rlim_cur) + ", hard " + text(lim.rlim_max) +
+         ") is too low to take over the pool's " + std::to_string(frame_count_) + " frames (one descriptor each, twice while " +
+         "they are imported, and more for its clients): raise it where the server starts (ulimit -n in the shell of the job "
+         "that starts it on demand, whose limit it inherits; LimitNOFILE= in deploy/systemd/vramswapd@.service), then restart it";
 }
 
 // The frames' descriptors from a rejoining member, the ones it was given and kept, and the host

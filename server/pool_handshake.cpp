@@ -27,11 +27,16 @@
 #include "lock/shared_segment.hpp"
 #include "pool/pool_protocol.hpp"
 #include "pool/pool_segment.hpp"
+#include "pool/server_start.hpp"
 
 namespace vramswap::detail {
 namespace {
 
 constexpr int k_client_io_timeout_s = 5;  // a client that stops reading during its handshake is dropped
+// How long a newcomer may take between its welcome and its attach while its process lives:
+// it pins the shared host pool meanwhile, which for hundreds of GiB takes as long as the
+// server's own build of it. One that hangs up is dropped at once.
+constexpr uint64_t k_attach_limit_ns = uint64_t{k_server_build_limit_s} * 1'000'000'000;
 
 // What may be at the socket path before we bind: nothing, or the socket of a dead server of
 // ours (we hold the server flock, so no live one of ours listens), which is removed. Anything
@@ -286,27 +291,77 @@ void pool_server::welcome_newcomer(int fd, const pool_protocol::hello& h, pid_t 
     pool_protocol::host_pool hp{w.host_pool_bytes, host_slots_, 0};
     rc = send_fds(fd, &host_pool_fd_, 1, &hp, sizeof hp);
   }
-  // The client leases its slot, then says so; only then is it a member (a server that dies
-  // before this point leaves a slot that no lease holds, which the next one repairs).
-  if (rc == ok) {
-    pool_protocol::attach a{};
-    size_t len = 0;
-    size_t nfds = 0;
-    rc = recv_fds(fd, nullptr, 0, &nfds, &a, sizeof a, &len);
-    if (rc == ok && (len != sizeof a || a.magic != k_magic)) rc = fail(err_version_mismatch, "a malformed attach message (%zu bytes)", len);
-    if (rc == ok && a.status != ok) rc = fail(a.status < 0 ? a.status : err_internal, "it could not attach (%s; its own error says why)", status_name(a.status));
-  }
-  if (rc == ok) {
-    const pool_protocol::attach done{k_magic, ok};
-    rc = send_fds(fd, nullptr, 0, &done, sizeof done);
-  }
   if (rc != ok) {
     log(log_level::warn, "vramswapd: pid %d left during its handshake: %s", h.pid, last_error());
     segment_->remove_member(member);
     ::close(fd);
     return;
   }
-  clients_.push_back(client{fd, member, h.pid, h.start_time, peer_pid, pidfd.release(), 0, false});
-  log(log_level::info, "vramswapd: member %u: pid %d attached (%zu clients)", member, h.pid, clients_.size());
+  // The client imports the frames, pins the host pool, leases its slot, then says so; only
+  // then is it a member (a server that dies before this point leaves a slot that no lease
+  // holds, which the next one repairs). run() waits for that message (finish_attach).
+  try {
+    attaching_.push_back(attaching{fd, member, h, peer_pid, pidfd.fd, monotonic_ns()});
+  } catch (const std::bad_alloc&) {
+    log(log_level::warn, "vramswapd: pid %d dropped during its handshake: out of host memory", h.pid);
+    segment_->remove_member(member);
+    ::close(fd);
+    return;
+  }
+  pidfd.release();
+}
+
+void pool_server::finish_attach(size_t i) noexcept {
+  constexpr uint32_t k_magic = pool_protocol::k_magic;
+  const attaching a = attaching_[i];
+  attaching_.erase(attaching_.begin() + static_cast<ptrdiff_t>(i));
+  pool_protocol::attach msg{};
+  size_t len = 0;
+  size_t nfds = 0;
+  int rc = recv_fds(a.fd, nullptr, 0, &nfds, &msg, sizeof msg, &len);
+  if (rc == ok && (len != sizeof msg || msg.magic != k_magic)) rc = fail(err_version_mismatch, "a malformed attach message (%zu bytes)", len);
+  if (rc == ok && msg.status != ok) {
+    rc = fail(msg.status < 0 ? msg.status : err_internal, "it could not attach (%s; its own error says why)", status_name(msg.status));
+  }
+  if (rc == ok) {
+    const pool_protocol::attach done{k_magic, ok};
+    rc = send_fds(a.fd, nullptr, 0, &done, sizeof done);
+  }
+  bool added = false;
+  if (rc == ok) {
+    try {
+      clients_.push_back(client{a.fd, a.member, a.hello.pid, a.hello.start_time, a.peer_pid, a.pidfd, 0, false});
+      added = true;
+    } catch (const std::bad_alloc&) {
+      rc = fail(err_out_of_memory, "out of host memory");
+    }
+  }
+  if (!added) {
+    log(log_level::warn, "vramswapd: pid %d left during its handshake: %s", a.hello.pid, last_error());
+    segment_->remove_member(a.member);
+    ::close(a.fd);
+    if (a.pidfd >= 0) ::close(a.pidfd);
+    return;
+  }
+  log(log_level::info, "vramswapd: member %u: pid %d attached in %.2f s (%zu clients)", a.member, a.hello.pid,
+      static_cast<double>(monotonic_ns() - a.since_ns) / 1e9, clients_.size());
+}
+
+void pool_server::drop_late_attaches(uint64_t now) noexcept {
+  for (size_t i = 0; i < attaching_.size();) {
+    const attaching& a = attaching_[i];
+    if (a.since_ns >= now || now - a.since_ns < k_attach_limit_ns) {  // welcomed after `now` was read: not late
+      ++i;
+      continue;
+    }
+    log(log_level::warn,
+        "vramswapd: pid %d did not attach within %d s of its welcome (importing the frames, pinning the host pool); "
+        "dropped, its member slot %u freed: it gets an error and may connect again",
+        static_cast<int>(a.hello.pid), k_server_build_limit_s, a.member);
+    segment_->remove_member(a.member);
+    ::close(a.fd);
+    if (a.pidfd >= 0) ::close(a.pidfd);
+    attaching_.erase(attaching_.begin() + static_cast<ptrdiff_t>(i));
+  }
 }
 }  // namespace vramswap::detail

@@ -230,14 +230,20 @@ int pool_server::run() noexcept {
         pending = true;
       }
     }
+    const size_t first_attaching = fds.size();
+    for (const attaching& a : attaching_) fds.push_back({a.fd, POLLIN | POLLRDHUP, 0});
     int timeout_ms = -1;
     if (lock_repair_pending_) timeout_ms = k_lock_repair_retry_ms;
     // Orphans are watched by their leases and newcomers may wait for the frames: look often.
     if (adopted_ && (!waiting_.empty() || std::any_of(clients_.begin(), clients_.end(), [](const client& c) { return c.orphan; }))) {
       timeout_ms = k_orphan_poll_ms;
     }
+    // A newcomer between its welcome and its attach keeps the server from being idle.
+    if (!attaching_.empty()) idle_since = monotonic_ns();
     if (pending) {
       timeout_ms = 10;
+    } else if (!attaching_.empty()) {
+      timeout_ms = 1000;  // for drop_late_attaches
     } else if (idle_exit_s_ > 0 && clients_.empty()) {
       const uint64_t limit = idle_since + static_cast<uint64_t>(idle_exit_s_) * 1'000'000'000;
       const uint64_t now = monotonic_ns();
@@ -274,8 +280,13 @@ int pool_server::run() noexcept {
         c.hung_up_ns = now;
         close_fd(&c.fd);
       }
+      // Attaches (or hang-ups) of newcomers, from the last: finish_attach erases its entry.
+      for (size_t k = attaching_.size(); k-- > 0;) {
+        if (fds[first_attaching + k].revents != 0) finish_attach(k);
+      }
       if (fds[1].revents != 0) accept_one();
     }
+    drop_late_attaches(now);
     if (lock_repair_pending_) repair_lock();
     if (adopted_) tend_adoption(now);
     // Repair members whose process is gone (or that left long enough ago): with the frames
@@ -302,6 +313,14 @@ int pool_server::run() noexcept {
 pool_server::~pool_server() { teardown(); }
 
 void pool_server::teardown() noexcept {
+  // Newcomers not attached yet are not members: their handshakes fail, and they join the
+  // next server as newcomers.
+  for (attaching& a : attaching_) {
+    if (segment_) segment_->remove_member(a.member);
+    close_fd(&a.fd);
+    close_fd(&a.pidfd);
+  }
+  attaching_.clear();
   // Members still attached (a restart, an upgrade): they go on without a server, and the next
   // one adopts the pool. Their imports keep the frames' memory; only this server's
   // references go below.

@@ -165,6 +165,17 @@ class pool_server {
     int pidfd = -1;
     uint64_t since_ns = 0;
   };
+  // A newcomer that has its welcome, the frames and the host pool, and imports, maps and pins
+  // them before it says it attached: seconds for a large host pool, so run() watches it with
+  // the other connections instead of the handshake waiting for it.
+  struct attaching {
+    int fd = -1;
+    uint32_t member = 0;
+    pool_protocol::hello hello{};
+    pid_t peer_pid = 0;
+    int pidfd = -1;
+    uint64_t since_ns = 0;
+  };
   // Has client `c`'s process exited (all its files released, its GPU work torn down)?
   static bool client_exited(const client& c) noexcept;
 
@@ -182,10 +193,15 @@ class pool_server {
   void accept_one() noexcept;
   void serve_new(int fd) noexcept;
   void welcome_newcomer(int fd, const pool_protocol::hello& h, pid_t peer_pid, int pidfd) noexcept;
+  // attaching_[i]'s attach came, or its connection closed: a member, or its slot freed.
+  void finish_attach(size_t i) noexcept;
+  // Newcomers still attaching after the limit (alive but stuck): dropped, their slots freed.
+  void drop_late_attaches(uint64_t now) noexcept;
   // Adoption of a running pool: pool_adoption.cpp.
   int adopt_pool() noexcept;
   void serve_rejoin(int fd, const pool_protocol::hello& h, pid_t peer_pid, int pidfd) noexcept;
   int receive_frames(int fd) noexcept;
+  std::string descriptor_limit_note(const std::string& why) const;
   // Each turn of run(): orphans whose lease went, newcomers waiting for the frames, and the
   // pool built anew when every orphan died before handing them over.
   void tend_adoption(uint64_t now) noexcept;
@@ -227,10 +243,15 @@ class pool_server {
   std::unique_ptr<metrics_endpoint> metrics_;   // none without a metrics port
   std::vector<client> clients_;
   std::vector<newcomer> waiting_;
+  std::vector<attaching> attaching_;
   uint64_t frames_repaired_ = 0;
   bool adopted_ = false;
   uint64_t adopted_ns_ = 0;  // when this server adopted the pool
   bool lock_repair_pending_ = false;
+  // Failed rejoins, logged at most once per k_rejoin_warn_interval_ns.
+  static constexpr uint64_t k_rejoin_warn_interval_ns = 30'000'000'000;
+  uint64_t rejoin_warned_ns_ = 0;
+  uint64_t rejoin_failures_ = 0;
   bool socket_bound_ = false;
 };
 

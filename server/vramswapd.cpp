@@ -26,6 +26,7 @@
 // runtime's probes (server/metrics_endpoint.hpp); --metrics-address moves it off loopback so
 // that a pod's kubelet and Prometheus can reach it. docs/deploy.md.
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -218,6 +219,22 @@ int main(int argc, char** argv) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
 
+  // A server started on demand inherits its starter's descriptor limit, often a shell's
+  // 1024: too few for a pool taken over from its members (a descriptor per frame, twice, and
+  // per client). Raise the soft limit to the hard one, as daemons do; said once logging is up.
+  std::string raised;
+  {
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != lim.rlim_max) {
+      const rlim_t was = lim.rlim_cur;
+      lim.rlim_cur = lim.rlim_max;
+      auto text = [](rlim_t v) { return v == RLIM_INFINITY ? std::string("unlimited") : std::to_string(static_cast<unsigned long long>(v)); };
+      raised = ::setrlimit(RLIMIT_NOFILE, &lim) == 0
+                   ? "vramswapd: raised the descriptor limit (RLIMIT_NOFILE) from " + text(was) + " to the hard limit " + text(lim.rlim_max)
+                   : "vramswapd: could not raise the descriptor limit (RLIMIT_NOFILE) from " + text(was) + " to the hard limit " +
+                         text(lim.rlim_max) + ": " + std::strerror(errno) + "; raise it where the server starts (ulimit -n, LimitNOFILE=)";
+    }
+  }
   std::unique_ptr<pool_server> server;
   if (pool_server::start(options, &server) != ok) {
     std::string why = last_error();
@@ -226,6 +243,7 @@ int main(int argc, char** argv) {
     report(static_cast<int>(ready_fd), "error " + why);
     return 1;
   }
+  if (!raised.empty()) log(log_level::info, "%s", raised.c_str());
   g_server.store(server.get());
   // A signal during the build found no server to stop: stop now, before serving anyone.
   if (g_stop_requested != 0) server->request_stop();

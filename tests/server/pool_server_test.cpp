@@ -16,7 +16,9 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -217,7 +219,7 @@ class PoolServer : public ::testing::Test {
     pool_segment::remove("host-0");
     device_lock::remove("host-0");
     if (std::system(("rm -rf " + dir_).c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
-    for (const char* v : {"VRAMSWAP_RUNTIME_DIR", "VRAMSWAP_SHM_PREFIX", "VRAMSWAP_SERVER", "VRAMSWAP_POOL_IDLE_EXIT"}) vramswap::detail::test::unset_env(v);
+    for (const char* v : {"VRAMSWAP_RUNTIME_DIR", "VRAMSWAP_SHM_PREFIX", "VRAMSWAP_SERVER", "VRAMSWAP_POOL_IDLE_EXIT", "VRAMSWAP_HOST_POOL"}) vramswap::detail::test::unset_env(v);
   }
 
   // A client running `steps`, remembered for TearDown; its stderr to `err_file` when given.
@@ -1153,6 +1155,168 @@ TEST_F(PoolServer, HostPoolIsSharedByItsClients) {
   }
   server->request_stop();
   loop.join();
+}
+
+}  // namespace
+}  // namespace vramswap::detail
+
+namespace vramswap::detail {
+namespace {
+
+// The pool segment's header as a reader sees it now: claimed, magic, server pid; false when
+// there is no segment (yet).
+struct header_view {
+  bool claimed = false;
+  uint64_t magic = 0;
+  int server_pid = 0;
+};
+bool view_header(const std::string& path, header_view* v) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool seen = false;
+  if (::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= sizeof(pool_layout::pool_header)) {
+    void* p = ::mmap(nullptr, sizeof(pool_layout::pool_header), PROT_READ, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      const pool_layout::pool_header* h = pool_layout::header_of(p);
+      v->claimed = h->claimed.load() == 1;
+      v->magic = h->magic.load();
+      v->server_pid = h->server_pid;
+      ::munmap(p, sizeof(pool_layout::pool_header));
+      seen = true;
+    }
+  }
+  ::close(fd);
+  return seen;
+}
+
+// A real vramswapd stopped (SIGSTOP) between its claim of the pool segment and its
+// initialization of it, the window a large host pool opens; true once it is stopped there.
+// The host pool (faulted in by the server) keeps it in the window long enough to catch it.
+bool stop_in_build_window(pid_t server, const std::string& segment) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    header_view v;
+    if (view_header(segment, &v) && v.claimed && v.magic == 0 && v.server_pid == server) {
+      ::kill(server, SIGSTOP);
+      eventually([&] { return process_state(server) == 'T'; }, 5s);
+      return view_header(segment, &v) && v.magic == 0;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return false;
+}
+
+// Clients that start while the device's server builds its pool (claimed, not initialized)
+// wait for it, with or without autostart, instead of starting a second server (which can
+// only fail) or reading the half-made segment as a version mismatch; an observer is told
+// that the server is starting, by pid.
+TEST_F(PoolServer, ClientsStartingWhileTheServerBuildsItsPoolWaitForIt) {
+  vramswap::detail::test::set_env("VRAMSWAP_HOST_POOL", "1GiB");
+  std::string name;
+  ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
+  const std::string segment = dir_ + name;
+  proc server = spawn({VRAMSWAP_SERVER_BINARY, "--foreground", "--ready-fd", "1"});
+  ASSERT_GT(server.pid, 0);
+  servers_.push_back(server.pid);
+  if (!stop_in_build_window(server.pid, segment)) {
+    ::kill(server.pid, SIGCONT);
+    GTEST_SKIP() << "vramswapd built its pool before it could be stopped in the window";
+  }
+  std::unique_ptr<pool_segment> seg;
+  EXPECT_EQ(pool_segment::open(name, &seg, /*read_only=*/true), err_unavailable);
+  EXPECT_NE(std::string(last_error()).find("pool server pid " + std::to_string(server.pid)), std::string::npos) << last_error();
+  EXPECT_NE(std::string(last_error()).find("still starting"), std::string::npos) << last_error();
+  std::vector<proc*> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(&client({"connect", "ready", "hold"}, dir_ + "-c" + std::to_string(i) + ".err"));
+  clients.push_back(&client({"connect-noauto", "ready", "hold"}, dir_ + "-c3.err"));
+  std::this_thread::sleep_for(1500ms);  // long enough for a client that does not wait to fail
+  for (size_t i = 0; i < clients.size(); ++i) {
+    EXPECT_EQ(::waitpid(clients[i]->pid, nullptr, WNOHANG), 0)
+        << "client " << i << " did not wait for the server: " << read_file(dir_ + "-c" + std::to_string(i) + ".err");
+  }
+  ::kill(server.pid, SIGCONT);
+  EXPECT_EQ(read_line(server, 60s).rfind("ready ", 0), 0u);
+  for (size_t i = 0; i < clients.size(); ++i) {
+    const std::vector<long> f = fields(read_line(*clients[i], 60s));
+    ASSERT_EQ(f.size(), 3u) << "client " << i << ": " << read_file(dir_ + "-c" + std::to_string(i) + ".err");
+    EXPECT_EQ(f[2], server.pid) << "client " << i << " was served by another server";
+  }
+  ::close(server.in);
+  ::close(server.out);
+  for (int i = 0; i < 4; ++i) ::unlink((dir_ + "-c" + std::to_string(i) + ".err").c_str());
+}
+
+// A server that dies while it builds its pool leaves a claimed, never initialized segment:
+// an observer is told so by pid (not a version mismatch, never a wait), and the next client
+// with autostart gets a new server, which replaces the segment.
+TEST_F(PoolServer, SegmentOfAServerThatDiedWhileBuildingIsNamedAndReplaced) {
+  vramswap::detail::test::set_env("VRAMSWAP_HOST_POOL", "1GiB");
+  std::string name;
+  ASSERT_EQ(pool_segment::name_for("host-0", &name), ok);
+  const std::string segment = dir_ + name;
+  proc server = spawn({VRAMSWAP_SERVER_BINARY, "--foreground", "--ready-fd", "1"});
+  ASSERT_GT(server.pid, 0);
+  if (!stop_in_build_window(server.pid, segment)) {
+    ::kill(server.pid, SIGKILL);
+    reap(server.pid);
+    GTEST_SKIP() << "vramswapd built its pool before it could be stopped in the window";
+  }
+  ::kill(server.pid, SIGKILL);
+  EXPECT_EQ(reap(server.pid), 128 + SIGKILL);
+  ::close(server.in);
+  ::close(server.out);
+  std::unique_ptr<pool_segment> seg;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(pool_segment::open(name, &seg, /*read_only=*/true), err_unavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s) << "an open waited for a dead server";
+  const std::string said = last_error();
+  EXPECT_NE(said.find("pool server pid " + std::to_string(server.pid)), std::string::npos) << said;
+  EXPECT_NE(said.find("no longer running"), std::string::npos) << said;
+  EXPECT_NE(said.find("replaces it"), std::string::npos) << said;
+  vramswap::detail::test::set_env("VRAMSWAP_HOST_POOL", "0");
+  vramswap::detail::test::set_env("VRAMSWAP_POOL_IDLE_EXIT", "1");  // the server this client starts leaves after the test
+  proc& c = client({"connect", "ready", "hold"});
+  const std::vector<long> f = fields(read_line(c, 60s));
+  ASSERT_EQ(f.size(), 3u) << "the next client did not get a server";
+  EXPECT_NE(f[2], server.pid);
+  vramswap::detail::test::unset_env("VRAMSWAP_HOST_POOL");
+}
+
+}  // namespace
+}  // namespace vramswap::detail
+
+namespace vramswap::detail {
+namespace {
+
+// A server started with a low soft descriptor limit (a shell's, which a server started on
+// demand inherits) raises it to the hard limit, and says so in its log.
+TEST_F(PoolServer, ServerRaisesItsSoftDescriptorLimitToTheHardOne) {
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max <= 256) GTEST_SKIP() << "the hard descriptor limit is " << lim.rlim_max;
+  vramswap::detail::test::set_env("VRAMSWAP_LOG", "info");  // the server's log is checked below
+  const std::string err = dir_ + "-server.err";
+  const std::string cmd = std::string("ulimit -Sn 256 && exec ") + VRAMSWAP_SERVER_BINARY + " --foreground --ready-fd 1";
+  proc server = spawn({"/bin/sh", "-c", cmd}, err);
+  ASSERT_GT(server.pid, 0);
+  servers_.push_back(server.pid);
+  ASSERT_EQ(read_line(server).rfind("ready ", 0), 0u) << read_file(err);
+  const std::string limits = read_file("/proc/" + std::to_string(server.pid) + "/limits");
+  const std::string hard = lim.rlim_max == RLIM_INFINITY ? "unlimited" : std::to_string(lim.rlim_max);
+  std::istringstream lines(limits);
+  std::string line;
+  while (std::getline(lines, line) && line.rfind("Max open files", 0) != 0) {
+  }
+  std::istringstream words(line.substr(std::strlen("Max open files")));
+  std::string soft_now, hard_now;
+  words >> soft_now >> hard_now;
+  EXPECT_EQ(soft_now, hard) << limits;
+  EXPECT_NE(read_file(err).find("raised the descriptor limit (RLIMIT_NOFILE) from 256 to the hard limit " + hard), std::string::npos)
+      << read_file(err);
+  ::close(server.in);
+  ::close(server.out);
+  ::unlink(err.c_str());
 }
 
 }  // namespace

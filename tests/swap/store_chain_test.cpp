@@ -83,18 +83,26 @@ TEST_F(PoolChain, PagesPastTheSharedPoolGoToEachMembersSwapFileAndComeBackExact)
   EXPECT_STREQ(a->tier_name(0), "host pool");
   EXPECT_STREQ(a->tier_name(1), "swap file");
   // Member 0 saves three times what the pool holds: the pool fills, the rest goes to disk.
+  // Not all of the rest: a save that finds the pool full while the member's own writes to
+  // disk are still in flight takes one of its own staging slots (fallback_slots), and the
+  // page stays there; how many do depends on how fast the disk completes (under load, more).
+  // At most the staging slots: write window + spill ahead + read ahead + one (store_chain.cpp).
   constexpr uint64_t n = 3 * k_pool_slots;
+  constexpr uint64_t k_staging = 2 + 2 + 2 + 1;
   for (uint64_t k = 0; k < n; ++k) ASSERT_EQ(put(*a, k, 100 + k), ok) << last_error();
   ASSERT_EQ(a->flush(), ok) << last_error();
   EXPECT_EQ(a->bytes_held(), n * k_page);
-  EXPECT_GE(a->bytes_in_tier(1), (n - k_pool_slots) * k_page) << "what the pool cannot hold is on disk";
+  EXPECT_GE(a->bytes_in_tier(1), (n - k_pool_slots - k_staging) * k_page)
+      << "what the pool and the member's staging slots cannot hold is on disk";
+  EXPECT_EQ(a->bytes_in_tier(0) + a->bytes_in_tier(1), n * k_page);
+  EXPECT_LE(a->bytes_in_tier(0) / k_page, used_by(0) + k_staging) << "in host memory: the pool's slots and the staging slots";
   EXPECT_EQ(a->tier_of(0), 1u) << "the oldest page went to disk first";
   EXPECT_LE(used_by(0), k_pool_slots);
   // Member 1, with the pool (nearly) all member 0's, still saves: through its own staging
   // slots to its own swap file, never waiting for member 0.
   for (uint64_t k = 0; k < n; ++k) ASSERT_EQ(put(*b, k, 900 + k), ok) << last_error();
   ASSERT_EQ(b->flush(), ok) << last_error();
-  EXPECT_GE(b->bytes_in_tier(1), (n - k_pool_slots) * k_page);
+  EXPECT_GE(b->bytes_in_tier(1), (n - k_pool_slots - k_staging) * k_page);
   // Both read back every byte, in turns, forward and backwards.
   for (uint64_t k = 0; k < n; ++k) ASSERT_TRUE(read_back(*a, k, 100 + k));
   for (uint64_t k = n; k-- > 0;) ASSERT_TRUE(read_back(*b, k, 900 + k));
