@@ -614,6 +614,7 @@ pager_stats pager::stats() const {
   s.allocations = arena_.allocator().allocation_count();
   s.resident_bytes = resident_pages_ * frame_size_;
   s.host_bytes = store_.bytes_held();
+  s.pages_not_resident = live_pages_ - resident_pages_;
   return s;
 }
 

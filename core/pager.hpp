@@ -78,6 +78,7 @@ struct pager_stats {
   uint64_t allocated_bytes = 0;  // live allocations (rounded to 256 B)
   uint64_t allocations = 0;
   uint64_t resident_bytes = 0;   // pages mapped in frames
+  uint64_t pages_not_resident = 0;  // live pages not in a frame: what the next restore_all() needs frames for
   uint64_t host_bytes = 0;       // pages saved in the page store
   uint64_t bytes_out = 0;        // copied device -> host, total
   uint64_t bytes_in = 0;         // copied host -> device, total

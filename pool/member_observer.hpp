@@ -35,8 +35,28 @@ class member_observer {
     copy_cut(slot_.command, sizeof slot_.command, command);
     slot_.identity.store(1, std::memory_order_release);
   }
-  // acquire() called (not a re-entry).
+  // What predicts this member's next acquire (pool/victim_order.hpp), zeroed when it joins:
+  // the server zeroes only the fields it knows.
+  void reset_prediction() noexcept {
+    slot_.released_ns.store(0, std::memory_order_relaxed);
+    slot_.asked_ns.store(0, std::memory_order_relaxed);
+    slot_.idle_gap_ns.store(0, std::memory_order_relaxed);
+    slot_.idle_gaps.store(0, std::memory_order_relaxed);
+    slot_.frames_asked_ahead.store(0, std::memory_order_relaxed);
+    slot_.frames_asked_at_acquire.store(0, std::memory_order_relaxed);
+  }
+  // acquire() called (not a re-entry). The gap since the last release updates the moving
+  // mean of idle gaps (weight 1/2: a job whose rhythm changes is followed within a few turns).
   void asked(lock_priority priority, uint64_t ns) noexcept {
+    const uint64_t released = slot_.released_ns.load(std::memory_order_relaxed);
+    if (released != 0 && ns >= released) {
+      const uint64_t gap = ns - released;
+      const uint32_t gaps = slot_.idle_gaps.load(std::memory_order_relaxed);
+      const uint64_t mean = gaps == 0 ? gap : (slot_.idle_gap_ns.load(std::memory_order_relaxed) + gap) / 2;
+      slot_.idle_gap_ns.store(mean, std::memory_order_relaxed);
+      if (gaps < UINT32_MAX) slot_.idle_gaps.store(gaps + 1, std::memory_order_relaxed);
+    }
+    slot_.asked_ns.store(ns, std::memory_order_relaxed);
     slot_.phase.store(pool_layout::phase_waiting, std::memory_order_relaxed);
     pool_.trace(member_, pool_layout::trace_asked, ns, 0, 0, static_cast<uint64_t>(priority));
   }
@@ -75,6 +95,7 @@ class member_observer {
       slot_.evict_ns.fetch_add(unlock_ns - evict_start_ns, std::memory_order_relaxed);
     }
     slot_.holding_since_ns.store(0, std::memory_order_relaxed);
+    slot_.released_ns.store(unlock_ns, std::memory_order_relaxed);
     slot_.phase.store(pool_layout::phase_idle, std::memory_order_relaxed);
     pool_.trace(member_, pool_layout::trace_released, since, since != 0 ? unlock_ns - since : 0, bytes_out, 0);
     log(log_level::debug, "release: held %.3f ms; %" PRIu64 " bytes evicted at release", since != 0 ? (unlock_ns - since) / 1e6 : 0.0,
@@ -99,6 +120,11 @@ class member_observer {
     slot_.evict_status.store(status, std::memory_order_release);
   }
   void evict_succeeded() noexcept { slot_.evict_status.store(0, std::memory_order_release); }
+  // Frames this member asked others for, ahead of its acquires and during them (totals).
+  void asked_frames(uint64_t ahead, uint64_t at_acquire) noexcept {
+    slot_.frames_asked_ahead.store(ahead, std::memory_order_relaxed);
+    slot_.frames_asked_at_acquire.store(at_acquire, std::memory_order_relaxed);
+  }
   // Where this process's saved pages are now.
   void stored(uint64_t host_bytes, uint64_t disk_bytes) noexcept {
     slot_.host_bytes.store(host_bytes, std::memory_order_relaxed);

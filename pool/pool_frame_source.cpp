@@ -9,6 +9,7 @@
 #include "core/status.hpp"
 #include "lock/futex.hpp"
 #include "lock/process_identity.hpp"
+#include "pool/victim_order.hpp"
 
 namespace vramswap::detail {
 using namespace pool_layout;
@@ -25,20 +26,13 @@ pool_frame_source::pool_frame_source(pool_segment& pool, uint32_t me, std::vecto
 int pool_frame_source::prepare(int, size_t count) {
   const uint32_t n = pool_.frame_count();
   uint32_t free_now = 0, mine = 0, asked = 0;
-  struct candidate {
-    uint64_t last_use;
-    uint32_t frame;
-  };
-  std::vector<candidate> idle;  // frames we may ask for: lent, then idle (LRU)
   for (uint32_t f = 0; f < n; ++f) {
     const frame_word w = frame_word::decode(pool_.read(f));
     if (w.state == frame_free) ++free_now;
     if (w.owner == me_ && w.state != frame_free) ++mine;
-    if (w.state == frame_requested && w.requester == me_) ++asked;
-    if (w.state == frame_idle && w.owner != me_) idle.push_back({pool_.frame(f).last_use.load(std::memory_order_relaxed), f});
-    // Frames lent to oversubscribed (low-priority) processes go first, before any idle frame
-    // of a process that takes turns: last_use 0 sorts them ahead.
-    if (w.state == frame_lent && w.owner != me_) idle.push_back({0, f});
+    // Frames asked of their owners, by us or by a member that asked ahead of its acquire
+    // (ask_ahead): they come free, and we take whatever is free first.
+    if (w.state == frame_requested && w.owner != me_) ++asked;
   }
   if (count > n - mine) {
     return fail(err_out_of_memory,
@@ -47,25 +41,68 @@ int pool_frame_source::prepare(int, size_t count) {
                 count, pool_.frame_size() >> 20, n, mine);
   }
   if (free_now + asked >= count) return ok;
-  uint32_t shortfall = static_cast<uint32_t>(count) - free_now - asked;
-  // Least recently used first; ties by frame index for a deterministic order.
-  std::sort(idle.begin(), idle.end(), [](const candidate& a, const candidate& b) {
-    return a.last_use != b.last_use ? a.last_use < b.last_use : a.frame < b.frame;
-  });
-  std::vector<uint32_t> owners_to_wake;
-  for (const candidate& c : idle) {
-    if (shortfall == 0) break;
-    uint64_t raw = pool_.read(c.frame);
-    const frame_word w = frame_word::decode(raw);
-    if ((w.state != frame_idle && w.state != frame_lent) || w.owner == me_) continue;  // moved since the scan
-    if (!pool_.move(c.frame, raw, frame_requested, w.owner, me_)) continue;
-    --shortfall;
-    if (std::find(owners_to_wake.begin(), owners_to_wake.end(), w.owner) == owners_to_wake.end()) owners_to_wake.push_back(w.owner);
-  }
-  for (uint32_t owner : owners_to_wake) pool_.notify_member(owner);
+  const uint32_t shortfall = static_cast<uint32_t>(count) - free_now - asked;
+  victim_order::options o;
+  o.me = me_;
+  const uint32_t got = ask_in_order(victim_order::order(pool_, monotonic_ns(), o), shortfall);
+  asked_at_acquire_.fetch_add(got, std::memory_order_relaxed);
   // Any shortfall left is frames that others hold active (a holder that died and is being
   // repaired): take() waits for them, within the timeout.
   return ok;
+}
+
+uint32_t pool_frame_source::ask_in_order(const std::vector<uint32_t>& frames, uint32_t wanted) {
+  uint32_t got = 0;
+  std::vector<uint32_t> owners_to_wake;
+  for (uint32_t f : frames) {
+    if (got == wanted) break;
+    uint64_t raw = pool_.read(f);
+    const frame_word w = frame_word::decode(raw);
+    if ((w.state != frame_idle && w.state != frame_lent) || w.owner == me_) continue;  // moved since the scan
+    if (!pool_.move(f, raw, frame_requested, w.owner, me_)) continue;
+    ++got;
+    if (std::find(owners_to_wake.begin(), owners_to_wake.end(), w.owner) == owners_to_wake.end()) owners_to_wake.push_back(w.owner);
+  }
+  for (uint32_t owner : owners_to_wake) pool_.notify_member(owner);
+  return got;
+}
+
+uint32_t pool_frame_source::ask_ahead(size_t need, uint64_t now_ns) {
+  if (need == 0) return 0;
+  const uint64_t fallback = victim_order::mean_gap(pool_);
+  const victim_order::prediction mine = victim_order::predict(pool_, me_, now_ns, fallback);
+  // Only on our own history: a member that acquired once is no evidence of a next turn.
+  if (!mine.at_lock && !mine.from_history) return 0;
+  // Are we next? Nobody else may be bringing memory in (a holder that still needs frames has
+  // them first), and every other member must be predicted to acquire after us.
+  for (uint32_t m = 0; m < k_member_count; ++m) {
+    if (m == me_) continue;
+    const member_slot& s = pool_.member(m);
+    if (s.state.load(std::memory_order_acquire) != member_live) continue;
+    const uint32_t phase = s.phase.load(std::memory_order_relaxed);
+    if (phase == phase_restoring) return 0;
+    if (phase == phase_running) continue;  // the holder, its memory in: it needs no more
+    const victim_order::prediction p = victim_order::predict(pool_, m, now_ns, fallback);
+    if (p.next_ns < mine.next_ns || (p.next_ns == mine.next_ns && m < me_)) return 0;
+  }
+  uint32_t free_now = 0, asked = 0;
+  for (uint32_t f = 0; f < pool_.frame_count(); ++f) {
+    const frame_word w = frame_word::decode(pool_.read(f));
+    if (w.state == frame_free) ++free_now;
+    if (w.state == frame_requested) {
+      // Someone else's request in flight: theirs to finish (a holder's, or another member
+      // that thought itself next); never two at once.
+      if (w.requester != me_) return 0;
+      ++asked;
+    }
+  }
+  if (free_now + asked >= need) return 0;
+  victim_order::options o;
+  o.me = me_;
+  o.only_after_ns = mine.next_ns;  // never the frames of a member that comes before us
+  const uint32_t got = ask_in_order(victim_order::order(pool_, now_ns, o), static_cast<uint32_t>(need - free_now - asked));
+  asked_ahead_.fetch_add(got, std::memory_order_relaxed);
+  return got;
 }
 
 int pool_frame_source::take(int device, size_t size, frame_id* out) {

@@ -5,9 +5,10 @@
 // segment's frame table (pool/pool_layout.hpp), one compare-and-swap per transition.
 //
 // Taking (the lock holder; outside the lock, see below): prepare(n) counts the free frames and, for the
-// shortfall, asks the owners of frames lent to oversubscribed processes, then of the least
-// recently used idle frames, to evict them (lent/idle ->
-// requested, then a futex wake of each owner's pager thread). take() returns a free frame
+// shortfall, asks the owners of frames lent to oversubscribed processes, then of idle frames,
+// the owner predicted to acquire furthest from now first (pool/victim_order.hpp), to evict
+// them (lent/idle -> requested, then a futex wake of each owner's pager thread). Frames
+// already asked of their owners, by anyone, count as coming: they come free. take() returns a free frame
 // as soon as one exists, sleeping on the pool's "frame freed" futex in between: the owners
 // free frames one by one as their copies out complete, while the pager maps and copies in
 // each frame it gets, so the two processes' transfers overlap.
@@ -22,6 +23,10 @@
 // like any other idle frame, and the owner's service thread saves its page first. At the
 // owner's next acquire it becomes active with the rest (reclaim_own).
 //
+// Ahead of need (ask_ahead): a member not holding the lock that is predicted to acquire next
+// asks, for what its next acquire will need and the pool does not have free, the owners
+// predicted to acquire after it, furthest first, so that its acquire finds the frames free.
+//
 // Giving back: frames are zeroed by the pager before they are given back
 // (scrub_before_give_back), then go to free and every waiter is woken.
 //
@@ -30,6 +35,7 @@
 // shared-memory atomics.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -67,16 +73,29 @@ class pool_frame_source final : public frame_source {
   void release_own();
   // This member's view of the frame table (requested_of_me, owned, ...): pool/member_frames.hpp.
   const member_frames& frames() const noexcept { return view_; }
+  // Eviction ahead of need: when this member is predicted to acquire next (its own history
+  // says so, no one else is bringing memory in and no other request is in flight), ask the
+  // owners predicted to acquire after it for what `need` frames the free ones do not cover,
+  // furthest first. Returns the frames asked for (0: nothing to do, or not ours to do).
+  uint32_t ask_ahead(size_t need, uint64_t now_ns);
+  // Frames this member asked others for: ahead of its acquires, and during them (prepare).
+  uint64_t frames_asked_ahead() const noexcept { return asked_ahead_.load(std::memory_order_relaxed); }
+  uint64_t frames_asked_at_acquire() const noexcept { return asked_at_acquire_.load(std::memory_order_relaxed); }
   uint32_t member() const noexcept { return me_; }
 
  private:
   int timed_out_error(uint64_t waited_ns) const;
+  // Ask for up to `wanted` of `frames` (in that order) that are still lent or idle; wake
+  // their owners. Returns how many were asked.
+  uint32_t ask_in_order(const std::vector<uint32_t>& frames, uint32_t wanted);
 
   pool_segment& pool_;
   const uint32_t me_;
   member_frames view_;
   const uint64_t evict_timeout_ns_;
   std::function<bool()> pool_alive_;
+  std::atomic<uint64_t> asked_ahead_{0};
+  std::atomic<uint64_t> asked_at_acquire_{0};
 };
 
 }  // namespace vramswap::detail

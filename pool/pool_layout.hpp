@@ -49,7 +49,9 @@
 //   free      owner none. Contents zero (scrubbed). The lock holder takes free frames; so
 //             may a member outside the lock (only free ones, to idle: take-idle below).
 //   active    owned; the owner holds the lock (or is bringing its memory in).
-//   idle      owned; the owner released the lock. last_use orders idle frames (LRU).
+//   idle      owned; the owner released the lock. last_use: when (the pool clock). Which
+//             idle frames a lock holder asks for first: by their owners' predicted next
+//             acquire, furthest first (the member slot's last line; pool/victim_order.hpp).
 //   requested owned and idle (or lent), and a lock holder (requester) asked the owner to
 //             evict it. The owner's pager thread copies the page out, scrubs and unmaps the
 //             frame, then frees it. The owner may also take it back (-> active) when it
@@ -105,7 +107,10 @@ constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-end
 //    servers that adopted it and says whether its server answers to a service manager; a
 //    member slot is nine lines: the last three say who the member is (uid, job name,
 //    command line), for observers that cannot look the process up themselves.
-constexpr uint64_t k_layout_version = 7;
+// 8: a member slot is ten lines: the last one predicts the member's next acquire (its last
+//    release, a moving mean of its idle gaps) and counts the frames it asked others for
+//    ahead of its acquires and during them.
+constexpr uint64_t k_layout_version = 8;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;
 constexpr uint32_t k_no_member = 0xFFFF;
@@ -220,8 +225,21 @@ struct alignas(k_cache_line) member_slot {
   uint32_t uid;                           // the member's effective uid (in its user namespace)
   char job_name[k_cache_line - 8];        // VRAMSWAP_JOB_NAME, NUL-terminated, cut to fit; "": not set
   char command[2 * k_cache_line];         // its command line, shortened (pool/process_label.hpp), cut to fit
+  // --- tenth line: when the member will next acquire, written by the member itself ---
+  // Hints that order the idle frames a lock holder asks for (pool/victim_order.hpp) and tell
+  // a member whether it is the one predicted to acquire next (eviction ahead of need). Any
+  // of them may be stale or torn between words: a wrong guess costs an eviction that was
+  // not needed yet, never a frame. The member zeroes them when it joins.
+  std::atomic<uint64_t> released_ns;   // CLOCK_MONOTONIC of its last release; 0: none yet
+  std::atomic<uint64_t> asked_ns;      // CLOCK_MONOTONIC of its last acquire() call (not a re-entry)
+  std::atomic<uint64_t> idle_gap_ns;   // moving mean of release -> next acquire() call
+  std::atomic<uint32_t> idle_gaps;     // gaps measured (saturates); 0: idle_gap_ns means nothing
+  uint32_t reserved3_;
+  std::atomic<uint64_t> frames_asked_ahead;       // frames it asked others to evict before its acquire
+  std::atomic<uint64_t> frames_asked_at_acquire;  // frames it asked others to evict while holding the lock
+  uint64_t reserved4_[2];
 };
-static_assert(sizeof(member_slot) == 9 * k_cache_line);
+static_assert(sizeof(member_slot) == 10 * k_cache_line);
 
 // Trace events (`vramswap trace`). Each member has a ring of k_trace_records records in the
 // segment; its session appends, any reader polls. Writers of one member (its acquiring

@@ -25,6 +25,7 @@ int pool_member::join(backend& be, int device, std::unique_ptr<pool_member>* out
   std::unique_ptr<pool_member> m;
   try {
     m.reset(new pool_member(std::move(conn)));
+    m->observe().reset_prediction();
     m->observe().identify(static_cast<uint32_t>(::geteuid()), option_text(option_id::job_name), command_line_of(::getpid()));
   } catch (const std::bad_alloc&) {
     return fail(err_out_of_memory, "device %d: joining the pool: out of host memory", device);

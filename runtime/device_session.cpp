@@ -29,6 +29,7 @@ int device_session::open(int device, std::unique_ptr<device_session>* out) {
   std::unique_ptr<device_session> s(new device_session());
   VS_TRY(flag_option(option_id::eager_release, &s->eager_release_));
   VS_TRY(flag_option(option_id::strict, &s->strict_));
+  VS_TRY(flag_option(option_id::evict_ahead, &s->evict_ahead_));
   uint64_t evict_timeout_s = 0;
   VS_TRY(option_uint(option_id::evict_timeout, &evict_timeout_s));
   s->evict_timeout_ns_ = evict_timeout_s * 1'000'000'000ull;
@@ -137,6 +138,7 @@ int device_session::granted(lock_priority priority, const acquire_start& start, 
   stats_.last_lock_granted_ns = granted_ns;
   stats_.last_resident_ns = monotonic_ns();
   member().observe().resident(granted_ns, stats_.last_resident_ns, memory().stats().bytes_in - bytes_in_before);
+  member().observe().asked_frames(frames_->frames_asked_ahead(), frames_->frames_asked_at_acquire());
   lock_.turns()->switching.observe(stats_.last_resident_ns - granted_ns);  // the device's switch times, for the metrics
   publish_store();
   stats_.lock_wait_seconds += static_cast<double>(granted_ns - start.t0_ns) / 1e9;
@@ -205,7 +207,10 @@ void device_session::serve(uint32_t seen) {
   lock_.check_hold();  // a safe point for fair turns; needs none of our state
   std::lock_guard<std::mutex> guard(mutex_);
   const std::vector<frame_id> wanted = frames_->frames().requested_of_me();
-  if (wanted.empty() || (evict_failing_ && seen == evict_failed_at_requests_ && monotonic_ns() < evict_retry_at_ns_)) return;
+  if (wanted.empty() || (evict_failing_ && seen == evict_failed_at_requests_ && monotonic_ns() < evict_retry_at_ns_)) {
+    ask_ahead();
+    return;
+  }
   const pager_stats before = memory().stats();
   const uint64_t start_ns = monotonic_ns();
   const int rc = memory().evict_frames(wanted);
@@ -229,6 +234,21 @@ void device_session::serve(uint32_t seen) {
   evict_failing_ = rc != ok;
 }
 
+// Between turns: if we are the process predicted to acquire next and the pool lacks free
+// frames for our memory, ask the owners predicted to come after us to evict that much now
+// (pool_frame_source::ask_ahead decides; docs/pool_server.md, Eviction ahead of need). Only
+// compare-and-swaps of the frame table: it never waits and holds the mutex for microseconds.
+// While we wait for the lock too: the holder's memory is in, and the frames we will need are
+// better freed while it computes than after it hands on.
+void device_session::ask_ahead() noexcept {
+  if (!evict_ahead_ || lock_.held()) return;
+  const uint64_t need = memory().stats().pages_not_resident;
+  if (need == 0) return;
+  if (frames_->ask_ahead(need, monotonic_ns()) > 0) {
+    member().observe().asked_frames(frames_->frames_asked_ahead(), frames_->frames_asked_at_acquire());
+  }
+}
+
 // Saved bytes not in the store's first tier (host slots): those in the swap file.
 uint64_t device_session::saved_past_host_tier() const noexcept {
   const uint64_t held = store_->bytes_held();
@@ -246,6 +266,8 @@ session_stats device_session::stats() const {
   session_stats s = stats_;
   s.pager = memory().stats();
   s.disk_bytes = saved_past_host_tier();
+  s.frames_asked_ahead = frames_->frames_asked_ahead();
+  s.frames_asked_at_acquire = frames_->frames_asked_at_acquire();
   return s;
 }
 
@@ -264,6 +286,8 @@ void device_session::fill_stats(vramswap_stats_t* out) const {
   out->lock_wait_seconds = s.lock_wait_seconds;
   out->evict_seconds = s.pager.evict_seconds;
   out->restore_seconds = s.pager.restore_seconds;
+  out->frames_asked_ahead = s.frames_asked_ahead;
+  out->frames_asked_at_acquire = s.frames_asked_at_acquire;
 }
 
 void device_session::memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const {

@@ -56,6 +56,8 @@ struct session_stats {
   uint64_t disk_bytes = 0;        // of pager.host_bytes, those whose only copy is in the swap file
   uint64_t acquires = 0;
   uint64_t evictions_served = 0;  // frames evicted for other processes
+  uint64_t frames_asked_ahead = 0;       // frames other processes were asked to evict before our acquire
+  uint64_t frames_asked_at_acquire = 0;  // frames other processes were asked to evict during our acquire
   double acquire_seconds = 0;     // total time from acquire() call to return, lock wait included
   double lock_wait_seconds = 0;   // of which waiting for the lock
   // CLOCK_MONOTONIC instants of the last switch, to split a handoff into its stages:
@@ -103,7 +105,11 @@ class device_session final : public session {
   // Observability: publish where the saved pages are (host / disk bytes).
   void publish_store() noexcept;
 
+  // Eviction ahead of need (pool_frame_source::ask_ahead), from the service thread.
+  void ask_ahead() noexcept;
+
   bool eager_release_ = false;
+  bool evict_ahead_ = true;
   bool strict_ = false;
   uint64_t evict_timeout_ns_ = 0;
   device_lock lock_;

@@ -46,7 +46,9 @@
   X(cache_trims, uint64_t)        \
   X(allocator_seconds, double)    \
   X(yield_waits, uint64_t)        \
-  X(yield_seconds, double)
+  X(yield_seconds, double)        \
+  X(frames_asked_ahead, uint64_t) \
+  X(frames_asked_at_acquire, uint64_t)
 
 namespace vramswap::detail::process_stats_layout {
 

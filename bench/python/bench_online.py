@@ -69,6 +69,7 @@ def job(args):
     start, count = (float(v) for v in sys.stdin.readline().split())
     count = int(count)
     bursts = []
+    last = vramswap.stats(0)
     for k in range(args.periods):
         arrival = start + args.offset + k * args.period
         time.sleep(max(0.0, arrival - time.time()))
@@ -84,7 +85,12 @@ def job(args):
             "done": c1, "wait_s": wait,
             "switch_s": (after["acquire_seconds"] - before["acquire_seconds"]) - wait,
             "bytes_in": after["bytes_in"] - before["bytes_in"], "bytes_out": after["bytes_out"] - before["bytes_out"],
+            # Frames other jobs were asked to evict for this burst: ahead of it (since the last
+            # burst ended, VRAMSWAP_EVICT_AHEAD) and at its acquire.
+            "ahead": after.get("frames_asked_ahead", 0) - last.get("frames_asked_ahead", 0),
+            "at_acquire": after.get("frames_asked_at_acquire", 0) - before.get("frames_asked_at_acquire", 0),
         })
+        last = after
     print(json.dumps({"bursts": bursts}), flush=True)
 
 
@@ -157,6 +163,8 @@ def run(args, n, rate):
             "switch50": pct(ratio, 0.5), "switchmax": max(ratio) if ratio else float("nan"),
             "gib": statistics.mean(b["bytes_in"] for b in moved) / 2**30 if moved else 0.0,
             "switches": len(moved), "bursts": len(sel),
+            "ahead": statistics.mean(b["ahead"] for b in moved) if moved else 0.0,
+            "at_acquire": statistics.mean(b["at_acquire"] for b in moved) if moved else 0.0,
         }
     return {"n": n, "count": count, "exclusive": exclusive, "useful": useful, "offered": offered, "rows": rows,
             "wait_mean": statistics.mean(b["wait_s"] for b in bursts)}
@@ -191,13 +199,13 @@ def main():
           f"Latency in units of the exclusive burst; switch = grant to memory back, over bytes in / the pinned rate.")
     print()
     print("| jobs | offered load | GPU useful | exclusive burst | periods | latency p50 | p95 | goal for p95 | "
-          "GiB in per switch | switch / ideal p50 | max |")
-    print("| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "GiB in per switch | switch / ideal p50 | max | frames asked ahead / at acquire per switch |")
+    print("| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         for name, row in r["rows"].items():
             print(f"| {r['n']} | {r['offered']:.2f} | {r['useful']:.2f} | {r['exclusive']:.2f} s ({r['count']} steps) | "
                   f"{name} | {row['p50']:.2f} | {row['p95']:.2f} | {row['goal95']:.2f} | {row['gib']:.1f} | "
-                  f"{row['switch50']:.2f} | {row['switchmax']:.2f} |")
+                  f"{row['switch50']:.2f} | {row['switchmax']:.2f} | {row['ahead']:.0f} / {row['at_acquire']:.0f} |")
 
 
 if __name__ == "__main__":

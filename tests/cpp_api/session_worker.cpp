@@ -12,6 +12,9 @@
 // SESSION_WORKER_PAUSE=<round>:<path> in the environment: after releasing round <round>,
 // wait (its frames idle, others may ask for them) until <path> exists, then go on with the
 // next rounds, which check every byte as before (at most 120 s; exit 2 past that).
+//
+// SESSION_WORKER_TURNS=<dir>: turns driven by the test: before round r, wait (at most 120 s)
+// until <dir>/go.<seed>.<r> exists; after its release, create <dir>/done.<seed>.<r>.
 #include <unistd.h>
 
 #include <chrono>
@@ -79,7 +82,22 @@ int main(int argc, char** argv) {
   stream_id s = 0;
   check(be.stream_create(0, &s), "stream_create");
 
+  const char* turns = std::getenv("SESSION_WORKER_TURNS");
+  auto turn_file = [&](const char* what, int round) {
+    return std::string(turns) + "/" + what + "." + std::to_string(seed) + "." + std::to_string(round);
+  };
   for (int round = 1; round <= rounds; ++round) {
+    if (turns != nullptr) {
+      const std::string go = turn_file("go", round);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (::access(go.c_str(), F_OK) != 0) {
+        if (std::chrono::steady_clock::now() > until) {
+          std::fprintf(stderr, "session_worker[%d]: %s did not appear within 120 s\n", static_cast<int>(getpid()), go.c_str());
+          return 2;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    }
     check(session->acquire(), "acquire");
     for (size_t i = 0; i < blocks.size(); ++i) {
       const block& b = blocks[i];
@@ -99,6 +117,9 @@ int main(int argc, char** argv) {
     }
     if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
     check(session->release(), "release");
+    if (turns != nullptr) {
+      if (FILE* f = std::fopen(turn_file("done", round).c_str(), "w")) std::fclose(f);
+    }
     if (round == pause_after) {
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
       while (::access(pause_file.c_str(), F_OK) != 0) {

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,9 +60,9 @@ class TimeSharing : public ::testing::Test {
 
   void TearDown() override { deploy_.destroy(); }
 
-  pid_t spawn_worker(uint64_t bytes, int rounds, uint64_t seed, int hold_ms) {
+  pid_t spawn_worker(uint64_t bytes, int rounds, uint64_t seed, int hold_ms, const std::vector<std::string>& env = {}) {
     return deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(bytes), std::to_string(rounds), std::to_string(seed),
-                          std::to_string(hold_ms)});
+                          std::to_string(hold_ms)}, env);
   }
 
   bool open_pool(std::unique_ptr<pool_segment>* out, int wait_ms) { return deploy_.open_pool(out, wait_ms); }
@@ -231,7 +232,10 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, FiveProcessesTakeFramesFromTwoOwnersAtOnce
   std::unique_ptr<pool_segment> pool;
   std::vector<pid_t> workers;
   for (int i = 0; i < 5; ++i) {
-    workers.push_back(spawn_worker(k_process_bytes, 5, 600 + i, 1));
+    // Frames asked for at the acquire, the path this test is about: no eviction ahead. Large
+    // and small processes alternate: the one that released last (asked first) may hold less
+    // than a large acquirer needs.
+    workers.push_back(spawn_worker(i % 2 == 0 ? k_process_bytes : 6 * MiB, 5, 600 + i, 1, {"VRAMSWAP_EVICT_AHEAD=0"}));
     if (i == 0) {
       ASSERT_TRUE(open_pool(&pool, 10000)) << "no pool segment: did the server start?";
     }
@@ -244,11 +248,12 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, FiveProcessesTakeFramesFromTwoOwnersAtOnce
   const std::vector<turn> turns = turns_with_owners(all_traces(*pool));
   size_t two_owners = 0;
   for (const turn& t : turns) two_owners += t.owners.size() >= 2;
-  // 25 acquires, the first two free; from the fourth on each needs two owners when the turns
-  // go round. How many do depends on the order the processes re-queue in (the lock is FIFO,
-  // the scheduler is not): 11 of 25 on 16 cores, 20 of 25 on 2. Some must.
+  // 25 acquires, the first two free. The owner asked first is the one predicted to come back
+  // furthest (the last to release); a large acquirer after a small one needs a second owner.
+  // How many do depends on the order the processes re-queue in (the lock is FIFO, the
+  // scheduler is not). Some must.
   EXPECT_GE(turns.size(), 20u);
-  EXPECT_GE(two_owners, turns.size() / 5) << two_owners << " of " << turns.size() << " acquires took frames from two owners";
+  EXPECT_GE(two_owners, 1u) << two_owners << " of " << turns.size() << " acquires took frames from two owners";
 }
 
 // Two owners hold the idle frames an acquirer needs, both stopped (SIGSTOP): both are asked
@@ -325,6 +330,93 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, TwoIdleOwnersAreAskedAtOnceAndEitherMayDie
   }
 }
 
+// Three jobs take turns in a fixed order on a pool that holds two, their turns driven one
+// after another by the test (the lock idle in between), as periodic jobs do. From the third
+// round on every job has an idle gap of its own, so the one due next is predicted, and it
+// asks an idle job predicted to come back after it (never the holder) to evict what it needs
+// before its acquire: every acquire from then on finds its frames free or
+// asked for already, and asks no owner itself (frames_asked_at_acquire stays 0). With
+// VRAMSWAP_EVICT_AHEAD=0 the same turns ask at every acquire. Every byte is checked at every
+// turn; no frame leaks.
+TEST_F(TimeSharingOnAPoolThatFitsTwo, PeriodicJobsFindTheirFramesEvictedAheadOfTheirTurn) {
+  for (const bool ahead : {true, false}) {
+    const std::string dir = deploy_.dir() + (ahead ? "/turns-ahead" : "/turns-at-acquire");
+    ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0) << dir;
+    constexpr int k_rounds = 5, k_jobs = 3, k_warm_up = 2;
+    std::vector<pid_t> jobs;
+    std::unique_ptr<pool_segment> pool;
+    for (int j = 0; j < k_jobs; ++j) {
+      jobs.push_back(deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(k_process_bytes), std::to_string(k_rounds),
+                                    std::to_string(900 + j), "150"},
+                                   {"SESSION_WORKER_TURNS=" + dir, std::string("VRAMSWAP_EVICT_AHEAD=") + (ahead ? "1" : "0")}));
+      if (j == 0) {
+        ASSERT_TRUE(open_pool(&pool, 10000)) << "no pool segment: did the server start?";
+      }
+    }
+    auto wait_file = [&](const std::string& path) {
+      for (int i = 0; i < 30000; ++i) {
+        if (::access(path.c_str(), F_OK) == 0) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      return false;
+    };
+    auto file = [&](const char* what, int j, int round) {
+      return dir + "/" + what + "." + std::to_string(900 + j) + "." + std::to_string(round);
+    };
+    std::vector<uint32_t> member(k_jobs, k_no_member), pages(k_jobs, 0);
+    uint64_t at_acquire_steady = 0, ahead_steady = 0;
+    for (int round = 1; round <= k_rounds; ++round) {
+      for (int j = 0; j < k_jobs; ++j) {
+        for (int i = 0; i < 5000 && member[j] == k_no_member; ++i) {
+          member[j] = member_of(*pool, jobs[j]);
+          if (member[j] == k_no_member) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        ASSERT_NE(member[j], k_no_member) << "job " << j << " is not a pool member";
+        const member_slot& slot = pool->member(member[j]);
+        if (round > k_warm_up && ahead) {
+          // Its frames come free ahead of its turn: free ones, and ones it asked for.
+          bool ready = false;
+          uint32_t need = 0, have = 0;
+          for (int i = 0; i < 5000 && !ready; ++i) {
+            need = pages[j] - std::min(pages[j], pool->count(frame_idle, member[j]));
+            have = pool->count(frame_free) + pool->count(frame_requested);
+            ready = have >= need;
+            if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          }
+          EXPECT_TRUE(ready) << "round " << round << ", job " << j << ": its next turn needs " << need << " frame(s), "
+                             << have << " free or asked for after 10 s";
+        }
+        if (FILE* f = std::fopen(file("go", j, round).c_str(), "w")) std::fclose(f);
+        ASSERT_TRUE(wait_file(file("done", j, round))) << "job " << j << " did not finish round " << round;
+        // Right after its release all its pages are in its (idle) frames.
+        pages[j] = std::max(pages[j], pool->count(frame_idle, member[j]) + pool->count(frame_requested, member[j]));
+        // Frames asked ahead of a turn are asked before it starts: count from the end of the
+        // warm-up to the end of the last turn.
+        if (round == k_warm_up) {
+          at_acquire_steady -= slot.frames_asked_at_acquire.load();
+          ahead_steady -= slot.frames_asked_ahead.load();
+        } else if (round == k_rounds) {
+          at_acquire_steady += slot.frames_asked_at_acquire.load();
+          ahead_steady += slot.frames_asked_ahead.load();
+        }
+      }
+    }
+    for (int j = 0; j < k_jobs; ++j) {
+      const int status = wait_status(jobs[j]);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "job " << j << " status " << status;
+    }
+    expect_no_frame_leaked(*pool);
+    if (ahead) {
+      EXPECT_EQ(at_acquire_steady, 0u) << "frames asked for at acquires after the warm-up, with eviction ahead";
+      EXPECT_GT(ahead_steady, 0u) << "no frame asked for ahead of a turn";
+    } else {
+      EXPECT_GT(at_acquire_steady, 0u) << "without eviction ahead, acquires ask for frames";
+      EXPECT_EQ(ahead_steady, 0u);
+    }
+    pool.reset();
+  }
+}
+
 // Five processes on a pool that holds two; the moment an acquirer has asked two owners for
 // frames, one of them is killed (SIGKILL), often in the middle of its eviction while the
 // other evicts too: the server frees the dead one's frames, the acquirer and every other
@@ -334,7 +426,7 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, OneOfTwoOwnersKilledWhileBothEvictLeavesTh
     std::vector<pid_t> workers;
     std::unique_ptr<pool_segment> pool;
     for (int i = 0; i < 5; ++i) {
-      workers.push_back(spawn_worker(k_process_bytes, 5, 800 + 10 * trial + i, 1));
+      workers.push_back(spawn_worker(i % 2 == 0 ? k_process_bytes : 6 * MiB, 5, 800 + 10 * trial + i, 1, {"VRAMSWAP_EVICT_AHEAD=0"}));
       if (i == 0) {
         ASSERT_TRUE(open_pool(&pool, 10000));
       }

@@ -302,6 +302,9 @@ typedef struct vramswap_stats_t {
    * the process's, all devices): */
   uint64_t yield_waits;        /* launches that waited for a lock holder */
   double yield_seconds;        /* total time they waited (summed over threads) */
+  /* Time-sharing: frames other processes were asked to evict for this one's acquires */
+  uint64_t frames_asked_ahead;      /* before the acquire, between turns (VRAMSWAP_EVICT_AHEAD) */
+  uint64_t frames_asked_at_acquire; /* during the acquire, after the lock was granted */
 } vramswap_stats_t;
 /* Errors:
  *   VRAMSWAP_ERR_INVALID_ARGUMENT  out is NULL, or out->size is smaller than 16 bytes.

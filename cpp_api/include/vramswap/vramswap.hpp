@@ -332,6 +332,9 @@ struct stats {
   // (VRAMSWAP_OVERSUBSCRIBE_COMPUTE; the process's, all devices):
   uint64_t yield_waits = 0;       // launches that waited for a lock holder
   double yield_seconds = 0;       // total time they waited (summed over threads)
+  // Time-sharing: frames other processes were asked to evict for this one's acquires
+  uint64_t frames_asked_ahead = 0;       // before the acquire, between turns (VRAMSWAP_EVICT_AHEAD)
+  uint64_t frames_asked_at_acquire = 0;  // during the acquire, after the lock was granted
 };
 // Opens the device's session if needed (so it may start the pool server). Throws
 // out_of_memory (host memory), and what opening the device's session throws.
