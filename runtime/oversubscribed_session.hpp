@@ -27,8 +27,8 @@
 //
 // Promotion: when the pool has had free frames for k_promote_quiet_ns with no request for
 // ours (no lock holder is short of frames), pages in host frames move back into free pool
-// frames the same way, up to the number free. Their host frames become spares, released
-// when no reclaim came for k_spare_keep_ns.
+// frames the same way, up to the number free. Their host frames become spares; those beyond
+// the number kept ahead (above) are released when no reclaim came for k_spare_keep_ns.
 //
 // Compute (VRAMSWAP_OVERSUBSCRIBE_COMPUTE): with yield (the default) or share:N, the session
 // registers the device's lock with the launch gate, whose entry then holds this process's
