@@ -18,8 +18,8 @@
 // per allocation), so that a burst waits for this process's running kernels once. The
 // process's kernels then run on at the same addresses, slower, reading host memory.
 //
-// Host frames made ahead: while no reclaim runs, the service thread makes host frames ahead
-// of one (spares), as many as this process's pages in lent pool frames (bounded by
+// Host frames made ahead: while no reclaim runs (from a second after the last request), the
+// service thread makes host frames ahead of one (spares), as many as this process's pages in lent pool frames (bounded by
 // VRAMSWAP_OVERSUBSCRIBE_AHEAD and, with the frames in use, by VRAMSWAP_OVERSUBSCRIBE_LIMIT),
 // for k_ahead_slice_ns at a time with as long a pause after it, so that it takes at most
 // half of one thread and a reclaim waits for at most one frame being made. A reclaim then
