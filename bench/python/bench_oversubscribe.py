@@ -154,8 +154,8 @@ def reclaim_job(pool, made_ahead, tag):
 
 
 # How long the made-ahead job may take to make its host frames (one per lent pool frame,
-# at most half of one thread: ~512 frames of 32 MiB for a 16 GiB pool).
-RECLAIM_AHEAD_WAIT_S = 90
+# at most half of one thread: ~512 frames of 32 MiB for a 16 GiB pool, ~15 s while it runs).
+RECLAIM_AHEAD_WAIT_S = 60
 
 
 def reclaim(pool):
