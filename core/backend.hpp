@@ -118,7 +118,9 @@ class backend {
   int map(device_ptr va, size_t size, frame_id frame, size_t offset);
   // Unmap [va, va+size), which must be exactly a run of whole mappings.
   int unmap(device_ptr va, size_t size);
-  // Grant access to [va, va+size), which must be entirely mapped.
+  // Grant access to [va, va+size), which must be entirely mapped, by one mapping or by
+  // several side by side (one driver call for all: cuMemSetAccess takes a range covering
+  // several mappings).
   int set_access(device_ptr va, size_t size, access_flags flags);
 
   // --- pinned host memory ---------------------------------------------------------------

@@ -152,6 +152,11 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
   X(oversubscribe_limit, "VRAMSWAP_OVERSUBSCRIBE_LIMIT", "50%", percent_form("RAM"),             \
     "host memory an oversubscribed process may use for what does not fit the pool: size, or "  \
     "percent of RAM")                                                                            \
+  X(oversubscribe_ahead, "VRAMSWAP_OVERSUBSCRIBE_AHEAD", "", percent_form("RAM"),                \
+    "host frames an oversubscribed process makes ahead of reclaims (pinned host memory, within " \
+    "VRAMSWAP_OVERSUBSCRIBE_LIMIT): unset, as many as its pages in lent pool frames; a size, or " \
+    "percent of RAM, bounds them lower; 0 turns it off (a reclaim then creates them while the "  \
+    "lock holder waits). docs/oversubscription.md")                                              \
   X(oversubscribe_compute, "VRAMSWAP_OVERSUBSCRIBE_COMPUTE", "yield",                            \
     choice_form("yield|share:N|free", 1, 99),                                                    \
     "what an oversubscribed process's device work does while a lock holder holds the device: "  \

@@ -105,12 +105,6 @@ pager::~pager() {
 
 // --- page moves -------------------------------------------------------------------------
 
-int pager::back_page(uint64_t page) {
-  frame_id f = 0;
-  VS_TRY(frames_.take(device_, frame_size_, &f));
-  return map_frame(page, f);
-}
-
 int pager::map_frame(uint64_t page, frame_id f) {
   const device_ptr va = arena_.page_address(page);
   int rc = be_.map(va, frame_size_, f, 0);
@@ -191,8 +185,41 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
     int rc = count > 1 ? frames_.prepare(device_, count) : ok;
     std::vector<uint64_t> backed;
     for (const page_range& r : fresh) {
-      for (uint64_t p = r.first; p < r.first + r.count && rc == ok; ++p) {
-        if ((rc = back_page(p)) == ok) backed.push_back(p);
+      if (rc != ok) break;
+      // Map the run's pages, then grant access to all of them in one call (the driver takes
+      // a range over several mappings, and granting access is the costly VMM call).
+      uint64_t mapped = 0;
+      for (; mapped < r.count; ++mapped) {
+        const uint64_t p = r.first + mapped;
+        frame_id f = 0;
+        if ((rc = frames_.take(device_, frame_size_, &f)) != ok) break;
+        if ((rc = be_.map(arena_.page_address(p), frame_size_, f, 0)) != ok) {
+          frames_.give_back(f);
+          break;
+        }
+        table_[p].frame = f;  // resident once access is granted
+      }
+      if (rc == ok) rc = be_.set_access(arena_.page_address(r.first), r.count * frame_size_, access_flags::read_write);
+      if (rc != ok) {
+        // These pages were never accessible, so nothing was written to their frames: they go
+        // back as they came (a frame that cannot be unmapped is kept).
+        const std::string why = last_error();
+        for (uint64_t k = 0; k < mapped; ++k) {
+          const uint64_t p = r.first + k;
+          if (be_.unmap(arena_.page_address(p), frame_size_) == ok) {
+            frames_.give_back(table_[p].frame);
+          } else {
+            log(log_level::error, "malloc: page %" PRIu64 " could not be unmapped (%s); its frame is kept", p, last_error());
+          }
+          table_[p].frame = 0;
+        }
+        fail(rc, "%s", why.c_str());
+        break;
+      }
+      for (uint64_t p = r.first; p < r.first + r.count; ++p) {
+        table_[p].state = page_state::resident;
+        ++resident_pages_;
+        backed.push_back(p);
       }
     }
     if (rc != ok) {

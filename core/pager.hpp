@@ -171,7 +171,6 @@ class pager {
  private:
   pager(backend& be, int device, page_store& store, frame_source& frames, const pager_config& cfg);
 
-  int back_page(uint64_t page);                   // take a frame, map, grant access
   int map_frame(uint64_t page, frame_id f);       // map f at the page, grant access (f given back on failure)
   // Scrub (unless `scrubbed`, or the frame source does not ask for it), unmap, give the
   // frame back; the page is `now`.

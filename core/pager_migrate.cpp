@@ -7,15 +7,20 @@
 //
 // Per batch of up to `copies_in_flight` pages, with a scratch reservation of as many frames
 // (one per slot of the copy window, core/copy_pipeline.hpp):
-//   1. take B, map it at the page's scratch slot, queue the copy page -> slot (copy_d2d)
-//      with its event;
-//   2. wait for each page's copy, in order;
-//   3. as each copy completes: unmap the slot; unmap A at the page's address, map B there,
-//      grant access (if that fails, A goes back at the page's address, untouched: nothing is
-//      lost); then map A at the slot and queue its scrub when the source wants one (behind
-//      the batch's copies still on the stream);
-//      a page whose copy is not confirmed stays in A, and B goes back unused;
+//   1. take B for each page of the batch, map it at the page's scratch slot; grant access
+//      to the slots (one call for the batch: consecutive slots are one range); queue each
+//      copy page -> slot (copy_d2d) with its event;
+//   2. wait for the batch's copies; a page whose copy is not confirmed stays in A, and B
+//      goes back unused;
+//   3. for each copied page: unmap the slot; unmap A at the page's address, map B there;
+//      then grant access once per run of consecutive page addresses (if that fails, the
+//      run's pages get A back at their addresses, untouched: nothing is lost); then map each
+//      A at its slot, grant access to those slots (again per run), and queue A's scrub when
+//      the source wants one;
 //   4. wait for the scrubs, unmap the slots, give each A back.
+// Granting access is the costly VMM call (it changes the device's page tables), and the
+// driver takes one range over several mappings, so it is made once per run of addresses,
+// not once per page.
 // A is scrubbed only after B is the page's home, so a failure at any step leaves every page
 // with its bytes in the frame mapped at its address.
 #include <chrono>
@@ -113,57 +118,40 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     }
     frames_.give_back(f);
   };
-  // 3. The page's copy is in its new frame: switch the page to it; the old frame moves to
-  // the slot to be scrubbed.
-  auto switch_page = [&](move& m, device_ptr slot) -> int {
-    const device_ptr va = arena_.page_address(m.page);
-    if (!unmap_slot(slot)) {
-      // The new frame stays mapped at the slot: the page stays in its old frame.
-      return fail(err_cuda, "remap_pages: unmapping scratch slot 0x%" PRIxPTR " (page %" PRIu64 "'s new frame): %s", slot, m.page,
-                  scratch_why.c_str());
-    }
-    int rc = be_.unmap(va, frame_size_);
-    if (rc == ok) {
-      rc = be_.map(va, frame_size_, m.to, 0);
-      if (rc == ok && (rc = be_.set_access(va, frame_size_, access_flags::read_write)) != ok) be_.unmap(va, frame_size_);
-      if (rc != ok) {
-        // Put the old frame back where it was: its bytes were never touched.
-        const std::string why = last_error();
-        if (be_.map(va, frame_size_, m.from, 0) != ok || be_.set_access(va, frame_size_, access_flags::read_write) != ok) {
-          log(log_level::error, "remap_pages: page %" PRIu64 " (0x%" PRIxPTR ") could not be mapped again: %s", m.page, va,
-              last_error());
-        }
-        fail(rc, "%s", why.c_str());
+  // Access is granted once per run of consecutive addresses (the driver takes a range that
+  // covers several mappings), not once per page: for the new frames at their slots, for the
+  // pages at their addresses, and for the old frames at the slots to scrub them. `at[i]` in
+  // increasing order; `grant(first, n)` gets each run, and its first failure ends the walk
+  // (*failed_from: the index where the failing run began, at.size() when none failed).
+  auto grant_runs = [&](const std::vector<device_ptr>& at, size_t* failed_from) -> int {
+    *failed_from = at.size();
+    for (size_t i = 0; i < at.size();) {
+      size_t n = 1;
+      while (i + n < at.size() && at[i + n] == at[i] + n * frame_size_) ++n;
+      if (const int rc = be_.set_access(at[i], n * frame_size_, access_flags::read_write); rc != ok) {
+        *failed_from = i;
+        return rc;
       }
-    }
-    if (rc != ok) {
-      const std::string why = last_error();
-      return_new_frame(m.to, slot, /*at_slot=*/false);  // it holds the page's whole copy
-      return fail(rc, "%s", why.c_str());
-    }
-    m.switched = true;
-    table_[m.page].frame = m.to;
-    ++done;
-    if (frames_.scrub_before_give_back(m.from)) {
-      // Zero the old frame before another process gets it: map it at the free slot.
-      int s = be_.map(slot, frame_size_, m.from, 0);
-      if (s == ok && (s = be_.set_access(slot, frame_size_, access_flags::read_write)) != ok) unmap_slot(slot);
-      if (s == ok && (s = be_.memset_d8(slot, 0, frame_size_, out_stream_)) != ok) unmap_slot(slot);
-      if (s != ok) {
-        // Not zeroed: keep it out of the pool rather than hand our bytes to someone else.
-        log(log_level::error, "remap_pages: scrubbing the old frame of page %" PRIu64 " failed (%s); the frame is kept", m.page,
-            last_error());
-        m.switched = false;
-      }
+      i += n;
     }
     return ok;
   };
+  // Put page m's old frame back at its address (its bytes were never touched), after its
+  // new frame could not become its home there (`new_mapped`: the new frame is mapped at
+  // the address, without access or with it).
+  auto restore_old = [&](move& m, bool new_mapped) {
+    const device_ptr va = arena_.page_address(m.page);
+    if (new_mapped) be_.unmap(va, frame_size_);
+    if (be_.map(va, frame_size_, m.from, 0) != ok || be_.set_access(va, frame_size_, access_flags::read_write) != ok) {
+      log(log_level::error, "remap_pages: page %" PRIu64 " (0x%" PRIxPTR ") could not be mapped again: %s", m.page, va,
+          last_error());
+    }
+  };
+  std::vector<char> copied(batch, 0);
   copy_pipeline::handlers on;
   on.copied = [&](uint64_t, size_t slot, bool) {
-    lap(&spent.copy_wait_s);
-    const int rc = switch_page(moves[slot], slot_address(slot));
-    lap(&spent.switch_s);
-    return rc;
+    copied[slot] = 1;  // switched below, with the batch's other pages
+    return ok;
   };
   on.not_copied = [&](uint64_t, size_t slot) {
     // The page never left its old frame: the new one goes back, with whatever part of the
@@ -172,33 +160,142 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   };
   copy_pipeline copies(be_, out_stream_, events_, {}, std::move(on));
   for (size_t first = 0; first < pages.size() && !copies.failed(); first += batch) {
-    std::vector<size_t> slots;  // the batch's, in order
-    // 1. New frames, filled through the scratch slots.
+    std::vector<size_t> slots;  // the batch's, in page order (consecutive slots of the window)
+    const size_t first_slot = copies.next_slot();
+    // 1. New frames mapped at the scratch slots, access to them granted, their copies queued.
+    // A failure to have or map a frame ends the batch there, and is noted once the pages
+    // before it are queued (they still move).
+    int fill_failure = ok;
+    std::string fill_why;
     for (size_t i = 0; i < batch && first + i < pages.size(); ++i) {
       const uint64_t p = pages[first + i];
       frame_id nf = 0;
       lap(&spent.fill_s);
       const int got = new_frame(&nf);
       lap(&spent.new_frames_s);
-      copies.note_failure(got);
-      if (got != ok) break;
-      const size_t slot = copies.next_slot();
-      const device_ptr at = slot_address(slot);
-      int rc = be_.map(at, frame_size_, nf, 0);
-      if (rc == ok && (rc = be_.set_access(at, frame_size_, access_flags::read_write)) != ok && !unmap_slot(at)) nf = 0;
-      if (rc != ok) {
-        copies.note_failure(rc);
-        if (nf != 0) frames_.give_back(nf);
+      if (got != ok) {
+        fill_failure = got;
+        fill_why = last_error();
+        break;
+      }
+      const size_t slot = (first_slot + i) % batch;
+      if (const int rc = be_.map(slot_address(slot), frame_size_, nf, 0); rc != ok) {
+        fill_failure = rc;
+        fill_why = last_error();
+        frames_.give_back(nf);
         break;
       }
       moves[slot] = {p, table_[p].frame, nf, false};
+      copied[slot] = 0;
       slots.push_back(slot);
-      const auto copy_over = [&](stream_id s) { return be_.copy_d2d(at, arena_.page_address(p), frame_size_, s); };
-      if (copies.queue(p, copy_over) != ok) break;
     }
-    // 2. Each page changes frames only once its copy is complete (3. above).
+    {
+      std::vector<device_ptr> at;
+      for (size_t slot : slots) at.push_back(slot_address(slot));
+      size_t failed_from = 0;
+      if (const int rc = grant_runs(at, &failed_from); rc != ok) {
+        // No copy is queued yet: every new frame of the batch goes back unwritten.
+        copies.note_failure(rc);
+        for (size_t slot : slots) {
+          if (unmap_slot(slot_address(slot))) frames_.give_back(moves[slot].to);
+        }
+        slots.clear();
+      }
+    }
+    for (size_t k = 0; k < slots.size(); ++k) {
+      const size_t slot = slots[k];
+      const device_ptr at = slot_address(slot);
+      const uint64_t p = moves[slot].page;
+      const auto copy_over = [&](stream_id s) { return be_.copy_d2d(at, arena_.page_address(p), frame_size_, s); };
+      if (copies.queue(p, copy_over) != ok) {
+        // That page is decided (not copied); the ones after it were never queued.
+        for (size_t j = k + 1; j < slots.size(); ++j) return_new_frame(moves[slots[j]].to, slot_address(slots[j]), /*at_slot=*/true);
+        slots.resize(k + 1);
+        break;
+      }
+    }
+    if (fill_failure != ok) copies.note_failure(fail(fill_failure, "%s", fill_why.c_str()));
+    // 2. Each page changes frames only once its copy is complete.
     lap(&spent.fill_s);
     copies.complete_all();
+    lap(&spent.copy_wait_s);
+    // 3. Switch the copied pages: new frame at the page's address, in place of the old.
+    std::vector<size_t> at_va;  // slots whose new frame is mapped at the page's address, without access yet
+    for (size_t slot : slots) {
+      if (!copied[slot]) continue;
+      move& m = moves[slot];
+      const device_ptr va = arena_.page_address(m.page);
+      if (!unmap_slot(slot_address(slot))) {
+        // The new frame stays mapped at the slot: the page stays in its old frame.
+        copies.note_failure(fail(err_cuda, "remap_pages: unmapping scratch slot 0x%" PRIxPTR " (page %" PRIu64 "'s new frame): %s",
+                                 slot_address(slot), m.page, scratch_why.c_str()));
+        continue;
+      }
+      int rc = be_.unmap(va, frame_size_);
+      if (rc == ok && (rc = be_.map(va, frame_size_, m.to, 0)) != ok) {
+        const std::string why = last_error();
+        restore_old(m, /*new_mapped=*/false);
+        fail(rc, "%s", why.c_str());
+      }
+      if (rc != ok) {
+        const std::string why = last_error();
+        return_new_frame(m.to, slot_address(slot), /*at_slot=*/false);  // it holds the page's whole copy
+        copies.note_failure(fail(rc, "%s", why.c_str()));
+        continue;
+      }
+      at_va.push_back(slot);
+    }
+    {
+      std::vector<device_ptr> at;
+      for (size_t slot : at_va) at.push_back(arena_.page_address(moves[slot].page));
+      size_t failed_from = 0;
+      if (const int rc = grant_runs(at, &failed_from); rc != ok) {
+        // The pages of the failing run and after it go back to their old frames (the runs
+        // before it have access: they are switched).
+        const std::string why = last_error();
+        for (size_t k = failed_from; k < at_va.size(); ++k) {
+          move& m = moves[at_va[k]];
+          restore_old(m, /*new_mapped=*/true);
+          return_new_frame(m.to, slot_address(at_va[k]), /*at_slot=*/false);
+        }
+        copies.note_failure(fail(rc, "%s", why.c_str()));
+        at_va.resize(failed_from);
+      }
+    }
+    std::vector<size_t> to_scrub;
+    for (size_t slot : at_va) {
+      move& m = moves[slot];
+      m.switched = true;
+      table_[m.page].frame = m.to;
+      ++done;
+      if (!frames_.scrub_before_give_back(m.from)) continue;
+      // Zero the old frame before another process gets it: map it at the free slot.
+      if (const int rc = be_.map(slot_address(slot), frame_size_, m.from, 0); rc != ok) {
+        log(log_level::error, "remap_pages: scrubbing the old frame of page %" PRIu64 " failed (%s); the frame is kept", m.page,
+            last_error());
+        m.switched = false;  // not zeroed: kept out of the pool rather than hand our bytes to someone else
+        continue;
+      }
+      to_scrub.push_back(slot);
+    }
+    {
+      std::vector<device_ptr> at;
+      for (size_t slot : to_scrub) at.push_back(slot_address(slot));
+      size_t failed_from = 0;
+      const int granted = grant_runs(at, &failed_from);
+      for (size_t k = 0; k < to_scrub.size(); ++k) {
+        move& m = moves[to_scrub[k]];
+        const device_ptr slot = slot_address(to_scrub[k]);
+        int rc = k < failed_from ? ok : granted;
+        if (rc == ok) rc = be_.memset_d8(slot, 0, frame_size_, out_stream_);
+        if (rc != ok) {
+          log(log_level::error, "remap_pages: scrubbing the old frame of page %" PRIu64 " failed (%s); the frame is kept", m.page,
+              last_error());
+          unmap_slot(slot);
+          m.switched = false;
+        }
+      }
+    }
     lap(&spent.switch_s);
     // 4. Scrubs done: unmap the slots, give the old frames back.
     const int scrubbed = be_.stream_synchronize(out_stream_);

@@ -16,6 +16,19 @@ bool lending_frame_source::take_pool_frame(frame_id* out) { return view_.take_fr
 
 lending_frame_source::~lending_frame_source() { release_spares(); }
 
+int lending_frame_source::reserve_locked(size_t size) {
+  const uint64_t held = host_bytes_.load(std::memory_order_relaxed);
+  const uint64_t spare = spare_bytes_.load(std::memory_order_relaxed);
+  if (held + spare + size > host_limit_) {
+    return fail(err_out_of_memory,
+                "oversubscription: the pool has no free frame and this process already holds %" PRIu64 " MiB of host frames "
+                "(%" PRIu64 " MiB of them spares, kept for reclaims); %zu MiB more would pass VRAMSWAP_OVERSUBSCRIBE_LIMIT "
+                "(%" PRIu64 " MiB). Raise the limit, or free memory",
+                (held + spare) >> 20, spare >> 20, size >> 20, host_limit_ >> 20);
+  }
+  return ok;
+}
+
 int lending_frame_source::take_host_frame(int device, size_t size, frame_id* out, bool* was_spare) {
   {
     std::lock_guard<std::mutex> guard(spare_mutex_);
@@ -27,23 +40,45 @@ int lending_frame_source::take_host_frame(int device, size_t size, frame_id* out
       host_bytes_.fetch_add(size, std::memory_order_relaxed);
       return ok;
     }
+    // Reserve the bytes first, so that threads creating frames at once never pass the limit.
+    VS_TRY(reserve_locked(size));
+    host_bytes_.fetch_add(size, std::memory_order_relaxed);
   }
-  // Reserve the bytes first, so that threads creating frames at once never pass the limit.
-  uint64_t held = host_bytes_.load(std::memory_order_relaxed);
-  do {
-    if (held + size > host_limit_) {
-      return fail(err_out_of_memory,
-                  "oversubscription: the pool has no free frame and this process already holds %" PRIu64 " MiB of host frames; "
-                  "%zu MiB more would pass VRAMSWAP_OVERSUBSCRIBE_LIMIT (%" PRIu64 " MiB). Raise the limit, or free memory",
-                  held >> 20, size >> 20, host_limit_ >> 20);
-    }
-  } while (!host_bytes_.compare_exchange_weak(held, held + size, std::memory_order_relaxed));
   const int rc = be_.create_host_frame(device, size, out);
   if (rc != ok) {
     host_bytes_.fetch_sub(size, std::memory_order_relaxed);
     return add_context(rc, "oversubscription: a host frame for a page that has no pool frame: ");
   }
+  created_.fetch_add(1, std::memory_order_relaxed);
   return ok;
+}
+
+int lending_frame_source::make_spares(int device, size_t size, size_t count, const std::function<bool()>& stop, size_t* made) {
+  *made = 0;
+  for (size_t i = 0; i < count && !stop(); ++i) {
+    {
+      std::lock_guard<std::mutex> guard(spare_mutex_);
+      if (host_bytes_.load(std::memory_order_relaxed) + spare_bytes_.load(std::memory_order_relaxed) + size > host_limit_) {
+        return ok;  // the limit bounds the frames made ahead
+      }
+      spare_bytes_.fetch_add(size, std::memory_order_relaxed);  // reserved: counted as a spare from now
+    }
+    frame_id f = 0;
+    const int rc = be_.create_host_frame(device, size, &f);
+    std::lock_guard<std::mutex> guard(spare_mutex_);
+    if (rc != ok) {
+      spare_bytes_.fetch_sub(size, std::memory_order_relaxed);
+      return add_context(rc, "oversubscription: a host frame made ahead of a reclaim (%zu made before it): ", *made);
+    }
+    spares_.push_back(f);
+    ++*made;
+  }
+  return ok;
+}
+
+size_t lending_frame_source::spare_count() const {
+  std::lock_guard<std::mutex> guard(spare_mutex_);
+  return spares_.size();
 }
 
 int lending_frame_source::take_host_frames(int device, size_t size, size_t count, std::vector<frame_id>* out, size_t* spares_used) {
@@ -62,11 +97,13 @@ int lending_frame_source::take_host_frames(int device, size_t size, size_t count
   return rc;
 }
 
-size_t lending_frame_source::release_spares() {
+size_t lending_frame_source::release_spares(size_t keep) {
   std::vector<frame_id> spares;
   {
     std::lock_guard<std::mutex> guard(spare_mutex_);
-    spares.swap(spares_);
+    if (spares_.size() <= keep) return 0;
+    spares.assign(spares_.begin() + static_cast<ptrdiff_t>(keep), spares_.end());
+    spares_.resize(keep);
   }
   for (frame_id f : spares) {
     size_t size = 0;

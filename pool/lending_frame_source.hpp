@@ -16,6 +16,11 @@
 // the lock holder waits. Spares count against the limit like frames in use (in use + spare
 // <= limit always); the session releases them when no reclaim came for a while.
 //
+// Host frames made ahead: the session also makes spares before any reclaim asks
+// (make_spares, from its service thread while no reclaim runs), as many as the pool frames
+// lent to it, so that a reclaim takes spares only and creates no frame while the lock
+// holder waits. They are spares like the others: in the limit, taken first by allocations.
+//
 // Requested frames (a lock holder wants them) are found with frames().requested_of_me(); the session
 // moves their pages into host frames (pager::demote_frames) and gives them back (-> free).
 // When the pool has free frames again, take_pool_frame() hands one out for a promotion.
@@ -28,6 +33,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -61,9 +67,19 @@ class lending_frame_source final : public frame_source {
   // failure (the limit, host memory) the first error, and *out holds those taken before it.
   // *spares_used (optional): how many were spares.
   int take_host_frames(int device, size_t size, size_t count, std::vector<frame_id>* out, size_t* spares_used = nullptr);
-  // Release every spare host frame (the session does when no reclaim came for a while).
-  // Returns how many.
-  size_t release_spares();
+  // Make up to `count` new host frames and keep them as spares (frames made ahead of a
+  // reclaim). Asks `stop` before each frame and ends when it says so. Stops quietly where
+  // one more would pass the limit (it bounds frames made ahead, not an error). *made: how
+  // many were made. Returns the first failure of the backend (the frames made before it
+  // are kept).
+  int make_spares(int device, size_t size, size_t count, const std::function<bool()>& stop, size_t* made);
+  // Release spare host frames beyond `keep` of them (the session does when no reclaim came
+  // for a while, keeping the ones made ahead). Returns how many.
+  size_t release_spares(size_t keep = 0);
+  size_t spare_count() const;
+  // New host frames created by take_host_frame (for allocations and reclaims, not made
+  // ahead), since this source was made.
+  uint64_t frames_created() const noexcept { return created_.load(std::memory_order_relaxed); }
   bool is_pool_frame(frame_id frame) const { return view_.is_pool_frame(frame); }
   // This member's view of the frame table: the pool frames lock holders asked this process
   // to give back (requested_of_me), the free ones, ... (pool/member_frames.hpp).
@@ -87,9 +103,15 @@ class lending_frame_source final : public frame_source {
   member_frames view_;
   const uint64_t host_limit_;
   std::atomic<uint64_t> host_bytes_{0};
-  std::mutex spare_mutex_;
-  std::vector<frame_id> spares_;  // host frames given back, kept for reuse
+  // Reserve `size` bytes of the limit for a new frame (spare_mutex_ held): host + spare +
+  // size <= limit, else err_out_of_memory naming the limit.
+  int reserve_locked(size_t size);
+
+  mutable std::mutex spare_mutex_;
+  std::vector<frame_id> spares_;  // host frames given back or made ahead, kept for reuse
+  // Counts spares and frames being made ahead (reserved before they exist).
   std::atomic<uint64_t> spare_bytes_{0};
+  std::atomic<uint64_t> created_{0};
 };
 
 }  // namespace vramswap::detail

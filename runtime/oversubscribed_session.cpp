@@ -22,6 +22,11 @@ constexpr uint64_t k_promote_quiet_ns = 1'000'000'000;  // no request for this l
 constexpr uint64_t k_burst_linger_ns = 20'000'000;      // the gate stays closed this long for a next request
 constexpr uint64_t k_spare_keep_ns = 30'000'000'000;    // spare host frames kept this long after a reclaim
 constexpr uint64_t k_retry_after_failure_ns = 1'000'000'000;  // a failed demotion is tried again after this
+// Host frames made ahead: made for this long, then a pause as long (at most half of one
+// thread; a reclaim that comes meanwhile waits for one frame at most), within one serve for
+// at most k_ahead_serve_ns (the rest of the service loop runs between).
+constexpr uint64_t k_ahead_slice_ns = 25'000'000;
+constexpr uint64_t k_ahead_serve_ns = 1'000'000'000;
 
 // VRAMSWAP_OVERSUBSCRIBE_COMPUTE: yield | share:N | free.
 int read_compute_policy(launch_gate::yield_policy* policy, unsigned* share) {
@@ -82,6 +87,9 @@ int oversubscribed_session::open(int device, std::unique_ptr<oversubscribed_sess
   std::unique_ptr<oversubscribed_session> s(new oversubscribed_session());
   VS_TRY(option_size(option_id::oversubscribe_limit, &s->limit_, physical_ram()));
   VS_TRY(read_compute_policy(&s->compute_policy_, &s->compute_share_));
+  if (!option_text(option_id::oversubscribe_ahead).empty()) {
+    VS_TRY(option_size(option_id::oversubscribe_ahead, &s->ahead_bytes_, physical_ram()));
+  }
   VS_TRY(s->session::open(device));
   *out = std::move(s);
   return ok;
@@ -154,6 +162,7 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
   // still run: spares, else new ones (creating one pins its memory: milliseconds each). A
   // shortfall (the limit) is not final here: remap_pages asks again for each page that
   // lacks one, and reports the limit's error.
+  const uint64_t created_before = frames_->frames_created();
   std::vector<frame_id> ready;
   size_t spares = 0;
   if (frames_->take_host_frames(device_, memory().frame_size(), wanted.size(), &ready, &spares) != ok) {
@@ -219,16 +228,18 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
     stats_.pages_demoted += moved;
     stats_.demote_seconds += closed_s;
     stats_.last_demote_seconds = closed_s;
+    stats_.host_frames_created_in_reclaim += frames_->frames_created() - created_before;
   }
+  const uint64_t created = frames_->frames_created() - created_before;
   const uint64_t bytes = uint64_t(moved) * memory().frame_size();
   member().observe().evicted(monotonic_ns() - uint64_t(s * 1e9), monotonic_ns(), bytes, moved);
   // (A retry that moved nothing, at the limit, says so at debug level: the failure itself
   // was logged once.)
   log(moved > 0 ? log_level::info : log_level::debug,
       "device %d: reclaim: %zu page(s) (%" PRIu64 " MiB) for %u request(s) moved to host frames in %.1f ms: host frames "
-      "ready ahead in %.1f ms (%zu, %zu of them spares); gate closed %.1f ms (closing it %.1f, running work %.1f, new frames %.1f, "
+      "ready ahead in %.1f ms (%zu, %zu of them spares; %" PRIu64 " created while the lock holder waited); gate closed %.1f ms (closing it %.1f, running work %.1f, new frames %.1f, "
       "filling %.1f, copies %.1f, remapping %.1f, scrubbing %.1f, waiting for more requests %.1f)",
-      device_, moved, bytes >> 20, requests, s * 1e3, ready_s * 1e3, made_ahead, spares,
+      device_, moved, bytes >> 20, requests, s * 1e3, ready_s * 1e3, made_ahead, spares, created,
       closed_s * 1e3, close_s * 1e3, spent.drain_s * 1e3, spent.new_frames_s * 1e3, spent.fill_s * 1e3,
       spent.copy_wait_s * 1e3, spent.switch_s * 1e3, spent.scrub_wait_s * 1e3, linger_s * 1e3);
   return failure;
@@ -258,6 +269,61 @@ int oversubscribed_session::promote(uint32_t at_most) {
   return rc == err_out_of_memory ? ok : rc;
 }
 
+size_t oversubscribed_session::ahead_target() const {
+  const uint64_t fs = memory().frame_size();
+  const uint64_t resident = memory().stats().resident_bytes;
+  const uint64_t in_pool = resident - std::min(resident, frames_->host_bytes());
+  return static_cast<size_t>(std::min(in_pool, ahead_bytes_) / fs);
+}
+
+void oversubscribed_session::make_frames_ahead(uint32_t seen) {
+  if (ahead_bytes_ == 0 || member().stopping()) return;
+  const uint64_t start = monotonic_ns();
+  if (ahead_failing_ && start < ahead_retry_at_ns_) return;
+  const size_t fs = memory().frame_size();
+  size_t made_now = 0;
+  int rc = ok;
+  for (;;) {
+    const size_t target = ahead_target();
+    const size_t have = frames_->spare_count();
+    if (have >= target) {
+      ahead_failing_ = false;
+      if (!ahead_ready_said_ && made_now > 0) {
+        log(log_level::info, "device %d: %zu host frame(s) (%" PRIu64 " MiB) ready ahead for reclaims: a lock holder that takes "
+            "this process's pool frames waits for no new host frame (VRAMSWAP_OVERSUBSCRIBE_AHEAD)", device_, have,
+            (uint64_t(have) * fs) >> 20);
+        ahead_ready_said_ = true;
+      }
+      break;
+    }
+    ahead_ready_said_ = false;
+    const uint64_t slice_end = monotonic_ns() + k_ahead_slice_ns;
+    size_t made = 0;
+    rc = frames_->make_spares(device_, fs, target - have,
+                              [&] { return member().stopping() || member().requests_seen() != seen || monotonic_ns() >= slice_end; },
+                              &made);
+    made_now += made;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      stats_.host_frames_made_ahead += made;
+    }
+    if (rc != ok) break;
+    // Stopped by the limit (nothing made although there was time), a request, or the end.
+    if (made == 0 && monotonic_ns() < slice_end) break;
+    if (member().stopping() || member().requests_seen() != seen || monotonic_ns() - start >= k_ahead_serve_ns) break;
+    member().wait_for_request(seen, k_ahead_slice_ns);  // the pause: the job's threads have the CPU and the driver
+    if (member().requests_seen() != seen) break;
+  }
+  if (rc != ok) {
+    if (!ahead_failing_) {
+      log(log_level::warn, "device %d: %s; a reclaim creates the host frames it lacks while the lock holder waits (tried again "
+          "every %.0f s)", device_, last_error(), k_retry_after_failure_ns / 1e9);
+    }
+    ahead_failing_ = true;
+    ahead_retry_at_ns_ = monotonic_ns() + k_retry_after_failure_ns;
+  }
+}
+
 // One wake of the service thread. After a demotion fails (host memory or
 // VRAMSWAP_OVERSUBSCRIBE_LIMIT exhausted), the same requests are tried again only after
 // k_retry_after_failure_ns, or at once on a new request; the failure is logged once until a
@@ -284,12 +350,13 @@ void oversubscribed_session::serve(uint32_t seen) {
     if (free_frames > 0 && frames_->host_bytes() > 0 && promote(free_frames) != ok) {
       log(log_level::warn, "device %d: moving pages back into free pool frames: %s", device_, last_error());
     }
-    if (frames_->spare_bytes() > 0 && monotonic_ns() - last_request_ns_ >= k_spare_keep_ns) {
-      const uint64_t spare = frames_->spare_bytes();
-      const size_t n = frames_->release_spares();
-      log(log_level::info, "device %d: released %zu spare host frame(s) (%" PRIu64 " MiB): no reclaim for %.0f s", device_, n,
-          spare >> 20, k_spare_keep_ns / 1e9);
+    const size_t keep = ahead_target();
+    if (frames_->spare_count() > keep && monotonic_ns() - last_request_ns_ >= k_spare_keep_ns) {
+      const size_t n = frames_->release_spares(keep);
+      log(log_level::info, "device %d: released %zu spare host frame(s) (%" PRIu64 " MiB): no reclaim for %.0f s; %zu kept "
+          "ahead of the next", device_, n, (uint64_t(n) * memory().frame_size()) >> 20, k_spare_keep_ns / 1e9, keep);
     }
+    make_frames_ahead(seen);
   }
   member().observe().stored(frames_->host_bytes(), 0);
 }

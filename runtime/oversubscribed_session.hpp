@@ -18,10 +18,17 @@
 // per allocation), so that a burst waits for this process's running kernels once. The
 // process's kernels then run on at the same addresses, slower, reading host memory.
 //
+// Host frames made ahead: while no reclaim runs (from a second after the last request), the
+// service thread makes host frames ahead of one (spares), as many as this process's pages in lent pool frames (bounded by
+// VRAMSWAP_OVERSUBSCRIBE_AHEAD and, with the frames in use, by VRAMSWAP_OVERSUBSCRIBE_LIMIT),
+// for k_ahead_slice_ns at a time with as long a pause after it, so that it takes at most
+// half of one thread and a reclaim waits for at most one frame being made. A reclaim then
+// takes spares only, and creates no frame while the lock holder waits.
+//
 // Promotion: when the pool has had free frames for k_promote_quiet_ns with no request for
 // ours (no lock holder is short of frames), pages in host frames move back into free pool
-// frames the same way, up to the number free. Their host frames become spares, released
-// when no reclaim came for k_spare_keep_ns.
+// frames the same way, up to the number free. Their host frames become spares; those beyond
+// the number kept ahead (above) are released when no reclaim came for k_spare_keep_ns.
 //
 // Compute (VRAMSWAP_OVERSUBSCRIBE_COMPUTE): with yield (the default) or share:N, the session
 // registers the device's lock with the launch gate, whose entry then holds this process's
@@ -55,7 +62,9 @@ struct oversubscribed_stats {
   double last_demote_seconds = 0;
   uint64_t host_frame_bytes = 0;  // pages in host frames now
   uint64_t pool_frame_bytes = 0;  // pages in lent pool frames now
-  uint64_t spare_host_bytes = 0;  // host frames kept for the next reclaim
+  uint64_t spare_host_bytes = 0;  // host frames kept for the next reclaim (given back or made ahead)
+  uint64_t host_frames_made_ahead = 0;         // host frames made by the service thread before a reclaim asked
+  uint64_t host_frames_created_in_reclaim = 0;  // host frames a reclaim had to create while the lock holder waited
   // Compute yielded to lock holders (VRAMSWAP_OVERSUBSCRIBE_COMPUTE; the process's launch
   // gate, all devices): launches that waited, and the time they waited (summed over threads).
   uint64_t yield_waits = 0;
@@ -91,8 +100,15 @@ class oversubscribed_session final : public session {
   // the gate. Returns the first failure (its pages stay where they are, still requested).
   int serve_requests(std::vector<frame_id> wanted);
   int promote(uint32_t at_most);
+  // How many spares this process keeps ready for a reclaim: its pages in pool frames,
+  // bounded by VRAMSWAP_OVERSUBSCRIBE_AHEAD.
+  size_t ahead_target() const;
+  // Make host frames ahead of a reclaim until the target, a new request after `seen`, the
+  // limit, or k_ahead_serve_ns.
+  void make_frames_ahead(uint32_t seen);
 
   uint64_t limit_ = 0;  // VRAMSWAP_OVERSUBSCRIBE_LIMIT
+  uint64_t ahead_bytes_ = UINT64_MAX;  // VRAMSWAP_OVERSUBSCRIBE_AHEAD (unset: no bound of its own)
   launch_gate::yield_policy compute_policy_ = launch_gate::yield_policy::yield;  // VRAMSWAP_OVERSUBSCRIBE_COMPUTE
   unsigned compute_share_ = 0;
   int yield_handle_ = -1;  // this device's lock in the launch gate's yield sources
@@ -107,6 +123,11 @@ class oversubscribed_session final : public session {
   bool failing_ = false;
   uint64_t retry_at_ns_ = 0;
   uint32_t failed_at_requests_ = 0;
+  // Making frames ahead: after a failure of the backend, when to try again; whether the
+  // target was reached and said (logged once per filling).
+  bool ahead_failing_ = false;
+  uint64_t ahead_retry_at_ns_ = 0;
+  bool ahead_ready_said_ = false;
 };
 
 }  // namespace vramswap::detail

@@ -106,6 +106,28 @@ int main(int argc, char** argv) {
   const double access_s = now() - t;
   std::printf("| map one (cuMemMap) | %.3f ms |\n| grant the device access to one (cuMemSetAccess) | %.3f ms |\n",
               map_s * 1e3 / frames, access_s * 1e3 / frames);
+  {
+    // The same frames mapped again elsewhere, access granted once per run of 16 mappings (as
+    // remap_pages and malloc do), then unmapped one by one.
+    constexpr int k_run = 16;
+    CUdeviceptr va2 = 0;
+    CU(cuMemAddressReserve(&va2, bytes, frame, 0, 0));
+    for (int i = 0; i < frames; ++i) CU(cuMemMap(va2 + i * frame, frame, 0, h[i], 0));
+    t = now();
+    int calls = 0;
+    for (int i = 0; i < frames; i += k_run, ++calls) {
+      const int n = frames - i < k_run ? frames - i : k_run;
+      CU(cuMemSetAccess(va2 + i * frame, n * frame, &acc, 1));
+    }
+    const double run_s = now() - t;
+    t = now();
+    for (int i = 0; i < frames; ++i) CU(cuMemUnmap(va2 + i * frame, frame));
+    const double unmap_s = now() - t;
+    CU(cuMemAddressFree(va2, bytes));
+    std::printf("| grant access to %d mappings side by side in one cuMemSetAccess: per call / per frame | %.3f / %.3f ms |\n", k_run,
+                run_s * 1e3 / calls, run_s * 1e3 / frames);
+    std::printf("| unmap one (cuMemUnmap) | %.3f ms |\n", unmap_s * 1e3 / frames);
+  }
   void* dev = nullptr;
   RT(cudaMalloc(&dev, bytes));
   RT(cudaMemset(dev, 0x5a, bytes));

@@ -12,9 +12,11 @@ markdown report on stdout.
    oversubscribed, against plain PyTorch (device memory) and against everything in host
    frames (the shim with a pool of one frame: the host-mapped case for PyTorch).
 3. Reclaim: an oversubscribed job runs on 1.5x the pool; a lock user (plain_cuda, normal
-   priority under the shim) then allocates 3/4 of the pool. Its allocation time (the lock,
-   plus the job's demotion of the frames it needs) against the same allocation on an idle
-   pool; and the job's own demotion time and rate from its exit summary.
+   priority under the shim) then allocates 3/4 of the pool, twice. Its allocation time (the
+   lock, plus the job's demotion of the frames it needs) against the same allocation on an
+   idle pool: cold (a job that makes no host frames ahead, VRAMSWAP_OVERSUBSCRIBE_AHEAD=0),
+   warm (its spares), and with host frames made ahead (the default); the job's breakdown of
+   each burst from its log.
 4. Compute (VRAMSWAP_OVERSUBSCRIBE_COMPUTE): a PyTorch lock holder (vramswap.torch, holds of
    COMPUTE_STEPS training steps under one gpu_lock, COMPUTE_VALLEY_S valleys between) alone,
    then beside a low-priority job (the same training step, unmodified, under the shim with
@@ -102,48 +104,107 @@ def torch_table(pool):
 
 RECLAIM_LINE = re.compile(
     r"reclaim: (\d+) page\(s\) \(\d+ MiB\) for (\d+) request\(s\) moved to host frames in ([\d.]+) ms: host frames ready ahead "
-    r"in ([\d.]+) ms \((\d+), (\d+) of them spares\); gate closed ([\d.]+) ms \(closing it ([\d.]+), running work ([\d.]+), "
-    r"new frames ([\d.]+), filling ([\d.]+), copies ([\d.]+), remapping ([\d.]+), scrubbing ([\d.]+), waiting for more "
-    r"requests ([\d.]+)\)")
+    r"in ([\d.]+) ms \((\d+), (\d+) of them spares; (\d+) created while the lock holder waited\); gate closed ([\d.]+) ms "
+    r"\(closing it ([\d.]+), running work ([\d.]+), new frames ([\d.]+), filling ([\d.]+), copies ([\d.]+), remapping ([\d.]+), "
+    r"scrubbing ([\d.]+), waiting for more requests ([\d.]+)\)")
+READY_LINE = re.compile(r"(\d+) host frame\(s\) \((\d+) MiB\) ready ahead for reclaims")
 
 
-def reclaim(pool):
-    print(f"## Reclaim: a lock user takes 3/4 of the pool ({pool // GiB} GiB) from a running oversubscribed job, twice\n")
+def reclaim_job(pool, made_ahead, tag):
+    """A job on 1.5x the pool, then two lock users taking 3/4 of the pool from it, 8 s apart
+    (the second after the job's pages moved back: it finds the first one's host frames as
+    spares). made_ahead: the job makes host frames ahead of reclaims (the default) and the
+    first user comes once they are ready; else VRAMSWAP_OVERSUBSCRIBE_AHEAD=0 (a cold reclaim
+    creates them while the user waits). Returns what the tables need."""
     user_bytes = str(pool * 3 // 4)
-    rc_i, idle, _ = run([PLAIN, user_bytes, "0"], shim=True, env={"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}ri-"})
-    env = environment(True, {"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}rj-"})
-    job = subprocess.Popen([PLAIN, str(pool * 3 // 2), "45"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}{tag}-"}
+    if not made_ahead:
+        env["VRAMSWAP_OVERSUBSCRIBE_AHEAD"] = "0"
+    seconds = RECLAIM_AHEAD_WAIT_S + 45 if made_ahead else 45
+    t0 = time.monotonic()
+    job = subprocess.Popen([PLAIN, str(pool * 3 // 2), str(seconds)], env=environment(True, env), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    lines = []
+    ready = {}
+    reader = threading.Thread(target=lambda: [lines.append(line) for line in job.stderr], daemon=True)
+    reader.start()
     time.sleep(12)  # its memory allocated and filled, passes running
+    if made_ahead:
+        while time.monotonic() - t0 < RECLAIM_AHEAD_WAIT_S and not any(READY_LINE.search(line) for line in list(lines)):
+            time.sleep(0.2)
+        for line in list(lines):
+            if m := READY_LINE.search(line):
+                ready = {"frames": int(m.group(1)), "mib": int(m.group(2)), "after_s": time.monotonic() - t0}
+                break
     users = []
     for _ in range(2):
-        # The second lock user comes after the job's pages moved back (promotion after a quiet
-        # second): its reclaim finds the host frames of the first as spares.
-        users.append(run([PLAIN, user_bytes, "0"], shim=True, env={"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}rj-"}))
+        users.append(run([PLAIN, user_bytes, "0"], shim=True, env={"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}{tag}-"}))
         time.sleep(8)
-    out, err = job.communicate(timeout=300)
+    out = job.stdout.read()
+    job.wait(timeout=300)
+    reader.join(timeout=30)
+    err = "".join(lines)
     jn = {k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e+]+)", out)}
     m = re.search(r"in host frames; (\d+) page\(s\) moved to host frames for lock holders in ([\d.]+) s in all, (\d+) moved back", err)
     pages, secs, back = (int(m.group(1)), float(m.group(2)), int(m.group(3))) if m else (0, 0.0, 0)
-    print("| | value |")
-    print("| --- | ---: |")
-    print(f"| lock user's allocation, idle pool | {idle.get('alloc_s', 0):.3f} s |")
-    for i, (_, u, _) in enumerate(users):
-        print(f"| lock user {i + 1}'s allocation, frames taken back from the job | {u.get('alloc_s', 0):.3f} s |")
-    print(f"| job: pages moved to host frames (32 MiB each) | {pages} ({pages * 32 / 1024:.1f} GiB) |")
-    print(f"| job: time with its launch gate closed for that | {secs:.3f} s |")
-    print(f"| job: pages moved back into the pool after each lock user left | {back} in all |")
-    print(f"| words wrong (job, lock users) | {int(jn.get('wrong', -1))}, {', '.join(str(int(u.get('wrong', -1))) for _, u, _ in users)} |")
-    print(f"| exit status (job, lock users) | {job.returncode}, {', '.join(str(rc) for rc, _, _ in users)} |")
+    if job.returncode != 0:
+        sys.stderr.write(err[-3000:])
+    return {"users": users, "job": jn, "rc": job.returncode, "pages": pages, "secs": secs, "back": back,
+            "bursts": RECLAIM_LINE.findall(err), "ready": ready}
+
+
+# How long the made-ahead job may take to make its host frames (one per lent pool frame,
+# at most half of one thread: ~512 frames of 32 MiB for a 16 GiB pool, ~15 s while it runs).
+RECLAIM_AHEAD_WAIT_S = 60
+
+
+def reclaim(pool):
+    print(f"## Reclaim: a lock user takes 3/4 of the pool ({pool // GiB} GiB) from a running oversubscribed job\n")
+    print("The job (plain_cuda) runs on 1.5x the pool. A lock user (plain_cuda at normal priority under the shim) "
+          "allocates 3/4 of the pool in 1 GiB cudaMallocs, checks its words and exits; 8 s later, after the job's pages "
+          "moved back, a second lock user does the same. Two jobs: one with VRAMSWAP_OVERSUBSCRIBE_AHEAD=0 (no host "
+          "frames made ahead: the first user's reclaim creates them, cold), one with the default (host frames made "
+          "ahead; its first user comes once they are ready).\n")
+    user_bytes = str(pool * 3 // 4)
+    rc_i, idle, _ = run([PLAIN, user_bytes, "0"], shim=True, env={"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}ri-"})
+    cold = reclaim_job(pool, False, "rc")
+    ahead = reclaim_job(pool, True, "ra")
+    idle_s = idle.get("alloc_s", 0)
+    rows = [("cold: no host frames made ahead (VRAMSWAP_OVERSUBSCRIBE_AHEAD=0), lock user 1", cold["users"][0]),
+            ("warm: the same job, lock user 2 (spares from user 1)", cold["users"][1]),
+            ("made ahead (the default), lock user 1", ahead["users"][0]),
+            ("made ahead, lock user 2 (spares)", ahead["users"][1])]
+    print("| lock user's allocation | s | / idle pool (goal <= 2) |")
+    print("| --- | ---: | ---: |")
+    print(f"| idle pool | {idle_s:.3f} | 1.00 |")
+    for name, (_, u, _) in rows:
+        a = u.get("alloc_s", 0)
+        print(f"| {name} | {a:.3f} | {a / idle_s if idle_s else 0:.2f} |")
+    print()
+    r = ahead["ready"]
+    print("| | cold job | made-ahead job |")
+    print("| --- | ---: | ---: |")
+    print(f"| host frames made ahead, ready after (s from the job's start) | - | "
+          f"{(str(r['frames']) + ' (' + str(r['mib'] // 1024) + ' GiB), ' + format(r['after_s'], '.1f') + ' s') if r else 'not ready in time'} |")
+    created = [sum(int(g[6]) for g in j["bursts"]) for j in (cold, ahead)]
+    print(f"| job: host frames its reclaims created while a lock user waited | {created[0]} | {created[1]} |")
+    for key, name in (("pages", "job: pages moved to host frames (32 MiB each)"), ("back", "job: pages moved back into the pool")):
+        print(f"| {name} | {cold[key]} | {ahead[key]} |")
+    print(f"| job: time with its launch gate closed for reclaims | {cold['secs']:.3f} s | {ahead['secs']:.3f} s |")
+    print(f"| words wrong (job, lock users) | " + " | ".join(
+        f"{int(j['job'].get('wrong', -1))}, {', '.join(str(int(u.get('wrong', -1))) for _, u, _ in j['users'])}" for j in (cold, ahead)) + " |")
+    print(f"| exit status (job, lock users) | " + " | ".join(
+        f"{j['rc']}, {', '.join(str(rc) for rc, _, _ in j['users'])}" for j in (cold, ahead)) + " |")
     print()
     # Where the job's time went: one log line per burst of requests under one closing of its gate.
     print("Each burst: the requests that one closing of the job's launch gate served (ms).\n")
-    print("| burst | pages | requests | in all | host frames ready ahead (spares of them) | gate closed | closing it | running work | new frames | filling | copies | remapping | scrubbing | waiting for more requests |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for i, g in enumerate(RECLAIM_LINE.findall(err)):
-        print(f"| {i + 1} | {g[0]} | {g[1]} | {g[2]} | {g[3]} ({g[4]}, {g[5]}) | {g[6]} | {g[7]} | {g[8]} | {g[9]} | {g[10]} | {g[11]} | {g[12]} | {g[13]} | {g[14]} |")
+    print("| job | burst | pages | requests | in all | host frames ready ahead (count, spares, created while the user waited) | gate closed | closing it | running work | new frames | filling | copies | remapping | scrubbing | waiting for more requests |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, j in (("cold", cold), ("made ahead", ahead)):
+        for i, g in enumerate(j["bursts"]):
+            print(f"| {name} | {i + 1} | {g[0]} | {g[1]} | {g[2]} | {g[3]} ({g[4]}, {g[5]}, {g[6]}) | {g[7]} | {g[8]} | {g[9]} | {g[10]} | "
+                  f"{g[11]} | {g[12]} | {g[13]} | {g[14]} | {g[15]} |")
     print()
-    if job.returncode != 0:
-        sys.stderr.write(err[-3000:])
 
 
 # --- 4. compute: a lock holder beside a low-priority job ----------------------------------

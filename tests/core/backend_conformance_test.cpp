@@ -219,6 +219,30 @@ TEST_P(BackendConformance, HostFramesMapLikeDeviceFramesAndUseNoDeviceMemory) {
   EXPECT_FAILS(be->frame_location_of(987654321, &where), err_invalid_argument, "does not exist");
 }
 
+// One set_access over several mappings side by side grants access to all of them (the
+// pager grants access once per run of pages): device frames, and host frames.
+TEST_P(BackendConformance, OneSetAccessCoversSeveralMappings) {
+  for (const bool host : {false, true}) {
+    SCOPED_TRACE(host ? "host frames" : "device frames");
+    const device_ptr va = reserve(4 * gran);
+    for (size_t i = 0; i < 3; ++i) {
+      frame_id f = 0;
+      ASSERT_EQ(host ? be->create_host_frame(0, gran, &f) : be->create_frame(0, gran, &f), ok) << last_error();
+      frames.push_back(f);
+      ASSERT_EQ(be->map(va + i * gran, gran, f, 0), ok) << last_error();
+      mapped.emplace_back(va + i * gran, gran);
+    }
+    EXPECT_FAILS(be->set_access(va, 4 * gran, access_flags::read_write), err_not_mapped, "is not mapped");
+    ASSERT_EQ(be->set_access(va, 3 * gran, access_flags::read_write), ok) << last_error();
+    write(va, 3 * gran, host ? 32 : 31);
+    expect_bytes(va, 3 * gran, host ? 32 : 31);
+    // Each mapping has its access: one of them read on its own.
+    pinned_buffer buf(be, gran);
+    ASSERT_EQ(be->copy_d2h(buf.ptr, va + 2 * gran, gran, stream), ok) << last_error();
+    ASSERT_EQ(be->stream_synchronize(stream), ok) << last_error();
+  }
+}
+
 TEST_P(BackendConformance, FramesMapWhole) {
   const size_t size = 4 * gran;
   const device_ptr va = reserve(2 * size);

@@ -99,6 +99,22 @@ TEST_P(PagerRemap, PagesMoveIntoTheirNewFramesAndBackWithEveryByte) {
   EXPECT_TRUE(all_hold(52));
 }
 
+// Access is granted once per run of consecutive addresses, not once per page: moving pages
+// {0,1,2,4} and {5,6,7,9} (two batches of the window of 4) grants access to each batch's
+// slots once, to the runs {0-2} {4} {5-7} {9} at the pages' addresses, and to each batch's
+// slots once more to scrub the old frames: 8 calls, against 3 per page (24) one by one.
+TEST_P(PagerRemap, AccessIsGrantedOncePerRunOfAddresses) {
+  write_all(61);
+  frame_maker to_host{frames.get(), frame_location::host};
+  be->count_calls();
+  size_t moved = 0;
+  ASSERT_EQ(remap(frames_of(moving), to_host, &moved), ok) << last_error();
+  EXPECT_EQ(moved, moving.size());
+  EXPECT_EQ(be->calls(fault_op::set_access), 8u);
+  EXPECT_TRUE(all_hold(61));
+  for (frame_id f : frames->given_back()) EXPECT_TRUE(zeroed(f));
+}
+
 TEST_P(PagerRemap, FramesThatBackNoPageMoveNothing) {
   write_all(61);
   const std::vector<frame_id> before = page_frames();

@@ -8,8 +8,13 @@
 // since <file> appeared as well (a test creates it when the job's competitor is done, so
 // that what follows is timed from that moment, however slow the machine). Every copy is queued inside the launch gate, as the preload shim
 // does for a CUDA program's work, so reclaims (demotions) may happen between any two of them.
+// OVERSUB_WORKER_FSIZE=<bytes> (with OVERSUB_WORKER_FSIZE_UNTIL=<file>): before its
+// allocations the job lowers its RLIMIT_FSIZE below a frame's size, so that creating a host
+// frame (a memfd grown to the frame's size) fails, until <file> appears.
 // Prints one line of numbers (key=value) on stdout. Exit: 0 ok, 2 an API call failed,
 // 3 data differed.
+#include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "core/launch_gate.hpp"
@@ -51,6 +57,28 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<oversubscribed_session> session;
   check(oversubscribed_session::open(0, &session), "opening the oversubscribed session");
+  const char* fsize = std::getenv("OVERSUB_WORKER_FSIZE");
+  const char* fsize_until = std::getenv("OVERSUB_WORKER_FSIZE_UNTIL");
+  rlimit fsize_before{};
+  bool fsize_lowered = false;
+  // After the session's open: a pool server it started must not inherit the limit.
+  if (fsize != nullptr && fsize_until != nullptr) {
+    ::signal(SIGXFSZ, SIG_IGN);  // the failing ftruncate then says EFBIG
+    if (::getrlimit(RLIMIT_FSIZE, &fsize_before) != 0) return 2;
+    rlimit low = fsize_before;
+    low.rlim_cur = std::strtoull(fsize, nullptr, 10);
+    if (::setrlimit(RLIMIT_FSIZE, &low) != 0) return 2;
+    fsize_lowered = true;
+  }
+  // A thread of its own puts the limit back: the rounds may be held at the launch gate (a
+  // lock holder's hold) when <file> appears.
+  std::thread fsize_watch;
+  if (fsize_lowered) {
+    fsize_watch = std::thread([&] {
+      for (int i = 0; i < 120000 && ::access(fsize_until, F_OK) != 0; ++i) ::usleep(5000);  // bounded: 600 s
+      if (::setrlimit(RLIMIT_FSIZE, &fsize_before) != 0) std::fprintf(stderr, "oversub_worker: setrlimit(RLIMIT_FSIZE) back failed\n");
+    });
+  }
   backend& be = session->get_backend();
   std::vector<block> blocks;
   for (uint64_t size : {bytes / 2, bytes / 3, bytes - bytes / 2 - bytes / 3}) {
@@ -102,12 +130,14 @@ int main(int argc, char** argv) {
     }
     if (done()) break;
   }
+  if (fsize_watch.joinable()) fsize_watch.join();
   const oversubscribed_stats st = session->stats();
   std::printf("rounds=%d start_host_bytes=%" PRIu64 " host_bytes=%" PRIu64 " pool_bytes=%" PRIu64 " demoted=%" PRIu64
               " promoted=%" PRIu64 " reclaims=%" PRIu64 " bursts=%" PRIu64 " reclaim_ms=%.3f spare_bytes=%" PRIu64
-              " yield_waits=%" PRIu64 " yield_ms=%.3f\n",
+              " yield_waits=%" PRIu64 " yield_ms=%.3f made_ahead=%" PRIu64 " created_in_reclaim=%" PRIu64 "\n",
               round + 1, at_start.host_frame_bytes, st.host_frame_bytes, st.pool_frame_bytes, st.pages_demoted, st.pages_promoted,
-              st.demotions, st.bursts, st.demote_seconds * 1e3, st.spare_host_bytes, st.yield_waits, st.yield_seconds * 1e3);
+              st.demotions, st.bursts, st.demote_seconds * 1e3, st.spare_host_bytes, st.yield_waits, st.yield_seconds * 1e3,
+              st.host_frames_made_ahead, st.host_frames_created_in_reclaim);
   std::fflush(stdout);
   check(be.stream_destroy(s), "stream_destroy");
   check(be.host_free(staging), "host_free");

@@ -85,6 +85,30 @@ class Oversubscription : public ::testing::Test {
     }
     return lent;
   }
+  // Wait until the job's log says `text` (a generous bound: a loaded machine).
+  bool wait_job_said(const std::string& text, int wait_ms = 30000) {
+    for (int waited = 0; waited < wait_ms; waited += 20) {
+      if (slurp(err_file()).find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  static size_t count_of(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = 0; (at = text.find(what, at)) != std::string::npos; at += what.size()) ++n;
+    return n;
+  }
+  // A lock user allocating 56 MiB under the lock (7/8 of the pool: 20 frames or more from the
+  // job), its data checked; the job is told when it is done.
+  void run_lock_user(const std::string& user_done, uint64_t seed) {
+    const pid_t user =
+        deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "2", std::to_string(seed), "20", "alloc-under-lock"},
+                      {"VRAMSWAP_EVICT_TIMEOUT=10"});
+    EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed; the job said: " << slurp(err_file());
+    std::FILE* done = std::fopen(user_done.c_str(), "w");
+    ASSERT_NE(done, nullptr) << user_done;
+    std::fclose(done);
+  }
   void expect_no_frame_leaked(pool_segment& pool) {
     uint32_t free_frames = 0;
     for (int i = 0; i < 400; ++i) {
@@ -191,7 +215,81 @@ TEST_F(Oversubscription, LockUserFacingAJobAtItsHostLimitFailsClearlyAndTheJobRu
   size_t failures = 0;
   for (size_t at = 0; (at = err.find("giving back", at)) != std::string::npos; ++at) ++failures;
   EXPECT_EQ(failures, 1u) << "the failure should be logged once, not at every retry: " << err;
+  // The limit bounds the frames made ahead (2 of 2 MiB at most, with those in use), quietly.
+  auto n = job_numbers();
+  EXPECT_LE(n["made_ahead"], 2) << slurp(out_file());
+  EXPECT_LE(n["host_bytes"] + n["spare_bytes"], 4.0 * MiB) << slurp(out_file());
+  EXPECT_EQ(err.find("made ahead of a reclaim"), std::string::npos) << err;
   EXPECT_NE(err.find("withdrawn"), std::string::npos) << err;
+  expect_no_frame_leaked(*pool);
+}
+
+// The job makes host frames ahead of a reclaim, one per page in its lent pool frames, while
+// no reclaim runs; a lock user that then takes its frames back waits for no new host frame.
+TEST_F(Oversubscription, ReclaimAfterFramesWereMadeAheadCreatesNoHostFrameWhileTheHolderWaits) {
+  std::unique_ptr<pool_segment> pool;
+  const std::string user_done = deploy_.dir() + "/user-done";
+  const pid_t job = spawn_job_on_three_quarters(0.5, 101, &pool, {"VRAMSWAP_LOG=info"}, {user_done, "1"});
+  ASSERT_GT(job, 0);
+  ASSERT_TRUE(wait_job_said("24 host frame(s) (48 MiB) ready ahead for reclaims")) << slurp(err_file());
+  run_lock_user(user_done, 111);
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  auto n = job_numbers();
+  EXPECT_GE(n["demoted"], 20) << slurp(out_file());
+  EXPECT_GE(n["made_ahead"], 24) << slurp(out_file());
+  EXPECT_EQ(n["created_in_reclaim"], 0) << "a reclaim created host frames although they were made ahead: " << slurp(err_file());
+  const std::string err = slurp(err_file());
+  EXPECT_GE(count_of(err, "reclaim: "), 1u) << err;
+  EXPECT_EQ(count_of(err, "reclaim: "), count_of(err, "; 0 created while the lock holder waited)")) << err;
+  expect_no_frame_leaked(*pool);
+}
+
+// VRAMSWAP_OVERSUBSCRIBE_AHEAD bounds the frames made ahead; a reclaim needing more creates
+// the rest while the lock holder waits, and every byte is intact.
+TEST_F(Oversubscription, FramesMadeAheadAreBoundedByTheOptionAndAReclaimCreatesTheRest) {
+  std::unique_ptr<pool_segment> pool;
+  const std::string user_done = deploy_.dir() + "/user-done";
+  const pid_t job = spawn_job_on_three_quarters(0.5, 121, &pool, {"VRAMSWAP_LOG=info", "VRAMSWAP_OVERSUBSCRIBE_AHEAD=8MiB"},
+                                                {user_done, "1"});
+  ASSERT_GT(job, 0);
+  ASSERT_TRUE(wait_job_said("4 host frame(s) (8 MiB) ready ahead for reclaims")) << slurp(err_file());
+  run_lock_user(user_done, 131);
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  auto n = job_numbers();
+  EXPECT_GE(n["demoted"], 20) << slurp(out_file());
+  EXPECT_GE(n["created_in_reclaim"], 16) << "20 pages or more, 4 host frames made ahead: " << slurp(out_file());
+  expect_no_frame_leaked(*pool);
+}
+
+// Making a frame ahead fails at the backend (creating the frame fails: its memfd cannot grow
+// past the job's RLIMIT_FSIZE): the job logs it once and runs on with its bytes intact; once
+// frames can be created again, a reclaim gives the lock user its frames.
+TEST_F(Oversubscription, FailingToMakeFramesAheadLeavesTheJobRightAndReclaimWorks) {
+  if (backend_ != "host") GTEST_SKIP() << "the failure is made with RLIMIT_FSIZE, which only the host backend's frames (memfds) obey";
+  std::unique_ptr<pool_segment> pool;
+  const std::string user_done = deploy_.dir() + "/user-done";
+  const std::string can_create = deploy_.dir() + "/can-create";
+  const pid_t job = spawn_job_on_three_quarters(0.5, 141, &pool,
+                                                {"VRAMSWAP_LOG=info", "OVERSUB_WORKER_FSIZE=" + std::to_string(1 * MiB),
+                                                 "OVERSUB_WORKER_FSIZE_UNTIL=" + can_create},
+                                                {user_done, "1"});
+  ASSERT_GT(job, 0);
+  ASSERT_TRUE(wait_job_said("a host frame made ahead of a reclaim (0 made before it)")) << slurp(err_file());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // at least one retry, failing too
+  EXPECT_EQ(::waitpid(job, nullptr, WNOHANG), 0) << "the job should run on: " << slurp(err_file());
+  std::FILE* f = std::fopen(can_create.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  run_lock_user(user_done, 151);
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  auto n = job_numbers();
+  EXPECT_GE(n["demoted"], 20) << slurp(out_file());
+  const std::string err = slurp(err_file());
+  EXPECT_EQ(count_of(err, "made ahead of a reclaim"), 1u) << "logged once, not at every retry: " << err;
+  EXPECT_NE(err.find("ftruncate(memfd"), std::string::npos) << "the backend's failure should be said: " << err;
   expect_no_frame_leaked(*pool);
 }
 

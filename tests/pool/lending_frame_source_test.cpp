@@ -100,6 +100,44 @@ TEST_F(LendingFrameSource, HostFramesGivenBackAreSparesTakenBeforeNewOnes) {
   EXPECT_NE(be_->frame_size(a, &size), ok) << "a released spare is gone";
 }
 
+// Frames made ahead of a reclaim are spares: taken before new ones, within the limit with the
+// frames in use, and made no further than the limit allows (quietly: it bounds them).
+TEST_F(LendingFrameSource, FramesMadeAheadAreSparesBoundedByTheLimit) {
+  lending_frame_source& s = source(3);
+  frame_id used = 0;
+  ASSERT_EQ(s.take_host_frame(0, frame_, &used), ok) << last_error();
+  size_t made = 0;
+  ASSERT_EQ(s.make_spares(0, frame_, 5, [] { return false; }, &made), ok) << last_error();
+  EXPECT_EQ(made, 2u) << "one in use + two made ahead is the limit of three";
+  EXPECT_EQ(s.spare_count(), 2u);
+  EXPECT_EQ(s.spare_bytes(), 2 * frame_);
+  EXPECT_EQ(s.frames_created(), 1u) << "frames made ahead are not counted as created on demand";
+  frame_id more = 0;
+  EXPECT_EQ(s.take_host_frame(0, frame_, &more), ok) << "a spare made ahead: " << last_error();
+  bool spare = false;
+  EXPECT_EQ(s.take_host_frame(0, frame_, &more, &spare), ok) << last_error();
+  EXPECT_TRUE(spare);
+  EXPECT_EQ(s.frames_created(), 1u) << "both taken from the frames made ahead";
+  EXPECT_EQ(s.take_host_frame(0, frame_, &more), err_out_of_memory);
+  EXPECT_NE(std::string(last_error()).find("VRAMSWAP_OVERSUBSCRIBE_LIMIT"), std::string::npos) << last_error();
+  int asked = 0;
+  ASSERT_EQ(s.make_spares(0, frame_, 5, [&] { return ++asked > 0; }, &made), ok);
+  EXPECT_EQ(made, 0u) << "stop() is asked before each frame";
+}
+
+TEST_F(LendingFrameSource, ReleaseSparesKeepsAsManyAsAsked) {
+  lending_frame_source& s = source(8);
+  size_t made = 0;
+  ASSERT_EQ(s.make_spares(0, frame_, 5, [] { return false; }, &made), ok) << last_error();
+  ASSERT_EQ(made, 5u);
+  EXPECT_EQ(s.release_spares(3), 2u);
+  EXPECT_EQ(s.spare_count(), 3u);
+  EXPECT_EQ(s.spare_bytes(), 3 * frame_);
+  EXPECT_EQ(s.release_spares(3), 0u);
+  EXPECT_EQ(s.release_spares(), 3u);
+  EXPECT_EQ(s.spare_bytes(), 0u);
+}
+
 TEST_F(LendingFrameSource, TakeHostFramesUsesSparesFirstAndAppends) {
   lending_frame_source& s = source(64);
   std::vector<frame_id> first;
