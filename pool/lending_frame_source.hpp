@@ -64,6 +64,16 @@ class lending_frame_source final : public frame_source {
   // Release every spare host frame (the session does when no reclaim came for a while).
   // Returns how many.
   size_t release_spares();
+  // Placement by use swaps pages between pool and host frames without lending more or
+  // fewer: while keeping, a pool frame given back that is still lent to this process (no
+  // lock holder asked for it) stays lent, kept for take_kept_pool_frame, instead of going
+  // back to the pool. A frame a lock holder asks for is never kept: given back, it goes to
+  // the pool, and one asked for while kept goes there at take_kept_pool_frame or at
+  // release_kept_pool_frames. The pager's mutex orders these with give_back.
+  void keep_pool_frames(bool on) noexcept { keeping_.store(on, std::memory_order_release); }
+  bool take_kept_pool_frame(frame_id* out);
+  // Every kept frame back to the pool (the end of a swap round). Returns how many.
+  size_t release_kept_pool_frames();
   bool is_pool_frame(frame_id frame) const { return view_.is_pool_frame(frame); }
   // This member's view of the frame table: the pool frames lock holders asked this process
   // to give back (requested_of_me), the free ones, ... (pool/member_frames.hpp).
@@ -90,6 +100,8 @@ class lending_frame_source final : public frame_source {
   std::mutex spare_mutex_;
   std::vector<frame_id> spares_;  // host frames given back, kept for reuse
   std::atomic<uint64_t> spare_bytes_{0};
+  std::atomic<bool> keeping_{false};
+  std::vector<frame_id> kept_;  // pool frames kept lent for a swap (under spare_mutex_)
 };
 
 }  // namespace vramswap::detail

@@ -22,6 +22,7 @@ constexpr uint64_t k_promote_quiet_ns = 1'000'000'000;  // no request for this l
 constexpr uint64_t k_burst_linger_ns = 20'000'000;      // the gate stays closed this long for a next request
 constexpr uint64_t k_spare_keep_ns = 30'000'000'000;    // spare host frames kept this long after a reclaim
 constexpr uint64_t k_retry_after_failure_ns = 1'000'000'000;  // a failed demotion is tried again after this
+constexpr uint64_t k_placement_period_ns = 1'000'000'000;     // a placement-by-use round at most this often
 
 // VRAMSWAP_OVERSUBSCRIBE_COMPUTE: yield | share:N | free.
 int read_compute_policy(launch_gate::yield_policy* policy, unsigned* share) {
@@ -82,6 +83,9 @@ int oversubscribed_session::open(int device, std::unique_ptr<oversubscribed_sess
   std::unique_ptr<oversubscribed_session> s(new oversubscribed_session());
   VS_TRY(option_size(option_id::oversubscribe_limit, &s->limit_, physical_ram()));
   VS_TRY(read_compute_policy(&s->compute_policy_, &s->compute_share_));
+  uint64_t placement = 1;
+  VS_TRY(option_uint(option_id::oversubscribe_placement, &placement));
+  s->placement_ = placement != 0;
   VS_TRY(s->session::open(device));
   *out = std::move(s);
   return ok;
@@ -124,11 +128,17 @@ void oversubscribed_session::opened() {
       " MiB of host memory (VRAMSWAP_OVERSUBSCRIBE_LIMIT); launches %s (VRAMSWAP_OVERSUBSCRIBE_COMPUTE=%s)", device_,
       limit_ >> 20, compute, option_text(option_id::oversubscribe_compute).c_str());
   last_request_ns_ = monotonic_ns();
+  start_placement();
 }
 
 oversubscribed_session::~oversubscribed_session() {
   if (yield_handle_ >= 0) launch_gate::remove_yield_source(yield_handle_);
+  if (tracker_) {
+    tracker_->stop();  // no launch records into it from here on
+    placement_summary();
+  }
   close();  // stops the service thread, destroys the pager (pool frames scrubbed and freed, host frames released)
+  tracker_.reset();  // after close(): the service thread used it
   store_.reset();
   frames_.reset();
 }
@@ -235,11 +245,7 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
 }
 
 int oversubscribed_session::promote(uint32_t at_most) {
-  std::vector<frame_id> host_backed;
-  for (frame_id f : memory().resident_frames()) {
-    if (!frames_->is_pool_frame(f)) host_backed.push_back(f);
-    if (host_backed.size() == at_most) break;
-  }
+  const std::vector<frame_id> host_backed = host_frames_hottest_first(at_most);
   if (host_backed.empty()) return ok;
   size_t moved = 0;
   int rc = ok;
@@ -290,6 +296,10 @@ void oversubscribed_session::serve(uint32_t seen) {
       log(log_level::info, "device %d: released %zu spare host frame(s) (%" PRIu64 " MiB): no reclaim for %.0f s", device_, n,
           spare >> 20, k_spare_keep_ns / 1e9);
     }
+    if (tracker_ && monotonic_ns() >= next_placement_ns_) {
+      next_placement_ns_ = monotonic_ns() + k_placement_period_ns;
+      if (place_by_use() != ok) log(log_level::warn, "device %d: placement by use: %s", device_, last_error());
+    }
   }
   member().observe().stored(frames_->host_bytes(), 0);
 }
@@ -302,6 +312,8 @@ oversubscribed_stats oversubscribed_session::stats() const {
   const launch_gate::yield_totals y = launch_gate::yielded();
   s.yield_waits = y.waits;
   s.yield_seconds = y.waited_ns / 1e9;
+  s.launches_observed = use_tracking::observed();
+  s.launches_unreadable = use_tracking::unreadable();
   const uint64_t resident = memory().stats().resident_bytes;
   s.pool_frame_bytes = resident - std::min(resident, s.host_frame_bytes);
   return s;
