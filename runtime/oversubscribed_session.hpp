@@ -23,6 +23,11 @@
 // frames the same way, up to the number free. Their host frames become spares, released
 // when no reclaim came for k_spare_keep_ns.
 //
+// Placement by use (VRAMSWAP_OVERSUBSCRIBE_PLACEMENT, runtime/oversubscribed_placement.cpp):
+// the shim records which pages kernel launches use (runtime/use_tracker.hpp); once a second,
+// with no request pending, the most used pages in host frames swap with the least used in
+// pool frames under one closing of the gate, the number of lent frames unchanged.
+//
 // Compute (VRAMSWAP_OVERSUBSCRIBE_COMPUTE): with yield (the default) or share:N, the session
 // registers the device's lock with the launch gate, whose entry then holds this process's
 // new device work back while a lock holder holds (core/launch_gate.hpp). The lock stays open
