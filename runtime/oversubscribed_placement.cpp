@@ -32,7 +32,7 @@
 namespace vramswap::detail {
 namespace {
 
-constexpr uint64_t k_placement_round_bytes = 256ull << 20;      // moved each way per round, at most
+constexpr uint64_t k_placement_round_bytes = 512ull << 20;      // moved each way per round, at most
 constexpr uint64_t k_placement_min_saving = 64ull << 20;        // link bytes per second a round must save
 constexpr size_t k_placement_chunk = 16;                        // pairs between two looks for a request
 // Counts halve each round, about a second: a page used r times a second holds about 2r.
