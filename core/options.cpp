@@ -43,6 +43,9 @@ constexpr other_variable k_other[] = {
     {"VRAMSWAP_GANG_ROUNDS", "the lock's gang test (rounds per worker of its random mix)"},
     {"VRAMSWAP_BENCH_PARTS", "bench/python/bench_oversubscribe.py"},
     {"VRAMSWAP_BUILD_DIR", "bench/python/bench_oversubscribe.py"},
+    {"VRAMSWAP_BENCH_TORCH_STEPS", "bench/python/bench_oversubscribe.py (steps of the oversubscribed PyTorch runs)"},
+    {"VRAMSWAP_TEST_HOT_BLOCK", "the oversubscription tests' job (the block whose use it declares)"},
+    {"VRAMSWAP_TEST_WAIT_PLACED", "the oversubscription tests' job (run on until pages were placed by use)"},
 };
 
 constexpr size_t k_options = static_cast<size_t>(option_id::count_);

@@ -679,4 +679,15 @@ int pager::check_invariants() const {
   return ok;
 }
 
+void pager::placement_view(std::vector<range_allocation>* allocations, std::vector<resident_page>* resident) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  allocations->clear();
+  arena_.allocator().overlapping(arena_.base(), arena_.base() + arena_.size(), allocations);
+  resident->clear();
+  resident->reserve(resident_pages_);
+  for (uint64_t p = 0; p < table_.size(); ++p) {
+    if (table_[p].state == page_state::resident) resident->push_back({p, table_[p].frame});
+  }
+}
+
 }  // namespace vramswap::detail

@@ -135,7 +135,48 @@ int lending_frame_source::give_back(frame_id frame) {
     host_bytes_.fetch_sub(size, std::memory_order_relaxed);
     return ok;
   }
+  if (keeping_.load(std::memory_order_acquire)) {
+    const frame_word w = frame_word::decode(pool_.read(index));
+    if (w.state == frame_lent && w.owner == me_) {
+      std::lock_guard<std::mutex> guard(spare_mutex_);
+      kept_.push_back(frame);
+      return ok;
+    }
+  }
   return pool_.give_back(index, me_);
+}
+
+bool lending_frame_source::take_kept_pool_frame(frame_id* out) {
+  for (;;) {
+    frame_id f = 0;
+    {
+      std::lock_guard<std::mutex> guard(spare_mutex_);
+      if (kept_.empty()) return false;
+      f = kept_.back();
+      kept_.pop_back();
+    }
+    uint32_t index = 0;
+    if (!view_.index_of(f, &index)) continue;
+    const frame_word w = frame_word::decode(pool_.read(index));
+    if (w.state == frame_lent && w.owner == me_) {
+      *out = f;
+      return true;
+    }
+    pool_.give_back(index, me_);  // a lock holder asked for it meanwhile: it wins
+  }
+}
+
+size_t lending_frame_source::release_kept_pool_frames() {
+  std::vector<frame_id> kept;
+  {
+    std::lock_guard<std::mutex> guard(spare_mutex_);
+    kept.swap(kept_);
+  }
+  for (frame_id f : kept) {
+    uint32_t index = 0;
+    if (view_.index_of(f, &index)) pool_.give_back(index, me_);
+  }
+  return kept.size();
 }
 
 uint32_t lending_frame_source::withdraw_abandoned_requests() {

@@ -80,6 +80,16 @@ class lending_frame_source final : public frame_source {
   // New host frames created by take_host_frame (for allocations and reclaims, not made
   // ahead), since this source was made.
   uint64_t frames_created() const noexcept { return created_.load(std::memory_order_relaxed); }
+  // Placement by use swaps pages between pool and host frames without lending more or
+  // fewer: while keeping, a pool frame given back that is still lent to this process (no
+  // lock holder asked for it) stays lent, kept for take_kept_pool_frame, instead of going
+  // back to the pool. A frame a lock holder asks for is never kept: given back, it goes to
+  // the pool, and one asked for while kept goes there at take_kept_pool_frame or at
+  // release_kept_pool_frames. The pager's mutex orders these with give_back.
+  void keep_pool_frames(bool on) noexcept { keeping_.store(on, std::memory_order_release); }
+  bool take_kept_pool_frame(frame_id* out);
+  // Every kept frame back to the pool (the end of a swap round). Returns how many.
+  size_t release_kept_pool_frames();
   bool is_pool_frame(frame_id frame) const { return view_.is_pool_frame(frame); }
   // This member's view of the frame table: the pool frames lock holders asked this process
   // to give back (requested_of_me), the free ones, ... (pool/member_frames.hpp).
@@ -112,6 +122,8 @@ class lending_frame_source final : public frame_source {
   // Counts spares and frames being made ahead (reserved before they exist).
   std::atomic<uint64_t> spare_bytes_{0};
   std::atomic<uint64_t> created_{0};
+  std::atomic<bool> keeping_{false};
+  std::vector<frame_id> kept_;  // pool frames kept lent for a swap (under spare_mutex_)
 };
 
 }  // namespace vramswap::detail

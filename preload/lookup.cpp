@@ -24,6 +24,7 @@
 #include "core/launch_gate.hpp"
 #include "core/log.hpp"
 #include "runtime/runtime.hpp"
+#include "runtime/use_tracker.hpp"
 #include "shim.hpp"
 
 namespace vramswap::detail::preload {
@@ -94,6 +95,90 @@ enum gated_index : int {
 #undef VRAMSWAP_GATED_ENUM
 };
 
+// --- observing kernel launches (placement by use, runtime/use_tracker.hpp) --------------
+// On a sample of launches, every parameter's bytes are scanned for addresses in this
+// process's arenas. The parameters' sizes come from cuFuncGetParamInfo (CUDA 12.4); a
+// CUkernel handle passed as a CUfunction (the library API allows it) is asked with
+// cuKernelGetParamInfo. A driver without them observes nothing, and says so once.
+using param_info_fn = CUresult (*)(void*, size_t, size_t*, size_t*);
+constexpr size_t k_max_observed_params = 1024;
+
+param_info_fn function_param_info() {
+  static const param_info_fn fn = [] {
+    auto f = reinterpret_cast<param_info_fn>(real_driver("cuFuncGetParamInfo", 12040));
+    if (f == nullptr) {
+      log(log_level::warn, "preload: this driver has no cuFuncGetParamInfo (CUDA 12.4 and later): kernel launches are not "
+          "observed, so placement by use (VRAMSWAP_OVERSUBSCRIBE_PLACEMENT) moves nothing; pages stay where they were first backed");
+    }
+    return f;
+  }();
+  return fn;
+}
+
+param_info_fn kernel_param_info() {
+  static const param_info_fn fn = reinterpret_cast<param_info_fn>(real_driver("cuKernelGetParamInfo", 12040));
+  return fn;
+}
+
+void observe_launch(void* function, void** params, void** extra) noexcept {
+  if (!use_tracking::sample_this_launch()) return;
+  if (params != nullptr) {
+    param_info_fn info = function_param_info();
+    if (info == nullptr) {
+      use_tracking::note_unreadable();
+      return;
+    }
+    size_t offset = 0;
+    size_t size = 0;
+    CUresult r = info(function, 0, &offset, &size);
+    if (r == CUDA_ERROR_INVALID_HANDLE && kernel_param_info() != nullptr) {
+      info = kernel_param_info();
+      r = info(function, 0, &offset, &size);
+    }
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE) {  // INVALID_VALUE at 0: no parameters
+      use_tracking::note_unreadable();
+      return;
+    }
+    for (size_t i = 0; r == CUDA_SUCCESS && i < k_max_observed_params; r = info(function, ++i, &offset, &size)) {
+      use_tracking::record_argument_bytes(params[i], size);
+    }
+  } else if (extra != nullptr) {  // one packed buffer: CU_LAUNCH_PARAM_BUFFER_POINTER, _SIZE
+    const void* buffer = nullptr;
+    size_t size = 0;
+    for (size_t i = 0; i < 64 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1] != nullptr) size = *static_cast<const size_t*>(extra[i + 1]);
+    }
+    use_tracking::record_argument_bytes(buffer, size);
+  }
+  use_tracking::note_observed();
+}
+
+// What a gated function does before the real one: the kernel launches are observed.
+template <int Index>
+struct before_call {
+  template <typename... A>
+  static void run(A...) noexcept {}
+};
+template <>
+struct before_call<gated_cuLaunchKernel> {
+  static void run(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void** params,
+                  void** extra) noexcept {
+    observe_launch(f, params, extra);
+  }
+};
+template <>
+struct before_call<gated_cuLaunchKernelEx> {
+  static void run(const CUlaunchConfig*, CUfunction f, void** params, void** extra) noexcept { observe_launch(f, params, extra); }
+};
+template <>
+struct before_call<gated_cuLaunchCooperativeKernel> {
+  static void run(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                  void** params) noexcept {
+    observe_launch(f, params, nullptr);
+  }
+};
+
 // One instance per function and flavour (Id = index * 2 + per-thread-default-stream): the
 // real pointer it calls, and the wrapper that calls it inside the gate.
 template <typename F, int Id>
@@ -103,6 +188,7 @@ struct gated<R (*)(A...), Id> {
   static inline R (*real)(A...) = nullptr;
   static R call(A... a) {
     launch_gate::pass through;
+    before_call<Id / 2>::run(a...);
     return real(a...);
   }
 };

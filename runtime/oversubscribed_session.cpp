@@ -27,6 +27,7 @@ constexpr uint64_t k_retry_after_failure_ns = 1'000'000'000;  // a failed demoti
 // at most k_ahead_serve_ns (the rest of the service loop runs between).
 constexpr uint64_t k_ahead_slice_ns = 25'000'000;
 constexpr uint64_t k_ahead_serve_ns = 1'000'000'000;
+constexpr uint64_t k_placement_period_ns = 1'000'000'000;     // a placement-by-use round at most this often
 
 // VRAMSWAP_OVERSUBSCRIBE_COMPUTE: yield | share:N | free.
 int read_compute_policy(launch_gate::yield_policy* policy, unsigned* share) {
@@ -90,6 +91,9 @@ int oversubscribed_session::open(int device, std::unique_ptr<oversubscribed_sess
   if (!option_text(option_id::oversubscribe_ahead).empty()) {
     VS_TRY(option_size(option_id::oversubscribe_ahead, &s->ahead_bytes_, physical_ram()));
   }
+  uint64_t placement = 1;
+  VS_TRY(option_uint(option_id::oversubscribe_placement, &placement));
+  s->placement_ = placement != 0;
   VS_TRY(s->session::open(device));
   *out = std::move(s);
   return ok;
@@ -132,11 +136,17 @@ void oversubscribed_session::opened() {
       " MiB of host memory (VRAMSWAP_OVERSUBSCRIBE_LIMIT); launches %s (VRAMSWAP_OVERSUBSCRIBE_COMPUTE=%s)", device_,
       limit_ >> 20, compute, option_text(option_id::oversubscribe_compute).c_str());
   last_request_ns_ = monotonic_ns();
+  start_placement();
 }
 
 oversubscribed_session::~oversubscribed_session() {
   if (yield_handle_ >= 0) launch_gate::remove_yield_source(yield_handle_);
+  if (tracker_) {
+    tracker_->stop();  // no launch records into it from here on
+    placement_summary();
+  }
   close();  // stops the service thread, destroys the pager (pool frames scrubbed and freed, host frames released)
+  tracker_.reset();  // after close(): the service thread used it
   store_.reset();
   frames_.reset();
 }
@@ -246,11 +256,7 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
 }
 
 int oversubscribed_session::promote(uint32_t at_most) {
-  std::vector<frame_id> host_backed;
-  for (frame_id f : memory().resident_frames()) {
-    if (!frames_->is_pool_frame(f)) host_backed.push_back(f);
-    if (host_backed.size() == at_most) break;
-  }
+  const std::vector<frame_id> host_backed = host_frames_hottest_first(at_most);
   if (host_backed.empty()) return ok;
   size_t moved = 0;
   int rc = ok;
@@ -357,6 +363,10 @@ void oversubscribed_session::serve(uint32_t seen) {
           "ahead of the next", device_, n, (uint64_t(n) * memory().frame_size()) >> 20, k_spare_keep_ns / 1e9, keep);
     }
     make_frames_ahead(seen);
+    if (tracker_ && monotonic_ns() >= next_placement_ns_) {
+      next_placement_ns_ = monotonic_ns() + k_placement_period_ns;
+      if (place_by_use() != ok) log(log_level::warn, "device %d: placement by use: %s", device_, last_error());
+    }
   }
   member().observe().stored(frames_->host_bytes(), 0);
 }
@@ -369,6 +379,8 @@ oversubscribed_stats oversubscribed_session::stats() const {
   const launch_gate::yield_totals y = launch_gate::yielded();
   s.yield_waits = y.waits;
   s.yield_seconds = y.waited_ns / 1e9;
+  s.launches_observed = use_tracking::observed();
+  s.launches_unreadable = use_tracking::unreadable();
   const uint64_t resident = memory().stats().resident_bytes;
   s.pool_frame_bytes = resident - std::min(resident, s.host_frame_bytes);
   return s;

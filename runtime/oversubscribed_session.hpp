@@ -30,6 +30,11 @@
 // frames the same way, up to the number free. Their host frames become spares; those beyond
 // the number kept ahead (above) are released when no reclaim came for k_spare_keep_ns.
 //
+// Placement by use (VRAMSWAP_OVERSUBSCRIBE_PLACEMENT, runtime/oversubscribed_placement.cpp):
+// the shim records which pages kernel launches use (runtime/use_tracker.hpp); once a second,
+// with no request pending, the most used pages in host frames swap with the least used in
+// pool frames under one closing of the gate, the number of lent frames unchanged.
+//
 // Compute (VRAMSWAP_OVERSUBSCRIBE_COMPUTE): with yield (the default) or share:N, the session
 // registers the device's lock with the launch gate, whose entry then holds this process's
 // new device work back while a lock holder holds (core/launch_gate.hpp). The lock stays open
@@ -49,6 +54,7 @@
 #include "core/pager.hpp"
 #include "pool/lending_frame_source.hpp"
 #include "runtime/session.hpp"
+#include "runtime/use_tracker.hpp"
 #include "swap/host_tier.hpp"
 
 namespace vramswap::detail {
@@ -69,6 +75,16 @@ struct oversubscribed_stats {
   // gate, all devices): launches that waited, and the time they waited (summed over threads).
   uint64_t yield_waits = 0;
   double yield_seconds = 0;
+  // Placement by use (VRAMSWAP_OVERSUBSCRIBE_PLACEMENT; runtime/oversubscribed_placement.cpp):
+  // rounds that swapped pages, pages moved into pool frames and out of them, the time the
+  // gate was closed for it; launches whose arguments were observed (all devices), and
+  // sampled launches whose arguments could not be read.
+  uint64_t placement_rounds = 0;
+  uint64_t pages_placed_in = 0;
+  uint64_t pages_placed_out = 0;
+  double placement_seconds = 0;
+  uint64_t launches_observed = 0;
+  uint64_t launches_unreadable = 0;
 };
 
 class oversubscribed_session final : public session {
@@ -90,6 +106,9 @@ class oversubscribed_session final : public session {
   void fill_stats(vramswap_stats_t* out) const override;
 
   oversubscribed_stats stats() const;
+  // Bytes of [ptr, ptr + size) in pool frames now (whole pages; the tests look where
+  // placement by use put an allocation).
+  uint64_t pool_bytes_of(device_ptr ptr, uint64_t size) const;
 
  private:
   oversubscribed_session() = default;
@@ -106,6 +125,13 @@ class oversubscribed_session final : public session {
   // Make host frames ahead of a reclaim until the target, a new request after `seen`, the
   // limit, or k_ahead_serve_ns.
   void make_frames_ahead(uint32_t seen);
+  // Placement by use (runtime/oversubscribed_placement.cpp). start_placement: the use
+  // tracker, at open. place_by_use: one round (the counts decay; pages swap when it pays).
+  // host_frames_hottest_first: pages in host frames, most used first, for promotion.
+  void start_placement();
+  int place_by_use();
+  std::vector<frame_id> host_frames_hottest_first(uint32_t at_most) const;
+  void placement_summary() const;
 
   uint64_t limit_ = 0;  // VRAMSWAP_OVERSUBSCRIBE_LIMIT
   uint64_t ahead_bytes_ = UINT64_MAX;  // VRAMSWAP_OVERSUBSCRIBE_AHEAD (unset: no bound of its own)
@@ -128,6 +154,12 @@ class oversubscribed_session final : public session {
   bool ahead_failing_ = false;
   uint64_t ahead_retry_at_ns_ = 0;
   bool ahead_ready_said_ = false;
+  // Placement by use: the tracker (null when VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0), the
+  // service thread's last counts (per page, taken each round), when the next round is due.
+  bool placement_ = true;
+  std::unique_ptr<use_tracker> tracker_;
+  std::vector<uint32_t> starts_;
+  uint64_t next_placement_ns_ = 0;
 };
 
 }  // namespace vramswap::detail

@@ -23,6 +23,9 @@ markdown report on stdout.
    VRAMSWAP_OVERSUBSCRIBE=1) with each policy: the holder's step time against alone, and the
    job's throughput in the valleys and during the holds against the job alone.
 
+Both tables also give the floor: the time in device memory plus the bytes beyond the pool
+crossing the link once, at the pinned host-to-device copy rate measured in the same run.
+
 VRAMSWAP_BENCH_PARTS=kernel,torch,reclaim,compute (the default: all) picks sections.
 """
 import json
@@ -64,10 +67,42 @@ def run(args, shim=False, env=None, timeout=600):
     return p.returncode, {k: float(v) for k, v in nums.items()}, p.stderr
 
 
+PINNED_RATE = r"""
+import time, torch
+n = 1 << 30
+h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+d = torch.empty(n, dtype=torch.uint8, device="cuda")
+def rate(f):
+    best = 0.0
+    for _ in range(5):
+        torch.cuda.synchronize(); t = time.perf_counter(); f(); torch.cuda.synchronize()
+        best = max(best, n / (time.perf_counter() - t) / 1e9)
+    return best
+print(f"h2d_gbps={rate(lambda: d.copy_(h, non_blocking=True)):.2f} d2h_gbps={rate(lambda: h.copy_(d, non_blocking=True)):.2f}")
+"""
+_link = {}
+
+
+def link_rate():
+    """The pinned copy rates host -> device and back, GB/s, measured once in this run (a child
+    process, so that this one holds no CUDA context)."""
+    if not _link:
+        rc, nums, _ = run([sys.executable, "-c", PINNED_RATE])
+        _link.update(nums if rc == 0 else {"h2d_gbps": 0, "d2h_gbps": 0})
+        print(f"Pinned copy rate in this run: {_link['h2d_gbps']:.1f} GB/s host to device, "
+              f"{_link['d2h_gbps']:.1f} GB/s device to host (1 GiB copies, best of 5).\n")
+    return _link["h2d_gbps"]
+
+
+HOST_FRAMES_AT_EXIT = re.compile(r"at exit: [\d.]+ MiB allocated in \d+ allocation\(s\); ([\d.]+) MiB in host frames")
+
+
 def kernel_table(pool):
     print(f"## Memory-bound kernel (plain_cuda: read + write every word; 3 passes), pool {pool // GiB} GiB\n")
-    print("| working set | x pool | device memory GB/s | oversubscribed GB/s | host-mapped GB/s | oversub / device | oversub / host-mapped | words wrong |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    link = link_rate()
+    print("floor: one pass in device memory plus the bytes beyond the pool over the pinned rate, as GB/s of the pass.\n")
+    print("| working set | x pool | device memory GB/s | oversubscribed GB/s | host-mapped GB/s | floor GB/s | oversub / device | oversub / host-mapped | oversub / floor | words wrong |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for mult in (0.5, 1.0, 1.5, 2.0):
         ws = int(pool * mult)
         rc_d, dev, _ = run([PLAIN, str(ws)])
@@ -77,28 +112,54 @@ def kernel_table(pool):
         rc_h, host, _ = run([PLAIN, str(ws), "--host-mapped"])
         d, o, h = dev.get("bump_gbps", 0), over.get("bump_gbps", 0), host.get("bump_gbps", 0)
         wrong = int(dev.get("wrong", -1) + over.get("wrong", -1) + host.get("wrong", -1)) if min(rc_d, rc_o, rc_h) == 0 else "run failed"
-        print(f"| {ws / GiB:.0f} GiB | {mult} | {d:.1f} | {o:.1f} | {h:.1f} | {o / d if d else 0:.3f} | {o / h if h else 0:.2f} | {wrong} |")
+        pass_s = 2 * ws / (d * 1e9) if d else 0
+        floor_s = pass_s + (max(0, ws - pool) / (link * 1e9) if link else 0)
+        f = 2 * ws / floor_s / 1e9 if floor_s else 0
+        print(f"| {ws / GiB:.0f} GiB | {mult} | {d:.1f} | {o:.1f} | {h:.1f} | {f:.1f} | {o / d if d else 0:.3f} | {o / h if h else 0:.2f} "
+              f"| {o / f if f else 0:.3f} | {wrong} |")
     print()
+
+
+TORCH_OVERSUB_STEPS = int(os.environ.get("VRAMSWAP_BENCH_TORCH_STEPS", "30"))
 
 
 def torch_table(pool):
     print(f"## PyTorch training step (linear layers + Adam; state ~4x the weights), pool {pool // GiB} GiB\n")
-    print("s/step: the mean of steps 2-6; the first step (allocating gradients and Adam's state) apart.\n")
-    print("| state | x pool | device memory s/step | oversubscribed s/step | all in host frames s/step | oversub / device | oversub / host | first step: oversub / device | loss falls |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    link = link_rate()
+    print(f"s/step: the mean of steps 2-6; oversubscribed: the mean of the last 5 of {TORCH_OVERSUB_STEPS} steps (placement by use "
+          "moves pages as the run goes), and with VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0 (pages where they were first backed); the first "
+          "step (allocating gradients and Adam's state) apart. floor: device memory plus the bytes in host frames at the "
+          "oversubscribed run's exit (the shim's exit line) over the pinned rate.\n")
+    print("| state | x pool | device memory s/step | oversubscribed s/step | placement off s/step | all in host frames s/step | floor s/step "
+          "| oversub / device | oversub / host | oversub / floor | placement off / floor | first step: oversub / device | loss falls |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for mult in (0.5, 1.0, 1.5, 2.0):
         weights = pool * mult / 4 / GiB
         args = [sys.executable, TORCH, f"{weights:.3f}", "6"]
         rc_d, dev, _ = run(args)
-        rc_o, over, _ = run(args, shim=True, env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool),
-                                                  "VRAMSWAP_SHM_PREFIX": f"{PREFIX}t{mult}-"})
+        rc_o, over, over_err = run(args[:-1] + [str(TORCH_OVERSUB_STEPS)], shim=True,
+                                   env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool),
+                                        "VRAMSWAP_SHM_PREFIX": f"{PREFIX}t{mult}-"})
+        rc_f, off, _ = run(args, shim=True, env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool),
+                                                 "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT": "0", "VRAMSWAP_SHM_PREFIX": f"{PREFIX}f{mult}-"})
         rc_h, host, _ = run(args, shim=True, env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(32 << 20),
                                                   "VRAMSWAP_SHM_PREFIX": f"{PREFIX}h{mult}-"})
-        d, o, h = dev.get("step_s", 0), over.get("step_s", 0), host.get("step_s", 0)
+        d, o, h = dev.get("step_s", 0), over.get("last_steps_s", 0), host.get("step_s", 0)
+        p_off = off.get("step_s", 0)
         fd, fo = dev.get("first_step_s", 0), over.get("first_step_s", 0)
-        good = "yes" if all(x.get("ok") == 1 for x in (dev, over, host)) else "NO"
-        print(f"| {4 * weights:.1f} GiB | {mult} | {d:.4f} | {o:.4f} | {h:.4f} | {o / d if d else 0:.2f} | {o / h if h else 0:.2f} "
+        beyond = [float(m) for m in HOST_FRAMES_AT_EXIT.findall(over_err)]
+        beyond_bytes = beyond[-1] * (1 << 20) if beyond else max(0.0, 4 * weights * GiB - pool)
+        floor = d + (beyond_bytes / (link * 1e9) if link else 0)
+        good = "yes" if all(x.get("ok") == 1 for x in (dev, over, off, host)) else "NO"
+        print(f"| {4 * weights:.1f} GiB | {mult} | {d:.4f} | {o:.4f} | {p_off:.4f} | {h:.4f} | {floor:.4f} | {o / d if d else 0:.2f} "
+              f"| {o / h if h else 0:.2f} | {o / floor if floor else 0:.2f} | {p_off / floor if floor else 0:.2f} "
               f"| {fo / fd if fd else 0:.2f} | {good} |")
+        placed = re.findall(r"placement by use: (\d+) round\(s\), (\d+) page\(s\) into pool frames, (\d+) into host frames, "
+                            r"the gate closed ([\d.]+) s for it; (\d+) launch\(es\) observed, (\d+) whose", over_err)
+        if placed:
+            r = placed[-1]
+            print(f"<!-- {mult}x: placement {r[0]} rounds, {r[1]} pages in, {r[2]} out, gate closed {r[3]} s, "
+                  f"{r[4]} launches observed, {r[5]} unreadable -->")
     print()
 
 

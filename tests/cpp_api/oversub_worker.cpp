@@ -11,6 +11,12 @@
 // OVERSUB_WORKER_FSIZE=<bytes> (with OVERSUB_WORKER_FSIZE_UNTIL=<file>): before its
 // allocations the job lowers its RLIMIT_FSIZE below a frame's size, so that creating a host
 // frame (a memfd grown to the frame's size) fails, until <file> appears.
+// With VRAMSWAP_TEST_HOT_BLOCK=<i> (0, 1 or 2; "alternate": 2 and 0 by turns, 2 s each), every
+// round first declares many uses of block i the way the preload shim records a kernel launch's
+// (use_tracking::record_launch_words, inside the gate), and none of the others: placement by
+// use should move its pages into pool frames. With VRAMSWAP_TEST_WAIT_PLACED=1 as well, the job
+// runs on (60 s at most) until a whole round has checked every byte after the first pages
+// were placed.
 // Prints one line of numbers (key=value) on stdout. Exit: 0 ok, 2 an API call failed,
 // 3 data differed.
 #include <signal.h>
@@ -23,11 +29,13 @@
 #include <cstdlib>
 #include <memory>
 #include <thread>
+#include <string>
 #include <vector>
 
 #include "core/launch_gate.hpp"
 #include "core/status.hpp"
 #include "runtime/oversubscribed_session.hpp"
+#include "runtime/use_tracker.hpp"
 #include "support/random_bytes.hpp"
 #include "support/worker_exit.hpp"
 
@@ -104,8 +112,25 @@ int main(int argc, char** argv) {
     }
     return std::chrono::duration<double>(now - file_seen).count() >= seconds_after;
   };
+  const char* hot_env = std::getenv("VRAMSWAP_TEST_HOT_BLOCK");
+  const bool alternate = hot_env != nullptr && std::string(hot_env) == "alternate";
+  const int hot_fixed = hot_env != nullptr && !alternate ? std::atoi(hot_env) : -1;
+  auto hot_block = [&]() -> int {
+    if (!alternate) return hot_fixed >= 0 && hot_fixed < 3 ? hot_fixed : -1;
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return static_cast<int>(t / 2.0) % 2 == 0 ? 2 : 0;
+  };
+  const bool wait_placed = std::getenv("VRAMSWAP_TEST_WAIT_PLACED") != nullptr;
   int round = 0;
+  int placed_at_round = -1;  // the first round that began after pages were placed
   for (;; ++round) {
+    if (placed_at_round < 0 && session->stats().pages_placed_in > 0) placed_at_round = round;
+    if (const int hot = hot_block(); hot >= 0) {
+      // A launch's argument words: the block's start, a length and a flag that are no pointers.
+      const uint64_t words[] = {blocks[hot].ptr, blocks[hot].size, 1, 0};
+      launch_gate::pass gate;
+      for (int i = 0; i < 200; ++i) use_tracking::record_launch_words(words, 4);
+    }
     for (size_t i = 0; i < blocks.size(); ++i) {
       const block& b = blocks[i];
       if (round > 0) {
@@ -128,16 +153,25 @@ int main(int argc, char** argv) {
       }
       check(be.stream_synchronize(s), "sync");
     }
-    if (done()) break;
+    const bool placed_and_checked = placed_at_round >= 0 && round >= placed_at_round;
+    const bool waiting_for_placement = wait_placed && !placed_and_checked &&
+                                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 60;
+    if (done() && !waiting_for_placement) break;
   }
   if (fsize_watch.joinable()) fsize_watch.join();
   const oversubscribed_stats st = session->stats();
+  const int hot_end = hot_block();
+  const uint64_t hot_pool = hot_end >= 0 ? session->pool_bytes_of(blocks[hot_end].ptr, blocks[hot_end].size) : 0;
+  const uint64_t hot_size = hot_end >= 0 ? blocks[hot_end].size : 0;
   std::printf("rounds=%d start_host_bytes=%" PRIu64 " host_bytes=%" PRIu64 " pool_bytes=%" PRIu64 " demoted=%" PRIu64
               " promoted=%" PRIu64 " reclaims=%" PRIu64 " bursts=%" PRIu64 " reclaim_ms=%.3f spare_bytes=%" PRIu64
-              " yield_waits=%" PRIu64 " yield_ms=%.3f made_ahead=%" PRIu64 " created_in_reclaim=%" PRIu64 "\n",
+              " yield_waits=%" PRIu64 " yield_ms=%.3f made_ahead=%" PRIu64 " created_in_reclaim=%" PRIu64
+              " placement_rounds=%" PRIu64 " placed_in=%" PRIu64 " placed_out=%" PRIu64
+              " hot_bytes=%" PRIu64 " hot_pool_bytes=%" PRIu64 " rounds_after_placement=%d\n",
               round + 1, at_start.host_frame_bytes, st.host_frame_bytes, st.pool_frame_bytes, st.pages_demoted, st.pages_promoted,
               st.demotions, st.bursts, st.demote_seconds * 1e3, st.spare_host_bytes, st.yield_waits, st.yield_seconds * 1e3,
-              st.host_frames_made_ahead, st.host_frames_created_in_reclaim);
+              st.host_frames_made_ahead, st.host_frames_created_in_reclaim, st.placement_rounds, st.pages_placed_in,
+              st.pages_placed_out, hot_size, hot_pool, placed_at_round >= 0 ? round - placed_at_round + 1 : 0);
   std::fflush(stdout);
   check(be.stream_destroy(s), "stream_destroy");
   check(be.host_free(staging), "host_free");

@@ -318,5 +318,66 @@ TEST_F(Oversubscription, AllocationPastTheHostLimitFailsClearly) {
   expect_no_frame_leaked(*pool);
 }
 
+// Placement by use: the job declares uses of its last block, whose pages were first backed
+// in host frames (the pool was full), and none of the others. Within a few rounds its pages
+// are in pool frames, swapped with unused ones (the job lends as many pool frames as
+// before), and every byte of every block stays right through the moves.
+TEST_F(Oversubscription, PlacementByUseMovesUsedPagesFromHostIntoPoolFrames) {
+  // It runs on until a round has checked every byte after the first pages were placed.
+  const pid_t job = spawn_job(96 * MiB, 2.0, 101, {"VRAMSWAP_TEST_HOT_BLOCK=2", "VRAMSWAP_TEST_WAIT_PLACED=1", "VRAMSWAP_LOG=info"});
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  auto n = job_numbers();
+  EXPECT_EQ(n["start_host_bytes"], 32.0 * MiB) << "the last 16 MiB block should have started in host frames";
+  EXPECT_EQ(n["hot_bytes"], 16.0 * MiB);
+  EXPECT_EQ(n["hot_pool_bytes"], 16.0 * MiB) << "the used block should be in pool frames: " << slurp(out_file());
+  EXPECT_GE(n["placed_in"], 8) << slurp(out_file());
+  EXPECT_EQ(n["placed_in"], n["placed_out"]) << "placement swaps: as many pages out of pool frames as into them";
+  EXPECT_EQ(n["pool_bytes"], 64.0 * MiB);
+  EXPECT_EQ(n["host_bytes"], 32.0 * MiB);
+  EXPECT_GE(n["placement_rounds"], 1);
+  EXPECT_GE(n["rounds_after_placement"], 1) << "no round checked the bytes after the moves";
+  const std::string err = slurp(err_file());
+  EXPECT_NE(err.find("placement by use: 8 much-used page(s) into pool frames"), std::string::npos) << err;
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 1000));
+  expect_no_frame_leaked(*pool);
+}
+
+// VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0: the same job's pages stay where they were first backed.
+TEST_F(Oversubscription, PlacementByUseOffLeavesPagesWhereTheyWereFirstBacked) {
+  const pid_t job = spawn_job(96 * MiB, 3.0, 102, {"VRAMSWAP_TEST_HOT_BLOCK=2", "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0"});
+  // (Without placement the used block stays in host frames: what the test above fails on.)
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  auto n = job_numbers();
+  EXPECT_EQ(n["placed_in"], 0) << slurp(out_file());
+  EXPECT_EQ(n["hot_pool_bytes"], 0) << slurp(out_file());
+}
+
+// A lock user takes frames from a job whose placement keeps swapping pages (its used block
+// changes every 2 s): the user gets its frames, nothing of either is lost, and placement
+// goes on around the reclaim.
+TEST_F(Oversubscription, LockUserReclaimsFramesFromAJobWhosePlacementSwapsPages) {
+  const std::string user_done = deploy_.dir() + "/user-done";
+  const pid_t job = spawn_job(96 * MiB, 2.5, 111, {"VRAMSWAP_TEST_HOT_BLOCK=alternate", "VRAMSWAP_LOG=info"}, {user_done, "3"});
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
+  ASSERT_EQ(wait_lent(*pool, 32, 10000), 32u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the job's first placement rounds
+  const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "4", "121", "20"});
+  EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed";
+  std::FILE* done = std::fopen(user_done.c_str(), "w");
+  ASSERT_NE(done, nullptr) << user_done;
+  std::fclose(done);
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  auto n = job_numbers();
+  EXPECT_GE(n["demoted"], 20) << slurp(out_file());
+  EXPECT_GE(n["reclaims"], 1);
+  EXPECT_GE(n["placed_in"], 1) << slurp(out_file());
+  EXPECT_GE(n["rounds"], 2);
+  expect_no_frame_leaked(*pool);
+}
+
 }  // namespace
 }  // namespace vramswap::detail
