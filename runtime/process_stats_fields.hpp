@@ -46,7 +46,8 @@
   X(cache_trims, uint64_t)        \
   X(allocator_seconds, double)    \
   X(yield_waits, uint64_t)        \
-  X(yield_seconds, double)
+  X(yield_seconds, double)        \
+  X(cache_miss_bytes, uint64_t)
 
 namespace vramswap::detail::process_stats_layout {
 

@@ -288,5 +288,34 @@ TEST_F(StreamAllocatorOverPager, EvictionsCopyPagesWithLiveBytesOnly) {
   put(live, s1);
 }
 
+// Within a hold, a step that allocates what the previous one freed costs the pager no advice
+// after the first take of each advised block: taking only part of an advised block normal
+// left the merge of that part, freed again, with the advised rest "some", and every later
+// take from it advised again.
+TEST_F(StreamAllocatorOverPager, BlocksTakenAgainWithinAHoldCostNoAdvice) {
+  make(64, true);
+  const device_ptr keep = get(3 * MiB, s1);     // [0, 3 MiB) of a 20 MiB segment
+  const device_ptr first = get(4 * MiB, s1);    // [3, 7 MiB): the rest stays free
+  put(first, s1);
+  ASSERT_EQ(alloc->advise_cached(), ok) << last_error();  // a release: every free block advised
+  const uint64_t before = alloc->stats().advice_calls;
+  for (int step = 0; step < 50; ++step) {
+    const device_ptr a = get(2 * MiB, s1);
+    const device_ptr b = get(5 * MiB, s1);
+    const device_ptr c = get(512 * KiB + 7, s1);
+    put(b, s1);
+    put(a, s1);
+    put(c, s1);
+  }
+  EXPECT_LE(alloc->stats().advice_calls - before, 2u) << "advice per allocation within one hold";
+  ASSERT_EQ(alloc->advise_cached(), ok) << last_error();
+  EXPECT_EQ(alloc->check_invariants(), ok) << last_error();
+  // What stayed free is advised again at the release: an eviction drops its pages.
+  ASSERT_EQ(pg->evict_all(), ok) << last_error();
+  EXPECT_EQ(pg->stats().bytes_out, 2 * k_frame) << "only the pages of the live 3 MiB are copied";
+  ASSERT_EQ(pg->restore_all(), ok) << last_error();
+  put(keep, s1);
+}
+
 }  // namespace
 }  // namespace vramswap::detail

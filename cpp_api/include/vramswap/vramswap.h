@@ -302,6 +302,8 @@ typedef struct vramswap_stats_t {
    * the process's, all devices): */
   uint64_t yield_waits;        /* launches that waited for a lock holder */
   double yield_seconds;        /* total time they waited (summed over threads) */
+  /* The stream-ordered allocator, again: */
+  uint64_t cache_miss_bytes;   /* bytes of the segments its misses took from the pager, total */
 } vramswap_stats_t;
 /* Errors:
  *   VRAMSWAP_ERR_INVALID_ARGUMENT  out is NULL, or out->size is smaller than 16 bytes.

@@ -332,6 +332,8 @@ struct stats {
   // (VRAMSWAP_OVERSUBSCRIBE_COMPUTE; the process's, all devices):
   uint64_t yield_waits = 0;       // launches that waited for a lock holder
   double yield_seconds = 0;       // total time they waited (summed over threads)
+  // The stream-ordered allocator, again:
+  uint64_t cache_miss_bytes = 0;  // bytes of the segments its misses took from the pager, total
 };
 // Opens the device's session if needed (so it may start the pool server). Throws
 // out_of_memory (host memory), and what opening the device's session throws.
