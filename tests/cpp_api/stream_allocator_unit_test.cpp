@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -315,6 +316,25 @@ TEST_F(StreamAllocatorOverPager, BlocksTakenAgainWithinAHoldCostNoAdvice) {
   EXPECT_EQ(pg->stats().bytes_out, 2 * k_frame) << "only the pages of the live 3 MiB are copied";
   ASSERT_EQ(pg->restore_all(), ok) << last_error();
   put(keep, s1);
+}
+
+// The busy time (read from the CPU's counter, converted at the rate measured against the
+// steady clock): a loop of nothing but allocations and frees is mostly busy time, and never
+// more than the loop's wall time.
+TEST_F(StreamAllocatorOverPager, BusyTimeIsTheCallsTime) {
+  make(16, true);
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t before = alloc->stats().busy_ns;
+  for (int i = 0; i < 20000; ++i) {
+    device_ptr p = 0;
+    ASSERT_EQ(alloc->allocate(4 * KiB + static_cast<uint64_t>(i % 7) * 512, s1, &p), ok) << last_error();
+    ASSERT_EQ(alloc->deallocate(p, s1), ok) << last_error();
+  }
+  const uint64_t busy = alloc->stats().busy_ns - before;
+  const auto wall = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  EXPECT_GT(busy, wall / 5) << "busy " << busy << " ns of " << wall << " ns";
+  EXPECT_LE(busy, wall + wall / 10 + 1000000) << "busy " << busy << " ns of " << wall << " ns";
 }
 
 }  // namespace
