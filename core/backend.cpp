@@ -28,14 +28,15 @@ bool overflows(uintptr_t a, size_t n) { return a + n < a; }
 // --- helpers (mutex_ held by the caller) -------------------------------------------------
 
 int backend::check_device(const char* fn, int device) {
-  if (device_count_ < 0) {
+  if (device_count_.load() < 0) {
     int n = 0;
     VS_TRY(do_device_count(&n));
-    device_count_ = n;
+    device_count_.store(n);
   }
-  if (device < 0 || device >= device_count_) {
+  const int count = device_count_.load();
+  if (device < 0 || device >= count) {
     return fail(err_invalid_argument, "%s: device %d does not exist (the %s backend has %d device%s)", fn, device, name(),
-                device_count_, device_count_ == 1 ? "" : "s");
+                count, count == 1 ? "" : "s");
   }
   return ok;
 }
@@ -114,12 +115,12 @@ int backend::check_event(const char* fn, event_id event) {
 
 int backend::device_count(int* count) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (device_count_ < 0) {
+  if (device_count_.load() < 0) {
     int n = 0;
     VS_TRY(do_device_count(&n));
-    device_count_ = n;
+    device_count_.store(n);
   }
-  *count = device_count_;
+  *count = device_count_.load();
   return ok;
 }
 
@@ -568,7 +569,8 @@ int backend::device_synchronize(int device) {
 
 int backend::app_stream_capturing(int device, uintptr_t app_stream, bool* capturing) {
   if (capturing == nullptr) return fail(err_invalid_argument, "app_stream_capturing(device %d): capturing is null", device);
-  {
+  // Asked on every stream-ordered allocation and free: a device known to exist needs no mutex.
+  if (const int count = device_count_.load(std::memory_order_acquire); device < 0 || device >= count) {
     std::lock_guard<std::mutex> lock(mutex_);
     VS_TRY(check_device("app_stream_capturing", device));
   }

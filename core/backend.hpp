@@ -26,6 +26,7 @@
 // helper processes with posix_spawn/exec and hand them frames as descriptors.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -248,7 +249,9 @@ class backend {
 
   const backend_kind kind_;
   std::mutex mutex_;
-  int device_count_ = -1;                       // cached on first use
+  // Cached on first use (written under mutex_); atomic so that app_stream_capturing, asked
+  // on every stream-ordered allocation and free, checks the device without the mutex.
+  std::atomic<int> device_count_{-1};
   std::unordered_map<int, size_t> granularity_;  // per device, cached
   std::map<device_ptr, reservation_rec> reservations_;
   std::map<device_ptr, mapping_rec> mappings_;

@@ -163,11 +163,11 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
     "yield (new launches wait at the launch gate until the holder releases), share:N (they go "  \
     "on for N% of each 10 ms, N from 1 to 99), free (they run beside the holder). "             \
     "Work already queued runs on. docs/oversubscription.md, Compute")                            \
-  X(oversubscribe_placement, "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT", "1", flag_form(),               \
+  X(oversubscribe_placement, "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT", "0", flag_form(),               \
     "1: an oversubscribed process observes which pages its kernel launches use (a sample of "   \
     "launches' arguments) and, about once a second, swaps the most used pages in host frames "  \
-    "with the least used in its pool frames; 0: pages stay where they were first backed. "      \
-    "docs/oversubscription.md, Placement by use")
+    "with the least used in its pool frames; 0 (the default, until it pays on real "             \
+    "programs): pages stay where they were first backed. docs/oversubscription.md, Placement by use")
 
 enum class option_id {
 #define VRAMSWAP_OPTION_ENUM(id, env, def, form, help) id,

@@ -48,7 +48,8 @@
   X(yield_waits, uint64_t)        \
   X(yield_seconds, double)        \
   X(frames_asked_ahead, uint64_t) \
-  X(frames_asked_at_acquire, uint64_t)
+  X(frames_asked_at_acquire, uint64_t) \
+  X(cache_miss_bytes, uint64_t)
 
 namespace vramswap::detail::process_stats_layout {
 

@@ -40,6 +40,15 @@ struct device_state {
 // under the mutex stays valid without it.
 std::mutex g_mutex;
 std::vector<std::unique_ptr<device_state>> g_devices;
+// The same sessions for the first devices, read without g_mutex: every malloc_async and
+// free_async looks its device up, and a process-wide mutex per call would serialize the
+// framework's threads (and cost a lock and unlock each). Published after the session is
+// whole; cleared under g_mutex before g_devices is.
+constexpr size_t k_fast_devices = 64;
+std::atomic<device_state*> g_fast[k_fast_devices] = {};
+void clear_fast() noexcept {
+  for (auto& f : g_fast) f.store(nullptr, std::memory_order_relaxed);
+}
 std::atomic<pid_t> g_owner_pid{0};  // the process that opened the first session
 // Set in a child made by fork() (pthread_atfork): forked_child() is asked on every call,
 // malloc_async's included, and getpid() is a system call.
@@ -56,6 +65,7 @@ void close_all() {
     return;
   }
   std::lock_guard<std::mutex> guard(g_mutex);
+  clear_fast();
   g_devices.clear();  // releases a lock the exiting thread holds, leaves the pool
 }
 
@@ -73,6 +83,12 @@ int check_process(const char* fn, int device) {
 // The session of `device`, opened on first use.
 int state_for(const char* fn, int device, device_state** out) {
   VS_TRY(check_process(fn, device));
+  if (device >= 0 && static_cast<size_t>(device) < k_fast_devices) {
+    if (device_state* st = g_fast[device].load(std::memory_order_acquire); st != nullptr) {
+      *out = st;
+      return ok;
+    }
+  }
   std::lock_guard<std::mutex> guard(g_mutex);
   if (device >= 0 && static_cast<size_t>(device) < g_devices.size() && g_devices[device] &&
       g_devices[device]->policy) {
@@ -111,6 +127,7 @@ int state_for(const char* fn, int device, device_state** out) {
                                                  /*advise_at_release=*/!st->policy->mapped_without_lock());
   if (g_devices.size() <= static_cast<size_t>(device)) g_devices.resize(device + 1);
   g_devices[device] = std::move(st);
+  if (static_cast<size_t>(device) < k_fast_devices) g_fast[device].store(g_devices[device].get(), std::memory_order_release);
   g_owner_pid.store(::getpid());
   static std::once_flag at_fork;
   std::call_once(at_fork, [] { ::pthread_atfork(nullptr, nullptr, mark_forked); });
@@ -131,6 +148,7 @@ uint32_t& held_slot(int device) {
 void reset() noexcept {
   if (forked_child()) return;
   std::lock_guard<std::mutex> guard(g_mutex);
+  clear_fast();
   g_devices.clear();
   t_held.clear();
   g_owner_pid.store(0);
@@ -507,6 +525,7 @@ int stats(int device, vramswap_stats_t* out) noexcept {
     r.cache_misses = a.misses;
     r.cache_trims = a.trims;
     r.allocator_seconds = static_cast<double>(a.busy_ns) / 1e9;
+    r.cache_miss_bytes = a.new_bytes;
     st->policy->fill_stats(&r);
     r.lock_holder_deaths = st->holder_deaths.load();
     *out = r;

@@ -2,33 +2,69 @@
 
 #include <chrono>
 #include <cinttypes>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#endif
 
 #include "core/status.hpp"
 
 namespace vramswap::detail {
 
 namespace {
-// Adds the time from its making to its end to `total`: declared before a lock_guard, it
-// ends after it, so the wait for the mutex counts too.
+// The busy time's clock, read twice per call: the CPU's constant-rate counter where there is
+// one (a register read, about a third of the steady clock's vDSO call), else the steady clock
+// in nanoseconds. Its rate is measured against the steady clock over the allocator's life
+// (stats()), so nothing is calibrated up front.
+#if defined(__x86_64__) || defined(__i386__)
+bool counter_usable() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  // CPUID 0x80000007, EDX bit 8: the time-stamp counter runs at a constant rate in every
+  // power state (the "invariant TSC"); without it, ticks are no measure of time.
+  return __get_cpuid(0x80000007, &a, &b, &c, &d) != 0 && (d & (1u << 8)) != 0;
+}
+const bool g_counter = counter_usable();
+uint64_t counter() noexcept { return __rdtsc(); }
+#elif defined(__aarch64__)
+const bool g_counter = true;  // the generic timer's virtual count: constant rate by the architecture
+uint64_t counter() noexcept {
+  uint64_t v = 0;
+  asm volatile("mrs %0, cntvct_el0" : "=r"(v));
+  return v;
+}
+#else
+const bool g_counter = false;
+uint64_t counter() noexcept { return 0; }
+#endif
+
+uint64_t steady_ns() noexcept {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+uint64_t busy_clock() noexcept { return g_counter ? counter() : steady_ns(); }
+
+// Adds the ticks from `start` to its end to `total`. Made after the lock_guard, with a start
+// read before it, so that it ends while the mutex is still held (`total` needs no atomic)
+// and the wait for the mutex counts.
 class busy_time {
  public:
-  explicit busy_time(std::atomic<uint64_t>& total) : total_(total) {}
-  ~busy_time() {
-    const auto took = std::chrono::steady_clock::now() - start_;
-    total_.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()),
-                     std::memory_order_relaxed);
-  }
+  busy_time(uint64_t& total, uint64_t start) noexcept : total_(total), start_(start) {}
+  ~busy_time() { total_ += busy_clock() - start_; }
   busy_time(const busy_time&) = delete;
   busy_time& operator=(const busy_time&) = delete;
 
  private:
-  std::atomic<uint64_t>& total_;
-  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  uint64_t& total_;
+  const uint64_t start_;
 };
 
 constexpr uint64_t block_unit = 512;
 uint64_t round_up(uint64_t v, uint64_t unit) noexcept { return (v + unit - 1) / unit * unit; }
 }  // namespace
+
+stream_allocator::stream_allocator(backend& be, int device, pager& memory, bool advise_at_release)
+    : be_(be), device_(device), memory_(memory), advise_at_release_(advise_at_release), made_ticks_(busy_clock()),
+      made_ns_(steady_ns()) {}
 
 stream_allocator::~stream_allocator() {
   for (auto& [base, seg] : segments_) {
@@ -52,8 +88,53 @@ uint64_t stream_allocator::segment_size(uint64_t want, bool small) const noexcep
 }
 
 int stream_allocator::capturing(uintptr_t stream, bool* out) {
-  return add_context(be_.app_stream_capturing(device_, stream, out), "asking whether stream 0x%" PRIxPTR " is being captured: ",
-                     stream);
+  // A capture may begin on any stream at any time (cudaStreamBeginCapture tells no
+  // allocator), so the answer is asked for on every call, never remembered.
+  const int rc = be_.app_stream_capturing(device_, stream, out);
+  if (rc == ok) return ok;
+  return add_context(rc, "asking whether stream 0x%" PRIxPTR " is being captured: ", stream);
+}
+
+void stream_allocator::pool_insert(free_set& pool, block* b) {
+  if (spare_set_nodes_.empty()) {
+    pool.insert(b);
+    return;
+  }
+  free_set::node_type n = std::move(spare_set_nodes_.back());
+  spare_set_nodes_.pop_back();
+  n.value() = b;
+  pool.insert(std::move(n));
+}
+
+void stream_allocator::pool_erase(free_set& pool, block* b) {
+  free_set::node_type n = pool.extract(b);
+  if (n.empty()) return;
+  try {
+    spare_set_nodes_.push_back(std::move(n));
+  } catch (const std::bad_alloc&) {
+    // n frees its node
+  }
+}
+
+void stream_allocator::live_insert(block* b) {
+  if (spare_live_nodes_.empty()) {
+    live_.emplace(b->addr, b);
+    return;
+  }
+  live_map::node_type n = std::move(spare_live_nodes_.back());
+  spare_live_nodes_.pop_back();
+  n.key() = b->addr;
+  n.mapped() = b;
+  live_.insert(std::move(n));  // a failed rehash throws, and n frees its node
+}
+
+void stream_allocator::live_erase(live_map::iterator it) {
+  live_map::node_type n = live_.extract(it);
+  try {
+    spare_live_nodes_.push_back(std::move(n));
+  } catch (const std::bad_alloc&) {
+    // n frees its node
+  }
 }
 
 stream_allocator::block* stream_allocator::new_block() {
@@ -103,14 +184,23 @@ int stream_allocator::take(block* b, uint64_t want, uintptr_t stream, bool graph
   // must be backed now, or the block is no use. Resident, every live page is mapped.
   if (!memory_.resident_now()) VS_TRY(memory_.back_now(b->addr, want));
   if (b->adv != advised::none) {
-    VS_TRY(add_context(memory_.advise(b->addr, want, advice::normal), "malloc_async: reusing a free block: "));
+    // Within a hold whose release advises every free block again, the whole block is made
+    // normal: advising only the part taken would leave its remainder advised, the part
+    // freed again not, and their merge "some", which every later take from it in the hold
+    // would advise once more (a pager call per allocation).
+    const bool whole = advise_at_release_ && memory_.resident_now();
+    if (const int rc = memory_.advise(b->addr, whole ? b->size : want, advice::normal); rc != ok) {
+      return add_context(rc, "malloc_async: reusing a free block: ");
+    }
+    ++stats_.advice_calls;
+    if (whole) b->adv = advised::none;  // its remainder, split off below, too
   }
   const uint64_t rest = b->size - want;
   const bool split = b->seg->small ? rest >= block_unit : rest > small_request;
   block* r = nullptr;
   try {
     if (split) r = new_block();
-    live_.emplace(b->addr, b);
+    live_insert(b);
   } catch (const std::bad_alloc&) {
     if (r != nullptr) recycle(r);
     return fail(err_out_of_memory, "malloc_async(%" PRIu64 " bytes, device %d): out of host memory", want, device_);
@@ -126,7 +216,7 @@ int stream_allocator::take(block* b, uint64_t want, uintptr_t stream, bool graph
     if (b->next != nullptr) b->next->prev = r;
     b->next = r;
     b->size = want;
-    pool_of(r).insert(r);
+    pool_insert(pool_of(r), r);
   }
   b->st = state::live;
   b->stream = stream;
@@ -160,6 +250,7 @@ int stream_allocator::new_segment(uint64_t want, uint64_t seg_size, uintptr_t st
   }
   ++stats_.segments;
   stats_.segment_bytes += seg_size;
+  stats_.new_bytes += seg_size;
   stats_.cached_bytes += seg_size;
   return take(b, want, stream, graph, out);  // resident or backed, never advised: cannot fail
 }
@@ -171,10 +262,13 @@ int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out)
   if (want < size || want > (uint64_t{1} << 62)) {
     return fail(err_out_of_memory, "malloc_async(%" PRIu64 " bytes, device %d): size too large", size, device_);
   }
-  const busy_time busy(busy_ns_);
+  const uint64_t start = busy_clock();
   std::lock_guard<std::mutex> lock(mutex_);
+  const busy_time busy(busy_ticks_, start);
   bool graph = false;
-  VS_TRY(add_context(capturing(stream, &graph), "malloc_async(%" PRIu64 " bytes, device %d): ", size, device_));
+  if (const int rc = capturing(stream, &graph); rc != ok) {
+    return add_context(rc, "malloc_async(%" PRIu64 " bytes, device %d): ", size, device_);
+  }
   const bool small = want <= small_request;
   free_set& pool = small ? small_free_ : large_free_;
 
@@ -183,13 +277,13 @@ int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out)
   auto from_free = [&](bool any_stream) -> bool {
     block* b = any_stream ? find_free_any(pool, want) : find_free(pool, want, stream);
     if (b == nullptr) return false;
-    pool.erase(b);
+    pool_erase(pool, b);
     if (take(b, want, stream, graph, out) == ok) {
       ++stats_.hits;
       return true;
     }
     clear_error();  // the miss path below reports it, after a trim
-    pool.insert(b);
+    pool_insert(pool, b);
     return false;
   };
   if (from_free(false)) return ok;
@@ -249,20 +343,21 @@ void stream_allocator::merge_into(block* into, block* gone) {
 void stream_allocator::insert_free(block* b) {
   free_set& pool = pool_of(b);
   if (block* p = b->prev; p != nullptr && p->st == state::free && p->stream == b->stream) {
-    pool.erase(p);
+    pool_erase(pool, p);
     merge_into(p, b);
     b = p;
   }
   if (block* n = b->next; n != nullptr && n->st == state::free && n->stream == b->stream) {
-    pool.erase(n);
+    pool_erase(pool, n);
     merge_into(b, n);
   }
-  pool.insert(b);
+  pool_insert(pool, b);
 }
 
 int stream_allocator::deallocate(device_ptr ptr, uintptr_t stream) {
-  const busy_time busy(busy_ns_);
+  const uint64_t start = busy_clock();
   std::lock_guard<std::mutex> lock(mutex_);
+  const busy_time busy(busy_ticks_, start);
   auto it = live_.find(ptr);
   if (it == live_.end()) {
     return fail(err_invalid_argument,
@@ -273,17 +368,19 @@ int stream_allocator::deallocate(device_ptr ptr, uintptr_t stream) {
   block* b = it->second;
   bool now_capturing = false;
   if (!b->graph) {
-    VS_TRY(add_context(capturing(b->stream, &now_capturing), "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_));
-    if (!now_capturing && stream != b->stream) {
-      VS_TRY(add_context(capturing(stream, &now_capturing), "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_));
-    }
+    int rc = capturing(b->stream, &now_capturing);
+    if (rc == ok && !now_capturing && stream != b->stream) rc = capturing(stream, &now_capturing);
+    if (rc != ok) return add_context(rc, "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_);
   }
   // Not resident, no release comes before the next eviction: advise now.
   const bool advise_now = !b->graph && !now_capturing && (!advise_at_release_ || !memory_.resident_now());
   if (advise_now) {
-    VS_TRY(add_context(memory_.advise(ptr, b->size, advice::discardable), "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_));
+    if (const int rc = memory_.advise(ptr, b->size, advice::discardable); rc != ok) {
+      return add_context(rc, "free_async(0x%" PRIxPTR ", device %d): ", ptr, device_);
+    }
+    ++stats_.advice_calls;
   }
-  live_.erase(it);
+  live_erase(it);
   stats_.live_bytes -= b->size;
   if (b->graph || now_capturing) {
     // A graph may replay and touch it at any time: it stays taken, never reused, and its
@@ -302,18 +399,21 @@ int stream_allocator::deallocate(device_ptr ptr, uintptr_t stream) {
 }
 
 int stream_allocator::trim() {
-  const busy_time busy(busy_ns_);
+  const uint64_t start = busy_clock();
   std::lock_guard<std::mutex> lock(mutex_);
+  const busy_time busy(busy_ticks_, start);
   return trim_locked();
 }
 
 int stream_allocator::advise_cached() {
-  const busy_time busy(busy_ns_);
+  const uint64_t start = busy_clock();
   std::lock_guard<std::mutex> lock(mutex_);
+  const busy_time busy(busy_ticks_, start);
   for (free_set* pool : {&small_free_, &large_free_}) {
     for (block* b : *pool) {
       if (b->adv == advised::all) continue;
       VS_TRY(add_context(memory_.advise(b->addr, b->size, advice::discardable), "advising the free blocks (device %d): ", device_));
+      ++stats_.advice_calls;
       b->adv = advised::all;  // not a key of the set: changing it in place is safe
     }
   }
@@ -333,24 +433,24 @@ int stream_allocator::trim_locked() {
     // segment's, merged where they meet.
     for (block* b = seg.head; b != nullptr; b = b->next) {
       if (b->st == state::free && b->stream != seg.stream) {
-        pool.erase(b);
+        pool_erase(pool, b);
         b->stream = seg.stream;
-        pool.insert(b);
+        pool_insert(pool, b);
       }
     }
     for (block* b = seg.head; b != nullptr; b = b->next) {
       if (b->st != state::free || b->next == nullptr || b->next->st != state::free) continue;
-      pool.erase(b);
+      pool_erase(pool, b);
       while (b->next != nullptr && b->next->st == state::free) {
-        pool.erase(b->next);
+        pool_erase(pool, b->next);
         merge_into(b, b->next);
       }
-      pool.insert(b);
+      pool_insert(pool, b);
     }
     block* head = seg.head;
     if (head->st == state::free && head->next == nullptr) {
       VS_TRY(add_context(memory_.free(seg.base), "trim(device %d): ", device_));
-      pool.erase(head);
+      pool_erase(pool, head);
       stats_.cached_bytes -= seg.size;
       stats_.segment_bytes -= seg.size;
       --stats_.segments;
@@ -374,7 +474,13 @@ bool stream_allocator::owns(device_ptr ptr) const {
 stream_allocator_stats stream_allocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   stream_allocator_stats s = stats_;
-  s.busy_ns = busy_ns_.load(std::memory_order_relaxed);
+  if (!g_counter) {
+    s.busy_ns = busy_ticks_;
+  } else {
+    const uint64_t ticks = busy_clock() - made_ticks_;
+    const uint64_t ns = steady_ns() - made_ns_;
+    s.busy_ns = ticks == 0 ? 0 : static_cast<uint64_t>(static_cast<long double>(busy_ticks_) * ns / ticks);
+  }
   return s;
 }
 

@@ -44,7 +44,10 @@
 // evictions happen only between holds (a device session: `advise_at_release`), the advice
 // waits for the release (advise_cached, called before the lock is let go): a block freed
 // and taken again within one hold, as a training step's tensors are, costs the pager
-// nothing. Where pages may move at any time (an oversubscribed session), frees advise at once.
+// nothing, and the first take of an advised block in a hold advises the whole block normal
+// (the release advises what stays free again), so that the blocks it is split into and
+// merged from cost nothing more in that hold either. Where pages may move at any time (an
+// oversubscribed session), frees advise at once and reuse advises only the part taken.
 //
 // CUDA graphs: memory allocated for a stream that is being captured, or freed while its
 // stream is being captured, belongs to the graph, which may replay at any later time; it
@@ -77,6 +80,8 @@ struct stream_allocator_stats {
   uint64_t misses = 0;         // allocations that took a new segment from the pager
   uint64_t trims = 0;          // device synchronized and whole free segments given back
   uint64_t busy_ns = 0;        // time inside allocate, deallocate and trim, waits for the mutex included
+  uint64_t new_bytes = 0;      // bytes of the segments taken from the pager (misses'), total
+  uint64_t advice_calls = 0;   // pager advise calls: normal on reuse, discardable on free or before a release
   uint64_t segments = 0;       // segments held from the pager now
   uint64_t segment_bytes = 0;  // their bytes (PyTorch's "reserved"): live, cached, or the graphs'
 };
@@ -85,8 +90,7 @@ class stream_allocator {
  public:
   // `advise_at_release`: the pager evicts only while the process does not hold the lock, and
   // advise_cached() is called before every release.
-  stream_allocator(backend& be, int device, pager& memory, bool advise_at_release)
-      : be_(be), device_(device), memory_(memory), advise_at_release_(advise_at_release) {}
+  stream_allocator(backend& be, int device, pager& memory, bool advise_at_release);
   ~stream_allocator();  // the pager frees the segments with the arena
   stream_allocator(const stream_allocator&) = delete;
   stream_allocator& operator=(const stream_allocator&) = delete;
@@ -153,8 +157,15 @@ class stream_allocator {
     }
   };
   using free_set = std::set<block*, by_size>;
+  using live_map = std::unordered_map<device_ptr, block*>;
 
   int capturing(uintptr_t stream, bool* out);
+  // The sets' and the live map's nodes are reused (extract, then insert the node back with a
+  // new value): a step that allocates what the previous one freed then calls no malloc.
+  void pool_insert(free_set& pool, block* b);
+  void pool_erase(free_set& pool, block* b);
+  void live_insert(block* b);
+  void live_erase(live_map::iterator it);
   free_set& pool_of(const block* b) { return b->seg->small ? small_free_ : large_free_; }
   // The best free block of `pool` for `want` bytes on `stream`, or null.
   block* find_free(free_set& pool, uint64_t want, uintptr_t stream);
@@ -178,13 +189,18 @@ class stream_allocator {
   pager& memory_;
   const bool advise_at_release_;
   mutable std::mutex mutex_;
-  std::unordered_map<device_ptr, block*> live_;  // every block handed out and not freed
+  live_map live_;                                // every block handed out and not freed
   free_set small_free_, large_free_;
   std::map<device_ptr, segment> segments_;       // by base
   std::vector<block*> spare_;                    // block records to reuse (a split makes one)
+  std::vector<free_set::node_type> spare_set_nodes_;
+  std::vector<live_map::node_type> spare_live_nodes_;
   stream_allocator_stats stats_;
-  // Outside stats_: added to after the mutex is let go, so that its wait counts.
-  std::atomic<uint64_t> busy_ns_{0};
+  // The busy time in ticks of a cheap counter (busy_clock in the .cpp), turned into
+  // nanoseconds by stats() at the rate measured since the allocator was made.
+  uint64_t busy_ticks_ = 0;
+  const uint64_t made_ticks_;
+  const uint64_t made_ns_;
 };
 
 }  // namespace vramswap::detail

@@ -130,7 +130,7 @@ def torch_table(pool):
           "moves pages as the run goes), and with VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0 (pages where they were first backed); the first "
           "step (allocating gradients and Adam's state) apart. floor: device memory plus the bytes in host frames at the "
           "oversubscribed run's exit (the shim's exit line) over the pinned rate.\n")
-    print("| state | x pool | device memory s/step | oversubscribed s/step | placement off s/step | all in host frames s/step | floor s/step "
+    print("| state | x pool | device memory s/step | oversubscribed, placement on s/step | placement off (the default) s/step | all in host frames s/step | floor s/step "
           "| oversub / device | oversub / host | oversub / floor | placement off / floor | first step: oversub / device | loss falls |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for mult in (0.5, 1.0, 1.5, 2.0):
@@ -139,7 +139,7 @@ def torch_table(pool):
         rc_d, dev, _ = run(args)
         rc_o, over, over_err = run(args[:-1] + [str(TORCH_OVERSUB_STEPS)], shim=True,
                                    env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool),
-                                        "VRAMSWAP_SHM_PREFIX": f"{PREFIX}t{mult}-"})
+                                        "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT": "1", "VRAMSWAP_SHM_PREFIX": f"{PREFIX}t{mult}-"})
         rc_f, off, _ = run(args, shim=True, env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool),
                                                  "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT": "0", "VRAMSWAP_SHM_PREFIX": f"{PREFIX}f{mult}-"})
         rc_h, host, _ = run(args, shim=True, env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(32 << 20),

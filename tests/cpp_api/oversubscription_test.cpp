@@ -324,7 +324,7 @@ TEST_F(Oversubscription, AllocationPastTheHostLimitFailsClearly) {
 // before), and every byte of every block stays right through the moves.
 TEST_F(Oversubscription, PlacementByUseMovesUsedPagesFromHostIntoPoolFrames) {
   // It runs on until a round has checked every byte after the first pages were placed.
-  const pid_t job = spawn_job(96 * MiB, 2.0, 101, {"VRAMSWAP_TEST_HOT_BLOCK=2", "VRAMSWAP_TEST_WAIT_PLACED=1", "VRAMSWAP_LOG=info"});
+  const pid_t job = spawn_job(96 * MiB, 2.0, 101, {"VRAMSWAP_TEST_HOT_BLOCK=2", "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=1", "VRAMSWAP_TEST_WAIT_PLACED=1", "VRAMSWAP_LOG=info"});
   ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
   std::printf("job: %s", slurp(out_file()).c_str());
   auto n = job_numbers();
@@ -359,7 +359,7 @@ TEST_F(Oversubscription, PlacementByUseOffLeavesPagesWhereTheyWereFirstBacked) {
 // goes on around the reclaim.
 TEST_F(Oversubscription, LockUserReclaimsFramesFromAJobWhosePlacementSwapsPages) {
   const std::string user_done = deploy_.dir() + "/user-done";
-  const pid_t job = spawn_job(96 * MiB, 2.5, 111, {"VRAMSWAP_TEST_HOT_BLOCK=alternate", "VRAMSWAP_LOG=info"}, {user_done, "3"});
+  const pid_t job = spawn_job(96 * MiB, 2.5, 111, {"VRAMSWAP_TEST_HOT_BLOCK=alternate", "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=1", "VRAMSWAP_LOG=info"}, {user_done, "3"});
   std::unique_ptr<pool_segment> pool;
   ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
   ASSERT_EQ(wait_lent(*pool, 32, 10000), 32u);

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -286,6 +287,54 @@ TEST_F(StreamAllocatorOverPager, EvictionsCopyPagesWithLiveBytesOnly) {
   EXPECT_EQ(test::first_mismatch(host(again), 12 * MiB, 22), 12 * MiB) << "reuse advised it normal again";
   put(again, s1);
   put(live, s1);
+}
+
+// Within a hold, a step that allocates what the previous one freed costs the pager no advice
+// after the first take of each advised block: taking only part of an advised block normal
+// left the merge of that part, freed again, with the advised rest "some", and every later
+// take from it advised again.
+TEST_F(StreamAllocatorOverPager, BlocksTakenAgainWithinAHoldCostNoAdvice) {
+  make(64, true);
+  const device_ptr keep = get(3 * MiB, s1);     // [0, 3 MiB) of a 20 MiB segment
+  const device_ptr first = get(4 * MiB, s1);    // [3, 7 MiB): the rest stays free
+  put(first, s1);
+  ASSERT_EQ(alloc->advise_cached(), ok) << last_error();  // a release: every free block advised
+  const uint64_t before = alloc->stats().advice_calls;
+  for (int step = 0; step < 50; ++step) {
+    const device_ptr a = get(2 * MiB, s1);
+    const device_ptr b = get(5 * MiB, s1);
+    const device_ptr c = get(512 * KiB + 7, s1);
+    put(b, s1);
+    put(a, s1);
+    put(c, s1);
+  }
+  EXPECT_LE(alloc->stats().advice_calls - before, 2u) << "advice per allocation within one hold";
+  ASSERT_EQ(alloc->advise_cached(), ok) << last_error();
+  EXPECT_EQ(alloc->check_invariants(), ok) << last_error();
+  // What stayed free is advised again at the release: an eviction drops its pages.
+  ASSERT_EQ(pg->evict_all(), ok) << last_error();
+  EXPECT_EQ(pg->stats().bytes_out, 2 * k_frame) << "only the pages of the live 3 MiB are copied";
+  ASSERT_EQ(pg->restore_all(), ok) << last_error();
+  put(keep, s1);
+}
+
+// The busy time (read from the CPU's counter, converted at the rate measured against the
+// steady clock): a loop of nothing but allocations and frees is mostly busy time, and never
+// more than the loop's wall time.
+TEST_F(StreamAllocatorOverPager, BusyTimeIsTheCallsTime) {
+  make(16, true);
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t before = alloc->stats().busy_ns;
+  for (int i = 0; i < 20000; ++i) {
+    device_ptr p = 0;
+    ASSERT_EQ(alloc->allocate(4 * KiB + static_cast<uint64_t>(i % 7) * 512, s1, &p), ok) << last_error();
+    ASSERT_EQ(alloc->deallocate(p, s1), ok) << last_error();
+  }
+  const uint64_t busy = alloc->stats().busy_ns - before;
+  const auto wall = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  EXPECT_GT(busy, wall / 5) << "busy " << busy << " ns of " << wall << " ns";
+  EXPECT_LE(busy, wall + wall / 10 + 1000000) << "busy " << busy << " ns of " << wall << " ns";
 }
 
 }  // namespace

@@ -240,7 +240,7 @@ def test_stats_keys():
         "acquires", "evictions_served", "lock_holder_deaths", "acquire_seconds", "lock_wait_seconds",
         "evict_seconds", "restore_seconds", "cached_bytes", "graph_bytes", "host_frame_bytes", "pages_demoted",
         "pages_promoted", "reclaim_seconds", "cache_hits", "cache_misses", "cache_trims", "allocator_seconds",
-        "yield_waits", "yield_seconds", "frames_asked_ahead", "frames_asked_at_acquire",
+        "yield_waits", "yield_seconds", "frames_asked_ahead", "frames_asked_at_acquire", "cache_miss_bytes",
     }
     assert s["allocations"] == 0 and s["acquires"] == 0
 

@@ -305,6 +305,8 @@ typedef struct vramswap_stats_t {
   /* Time-sharing: frames other processes were asked to evict for this one's acquires */
   uint64_t frames_asked_ahead;      /* before the acquire, between turns (VRAMSWAP_EVICT_AHEAD) */
   uint64_t frames_asked_at_acquire; /* during the acquire, after the lock was granted */
+  /* The stream-ordered allocator, again: */
+  uint64_t cache_miss_bytes;   /* bytes of the segments its misses took from the pager, total */
 } vramswap_stats_t;
 /* Errors:
  *   VRAMSWAP_ERR_INVALID_ARGUMENT  out is NULL, or out->size is smaller than 16 bytes.

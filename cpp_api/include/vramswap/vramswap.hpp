@@ -335,6 +335,8 @@ struct stats {
   // Time-sharing: frames other processes were asked to evict for this one's acquires
   uint64_t frames_asked_ahead = 0;       // before the acquire, between turns (VRAMSWAP_EVICT_AHEAD)
   uint64_t frames_asked_at_acquire = 0;  // during the acquire, after the lock was granted
+  // The stream-ordered allocator, again:
+  uint64_t cache_miss_bytes = 0;  // bytes of the segments its misses took from the pager, total
 };
 // Opens the device's session if needed (so it may start the pool server). Throws
 // out_of_memory (host memory), and what opening the device's session throws.
