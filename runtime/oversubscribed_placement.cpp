@@ -52,7 +52,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 void oversubscribed_session::start_placement() {
   if (!placement_) {
-    log(log_level::info, "device %d: placement by use is off (VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0): pages stay where they were "
+    log(log_level::debug, "device %d: placement by use is off (VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0): pages stay where they were "
         "first backed", device_);
     return;
   }
