@@ -23,6 +23,7 @@
 
 #include "cpp_api/api_test_env.hpp"
 #include "runtime/runtime.hpp"
+#include "support/forked_child.hpp"
 #include "support/random_bytes.hpp"
 #include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
@@ -738,9 +739,7 @@ TEST_F(PublicApi, AMalformedSettingFailsEveryCallUntilCorrected) {
 TEST_F(PublicApi, AForkedChildGetsAClearError) {
   vramswap::gpu_lock g(0);
   void* p = vramswap::malloc(4096);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  const auto child = vramswap::detail::test::run_in_forked_child([&g, &p] {
     int failures = 0;
     try {
       g.unlock();
@@ -763,9 +762,9 @@ TEST_F(PublicApi, AForkedChildGetsAClearError) {
     s.size = sizeof s;
     if (vramswap_stats(0, &s) != VRAMSWAP_ERR_UNAVAILABLE) ++failures;
     if (vramswap_unlock(0) != VRAMSWAP_ERR_UNAVAILABLE) ++failures;
-    ::_exit(failures);
-  }
-  EXPECT_EQ(wait_exit(child), 0);
+    return failures;
+  });
+  EXPECT_EQ(child.status, 0) << "after " << child.tries << " fork(s); a child killed for hanging: " << child.hung;
   // The parent is unaffected.
   EXPECT_TRUE(g.owns_lock());
   g.unlock();
