@@ -31,12 +31,14 @@ import time
 
 
 def mlp(torch, state_gib, width):
-    # 16 bytes of state per parameter (fp32 weights, gradients, Adam's two moments).
+    # 16 bytes of state per parameter (fp32 weights, gradients, Adam's two moments). Made on
+    # the GPU: initialising a billion parameters on the CPU takes seconds per job, all of
+    # them inside the first hold, which would serialize the jobs' start for a minute.
     params = int(state_gib * 2**30 / 16)
     depth = max(1, params // (width * width))
     layers = []
     for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+        layers += [torch.nn.Linear(width, width, device="cuda"), torch.nn.GELU()]
     return torch.nn.Sequential(*layers)
 
 
@@ -48,7 +50,7 @@ def job(args):
     vramswap.torch.enable()
     torch.manual_seed(args.seed)
     with vramswap.gpu_lock(0):
-        model = mlp(torch, args.state, args.width).cuda()
+        model = mlp(torch, args.state, args.width)
         opt = torch.optim.Adam(model.parameters(), lr=1e-5)
         x = torch.randn(args.batch, args.width, device="cuda")
 
