@@ -44,12 +44,7 @@ class PublicApi : public ::testing::Test {
   pid_t spawn_holder(int device, int hold_ms) {
     const std::string ready = env_.runtime_dir() + "/ready-" + std::to_string(device);
     ::unlink(ready.c_str());
-    std::vector<std::string> args = {VRAMSWAP_API_WORKER, "hold", std::to_string(device), std::to_string(hold_ms), ready};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    EXPECT_EQ(::posix_spawn(&pid, VRAMSWAP_API_WORKER, nullptr, nullptr, argv.data(), environ), 0);
+    const pid_t pid = spawn_worker({"hold", std::to_string(device), std::to_string(hold_ms), ready});
     struct stat st {};
     for (int i = 0; i < 2000 && ::stat(ready.c_str(), &st) != 0; ++i) std::this_thread::sleep_for(5ms);
     EXPECT_EQ(::stat(ready.c_str(), &st), 0) << "the holder never took the lock";
@@ -59,29 +54,8 @@ class PublicApi : public ::testing::Test {
   // exit code, and its stderr in *err.
   int run_worker(const std::vector<std::string>& args, const std::vector<std::string>& extra_env, std::string* err) {
     const std::string err_path = env_.runtime_dir() + "/worker.err";
-    std::vector<std::string> all = {VRAMSWAP_API_WORKER};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_text(extra_env);
-    for (char** e = environ; *e != nullptr; ++e) env_text.emplace_back(*e);
-    std::vector<char*> envp;
-    for (auto& e : env_text) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
-    pid_t pid = -1;
-    EXPECT_EQ(::posix_spawn(&pid, VRAMSWAP_API_WORKER, &actions, nullptr, argv.data(), envp.data()), 0);
-    posix_spawn_file_actions_destroy(&actions);
-    const int code = wait_exit(pid);
-    err->clear();
-    if (FILE* f = std::fopen(err_path.c_str(), "r")) {
-      char buf[4096];
-      for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) err->append(buf, n);
-      std::fclose(f);
-    }
+    const int code = wait_exit(spawn_worker(args, err_path, extra_env));
+    *err = read_file(err_path);
     return code;
   }
   static size_t count_of(const std::string& text, const std::string& what) {
