@@ -1,0 +1,173 @@
+// victim_order (pool/victim_order.hpp) on a real pool segment, in one process: which idle
+// frames a member asks for, in which order, from the hints the members publish in their
+// slots. Jobs that take turns in a cycle must lose their frames in the order they will come
+// back in: the one that will acquire last is asked first.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/options.hpp"
+#include "core/status.hpp"
+#include "pool/pool_segment.hpp"
+#include "pool/victim_order.hpp"
+
+namespace vramswap::detail {
+namespace {
+using namespace pool_layout;
+
+constexpr uint64_t k_s = 1'000'000'000;
+constexpr uint64_t k_now = 1000 * k_s;  // a CLOCK_MONOTONIC instant well after every release below
+constexpr uint32_t k_frames = 16;
+constexpr uint32_t k_me = 9;  // the member that asks
+
+class VictimOrder : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = "vsvo" + std::to_string(::getpid()) + "-";
+    option_set(option_id::shm_prefix, prefix_.c_str());
+    ASSERT_EQ(pool_segment::create("host-77", k_frames, 2 << 20, 0, ::getpid(), 0, &pool_), ok) << last_error();
+  }
+  void TearDown() override {
+    pool_.reset();
+    pool_segment::remove("host-77");
+    option_set(option_id::shm_prefix, nullptr);
+  }
+  // A live member, idle since `released_ns` (0: never released), with `gaps` idle gaps of
+  // mean `gap_ns` measured.
+  void member(uint32_t m, uint64_t released_ns, uint64_t gap_ns = 0, uint32_t gaps = 0) {
+    member_slot& s = pool_->member(m);
+    s.state.store(member_live);
+    s.phase.store(phase_idle);
+    s.holding.store(0);
+    s.released_ns.store(released_ns);
+    s.idle_gap_ns.store(gap_ns);
+    s.idle_gaps.store(gaps);
+    s.asked_ns.store(0);
+  }
+  // Member `m` asked for the lock at `asked_ns` and waits for it (or holds it).
+  void at_lock(uint32_t m, uint64_t asked_ns, member_phase phase = phase_waiting) {
+    pool_->member(m).phase.store(phase);
+    pool_->member(m).asked_ns.store(asked_ns);
+  }
+  // Frames `first`.. `first + count` owned by `owner` in `state`.
+  void frames(uint32_t first, uint32_t count, uint32_t owner, frame_state state = frame_idle) {
+    for (uint32_t f = first; f < first + count; ++f) ASSERT_TRUE(pool_->move(f, pool_->read(f), state, owner, k_no_member));
+  }
+  // The owners of the frames in the order victim_order gives them, one entry per run of
+  // one owner's frames.
+  std::vector<uint32_t> owners(const victim_order::options& o) {
+    std::vector<uint32_t> out;
+    for (uint32_t f : victim_order::order(*pool_, k_now, o)) {
+      const uint32_t owner = frame_word::decode(pool_->read(f)).owner;
+      if (out.empty() || out.back() != owner) out.push_back(owner);
+    }
+    return out;
+  }
+  std::vector<uint32_t> owners() {
+    victim_order::options o;
+    o.me = k_me;
+    return owners(o);
+  }
+
+  std::string prefix_;
+  std::unique_ptr<pool_segment> pool_;
+};
+
+TEST_F(VictimOrder, WithoutHistoryTheMostRecentlyReleasedGoesFirst) {
+  member(1, k_now - 30 * k_s);
+  member(2, k_now - 10 * k_s);
+  member(3, k_now - 20 * k_s);
+  frames(0, 2, 1);
+  frames(2, 2, 2);
+  frames(4, 2, 3);
+  EXPECT_EQ(owners(), (std::vector<uint32_t>{2, 3, 1}));
+}
+
+TEST_F(VictimOrder, LentFramesFirstOwnFramesAndBusyFramesNever) {
+  member(1, k_now - 10 * k_s);
+  member(4, 0);  // an oversubscribed job: it never takes turns
+  member(k_me, k_now - 5 * k_s);
+  frames(0, 2, 1);
+  frames(2, 2, 4, frame_lent);
+  frames(4, 2, k_me);                 // the asker's own idle frames
+  frames(6, 2, 1, frame_active);      // in use by a holder: not idle
+  frames(8, 1, 1, frame_requested);   // asked for already
+  const std::vector<uint32_t> order = victim_order::order(*pool_, k_now, [] {
+    victim_order::options o;
+    o.me = k_me;
+    return o;
+  }());
+  EXPECT_EQ(order, (std::vector<uint32_t>{2, 3, 0, 1})) << "lent frames first, then member 1's idle frames, by index";
+  victim_order::options no_lent;
+  no_lent.me = k_me;
+  no_lent.lent = false;
+  EXPECT_EQ(owners(no_lent), (std::vector<uint32_t>{1}));
+}
+
+TEST_F(VictimOrder, FourJobsInACycleLoseTheirFramesInTheOrderTheyComeBack) {
+  // Four periodic jobs, each idle 40 s between turns, released 10 s apart; member 5 holds the
+  // lock now. Job 1 released first, so it comes back first (at k_now + 10 s): its frames are
+  // the last to go. Job 3 released last and comes back last: its frames go first.
+  const uint64_t gap = 40 * k_s;
+  member(1, k_now - 30 * k_s, gap, 8);
+  member(2, k_now - 20 * k_s, gap, 8);
+  member(3, k_now - 10 * k_s, gap, 8);
+  member(5, k_now - 40 * k_s, gap, 8);
+  at_lock(5, k_now - 1 * k_s, phase_running);
+  frames(0, 3, 1);
+  frames(3, 3, 2);
+  frames(6, 3, 3);
+  frames(9, 3, 5);  // the holder's frames it is not using: idle, yet it is at the lock
+  EXPECT_EQ(owners(), (std::vector<uint32_t>{3, 2, 1, 5}));
+  // Job 2's gaps are long (it comes back at k_now + 100 s): now it is the furthest.
+  member(2, k_now - 20 * k_s, 120 * k_s, 8);
+  EXPECT_EQ(owners(), (std::vector<uint32_t>{2, 3, 1, 5}));
+}
+
+TEST_F(VictimOrder, AMemberWithoutItsOwnGapsIsPredictedWithTheOthersMean) {
+  member(1, k_now - 30 * k_s, 20 * k_s, 4);  // back at k_now - 10 s: overdue
+  member(2, k_now - 25 * k_s, 60 * k_s, 4);  // back at k_now + 35 s
+  member(3, k_now - 20 * k_s);               // one turn only: the mean, 40 s, puts it at k_now + 20 s
+  frames(0, 1, 1);
+  frames(1, 1, 2);
+  frames(2, 1, 3);
+  EXPECT_EQ(victim_order::mean_gap(*pool_), 40 * k_s);
+  EXPECT_EQ(owners(), (std::vector<uint32_t>{2, 3, 1}));
+  const victim_order::prediction p = victim_order::predict(*pool_, 3, k_now, victim_order::mean_gap(*pool_));
+  EXPECT_FALSE(p.from_history);
+  EXPECT_EQ(p.next_ns, k_now + 20 * k_s);
+}
+
+TEST_F(VictimOrder, OnlyAfterKeepsTheOwnersDueLaterAndNeverOneAtTheLock) {
+  // Eviction ahead of need: the member predicted next asks only the owners due after it.
+  member(1, k_now - 30 * k_s, 40 * k_s, 4);  // due at k_now + 10 s
+  member(2, k_now - 10 * k_s, 40 * k_s, 4);  // due at k_now + 30 s
+  member(3, k_now - 5 * k_s, 40 * k_s, 4);   // due at k_now + 35 s, but it waits for the lock now
+  at_lock(3, k_now - 1 * k_s);
+  frames(0, 2, 1);
+  frames(2, 2, 2);
+  frames(4, 2, 3);
+  victim_order::options o;
+  o.me = k_me;
+  o.only_after_ns = k_now + 20 * k_s;
+  EXPECT_EQ(owners(o), (std::vector<uint32_t>{2}));
+  o.only_after_ns = 0;
+  EXPECT_EQ(owners(o), (std::vector<uint32_t>{2, 1, 3})) << "with no bound, those at the lock go last";
+}
+
+TEST_F(VictimOrder, MembersThatLeftOrNeverReleasedAreOrderedSafely) {
+  member(1, 0);                 // joined, allocating before its first turn: due now
+  member(2, k_now - 10 * k_s);  // released, no history: due at its release (gap 0)
+  frames(0, 2, 1);
+  frames(2, 2, 2);
+  frames(4, 2, 200);  // idle frames of a slot that is not live (a member being repaired)
+  // Due now beats due in the past (later is asked first); a tie goes to the lower index. The
+  // repaired slot reads as never released: due now, behind member 1.
+  EXPECT_EQ(owners(), (std::vector<uint32_t>{1, 200, 2}));
+}
+
+}  // namespace
+}  // namespace vramswap::detail
