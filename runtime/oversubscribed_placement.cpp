@@ -82,10 +82,23 @@ int oversubscribed_session::place_by_use() {
   memory().placement_view(&allocations, &resident);
   std::vector<uint32_t> heat;
   use_tracker::attribute(starts_, allocations, memory().arena_base(), fs, &heat);
+  // Temporaries: pages whose allocation was freed and made again in this period and the one
+  // before (the allocator's pattern for a step's scratch tensors).
+  if (frees_seen_.size() < heat.size()) {
+    frees_seen_.resize(heat.size(), 0);
+    freed_periods_.resize(heat.size(), 0);
+  }
   std::vector<placement_page> pages;
   pages.reserve(resident.size());
   for (const pager::resident_page& r : resident) {
-    pages.push_back({r.page, r.frame, frames_->is_pool_frame(r.frame), r.page < heat.size() ? heat[r.page] : 0, false});
+    bool temporary = false;
+    if (r.page < frees_seen_.size()) {
+      const bool freed_now = r.frees != frees_seen_[r.page];
+      freed_periods_[r.page] = freed_now ? static_cast<uint8_t>(std::min(255, freed_periods_[r.page] + 1)) : 0;
+      frees_seen_[r.page] = r.frees;
+      temporary = freed_periods_[r.page] >= 2;
+    }
+    pages.push_back({r.page, r.frame, frames_->is_pool_frame(r.frame), r.page < heat.size() ? heat[r.page] : 0, temporary});
   }
   const placement_plan plan = policy_.observe(monotonic_ns(), pages, fs);
   if (plan.what == placement_plan::verdict::skipped_by_model) {

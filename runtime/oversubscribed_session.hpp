@@ -166,6 +166,8 @@ class oversubscribed_session final : public session {
   std::unique_ptr<use_tracker> tracker_;
   std::vector<uint32_t> starts_;
   placement_policy policy_;
+  std::vector<uint32_t> frees_seen_;    // per page: the pager's count of frees at the last observation
+  std::vector<uint8_t> freed_periods_;  // per page: periods in a row in which it was freed (a temporary from 2)
   uint64_t next_placement_ns_ = 0;
 };
 

@@ -56,8 +56,11 @@ placement_plan placement_policy::observe(uint64_t now_ns, const std::vector<plac
   }
   std::stable_sort(host.begin(), host.end(), [](const ranked& a, const ranked& b) { return a.rate > b.rate; });
   std::stable_sort(pool.begin(), pool.end(), [](const ranked& a, const ranked& b) { return a.rate < b.rate; });
+  auto margin_of = [&](const ranked& h, const ranked& c) {
+    return pages[h.at].temporary ? 1.0 : pages[c.at].temporary ? k_margin * k_margin : k_margin;
+  };
   auto beats_at = [&](const ranked& h, const ranked& c) {
-    const double margin = pages[h.at].temporary ? 1.0 : pages[c.at].temporary ? k_margin * k_margin : k_margin;
+    const double margin = margin_of(h, c);
     // Sampled counts are noisy (a count of n samples of weight w is off by about w*sqrt(n)):
     // among many pages used alike, the most used host page and the least used pool page
     // differ by chance, so the difference must also stand out of that noise.
@@ -79,7 +82,7 @@ placement_plan placement_policy::observe(uint64_t now_ns, const std::vector<plac
     const bool wins = i < winners;
     if (!wins) {
       s.streak = 0;
-    } else if (s.fresh > k_margin * pool[i].rate) {
+    } else if (s.fresh > margin_of(host[i], pool[i]) * pool[i].rate) {
       s.streak = static_cast<uint8_t>(std::min(255, s.streak + 1));
     }
     pending = pending || (wins && s.streak < k_sustain);
