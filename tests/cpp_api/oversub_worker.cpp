@@ -22,7 +22,10 @@
 // launches n times each of tensors 4 and up (through the gate, in a random order, sampled the
 // way the shim samples: use_tracking::sample_this_launch), never tensors 0-3. With
 // VRAMSWAP_TEST_LIGHT_USE=<n>, the thread instead declares n uses a second (every one
-// recorded) of the last page of the last block, and nothing else. Either way the job also
+// recorded) of the last page of the last block, and nothing else. With
+// VRAMSWAP_TEST_ROTATE=<seconds>, it declares 20 uses a step of one tensor of those first
+// backed in host frames (23 down to 16), a different one every <seconds>, so that placement
+// keeps moving pages, round after round, while the rounds check every byte. Either way the job also
 // prints what placement had done at half of <seconds> (placed_in_at_half, rounds_at_half) and
 // the bytes of tensors 0-3 in pool frames at the end (cold_pool_bytes).
 // Prints one line of numbers (key=value) on stdout. Exit: 0 ok, 2 an API call failed,
@@ -141,11 +144,13 @@ int main(int argc, char** argv) {
   const char* light_env = std::getenv("VRAMSWAP_TEST_LIGHT_USE");
   const unsigned launches_per_step = steps_env != nullptr ? static_cast<unsigned>(std::atoi(steps_env)) : 0;
   const unsigned light_uses = light_env != nullptr ? static_cast<unsigned>(std::atoi(light_env)) : 0;
+  const char* rotate_env = std::getenv("VRAMSWAP_TEST_ROTATE");
+  const double rotate_s = rotate_env != nullptr ? std::atof(rotate_env) : 0;
   std::atomic<bool> stop_steps{false};
   std::atomic<uint64_t> placed_in_at_half{0};
   std::atomic<uint64_t> rounds_at_half{0};
   std::thread stepper;
-  if (launches_per_step > 0 || light_uses > 0) {
+  if (launches_per_step > 0 || light_uses > 0 || rotate_s > 0) {
     stepper = std::thread([&] {
       std::mt19937 rng(static_cast<unsigned>(seed));
       bool half_taken = false;
@@ -161,7 +166,12 @@ int main(int argc, char** argv) {
         }
         {
           launch_gate::pass gate;
-          if (launches_per_step > 0) {
+          if (rotate_s > 0 && tensors.size() >= 24) {
+            const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            const block& hot = tensors[23 - static_cast<size_t>(t / rotate_s) % 8];  // from the end: each moves alone
+            const uint64_t words[] = {hot.ptr, hot.size};
+            for (int i = 0; i < 20; ++i) use_tracking::record_launch_words(words, 2);
+          } else if (launches_per_step > 0) {
             launches.clear();
             for (size_t t = 4; t < tensors.size(); ++t) launches.insert(launches.end(), launches_per_step, t);
             std::shuffle(launches.begin(), launches.end(), rng);

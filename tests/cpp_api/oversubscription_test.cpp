@@ -384,6 +384,25 @@ TEST_F(Oversubscription, PlacementByUseSkipsARoundWhoseGainIsBelowItsCost) {
   EXPECT_NE(err.find("round(s) skipped: their gain was below their cost"), std::string::npos) << err;
 }
 
+// Many rounds: the used tensor changes every 2.5 s, so placement moves pages round after
+// round (each new tensor in, unused ones out) while the job checks every byte of its memory
+// between any two of its copies; nothing is lost, and the frames add up at the end.
+TEST_F(Oversubscription, EveryByteSurvivesManyPlacementRounds) {
+  const pid_t job = spawn_job(96 * MiB, 12.0, 151, {"VRAMSWAP_TEST_ROTATE=2.5", "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=1", "VRAMSWAP_LOG=info"});
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  auto n = job_numbers();
+  EXPECT_GE(n["placement_rounds"], 3) << slurp(out_file());
+  EXPECT_GE(n["placed_in"], 6) << slurp(out_file());
+  EXPECT_EQ(n["placed_in"], n["placed_out"]);
+  EXPECT_EQ(n["pool_bytes"], 64.0 * MiB);
+  EXPECT_EQ(n["host_bytes"], 32.0 * MiB);
+  EXPECT_GE(n["rounds_after_placement"], 2) << "too few rounds checked the bytes after the moves";
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 1000));
+  expect_no_frame_leaked(*pool);
+}
+
 // VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0: the same job's pages stay where they were first backed.
 TEST_F(Oversubscription, PlacementByUseOffLeavesPagesWhereTheyWereFirstBacked) {
   const pid_t job = spawn_job(96 * MiB, 3.0, 102, {"VRAMSWAP_TEST_HOT_BLOCK=2", "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0"});
