@@ -27,6 +27,7 @@ struct page_entry {
   page_state state = page_state::unbacked;
   bool host_copy_valid = false;
   frame_id frame = 0;  // valid when resident
+  uint32_t frees = 0;  // times the last allocation on this page was freed (placement by use's hint)
 };
 
 class page_table {

@@ -325,6 +325,7 @@ int pager::free(device_ptr ptr) {
       if (table_[p].state == page_state::resident) unback_page(p, page_state::unbacked);
       drop_saved_copy(p);
       table_[p].state = page_state::unbacked;
+      ++table_[p].frees;
     }
   }
   return ok;
@@ -686,7 +687,7 @@ void pager::placement_view(std::vector<range_allocation>* allocations, std::vect
   resident->clear();
   resident->reserve(resident_pages_);
   for (uint64_t p = 0; p < table_.size(); ++p) {
-    if (table_[p].state == page_state::resident) resident->push_back({p, table_[p].frame});
+    if (table_[p].state == page_state::resident) resident->push_back({p, table_[p].frame, table_[p].frees});
   }
 }
 

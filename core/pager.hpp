@@ -154,10 +154,13 @@ class pager {
   // The frames backing resident pages now.
   std::vector<frame_id> resident_frames() const;
   // What placement by use decides from (runtime/use_tracker.hpp): the live allocations in
-  // address order, and each resident page as (page index, frame), in page order.
+  // address order, and each resident page as (page index, frame, how many times the
+  // allocations on it were freed: a page freed and made again period after period holds a
+  // temporary), in page order.
   struct resident_page {
     uint64_t page = 0;
     frame_id frame = 0;
+    uint32_t frees = 0;
   };
   void placement_view(std::vector<range_allocation>* allocations, std::vector<resident_page>* resident) const;
   // Leave pages where they are, but back new allocations only at the next restore_all():

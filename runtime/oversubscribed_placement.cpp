@@ -2,20 +2,18 @@
 // its host frames by how much its kernels use them (docs/oversubscription.md, "Placement by
 // use"; the observing half is runtime/use_tracker.hpp).
 //
-// A round (the service thread, at most once per k_placement_period_ns, only while no lock
-// holder has asked for frames for a second):
-//   1. take the tracker's counts (they decay) and attribute them to pages;
-//   2. pair the most used pages in host frames with the least used in pool frames (pages
-//      never observed count 0), while a pair pays: the hot page used more than twice as
-//      much as the cold one (no ping-pong between near equals), and the link bytes it saves
-//      per second (one page per use of the difference) at least repay its move, the two
-//      pages' copies, within a second; and the round only when all its pairs save at least
-//      k_placement_min_saving bytes per second. At most k_placement_round_bytes move each way;
-//   3. host frames for the cold pages are taken with the gate open (spares first), then in
-//      one closing of the gate, chunk by chunk: the cold pages move into them, their pool
+// An observation (the service thread, once per k_placement_period_ns, only while no lock
+// holder has asked for frames for a second) takes the tracker's counts (they decay),
+// attributes them to pages and hands them to the policy (runtime/placement_policy.hpp),
+// which decides across observations whether a round is due, which pairs move, and whether
+// their gain pays for the round. A round that runs:
+//   1. takes host frames for the cold pages with the gate open (spares first);
+//   2. in one closing of the gate, chunk by chunk: the cold pages move into them, their pool
 //      frames stay lent to this process (lending_frame_source::keep_pool_frames), and the
 //      hot pages move into those. The host frames the hot pages leave become spares for the
-//      next round. The number of pool frames lent does not change.
+//      next round. The number of pool frames lent does not change;
+//   3. tells the policy what moved and what the closing cost (its overhead and the link
+//      rate of its copies are the model's next estimates).
 // A lock holder always wins: the round stops between chunks when a request comes (its
 // frames are served by the next wake of the service thread), a kept frame a holder asked
 // for is given to the pool, and whatever is kept at the end goes back to the pool.
@@ -32,16 +30,12 @@
 namespace vramswap::detail {
 namespace {
 
-constexpr uint64_t k_placement_round_bytes = 512ull << 20;      // moved each way per round, at most
-constexpr uint64_t k_placement_min_saving = 64ull << 20;        // link bytes per second a round must save
-constexpr size_t k_placement_chunk = 16;                        // pairs between two looks for a request
-// Counts halve each round, about a second: a page used r times a second holds about 2r.
-constexpr uint32_t k_counts_per_use_per_second = 2;
+constexpr size_t k_placement_chunk = 16;  // pairs between two looks for a request
 
 struct page_heat {
   uint64_t page = 0;
   frame_id frame = 0;
-  uint32_t heat = 0;
+  double heat = 0;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -69,11 +63,10 @@ std::vector<frame_id> oversubscribed_session::host_frames_hottest_first(uint32_t
   std::vector<range_allocation> allocations;
   std::vector<pager::resident_page> resident;
   memory().placement_view(&allocations, &resident);
-  std::vector<uint32_t> heat;
-  if (!starts_.empty()) use_tracker::attribute(starts_, allocations, memory().arena_base(), memory().frame_size(), &heat);
+  // The policy's smoothed rates (one observation's counts are noisy).
   std::vector<page_heat> host;
   for (const pager::resident_page& r : resident) {
-    if (!frames_->is_pool_frame(r.frame)) host.push_back({r.page, r.frame, r.page < heat.size() ? heat[r.page] : 0});
+    if (!frames_->is_pool_frame(r.frame)) host.push_back({r.page, r.frame, policy_.uses_per_s(r.page)});
   }
   std::stable_sort(host.begin(), host.end(), [](const page_heat& a, const page_heat& b) { return a.heat > b.heat; });
   std::vector<frame_id> out;
@@ -89,28 +82,37 @@ int oversubscribed_session::place_by_use() {
   memory().placement_view(&allocations, &resident);
   std::vector<uint32_t> heat;
   use_tracker::attribute(starts_, allocations, memory().arena_base(), fs, &heat);
-  std::vector<page_heat> host;
-  std::vector<page_heat> pool;
+  // Temporaries: pages whose allocation was freed and made again in this period and the one
+  // before (the allocator's pattern for a step's scratch tensors).
+  if (frees_seen_.size() < heat.size()) {
+    frees_seen_.resize(heat.size(), 0);
+    freed_periods_.resize(heat.size(), 0);
+  }
+  std::vector<placement_page> pages;
+  pages.reserve(resident.size());
   for (const pager::resident_page& r : resident) {
-    const page_heat h{r.page, r.frame, r.page < heat.size() ? heat[r.page] : 0};
-    (frames_->is_pool_frame(r.frame) ? pool : host).push_back(h);
+    bool temporary = false;
+    if (r.page < frees_seen_.size()) {
+      const bool freed_now = r.frees != frees_seen_[r.page];
+      freed_periods_[r.page] = freed_now ? static_cast<uint8_t>(std::min(255, freed_periods_[r.page] + 1)) : 0;
+      frees_seen_[r.page] = r.frees;
+      temporary = freed_periods_[r.page] >= 2;
+    }
+    pages.push_back({r.page, r.frame, frames_->is_pool_frame(r.frame), r.page < heat.size() ? heat[r.page] : 0, temporary});
   }
-  if (host.empty() || pool.empty()) return ok;
-  std::stable_sort(host.begin(), host.end(), [](const page_heat& a, const page_heat& b) { return a.heat > b.heat; });
-  std::stable_sort(pool.begin(), pool.end(), [](const page_heat& a, const page_heat& b) { return a.heat < b.heat; });
-
-  const size_t most = std::max<uint64_t>(1, k_placement_round_bytes / fs);
-  size_t pairs = 0;
-  uint64_t saving = 0;  // link bytes per second
-  for (; pairs < std::min({host.size(), pool.size(), most}); ++pairs) {
-    const uint64_t hot = host[pairs].heat;
-    const uint64_t cold = pool[pairs].heat;
-    if (hot <= 2 * cold) break;
-    const uint64_t uses_per_s = (hot - cold) / k_counts_per_use_per_second;
-    if (uses_per_s < 2) break;  // two pages cross the link to swap them
-    saving += uses_per_s * fs;
+  const placement_plan plan = policy_.observe(monotonic_ns(), pages, fs);
+  if (plan.what == placement_plan::verdict::skipped_by_model) {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      ++stats_.placement_rounds_skipped;
+    }
+    log(log_level::debug, "device %d: placement by use: a round skipped: it would save %.1f ms of link time in %.0f s (%" PRIu64
+        " MiB/s) and cost %.1f ms (copies at %.1f GB/s, the gate's overhead %.1f ms)", device_, plan.gain_s * 1e3, plan.horizon_s,
+        plan.saving_bytes_per_s >> 20, plan.cost_s * 1e3, policy_.link_bytes_per_s() / 1e9, policy_.gate_overhead_s() * 1e3);
+    return ok;
   }
-  if (pairs == 0 || saving < k_placement_min_saving) return ok;
+  if (plan.what != placement_plan::verdict::run) return ok;
+  size_t pairs = plan.in.size();
 
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<frame_id> ready;  // host frames for the cold pages, with the gate open
@@ -123,6 +125,7 @@ int oversubscribed_session::place_by_use() {
   int failure = ok;
   bool interrupted = false;
   double closed_s = 0;
+  pager::remap_timing spent;
   const uint32_t seen = member().requests_seen();
   auto request_came = [&] {
     return member().stopping() || member().requests_seen() != seen || !frames_->frames().requested_of_me().empty();
@@ -140,10 +143,11 @@ int oversubscribed_session::place_by_use() {
       std::vector<frame_id> cold;
       std::vector<frame_id> hot;
       for (size_t i = at; i < end; ++i) {
-        cold.push_back(pool[i].frame);
-        hot.push_back(host[i].frame);
+        cold.push_back(plan.out[i].frame);
+        hot.push_back(plan.in[i].frame);
       }
       size_t n = 0;
+      pager::remap_timing t;
       int rc = memory().remap_pages(
           cold,
           [&](frame_id* f) -> int {
@@ -152,8 +156,9 @@ int oversubscribed_session::place_by_use() {
             ready.pop_back();
             return ok;
           },
-          &n);
+          &n, &t);
       moved_out += n;
+      spent += t;
       if (rc != ok) {
         failure = fail(rc, "moving %zu little-used page(s) into host frames: %s", cold.size(), last_error());
         break;
@@ -163,14 +168,16 @@ int oversubscribed_session::place_by_use() {
         break;
       }
       n = 0;
+      t = {};
       rc = memory().remap_pages(
           hot,
           [this](frame_id* f) -> int {
             if (frames_->take_kept_pool_frame(f)) return ok;
             return fail(err_out_of_memory, "placement by use: the pool frames kept for the swap were asked for by a lock holder");
           },
-          &n);
+          &n, &t);
       moved_in += n;
+      spent += t;
       if (rc == err_out_of_memory) {
         interrupted = true;
         break;
@@ -185,6 +192,8 @@ int oversubscribed_session::place_by_use() {
     closed_s = seconds_since(t_close);
   }
   for (frame_id f : ready) frames_->give_back(f);  // not needed: spares
+  const double copy_s = spent.fill_s + spent.copy_wait_s;
+  policy_.ran(monotonic_ns(), plan, moved_in, moved_out, closed_s, copy_s, uint64_t(moved_in + moved_out) * fs);
   {
     std::lock_guard<std::mutex> guard(mutex_);
     if (moved_in + moved_out > 0) ++stats_.placement_rounds;
@@ -194,8 +203,10 @@ int oversubscribed_session::place_by_use() {
   }
   log(moved_in > 0 ? log_level::info : log_level::debug,
       "device %d: placement by use: %zu much-used page(s) into pool frames, %zu little-used into host frames (%" PRIu64
-      " MiB/s of link traffic saved, estimated) in %.1f ms, the gate closed %.1f ms%s", device_, moved_in, moved_out,
-      saving >> 20, seconds_since(t0) * 1e3, closed_s * 1e3, interrupted ? "; stopped early for a lock holder" : "");
+      " MiB/s of link traffic saved, estimated: %.1f ms of link time in %.0f s against a cost of %.1f ms) in %.1f ms, the gate "
+      "closed %.1f ms (copies %.1f)%s",
+      device_, moved_in, moved_out, plan.saving_bytes_per_s >> 20, plan.gain_s * 1e3, plan.horizon_s, plan.cost_s * 1e3,
+      seconds_since(t0) * 1e3, closed_s * 1e3, copy_s * 1e3, interrupted ? "; stopped early for a lock holder" : "");
   return failure;
 }
 
@@ -218,9 +229,10 @@ void oversubscribed_session::placement_summary() const {
   const oversubscribed_stats s = stats();
   log(log_level::info,
       "device %d: placement by use: %" PRIu64 " round(s), %" PRIu64 " page(s) into pool frames, %" PRIu64
-      " into host frames, the gate closed %.3f s for it; %" PRIu64 " launch(es) observed, %" PRIu64 " whose arguments could not be read",
+      " into host frames, the gate closed %.3f s for it; %" PRIu64 " launch(es) observed, %" PRIu64 " whose arguments could not be read; "
+      "%" PRIu64 " round(s) skipped: their gain was below their cost",
       device_, s.placement_rounds, s.pages_placed_in, s.pages_placed_out, s.placement_seconds, s.launches_observed,
-      s.launches_unreadable);
+      s.launches_unreadable, s.placement_rounds_skipped);
 }
 
 }  // namespace vramswap::detail

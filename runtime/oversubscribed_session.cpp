@@ -398,6 +398,10 @@ void oversubscribed_session::fill_stats(vramswap_stats_t* out) const {
   out->reclaim_seconds = o.demote_seconds;
   out->yield_waits = o.yield_waits;
   out->yield_seconds = o.yield_seconds;
+  out->placement_rounds = o.placement_rounds;
+  out->placement_rounds_skipped = o.placement_rounds_skipped;
+  out->pages_placed_in = o.pages_placed_in;
+  out->pages_placed_out = o.pages_placed_out;
 }
 
 void oversubscribed_session::memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const {

@@ -32,8 +32,10 @@
 //
 // Placement by use (VRAMSWAP_OVERSUBSCRIBE_PLACEMENT, runtime/oversubscribed_placement.cpp):
 // the shim records which pages kernel launches use (runtime/use_tracker.hpp); once a second,
-// with no request pending, the most used pages in host frames swap with the least used in
-// pool frames under one closing of the gate, the number of lent frames unchanged.
+// with no request pending, the service thread observes them, and when the policy
+// (runtime/placement_policy.hpp) finds a sustained difference that pays for a closing of the
+// gate, the most used pages in host frames swap with the least used in pool frames under one
+// closing, the number of lent frames unchanged.
 //
 // Compute (VRAMSWAP_OVERSUBSCRIBE_COMPUTE): with yield (the default) or share:N, the session
 // registers the device's lock with the launch gate, whose entry then holds this process's
@@ -53,6 +55,7 @@
 #include "core/launch_gate.hpp"
 #include "core/pager.hpp"
 #include "pool/lending_frame_source.hpp"
+#include "runtime/placement_policy.hpp"
 #include "runtime/session.hpp"
 #include "runtime/use_tracker.hpp"
 #include "swap/host_tier.hpp"
@@ -76,10 +79,12 @@ struct oversubscribed_stats {
   uint64_t yield_waits = 0;
   double yield_seconds = 0;
   // Placement by use (VRAMSWAP_OVERSUBSCRIBE_PLACEMENT; runtime/oversubscribed_placement.cpp):
-  // rounds that swapped pages, pages moved into pool frames and out of them, the time the
-  // gate was closed for it; launches whose arguments were observed (all devices), and
-  // sampled launches whose arguments could not be read.
+  // rounds that swapped pages, rounds the cost model skipped (their gain was below their
+  // cost), pages moved into pool frames and out of them, the time the gate was closed for
+  // it; launches whose arguments were observed (all devices), and sampled launches whose
+  // arguments could not be read.
   uint64_t placement_rounds = 0;
+  uint64_t placement_rounds_skipped = 0;
   uint64_t pages_placed_in = 0;
   uint64_t pages_placed_out = 0;
   double placement_seconds = 0;
@@ -155,10 +160,14 @@ class oversubscribed_session final : public session {
   uint64_t ahead_retry_at_ns_ = 0;
   bool ahead_ready_said_ = false;
   // Placement by use: the tracker (null when VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0), the
-  // service thread's last counts (per page, taken each round), when the next round is due.
+  // service thread's last counts (per page, taken each observation), the policy (its
+  // history of the pages, its rounds' measurements), when the next observation is due.
   bool placement_ = true;
   std::unique_ptr<use_tracker> tracker_;
   std::vector<uint32_t> starts_;
+  placement_policy policy_;
+  std::vector<uint32_t> frees_seen_;    // per page: the pager's count of frees at the last observation
+  std::vector<uint8_t> freed_periods_;  // per page: periods in a row in which it was freed (a temporary from 2)
   uint64_t next_placement_ns_ = 0;
 };
 

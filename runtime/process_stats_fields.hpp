@@ -49,7 +49,11 @@
   X(yield_seconds, double)        \
   X(frames_asked_ahead, uint64_t) \
   X(frames_asked_at_acquire, uint64_t) \
-  X(cache_miss_bytes, uint64_t)
+  X(cache_miss_bytes, uint64_t)   \
+  X(placement_rounds, uint64_t)   \
+  X(placement_rounds_skipped, uint64_t) \
+  X(pages_placed_in, uint64_t)    \
+  X(pages_placed_out, uint64_t)
 
 namespace vramswap::detail::process_stats_layout {
 

@@ -155,11 +155,12 @@ def torch_table(pool):
               f"| {o / h if h else 0:.2f} | {o / floor if floor else 0:.2f} | {p_off / floor if floor else 0:.2f} "
               f"| {fo / fd if fd else 0:.2f} | {good} |")
         placed = re.findall(r"placement by use: (\d+) round\(s\), (\d+) page\(s\) into pool frames, (\d+) into host frames, "
-                            r"the gate closed ([\d.]+) s for it; (\d+) launch\(es\) observed, (\d+) whose", over_err)
+                            r"the gate closed ([\d.]+) s for it; (\d+) launch\(es\) observed, (\d+) whose[^;]*(?:; (\d+) round\(s\) skipped)?",
+                            over_err)
         if placed:
             r = placed[-1]
             print(f"<!-- {mult}x: placement {r[0]} rounds, {r[1]} pages in, {r[2]} out, gate closed {r[3]} s, "
-                  f"{r[4]} launches observed, {r[5]} unreadable -->")
+                  f"{r[4]} launches observed, {r[5]} unreadable, {r[6] or 0} rounds skipped by the cost model -->")
     print()
 
 

@@ -17,17 +17,31 @@
 // use should move its pages into pool frames. With VRAMSWAP_TEST_WAIT_PLACED=1 as well, the job
 // runs on (60 s at most) until a whole round has checked every byte after the first pages
 // were placed.
+// With VRAMSWAP_TEST_STEPS=<n>, a thread of its own runs "steps" every 50 ms beside the rounds,
+// as a training job's stream would: the arena is cut into tensors of 4 MiB, and each step
+// launches n times each of tensors 4 and up (through the gate, in a random order, sampled the
+// way the shim samples: use_tracking::sample_this_launch), never tensors 0-3. With
+// VRAMSWAP_TEST_LIGHT_USE=<n>, the thread instead declares n uses a second (every one
+// recorded) of the last page of the last block, and nothing else. With
+// VRAMSWAP_TEST_ROTATE=<seconds>, it declares 20 uses a step of one tensor of those first
+// backed in host frames (23 down to 16), a different one every <seconds>, so that placement
+// keeps moving pages, round after round, while the rounds check every byte. Either way the job also
+// prints what placement had done at half of <seconds> (placed_in_at_half, rounds_at_half) and
+// the bytes of tensors 0-3 in pool frames at the end (cold_pool_bytes).
 // Prints one line of numbers (key=value) on stdout. Exit: 0 ok, 2 an API call failed,
 // 3 data differed.
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <thread>
 #include <string>
 #include <vector>
@@ -121,6 +135,60 @@ int main(int argc, char** argv) {
     return static_cast<int>(t / 2.0) % 2 == 0 ? 2 : 0;
   };
   const bool wait_placed = std::getenv("VRAMSWAP_TEST_WAIT_PLACED") != nullptr;
+  // The tensors of the steps: 4 MiB pieces of the blocks, in address order.
+  std::vector<block> tensors;
+  for (const block& b : blocks) {
+    for (uint64_t at = 0; at + (4ull << 20) <= b.size; at += 4ull << 20) tensors.push_back({b.ptr + at, 4ull << 20});
+  }
+  const char* steps_env = std::getenv("VRAMSWAP_TEST_STEPS");
+  const char* light_env = std::getenv("VRAMSWAP_TEST_LIGHT_USE");
+  const unsigned launches_per_step = steps_env != nullptr ? static_cast<unsigned>(std::atoi(steps_env)) : 0;
+  const unsigned light_uses = light_env != nullptr ? static_cast<unsigned>(std::atoi(light_env)) : 0;
+  const char* rotate_env = std::getenv("VRAMSWAP_TEST_ROTATE");
+  const double rotate_s = rotate_env != nullptr ? std::atof(rotate_env) : 0;
+  std::atomic<bool> stop_steps{false};
+  std::atomic<uint64_t> placed_in_at_half{0};
+  std::atomic<uint64_t> rounds_at_half{0};
+  std::thread stepper;
+  if (launches_per_step > 0 || light_uses > 0 || rotate_s > 0) {
+    stepper = std::thread([&] {
+      std::mt19937 rng(static_cast<unsigned>(seed));
+      bool half_taken = false;
+      std::vector<size_t> launches;
+      const auto page = session->memory().frame_size();
+      const uint64_t light_word = blocks.back().ptr + blocks.back().size - page;
+      for (int step = 0; !stop_steps.load(); ++step) {
+        if (!half_taken && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= seconds / 2) {
+          const oversubscribed_stats h = session->stats();
+          placed_in_at_half = h.pages_placed_in;
+          rounds_at_half = h.placement_rounds;
+          half_taken = true;
+        }
+        {
+          launch_gate::pass gate;
+          if (rotate_s > 0 && tensors.size() >= 24) {
+            const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            const block& hot = tensors[23 - static_cast<size_t>(t / rotate_s) % 8];  // from the end: each moves alone
+            const uint64_t words[] = {hot.ptr, hot.size};
+            for (int i = 0; i < 20; ++i) use_tracking::record_launch_words(words, 2);
+          } else if (launches_per_step > 0) {
+            launches.clear();
+            for (size_t t = 4; t < tensors.size(); ++t) launches.insert(launches.end(), launches_per_step, t);
+            std::shuffle(launches.begin(), launches.end(), rng);
+            for (size_t t : launches) {
+              if (!use_tracking::sample_this_launch()) continue;
+              const uint64_t words[] = {tensors[t].ptr, tensors[t].size, 1};
+              use_tracking::record_launch_words(words, 3, use_tracking::k_sample_every);
+            }
+          } else if (step % 20 == 0) {
+            const uint64_t words[] = {light_word, page};
+            for (unsigned i = 0; i < light_uses; ++i) use_tracking::record_launch_words(words, 2);
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+  }
   int round = 0;
   int placed_at_round = -1;  // the first round that began after pages were placed
   for (;; ++round) {
@@ -159,7 +227,11 @@ int main(int argc, char** argv) {
     if (done() && !waiting_for_placement) break;
   }
   if (fsize_watch.joinable()) fsize_watch.join();
+  stop_steps = true;
+  if (stepper.joinable()) stepper.join();
   const oversubscribed_stats st = session->stats();
+  uint64_t cold_pool = 0;
+  for (size_t t = 0; t < std::min<size_t>(4, tensors.size()); ++t) cold_pool += session->pool_bytes_of(tensors[t].ptr, tensors[t].size);
   const int hot_end = hot_block();
   const uint64_t hot_pool = hot_end >= 0 ? session->pool_bytes_of(blocks[hot_end].ptr, blocks[hot_end].size) : 0;
   const uint64_t hot_size = hot_end >= 0 ? blocks[hot_end].size : 0;
@@ -167,11 +239,13 @@ int main(int argc, char** argv) {
               " promoted=%" PRIu64 " reclaims=%" PRIu64 " bursts=%" PRIu64 " reclaim_ms=%.3f spare_bytes=%" PRIu64
               " yield_waits=%" PRIu64 " yield_ms=%.3f made_ahead=%" PRIu64 " created_in_reclaim=%" PRIu64
               " placement_rounds=%" PRIu64 " placed_in=%" PRIu64 " placed_out=%" PRIu64
-              " hot_bytes=%" PRIu64 " hot_pool_bytes=%" PRIu64 " rounds_after_placement=%d\n",
+              " hot_bytes=%" PRIu64 " hot_pool_bytes=%" PRIu64 " rounds_after_placement=%d placement_skipped=%" PRIu64
+              " placed_in_at_half=%" PRIu64 " placement_rounds_at_half=%" PRIu64 " cold_pool_bytes=%" PRIu64 "\n",
               round + 1, at_start.host_frame_bytes, st.host_frame_bytes, st.pool_frame_bytes, st.pages_demoted, st.pages_promoted,
               st.demotions, st.bursts, st.demote_seconds * 1e3, st.spare_host_bytes, st.yield_waits, st.yield_seconds * 1e3,
               st.host_frames_made_ahead, st.host_frames_created_in_reclaim, st.placement_rounds, st.pages_placed_in,
-              st.pages_placed_out, hot_size, hot_pool, placed_at_round >= 0 ? round - placed_at_round + 1 : 0);
+              st.pages_placed_out, hot_size, hot_pool, placed_at_round >= 0 ? round - placed_at_round + 1 : 0,
+              st.placement_rounds_skipped, placed_in_at_half.load(), rounds_at_half.load(), cold_pool);
   std::fflush(stdout);
   check(be.stream_destroy(s), "stream_destroy");
   check(be.host_free(staging), "host_free");

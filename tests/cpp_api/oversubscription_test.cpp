@@ -344,6 +344,65 @@ TEST_F(Oversubscription, PlacementByUseMovesUsedPagesFromHostIntoPoolFrames) {
   expect_no_frame_leaked(*pool);
 }
 
+// A job whose steps use a fixed hot set larger than the pool (80 MiB of its 96 on 64 MiB of
+// pool), sampled as the shim samples launches, so that pages used alike show different
+// counts from one observation to the next. The placement settles within a few rounds: the
+// unused tensors (first backed in pool frames) go to host frames, hot ones take their pool
+// frames, and in the second half of the run no page moves; every byte is checked all along.
+TEST_F(Oversubscription, PlacementByUseSettlesOnAFixedHotSetAndThenMovesNothing) {
+  const pid_t job = spawn_job(96 * MiB, 10.0, 131, {"VRAMSWAP_TEST_STEPS=3", "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=1", "VRAMSWAP_LOG=info"});
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  auto n = job_numbers();
+  EXPECT_EQ(n["start_host_bytes"], 32.0 * MiB);
+  EXPECT_EQ(n["cold_pool_bytes"], 0) << "the unused tensors should have left the pool frames: " << slurp(out_file());
+  EXPECT_GE(n["placed_in"], 8) << slurp(out_file());
+  EXPECT_EQ(n["placed_in"], n["placed_in_at_half"]) << "pages still moved in the second half of the run: " << slurp(out_file());
+  EXPECT_LE(n["placement_rounds"], 3) << "the placement took too many rounds to settle: " << slurp(out_file());
+  EXPECT_LE(n["placed_in"], 16) << "pages moved back and forth: " << slurp(out_file());
+  EXPECT_EQ(n["placed_in"], n["placed_out"]);
+  EXPECT_EQ(n["pool_bytes"], 64.0 * MiB);
+  EXPECT_GE(n["rounds"], 3) << "too few rounds checked the bytes";
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 1000));
+  expect_no_frame_leaked(*pool);
+}
+
+// A page in a host frame used steadily but lightly (30 uses a second: a 2 MiB page saves
+// 60 MiB/s of link traffic in a pool frame): moving it would pay less than the gate's
+// closing costs, so the cost model skips the rounds and nothing moves.
+TEST_F(Oversubscription, PlacementByUseSkipsARoundWhoseGainIsBelowItsCost) {
+  const pid_t job = spawn_job(96 * MiB, 6.0, 141, {"VRAMSWAP_TEST_LIGHT_USE=30", "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=1", "VRAMSWAP_LOG=debug"});
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  auto n = job_numbers();
+  EXPECT_GE(n["placement_skipped"], 1) << slurp(out_file());
+  EXPECT_EQ(n["placed_in"], 0) << slurp(out_file());
+  EXPECT_EQ(n["placement_rounds"], 0);
+  const std::string err = slurp(err_file());
+  EXPECT_NE(err.find("placement by use: a round skipped"), std::string::npos) << err;
+  EXPECT_NE(err.find("round(s) skipped: their gain was below their cost"), std::string::npos) << err;
+}
+
+// Many rounds: the used tensor changes every 2.5 s, so placement moves pages round after
+// round (each new tensor in, unused ones out) while the job checks every byte of its memory
+// between any two of its copies; nothing is lost, and the frames add up at the end.
+TEST_F(Oversubscription, EveryByteSurvivesManyPlacementRounds) {
+  const pid_t job = spawn_job(96 * MiB, 12.0, 151, {"VRAMSWAP_TEST_ROTATE=2.5", "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=1", "VRAMSWAP_LOG=info"});
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  auto n = job_numbers();
+  EXPECT_GE(n["placement_rounds"], 3) << slurp(out_file());
+  EXPECT_GE(n["placed_in"], 6) << slurp(out_file());
+  EXPECT_EQ(n["placed_in"], n["placed_out"]);
+  EXPECT_EQ(n["pool_bytes"], 64.0 * MiB);
+  EXPECT_EQ(n["host_bytes"], 32.0 * MiB);
+  EXPECT_GE(n["rounds_after_placement"], 2) << "too few rounds checked the bytes after the moves";
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(deploy_.open_pool(&pool, 1000));
+  expect_no_frame_leaked(*pool);
+}
+
 // VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0: the same job's pages stay where they were first backed.
 TEST_F(Oversubscription, PlacementByUseOffLeavesPagesWhereTheyWereFirstBacked) {
   const pid_t job = spawn_job(96 * MiB, 3.0, 102, {"VRAMSWAP_TEST_HOT_BLOCK=2", "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=0"});

@@ -241,6 +241,7 @@ def test_stats_keys():
         "evict_seconds", "restore_seconds", "cached_bytes", "graph_bytes", "host_frame_bytes", "pages_demoted",
         "pages_promoted", "reclaim_seconds", "cache_hits", "cache_misses", "cache_trims", "allocator_seconds",
         "yield_waits", "yield_seconds", "frames_asked_ahead", "frames_asked_at_acquire", "cache_miss_bytes",
+        "placement_rounds", "placement_rounds_skipped", "pages_placed_in", "pages_placed_out",
     }
     assert s["allocations"] == 0 and s["acquires"] == 0
 

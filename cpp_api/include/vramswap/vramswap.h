@@ -307,6 +307,11 @@ typedef struct vramswap_stats_t {
   uint64_t frames_asked_at_acquire; /* during the acquire, after the lock was granted */
   /* The stream-ordered allocator, again: */
   uint64_t cache_miss_bytes;   /* bytes of the segments its misses took from the pager, total */
+  /* Oversubscribed processes: placement by use (VRAMSWAP_OVERSUBSCRIBE_PLACEMENT): */
+  uint64_t placement_rounds;         /* rounds that moved pages */
+  uint64_t placement_rounds_skipped; /* rounds whose gain was below their cost, not run */
+  uint64_t pages_placed_in;          /* moved from host frames into pool frames */
+  uint64_t pages_placed_out;         /* moved from pool frames into host frames */
 } vramswap_stats_t;
 /* Errors:
  *   VRAMSWAP_ERR_INVALID_ARGUMENT  out is NULL, or out->size is smaller than 16 bytes.

@@ -337,6 +337,11 @@ struct stats {
   uint64_t frames_asked_at_acquire = 0;  // during the acquire, after the lock was granted
   // The stream-ordered allocator, again:
   uint64_t cache_miss_bytes = 0;  // bytes of the segments its misses took from the pager, total
+  // Oversubscribed processes: placement by use (VRAMSWAP_OVERSUBSCRIBE_PLACEMENT):
+  uint64_t placement_rounds = 0;          // rounds that moved pages
+  uint64_t placement_rounds_skipped = 0;  // rounds whose gain was below their cost, not run
+  uint64_t pages_placed_in = 0;           // moved from host frames into pool frames
+  uint64_t pages_placed_out = 0;          // moved from pool frames into host frames
 };
 // Opens the device's session if needed (so it may start the pool server). Throws
 // out_of_memory (host memory), and what opening the device's session throws.
