@@ -7,9 +7,10 @@
 //
 // Per batch of up to `copies_in_flight` pages, with a scratch reservation of as many frames
 // (one per slot of the copy window, core/copy_pipeline.hpp):
-//   1. take B for each page of the batch, map it at the page's scratch slot; grant access
-//      to the slots (one call for the batch: consecutive slots are one range); queue each
-//      copy page -> slot (copy_d2d) with its event;
+//   1. a fill group (a quarter of the batch) at a time: take B for each page of the group,
+//      map it at the page's scratch slot; grant access to the group's slots (one call:
+//      consecutive slots are one range); queue each copy page -> slot (copy_d2d) with its
+//      event. The group's copies then run while the next group is mapped and granted;
 //   2. wait for the batch's copies; a page whose copy is not confirmed stays in A, and B
 //      goes back unused;
 //   3. for each copied page: unmap the slot; unmap A at the page's address, map B there;
@@ -65,6 +66,8 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   }
   if (pages.empty()) return ok;
   const size_t batch = copies_in_flight_;
+  // New frames are granted and their copies queued in groups of a quarter of the batch.
+  const size_t fill_group = (batch + 3) / 4;
   if (scratch_ == 0) {
     VS_TRY(add_context(be_.reserve(device_, batch * frame_size_, 0, &scratch_), "remap_pages: a scratch range of %zu frames: ", batch));
     scratch_size_ = batch * frame_size_;
@@ -162,56 +165,65 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   for (size_t first = 0; first < pages.size() && !copies.failed(); first += batch) {
     std::vector<size_t> slots;  // the batch's, in page order (consecutive slots of the window)
     const size_t first_slot = copies.next_slot();
-    // 1. New frames mapped at the scratch slots, access to them granted, their copies queued.
-    // A failure to have or map a frame ends the batch there, and is noted once the pages
-    // before it are queued (they still move).
+    // 1. New frames mapped at the scratch slots, access to them granted, their copies queued,
+    // a group at a time, so that a group's copies run while the next group is mapped and
+    // granted. A failure to have, map or grant a frame, or to queue a copy, ends the batch
+    // there; the pages queued before it still move, and the failure is noted after them.
     int fill_failure = ok;
     std::string fill_why;
-    for (size_t i = 0; i < batch && first + i < pages.size(); ++i) {
-      const uint64_t p = pages[first + i];
-      frame_id nf = 0;
-      lap(&spent.fill_s);
-      const int got = new_frame(&nf);
-      lap(&spent.new_frames_s);
-      if (got != ok) {
-        fill_failure = got;
-        fill_why = last_error();
-        break;
+    const size_t in_batch = std::min(batch, pages.size() - first);
+    for (size_t g = 0; g < in_batch && fill_failure == ok;) {
+      const size_t group_end = std::min(in_batch, g + fill_group);
+      const size_t group_first = slots.size();
+      for (; g < group_end; ++g) {
+        const uint64_t p = pages[first + g];
+        frame_id nf = 0;
+        lap(&spent.fill_s);
+        const int got = new_frame(&nf);
+        lap(&spent.new_frames_s);
+        if (got != ok) {
+          fill_failure = got;
+          fill_why = last_error();
+          break;
+        }
+        const size_t slot = (first_slot + g) % batch;
+        if (const int rc = be_.map(slot_address(slot), frame_size_, nf, 0); rc != ok) {
+          fill_failure = rc;
+          fill_why = last_error();
+          frames_.give_back(nf);
+          break;
+        }
+        moves[slot] = {p, table_[p].frame, nf, false};
+        copied[slot] = 0;
+        slots.push_back(slot);
       }
-      const size_t slot = (first_slot + i) % batch;
-      if (const int rc = be_.map(slot_address(slot), frame_size_, nf, 0); rc != ok) {
-        fill_failure = rc;
-        fill_why = last_error();
-        frames_.give_back(nf);
-        break;
-      }
-      moves[slot] = {p, table_[p].frame, nf, false};
-      copied[slot] = 0;
-      slots.push_back(slot);
-    }
-    {
       std::vector<device_ptr> at;
-      for (size_t slot : slots) at.push_back(slot_address(slot));
+      for (size_t k = group_first; k < slots.size(); ++k) at.push_back(slot_address(slots[k]));
       size_t failed_from = 0;
       if (const int rc = grant_runs(at, &failed_from); rc != ok) {
-        // No copy is queued yet: every new frame of the batch goes back unwritten.
-        copies.note_failure(rc);
-        for (size_t slot : slots) {
-          if (unmap_slot(slot_address(slot))) frames_.give_back(moves[slot].to);
+        // None of this group's copies is queued yet: its new frames go back unwritten.
+        if (fill_failure == ok) {
+          fill_failure = rc;
+          fill_why = last_error();
         }
-        slots.clear();
-      }
-    }
-    for (size_t k = 0; k < slots.size(); ++k) {
-      const size_t slot = slots[k];
-      const device_ptr at = slot_address(slot);
-      const uint64_t p = moves[slot].page;
-      const auto copy_over = [&](stream_id s) { return be_.copy_d2d(at, arena_.page_address(p), frame_size_, s); };
-      if (copies.queue(p, copy_over) != ok) {
-        // That page is decided (not copied); the ones after it were never queued.
-        for (size_t j = k + 1; j < slots.size(); ++j) return_new_frame(moves[slots[j]].to, slot_address(slots[j]), /*at_slot=*/true);
-        slots.resize(k + 1);
+        for (size_t k = group_first; k < slots.size(); ++k) {
+          if (unmap_slot(slot_address(slots[k]))) frames_.give_back(moves[slots[k]].to);
+        }
+        slots.resize(group_first);
         break;
+      }
+      for (size_t k = group_first; k < slots.size(); ++k) {
+        const size_t slot = slots[k];
+        const device_ptr at_slot = slot_address(slot);
+        const uint64_t p = moves[slot].page;
+        const auto copy_over = [&](stream_id s) { return be_.copy_d2d(at_slot, arena_.page_address(p), frame_size_, s); };
+        if (copies.queue(p, copy_over) != ok) {
+          // That page is decided (not copied); the ones after it were never queued.
+          for (size_t j = k + 1; j < slots.size(); ++j) return_new_frame(moves[slots[j]].to, slot_address(slots[j]), /*at_slot=*/true);
+          slots.resize(k + 1);
+          g = in_batch;  // the pipeline has failed: nothing more is queued
+          break;
+        }
       }
     }
     if (fill_failure != ok) copies.note_failure(fail(fill_failure, "%s", fill_why.c_str()));
