@@ -119,7 +119,9 @@ class Oversubscription : public ::testing::Test {
     const pid_t job = spawn_job_on_three_quarters(0.5, 141, &pool, {"VRAMSWAP_OVERSUBSCRIBE_COMPUTE=" + compute}, {user_done, "0.2"});
     ASSERT_GT(job, 0);
     const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "1", "151", "0", "alloc-under-lock"},
-                                     {"VRAMSWAP_EVICT_TIMEOUT=10", "SESSION_WORKER_ALLOC_GAP_MS=" + std::to_string(gap_ms)});
+                                     {"VRAMSWAP_EVICT_TIMEOUT=10", "SESSION_WORKER_ALLOC_GAP_MS=" + std::to_string(gap_ms),
+                                      // Still holding when the job decides after its last request.
+                                      "SESSION_WORKER_HOLD_AFTER_ALLOC_MS=500"});
     EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed; the job said: " << slurp(err_file());
     std::FILE* done = std::fopen(user_done.c_str(), "w");
     ASSERT_NE(done, nullptr) << user_done;

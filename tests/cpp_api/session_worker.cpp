@@ -15,6 +15,8 @@
 //
 // SESSION_WORKER_ALLOC_GAP_MS=<ms>: with alloc-under-lock, wait <ms> before each allocation
 // after the first (a program's own work between its allocations).
+// SESSION_WORKER_HOLD_AFTER_ALLOC_MS=<ms>: with alloc-under-lock, hold the lock <ms> after the
+// last allocation before releasing it (a program's work after its allocations).
 //
 // SESSION_WORKER_TURNS=<dir>: turns driven by the test: before round r, wait (at most 120 s)
 // until <dir>/go.<seed>.<r> exists; after its release, create <dir>/done.<seed>.<r>.
@@ -79,6 +81,9 @@ int main(int argc, char** argv) {
     device_ptr p = 0;
     check(session->memory().malloc(size, &p), "malloc");
     blocks.push_back({p, size});
+  }
+  if (const char* hold = std::getenv("SESSION_WORKER_HOLD_AFTER_ALLOC_MS"); alloc_under_lock && hold != nullptr) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(hold)));
   }
   if (alloc_under_lock) check(session->release(), "release (after allocating)");
   uint64_t largest = 0;
