@@ -259,7 +259,10 @@ def reclaim(pool):
         f"{j['rc']}, {', '.join(str(rc) for rc, _, _ in j['users'])}" for j in (cold, ahead)) + " |")
     print()
     # Where the job's time went: one log line per burst of requests under one closing of its gate.
-    print("Each burst: the requests that one closing of the job's launch gate served (ms).\n")
+    print("Each burst: the requests that one closing of the job's launch gate served (ms). Filling: the old frames mapped at "
+          "scratch slots and the pages' addresses switched to the new frames, access granted, the copies queued (a quarter of "
+          "a batch at a time, so copies run during it); copies: waiting for what is left of them; remapping: recording the "
+          "copied pages and queueing the old frames' scrubs.\n")
     print("Waits: the burst's waits for a next request after serving one (made, ended by a request, skipped: no wait could "
           "save anything); after previous: how long after the previous burst's end it began (the lock user's time between its "
           "requests, from its last frame given back; -1: the first).\n")
