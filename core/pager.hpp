@@ -135,9 +135,9 @@ class pager {
   struct remap_timing {
     double drain_s = 0;       // waiting for this process's work queued before (synchronize)
     double new_frames_s = 0;  // in new_frame()
-    double fill_s = 0;        // mapping new frames at scratch slots and queueing their copies
+    double fill_s = 0;        // mapping old frames at scratch slots and the pages' addresses to new frames, granting access, queueing the copies
     double copy_wait_s = 0;   // waiting for the copies
-    double switch_s = 0;      // remapping the pages' addresses, mapping old frames to scrub
+    double switch_s = 0;      // the copied pages' new frames recorded, the old frames' scrubs queued
     double scrub_wait_s = 0;  // waiting for the scrubs, unmapping, giving old frames back
     remap_timing& operator+=(const remap_timing& o) {
       drain_s += o.drain_s;

@@ -5,24 +5,31 @@
 // back when pool frames are free again (promotion). Either way a page's bytes move from
 // frame A to frame B, both mapped at some point, and the page's address must then lead to B.
 //
-// Per batch of up to `copies_in_flight` pages, with a scratch reservation of as many frames
-// (one per slot of the copy window, core/copy_pipeline.hpp):
-//   1. take B for each page of the batch, map it at the page's scratch slot; grant access
-//      to the slots (one call for the batch: consecutive slots are one range); queue each
-//      copy page -> slot (copy_d2d) with its event;
-//   2. wait for the batch's copies; a page whose copy is not confirmed stays in A, and B
-//      goes back unused;
-//   3. for each copied page: unmap the slot; unmap A at the page's address, map B there;
-//      then grant access once per run of consecutive page addresses (if that fails, the
-//      run's pages get A back at their addresses, untouched: nothing is lost); then map each
-//      A at its slot, grant access to those slots (again per run), and queue A's scrub when
-//      the source wants one;
-//   4. wait for the scrubs, unmap the slots, give each A back.
-// Granting access is the costly VMM call (it changes the device's page tables), and the
-// driver takes one range over several mappings, so it is made once per run of addresses,
-// not once per page.
-// A is scrubbed only after B is the page's home, so a failure at any step leaves every page
-// with its bytes in the frame mapped at its address.
+// A frame may be mapped at two addresses at once. Per batch of up to `copies_in_flight`
+// pages, with a scratch reservation of as many frames (one per slot of the copy window,
+// core/copy_pipeline.hpp), a fill group (a quarter of the batch) at a time:
+//   1. take B for each page of the group and map its A at the page's scratch slot too (A
+//      stays at the page's address); grant access to the group's slots (one call:
+//      consecutive slots are one range);
+//   2. unmap A at each page's address and map B there; grant access once per run of
+//      consecutive page addresses (a failure gives the pages of the failing run and after
+//      it A back at their addresses: A was never written, nothing is lost);
+//   3. queue each copy slot (A) -> page address (B) (copy_d2d) with its event. The group's
+//      copies run while the next group is filled.
+// Then for the batch:
+//   4. wait for the copies; a page whose copy is not confirmed gets A back at its address
+//      (B zeroed first when the source hands frames to others, since the copy may have
+//      reached it), and B goes back;
+//   5. B is the home of each copied page: zero A at its slot (mapped and granted there
+//      already) when the source wants it, wait for the scrubs, unmap the slots, give each A
+//      back.
+// Granting access is the costly VMM call (it changes the device's page tables; its cost
+// grows with the bytes granted), so each page costs two frames' worth of grants: A at its
+// slot, B at the page's address. The driver takes one range over several mappings, so
+// each is made once per run of addresses.
+// A is only read until B is the page's home, and scrubbed after, so a failure at any step
+// leaves every page with its bytes in a frame mapped at its address.
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 
@@ -53,18 +60,20 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   };
   size_t done = 0;
   if (moved != nullptr) *moved = 0;
+  // One pass over the page table, each resident page's frame looked up among the old ones
+  // (sorted): the table has thousands of pages, a demotion's request tens of frames.
+  std::vector<frame_id> wanted(old_frames);
+  std::sort(wanted.begin(), wanted.end());
   std::vector<uint64_t> pages;
   for (uint64_t p = 0; p < table_.size(); ++p) {
-    if (table_[p].state != page_state::resident) continue;
-    for (frame_id f : old_frames) {
-      if (table_[p].frame == f) {
-        pages.push_back(p);
-        break;
-      }
+    if (table_[p].state == page_state::resident && std::binary_search(wanted.begin(), wanted.end(), table_[p].frame)) {
+      pages.push_back(p);
     }
   }
   if (pages.empty()) return ok;
   const size_t batch = copies_in_flight_;
+  // New frames are granted and their copies queued in groups of a quarter of the batch.
+  const size_t fill_group = (batch + 3) / 4;
   if (scratch_ == 0) {
     VS_TRY(add_context(be_.reserve(device_, batch * frame_size_, 0, &scratch_), "remap_pages: a scratch range of %zu frames: ", batch));
     scratch_size_ = batch * frame_size_;
@@ -80,7 +89,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     uint64_t page = 0;
     frame_id from = 0;
     frame_id to = 0;
-    bool switched = false;
+    bool copied = false;  // its copy is confirmed: the new frame is the page's home
   };
   std::vector<move> moves(batch);
   auto slot_address = [&](size_t slot) { return scratch_ + slot * frame_size_; };
@@ -94,29 +103,6 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     if (!scratch_lost) scratch_why = last_error();
     scratch_lost = true;
     return false;
-  };
-  // A new frame that does not become its page's home goes back, but it may hold some or all
-  // of the page's bytes (its copy ran, or ran in part): a source that hands frames to other
-  // processes gets it zeroed first, or not at all. `at_slot`: it is still mapped at `slot`.
-  auto return_new_frame = [&](frame_id f, device_ptr slot, bool at_slot) {
-    if (!frames_.scrub_before_give_back(f)) {
-      if (!at_slot || unmap_slot(slot)) frames_.give_back(f);
-      return;
-    }
-    int s = ok;
-    if (!at_slot) {
-      s = be_.map(slot, frame_size_, f, 0);
-      if (s == ok && (s = be_.set_access(slot, frame_size_, access_flags::read_write)) != ok) unmap_slot(slot);
-      at_slot = s == ok;
-    }
-    if (s == ok && (s = be_.memset_d8(slot, 0, frame_size_, out_stream_)) == ok) s = be_.stream_synchronize(out_stream_);
-    if (at_slot && !unmap_slot(slot)) return;  // mapped there still: kept with the scratch range
-    if (s != ok) {
-      log(log_level::error, "remap_pages: a new frame that holds page bytes could not be zeroed (%s); the frame is kept",
-          last_error());
-      return;
-    }
-    frames_.give_back(f);
   };
   // Access is granted once per run of consecutive addresses (the driver takes a range that
   // covers several mappings), not once per page: for the new frames at their slots, for the
@@ -136,179 +122,181 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     }
     return ok;
   };
-  // Put page m's old frame back at its address (its bytes were never touched), after its
-  // new frame could not become its home there (`new_mapped`: the new frame is mapped at
-  // the address, without access or with it).
+  // Put page m's old frame back at its address (its bytes were never touched: it was only
+  // read), after its new frame could not become its home there (`new_mapped`: the new frame
+  // is mapped at the address, without access or with it).
   auto restore_old = [&](move& m, bool new_mapped) {
     const device_ptr va = arena_.page_address(m.page);
-    if (new_mapped) be_.unmap(va, frame_size_);
+    if (new_mapped && be_.unmap(va, frame_size_) != ok) {
+      log(log_level::error, "remap_pages: page %" PRIu64 " (0x%" PRIxPTR ") could not be unmapped from its new frame to go back to "
+          "its old one: %s", m.page, va, last_error());
+      return;
+    }
     if (be_.map(va, frame_size_, m.from, 0) != ok || be_.set_access(va, frame_size_, access_flags::read_write) != ok) {
       log(log_level::error, "remap_pages: page %" PRIu64 " (0x%" PRIxPTR ") could not be mapped again: %s", m.page, va,
           last_error());
     }
   };
-  std::vector<char> copied(batch, 0);
+  // A page that does not move after its old frame was mapped at its slot: the old frame's
+  // second mapping goes, and the new frame goes back. `written`: the new frame is mapped at
+  // the page's address with access, and a copy may have reached it (whole or in part): a
+  // source that hands frames to other processes gets it zeroed there first, or not at all.
+  // Otherwise the new frame was never written. The page's address leads to the old frame
+  // again first (`at_va`: the new frame is mapped there).
+  auto undo = [&](size_t slot, bool at_va, bool written) {
+    move& m = moves[slot];
+    bool give = true;
+    if (written && frames_.scrub_before_give_back(m.to)) {
+      const device_ptr va = arena_.page_address(m.page);
+      give = be_.memset_d8(va, 0, frame_size_, out_stream_) == ok && be_.stream_synchronize(out_stream_) == ok;
+      if (!give) {
+        log(log_level::error, "remap_pages: a new frame that holds page bytes could not be zeroed (%s); the frame is kept",
+            last_error());
+      }
+    }
+    if (at_va) restore_old(m, /*new_mapped=*/true);
+    unmap_slot(slot_address(slot));  // the old frame stays mapped at the page's address
+    if (give) frames_.give_back(m.to);
+  };
   copy_pipeline::handlers on;
   on.copied = [&](uint64_t, size_t slot, bool) {
-    copied[slot] = 1;  // switched below, with the batch's other pages
+    moves[slot].copied = true;  // its old frame is scrubbed below, with the batch's others
     return ok;
   };
   on.not_copied = [&](uint64_t, size_t slot) {
-    // The page never left its old frame: the new one goes back, with whatever part of the
-    // copy reached it zeroed.
-    return_new_frame(moves[slot].to, slot_address(slot), /*at_slot=*/true);
+    // The page's bytes are in its old frame still: its address leads there again.
+    undo(slot, /*at_va=*/true, /*written=*/true);
   };
   copy_pipeline copies(be_, out_stream_, events_, {}, std::move(on));
   for (size_t first = 0; first < pages.size() && !copies.failed(); first += batch) {
-    std::vector<size_t> slots;  // the batch's, in page order (consecutive slots of the window)
+    std::vector<size_t> slots;  // the batch's queued pages, in page order (consecutive slots of the window)
     const size_t first_slot = copies.next_slot();
-    // 1. New frames mapped at the scratch slots, access to them granted, their copies queued.
-    // A failure to have or map a frame ends the batch there, and is noted once the pages
-    // before it are queued (they still move).
+    // 1. A fill group (a quarter of the batch) at a time: each page's old frame mapped at its
+    // scratch slot too, access to the slots granted; each page's address unmapped from the
+    // old frame and mapped to the new one, access granted per run of addresses; the copies
+    // old frame (slot) -> new frame (the page's address) queued. A group's copies run while
+    // the next group is filled. The first failure ends the batch there: the pages queued
+    // before it still move, the others stay in their old frames, and it is noted after them.
+    // Queued pages are therefore a prefix of the batch, in the window's slot order.
     int fill_failure = ok;
     std::string fill_why;
-    for (size_t i = 0; i < batch && first + i < pages.size(); ++i) {
-      const uint64_t p = pages[first + i];
-      frame_id nf = 0;
-      lap(&spent.fill_s);
-      const int got = new_frame(&nf);
-      lap(&spent.new_frames_s);
-      if (got != ok) {
-        fill_failure = got;
-        fill_why = last_error();
-        break;
-      }
-      const size_t slot = (first_slot + i) % batch;
-      if (const int rc = be_.map(slot_address(slot), frame_size_, nf, 0); rc != ok) {
+    auto note = [&](int rc) {
+      if (fill_failure == ok) {
         fill_failure = rc;
         fill_why = last_error();
-        frames_.give_back(nf);
-        break;
       }
-      moves[slot] = {p, table_[p].frame, nf, false};
-      copied[slot] = 0;
-      slots.push_back(slot);
-    }
-    {
-      std::vector<device_ptr> at;
-      for (size_t slot : slots) at.push_back(slot_address(slot));
-      size_t failed_from = 0;
-      if (const int rc = grant_runs(at, &failed_from); rc != ok) {
-        // No copy is queued yet: every new frame of the batch goes back unwritten.
-        copies.note_failure(rc);
-        for (size_t slot : slots) {
-          if (unmap_slot(slot_address(slot))) frames_.give_back(moves[slot].to);
+    };
+    const size_t in_batch = std::min(batch, pages.size() - first);
+    for (size_t g = 0; g < in_batch && fill_failure == ok && !copies.failed();) {
+      const size_t group_end = std::min(in_batch, g + fill_group);
+      std::vector<size_t> group;  // slots where the old frame is mapped too
+      for (; g < group_end; ++g) {
+        const uint64_t p = pages[first + g];
+        frame_id nf = 0;
+        lap(&spent.fill_s);
+        const int got = new_frame(&nf);
+        lap(&spent.new_frames_s);
+        if (got != ok) {
+          note(got);
+          break;
         }
-        slots.clear();
+        const size_t slot = (first_slot + g) % batch;
+        if (const int rc = be_.map(slot_address(slot), frame_size_, table_[p].frame, 0); rc != ok) {
+          note(rc);
+          frames_.give_back(nf);
+          break;
+        }
+        moves[slot] = {p, table_[p].frame, nf, false};
+        group.push_back(slot);
       }
-    }
-    for (size_t k = 0; k < slots.size(); ++k) {
-      const size_t slot = slots[k];
-      const device_ptr at = slot_address(slot);
-      const uint64_t p = moves[slot].page;
-      const auto copy_over = [&](stream_id s) { return be_.copy_d2d(at, arena_.page_address(p), frame_size_, s); };
-      if (copies.queue(p, copy_over) != ok) {
-        // That page is decided (not copied); the ones after it were never queued.
-        for (size_t j = k + 1; j < slots.size(); ++j) return_new_frame(moves[slots[j]].to, slot_address(slots[j]), /*at_slot=*/true);
-        slots.resize(k + 1);
-        break;
+      {
+        std::vector<device_ptr> at;
+        for (size_t slot : group) at.push_back(slot_address(slot));
+        size_t failed_from = 0;
+        if (const int rc = grant_runs(at, &failed_from); rc != ok) {
+          note(rc);
+          for (size_t slot : group) undo(slot, /*at_va=*/false, /*written=*/false);
+          break;
+        }
+      }
+      std::vector<size_t> at_va;  // slots whose page's address leads to the new frame, without access yet
+      for (size_t k = 0; k < group.size(); ++k) {
+        const size_t slot = group[k];
+        move& m = moves[slot];
+        const device_ptr va = arena_.page_address(m.page);
+        int rc = be_.unmap(va, frame_size_);
+        if (rc == ok && (rc = be_.map(va, frame_size_, m.to, 0)) != ok) {
+          const std::string why = last_error();
+          restore_old(m, /*new_mapped=*/false);
+          fail(rc, "%s", why.c_str());
+        }
+        if (rc != ok) {
+          // This page and the group's later ones stay in their old frames.
+          note(rc);
+          for (size_t j = k; j < group.size(); ++j) undo(group[j], /*at_va=*/false, /*written=*/false);
+          break;
+        }
+        at_va.push_back(slot);
+      }
+      {
+        std::vector<device_ptr> at;
+        for (size_t slot : at_va) at.push_back(arena_.page_address(moves[slot].page));
+        size_t failed_from = 0;
+        if (const int rc = grant_runs(at, &failed_from); rc != ok) {
+          // The pages of the failing run and after it go back to their old frames (the runs
+          // before it have access: their copies are queued).
+          note(rc);
+          for (size_t k = failed_from; k < at_va.size(); ++k) undo(at_va[k], /*at_va=*/true, /*written=*/false);
+          at_va.resize(failed_from);
+        }
+      }
+      for (size_t k = 0; k < at_va.size(); ++k) {
+        const size_t slot = at_va[k];
+        const device_ptr from = slot_address(slot);
+        const device_ptr to = arena_.page_address(moves[slot].page);
+        const auto copy_over = [&](stream_id s) { return be_.copy_d2d(to, from, frame_size_, s); };
+        if (copies.queue(moves[slot].page, copy_over) != ok) {
+          // That page is decided (not copied: undone); the ones after it were never queued.
+          for (size_t j = k + 1; j < at_va.size(); ++j) undo(at_va[j], /*at_va=*/true, /*written=*/false);
+          break;
+        }
+        slots.push_back(slot);
       }
     }
     if (fill_failure != ok) copies.note_failure(fail(fill_failure, "%s", fill_why.c_str()));
-    // 2. Each page changes frames only once its copy is complete.
+    // 2. Each page is home in its new frame once its copy is complete.
     lap(&spent.fill_s);
     copies.complete_all();
     lap(&spent.copy_wait_s);
-    // 3. Switch the copied pages: new frame at the page's address, in place of the old.
-    std::vector<size_t> at_va;  // slots whose new frame is mapped at the page's address, without access yet
+    // 3. The old frames of the copied pages: zeroed at their slots (already mapped there,
+    // with access) when the source wants it, before another process gets them.
+    std::vector<size_t> to_give;
     for (size_t slot : slots) {
-      if (!copied[slot]) continue;
       move& m = moves[slot];
-      const device_ptr va = arena_.page_address(m.page);
-      if (!unmap_slot(slot_address(slot))) {
-        // The new frame stays mapped at the slot: the page stays in its old frame.
-        copies.note_failure(fail(err_cuda, "remap_pages: unmapping scratch slot 0x%" PRIxPTR " (page %" PRIu64 "'s new frame): %s",
-                                 slot_address(slot), m.page, scratch_why.c_str()));
-        continue;
-      }
-      int rc = be_.unmap(va, frame_size_);
-      if (rc == ok && (rc = be_.map(va, frame_size_, m.to, 0)) != ok) {
-        const std::string why = last_error();
-        restore_old(m, /*new_mapped=*/false);
-        fail(rc, "%s", why.c_str());
-      }
-      if (rc != ok) {
-        const std::string why = last_error();
-        return_new_frame(m.to, slot_address(slot), /*at_slot=*/false);  // it holds the page's whole copy
-        copies.note_failure(fail(rc, "%s", why.c_str()));
-        continue;
-      }
-      at_va.push_back(slot);
-    }
-    {
-      std::vector<device_ptr> at;
-      for (size_t slot : at_va) at.push_back(arena_.page_address(moves[slot].page));
-      size_t failed_from = 0;
-      if (const int rc = grant_runs(at, &failed_from); rc != ok) {
-        // The pages of the failing run and after it go back to their old frames (the runs
-        // before it have access: they are switched).
-        const std::string why = last_error();
-        for (size_t k = failed_from; k < at_va.size(); ++k) {
-          move& m = moves[at_va[k]];
-          restore_old(m, /*new_mapped=*/true);
-          return_new_frame(m.to, slot_address(at_va[k]), /*at_slot=*/false);
-        }
-        copies.note_failure(fail(rc, "%s", why.c_str()));
-        at_va.resize(failed_from);
-      }
-    }
-    std::vector<size_t> to_scrub;
-    for (size_t slot : at_va) {
-      move& m = moves[slot];
-      m.switched = true;
+      if (!m.copied) continue;  // undone: the page is in its old frame
       table_[m.page].frame = m.to;
       ++done;
-      if (!frames_.scrub_before_give_back(m.from)) continue;
-      // Zero the old frame before another process gets it: map it at the free slot.
-      if (const int rc = be_.map(slot_address(slot), frame_size_, m.from, 0); rc != ok) {
-        log(log_level::error, "remap_pages: scrubbing the old frame of page %" PRIu64 " failed (%s); the frame is kept", m.page,
-            last_error());
-        m.switched = false;  // not zeroed: kept out of the pool rather than hand our bytes to someone else
-        continue;
-      }
-      to_scrub.push_back(slot);
-    }
-    {
-      std::vector<device_ptr> at;
-      for (size_t slot : to_scrub) at.push_back(slot_address(slot));
-      size_t failed_from = 0;
-      const int granted = grant_runs(at, &failed_from);
-      for (size_t k = 0; k < to_scrub.size(); ++k) {
-        move& m = moves[to_scrub[k]];
-        const device_ptr slot = slot_address(to_scrub[k]);
-        int rc = k < failed_from ? ok : granted;
-        if (rc == ok) rc = be_.memset_d8(slot, 0, frame_size_, out_stream_);
-        if (rc != ok) {
+      if (frames_.scrub_before_give_back(m.from)) {
+        if (be_.memset_d8(slot_address(slot), 0, frame_size_, out_stream_) != ok) {
           log(log_level::error, "remap_pages: scrubbing the old frame of page %" PRIu64 " failed (%s); the frame is kept", m.page,
               last_error());
-          unmap_slot(slot);
-          m.switched = false;
+          unmap_slot(slot_address(slot));  // kept out of the pool rather than hand our bytes to someone else
+          continue;
         }
       }
+      to_give.push_back(slot);
     }
     lap(&spent.switch_s);
     // 4. Scrubs done: unmap the slots, give the old frames back.
     const int scrubbed = be_.stream_synchronize(out_stream_);
     copies.note_failure(scrubbed);
-    for (size_t slot : slots) {
+    for (size_t slot : to_give) {
       const move& m = moves[slot];
-      if (!m.switched) continue;
-      const bool scrub = frames_.scrub_before_give_back(m.from);
-      if (scrub && !unmap_slot(slot_address(slot))) continue;  // mapped there still: kept
-      if (scrubbed != ok && scrub) {
+      if (!unmap_slot(slot_address(slot))) continue;  // mapped there still: kept
+      if (scrubbed != ok && frames_.scrub_before_give_back(m.from)) {
         log(log_level::error, "remap_pages: the scrub of page %" PRIu64 "'s old frame may not have completed; the frame is kept", m.page);
-      } else {
-        if (const int rc = frames_.give_back(m.from); rc != ok) log(log_level::warn, "remap_pages: giving back a frame: %s", last_error());
+      } else if (const int rc = frames_.give_back(m.from); rc != ok) {
+        log(log_level::warn, "remap_pages: giving back a frame: %s", last_error());
       }
     }
     lap(&spent.scrub_wait_s);

@@ -105,6 +105,7 @@ int oversubscribed_session::build(pool_member& member, frame_source** frames, pa
     VS_TRY(be_->get_device_info(device_, &info));
     yield_lock* y = nullptr;
     VS_TRY(yield_lock_of(device_, info.uuid, &y));
+    yield_lock_ = &y->lock;
     yield_handle_ = launch_gate::add_yield_source(y->source);
     if (yield_handle_ < 0) {
       return fail(err_busy, "device %d: the launch gate yields to %u locks at most (one per device); set "
@@ -163,8 +164,34 @@ int oversubscribed_session::release() {
               "(VRAMSWAP_OVERSUBSCRIBE=1) and never takes it", device_);
 }
 
+bool oversubscribed_session::launches_held_by_holder() const {
+  if (compute_policy_ != launch_gate::yield_policy::yield || yield_lock_ == nullptr) return false;
+  const std::atomic<uint32_t>* word = yield_lock_->holder_word();
+  if (word == nullptr) return false;
+  const uint32_t holder = word->load(std::memory_order_acquire);
+  return holder != device_lock::k_no_holder && yield_lock_->holder_claims_compute(holder);
+}
+
+// The wait keeps the gate closed so that this process starts no work that the next
+// request's closing would have to drain. Each request's requester is blocked on it (a lock
+// holder asks once per allocation and waits for the frames), so a next request comes only
+// after the requester's own work between its allocations; the wait pays only when that is
+// shorter than the wait. It does not pay
+//   - while this process's launches yield to the lock holder: none starts while the gate is
+//     open, so there is nothing to drain;
+//   - when the requests came further apart than the wait lasts: the previous burst ended
+//     longer before this one began (or there was none), so the requester's next request is
+//     not expected in time either. A wait that a request ends shows they follow closely.
+bool oversubscribed_session::linger_pays(uint64_t gap_ns) const {
+  if (launches_held_by_holder()) return false;
+  return gap_ns < k_burst_linger_ns;
+}
+
 int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
   const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t start_ns = monotonic_ns();
+  uint64_t gap_ns = last_burst_end_ns_ == 0 ? UINT64_MAX : start_ns - std::min(start_ns, last_burst_end_ns_);
+  const double gap_ms = gap_ns == UINT64_MAX ? -1 : gap_ns / 1e6;
   auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
@@ -187,14 +214,16 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
   int failure = ok;
   double close_s = 0;
   double linger_s = 0;
+  unsigned lingers = 0, caught = 0, skipped = 0;
   pager::remap_timing spent;
   {
     launch_gate::closed gate;  // no device work of ours runs while pages change frames
     close_s = since(t_close);
     // A lock holder asks once per allocation, and allocations come in bursts (a model's
-    // tensors one after another). Each reopening of the gate lets this process launch work
-    // that the next request must wait for, so the gate stays closed while requests keep
-    // coming, k_burst_linger_ns at most after the last.
+    // tensors one after another). Each reopening of the gate may let this process launch
+    // work that the next request must wait for, so the gate stays closed for the requests
+    // that are waiting, and for k_burst_linger_ns more where a next one may come in time to
+    // save that (linger_pays).
     for (;;) {
       size_t n = 0;
       pager::remap_timing t;
@@ -221,14 +250,24 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
       const uint32_t seen = member().requests_seen();
       wanted = frames_->frames().requested_of_me();
       if (wanted.empty()) {
+        if (!linger_pays(gap_ns)) {
+          ++skipped;
+          break;
+        }
+        ++lingers;
         member().wait_for_request(seen, k_burst_linger_ns);
         wanted = frames_->frames().requested_of_me();
+        if (!wanted.empty()) {
+          ++caught;
+          gap_ns = 0;  // requests follow closely: wait for the next one too
+        }
       }
       linger_s += since(t_linger);
       if (wanted.empty()) break;
     }
   }
   const double closed_s = since(t_close);
+  last_burst_end_ns_ = monotonic_ns();
   for (frame_id f : ready) frames_->give_back(f);  // not needed after all: spares
   const double s = since(t0);
   {
@@ -239,6 +278,10 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
     stats_.demote_seconds += closed_s;
     stats_.last_demote_seconds = closed_s;
     stats_.host_frames_created_in_reclaim += frames_->frames_created() - created_before;
+    stats_.lingers += lingers;
+    stats_.lingers_caught += caught;
+    stats_.linger_seconds += linger_s;
+    stats_.lingers_skipped += skipped;
   }
   const uint64_t created = frames_->frames_created() - created_before;
   const uint64_t bytes = uint64_t(moved) * memory().frame_size();
@@ -248,10 +291,12 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
   log(moved > 0 ? log_level::info : log_level::debug,
       "device %d: reclaim: %zu page(s) (%" PRIu64 " MiB) for %u request(s) moved to host frames in %.1f ms: host frames "
       "ready ahead in %.1f ms (%zu, %zu of them spares; %" PRIu64 " created while the lock holder waited); gate closed %.1f ms (closing it %.1f, running work %.1f, new frames %.1f, "
-      "filling %.1f, copies %.1f, remapping %.1f, scrubbing %.1f, waiting for more requests %.1f)",
+      "filling %.1f, copies %.1f, remapping %.1f, scrubbing %.1f, waiting for more requests %.1f); waits for a next request "
+      "%u (%u ended by one), %u skipped; began %.1f ms after the previous burst ended (-1: none before)",
       device_, moved, bytes >> 20, requests, s * 1e3, ready_s * 1e3, made_ahead, spares, created,
       closed_s * 1e3, close_s * 1e3, spent.drain_s * 1e3, spent.new_frames_s * 1e3, spent.fill_s * 1e3,
-      spent.copy_wait_s * 1e3, spent.switch_s * 1e3, spent.scrub_wait_s * 1e3, linger_s * 1e3);
+      spent.copy_wait_s * 1e3, spent.switch_s * 1e3, spent.scrub_wait_s * 1e3, linger_s * 1e3, lingers, caught, skipped,
+      gap_ms);
   return failure;
 }
 

@@ -14,8 +14,9 @@
 // (core/launch_gate.hpp: no new device work of this process starts, and the work inside
 // drains), synchronizes the device, and moves each asked-for page into a host frame
 // (pager::remap_pages), scrubbing and freeing its pool frame at once. It keeps the gate
-// closed while further requests follow within k_burst_linger_ns (a lock holder asks once
-// per allocation), so that a burst waits for this process's running kernels once. The
+// closed for requests already waiting, and may wait k_burst_linger_ns for a next one (a
+// lock holder asks once per allocation), so that a burst waits for this process's running
+// kernels once; the wait is made only where it can save that (linger_pays). The
 // process's kernels then run on at the same addresses, slower, reading host memory.
 //
 // Host frames made ahead: while no reclaim runs (from a second after the last request), the
@@ -62,6 +63,8 @@
 
 namespace vramswap::detail {
 
+class device_lock;
+
 struct oversubscribed_stats {
   uint64_t demotions = 0;        // requests served (batches of pages moved to host frames)
   uint64_t bursts = 0;           // closings of the gate for them (a burst serves requests that follow closely)
@@ -74,6 +77,13 @@ struct oversubscribed_stats {
   uint64_t spare_host_bytes = 0;  // host frames kept for the next reclaim (given back or made ahead)
   uint64_t host_frames_made_ahead = 0;         // host frames made by the service thread before a reclaim asked
   uint64_t host_frames_created_in_reclaim = 0;  // host frames a reclaim had to create while the lock holder waited
+  // The burst's wait for a next request (k_burst_linger_ns), after a request was served and
+  // none was waiting: waits made, waits a request ended, the time they took; and the times a
+  // burst ended at once instead, without waiting (nothing a wait could save).
+  uint64_t lingers = 0;
+  uint64_t lingers_caught = 0;
+  double linger_seconds = 0;
+  uint64_t lingers_skipped = 0;
   // Compute yielded to lock holders (VRAMSWAP_OVERSUBSCRIBE_COMPUTE; the process's launch
   // gate, all devices): launches that waited, and the time they waited (summed over threads).
   uint64_t yield_waits = 0;
@@ -127,6 +137,13 @@ class oversubscribed_session final : public session {
   // How many spares this process keeps ready for a reclaim: its pages in pool frames,
   // bounded by VRAMSWAP_OVERSUBSCRIBE_AHEAD.
   size_t ahead_target() const;
+  // Whether this process's launches wait at the gate now whatever the gate does: the yield
+  // policy, and a lock holder that claims the device holds (a hint, read without a lock).
+  bool launches_held_by_holder() const;
+  // After a request of a burst was served and none is waiting: whether to keep the gate
+  // closed for a next one (k_burst_linger_ns). `gap_ns`: how long before the burst's first
+  // request the previous burst ended (UINT64_MAX: none before).
+  bool linger_pays(uint64_t gap_ns) const;
   // Make host frames ahead of a reclaim until the target, a new request after `seen`, the
   // limit, or k_ahead_serve_ns.
   void make_frames_ahead(uint32_t seen);
@@ -143,6 +160,7 @@ class oversubscribed_session final : public session {
   launch_gate::yield_policy compute_policy_ = launch_gate::yield_policy::yield;  // VRAMSWAP_OVERSUBSCRIBE_COMPUTE
   unsigned compute_share_ = 0;
   int yield_handle_ = -1;  // this device's lock in the launch gate's yield sources
+  const device_lock* yield_lock_ = nullptr;  // that lock (kept for the process's life), or null with compute free
   std::unique_ptr<lending_frame_source> frames_;
   std::unique_ptr<host_tier> store_;  // the pager needs one; an oversubscribed pager never evicts
   mutable std::mutex mutex_;  // stats
@@ -151,6 +169,7 @@ class oversubscribed_session final : public session {
   // a demotion fails (host memory or VRAMSWAP_OVERSUBSCRIBE_LIMIT exhausted), when to try
   // the same requests again.
   uint64_t last_request_ns_ = 0;
+  uint64_t last_burst_end_ns_ = 0;  // 0: no burst yet
   bool failing_ = false;
   uint64_t retry_at_ns_ = 0;
   uint32_t failed_at_requests_ = 0;

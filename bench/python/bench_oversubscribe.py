@@ -168,7 +168,8 @@ RECLAIM_LINE = re.compile(
     r"reclaim: (\d+) page\(s\) \(\d+ MiB\) for (\d+) request\(s\) moved to host frames in ([\d.]+) ms: host frames ready ahead "
     r"in ([\d.]+) ms \((\d+), (\d+) of them spares; (\d+) created while the lock holder waited\); gate closed ([\d.]+) ms "
     r"\(closing it ([\d.]+), running work ([\d.]+), new frames ([\d.]+), filling ([\d.]+), copies ([\d.]+), remapping ([\d.]+), "
-    r"scrubbing ([\d.]+), waiting for more requests ([\d.]+)\)")
+    r"scrubbing ([\d.]+), waiting for more requests ([\d.]+)\)(?:; waits for a next request (\d+) \((\d+) ended by one\), "
+    r"(\d+) skipped; began ([-\d.]+) ms after the previous burst ended)?")
 READY_LINE = re.compile(r"(\d+) host frame\(s\) \((\d+) MiB\) ready ahead for reclaims")
 
 
@@ -259,13 +260,26 @@ def reclaim(pool):
         f"{j['rc']}, {', '.join(str(rc) for rc, _, _ in j['users'])}" for j in (cold, ahead)) + " |")
     print()
     # Where the job's time went: one log line per burst of requests under one closing of its gate.
-    print("Each burst: the requests that one closing of the job's launch gate served (ms).\n")
-    print("| job | burst | pages | requests | in all | host frames ready ahead (count, spares, created while the user waited) | gate closed | closing it | running work | new frames | filling | copies | remapping | scrubbing | waiting for more requests |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("Each burst: the requests that one closing of the job's launch gate served (ms). Filling: the old frames mapped at "
+          "scratch slots and the pages' addresses switched to the new frames, access granted, the copies queued (a quarter of "
+          "a batch at a time, so copies run during it); copies: waiting for what is left of them; remapping: recording the "
+          "copied pages and queueing the old frames' scrubs.\n")
+    print("Waits: the burst's waits for a next request after serving one (made, ended by a request, skipped: no wait could "
+          "save anything); after previous: how long after the previous burst's end it began (the lock user's time between its "
+          "requests, from its last frame given back; -1: the first).\n")
+    print("| job | burst | pages | requests | in all | host frames ready ahead (count, spares, created while the user waited) | gate closed | closing it | running work | new frames | filling | copies | remapping | scrubbing | waiting for more requests | waits (made, caught, skipped) | after previous |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, j in (("cold", cold), ("made ahead", ahead)):
         for i, g in enumerate(j["bursts"]):
+            waits = f"{g[16]}, {g[17]}, {g[18]}" if g[16] else "-"
             print(f"| {name} | {i + 1} | {g[0]} | {g[1]} | {g[2]} | {g[3]} ({g[4]}, {g[5]}, {g[6]}) | {g[7]} | {g[8]} | {g[9]} | {g[10]} | "
-                  f"{g[11]} | {g[12]} | {g[13]} | {g[14]} | {g[15]} |")
+                  f"{g[11]} | {g[12]} | {g[13]} | {g[14]} | {g[15]} | {waits} | {g[19] or '-'} |")
+        # Per request (the lock user's allocations come one at a time): the sums over bursts.
+        n = sum(int(g[1]) for g in j["bursts"])
+        if n:
+            cols = {"filling": 11, "copies": 12, "remapping": 13, "scrubbing": 14, "waiting for more requests": 15}
+            per = ", ".join(f"{k} {sum(float(g[c]) for g in j['bursts']) / n:.1f}" for k, c in cols.items())
+            print(f"\n{name}: per request ({n} requests), ms: {per}")
     print()
 
 

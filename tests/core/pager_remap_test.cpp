@@ -99,19 +99,47 @@ TEST_P(PagerRemap, PagesMoveIntoTheirNewFramesAndBackWithEveryByte) {
   EXPECT_TRUE(all_hold(52));
 }
 
-// Access is granted once per run of consecutive addresses, not once per page: moving pages
-// {0,1,2,4} and {5,6,7,9} (two batches of the window of 4) grants access to each batch's
-// slots once, to the runs {0-2} {4} {5-7} {9} at the pages' addresses, and to each batch's
-// slots once more to scrub the old frames: 8 calls, against 3 per page (24) one by one.
-TEST_P(PagerRemap, AccessIsGrantedOncePerRunOfAddresses) {
+// Access is granted to two frames' worth per page moved: the old frame at its scratch slot
+// (the copy's source, zeroed there afterwards) and the new frame at the page's address,
+// against three before (the new frame at its slot, then at the page's address, the old frame
+// at a slot again to zero it), and what a grant costs grows with the bytes. Each grant covers
+// a run of consecutive addresses within a fill group (a quarter of the batch: one page in
+// the fixture's window of 4, so that each copy is queued before the next frame is mapped):
+// 2 calls per page here.
+TEST_P(PagerRemap, AccessIsGrantedToTwoFramesPerPageMoved) {
   write_all(61);
   frame_maker to_host{frames.get(), frame_location::host};
   be->count_calls();
   size_t moved = 0;
   ASSERT_EQ(remap(frames_of(moving), to_host, &moved), ok) << last_error();
   EXPECT_EQ(moved, moving.size());
-  EXPECT_EQ(be->calls(fault_op::set_access), 8u);
+  EXPECT_EQ(be->granted_bytes(), 2 * moving.size() * k_fixture_page);
+  EXPECT_EQ(be->calls(fault_op::set_access), 2 * moving.size());
   EXPECT_TRUE(all_hold(61));
+  for (frame_id f : frames->given_back()) EXPECT_TRUE(zeroed(f));
+}
+
+// The copies of a batch start while the rest of it is filled: when the new frame of a page
+// is asked for, the copies of the batch's pages before it are already queued (a fill group
+// is a quarter of the batch, one page here), so the link is busy while frames are mapped.
+TEST_P(PagerRemap, CopiesAreQueuedWhileTheRestOfTheBatchIsFilled) {
+  write_all(62);
+  std::vector<uint64_t> copies_queued;  // copy_d2d calls made when each new frame was asked for
+  frame_maker to_host{frames.get(), frame_location::host};
+  be->count_calls();
+  size_t moved = 0;
+  ASSERT_EQ(pg->remap_pages(frames_of(moving),
+                            [&](frame_id* out) {
+                              copies_queued.push_back(be->calls(fault_op::copy_d2d));
+                              return to_host(out);
+                            },
+                            &moved),
+            ok)
+      << last_error();
+  EXPECT_EQ(moved, moving.size());
+  ASSERT_EQ(copies_queued.size(), moving.size());
+  for (size_t k = 0; k < moving.size(); ++k) EXPECT_EQ(copies_queued[k], k) << "new frame #" << k;
+  EXPECT_TRUE(all_hold(62));
   for (frame_id f : frames->given_back()) EXPECT_TRUE(zeroed(f));
 }
 

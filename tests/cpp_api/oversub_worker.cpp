@@ -240,12 +240,14 @@ int main(int argc, char** argv) {
               " yield_waits=%" PRIu64 " yield_ms=%.3f made_ahead=%" PRIu64 " created_in_reclaim=%" PRIu64
               " placement_rounds=%" PRIu64 " placed_in=%" PRIu64 " placed_out=%" PRIu64
               " hot_bytes=%" PRIu64 " hot_pool_bytes=%" PRIu64 " rounds_after_placement=%d placement_skipped=%" PRIu64
-              " placed_in_at_half=%" PRIu64 " placement_rounds_at_half=%" PRIu64 " cold_pool_bytes=%" PRIu64 "\n",
+              " placed_in_at_half=%" PRIu64 " placement_rounds_at_half=%" PRIu64 " cold_pool_bytes=%" PRIu64 " lingers=%" PRIu64
+              " lingers_caught=%" PRIu64 " linger_ms=%.3f lingers_skipped=%" PRIu64 "\n",
               round + 1, at_start.host_frame_bytes, st.host_frame_bytes, st.pool_frame_bytes, st.pages_demoted, st.pages_promoted,
               st.demotions, st.bursts, st.demote_seconds * 1e3, st.spare_host_bytes, st.yield_waits, st.yield_seconds * 1e3,
               st.host_frames_made_ahead, st.host_frames_created_in_reclaim, st.placement_rounds, st.pages_placed_in,
               st.pages_placed_out, hot_size, hot_pool, placed_at_round >= 0 ? round - placed_at_round + 1 : 0,
-              st.placement_rounds_skipped, placed_in_at_half.load(), rounds_at_half.load(), cold_pool);
+              st.placement_rounds_skipped, placed_in_at_half.load(), rounds_at_half.load(), cold_pool, st.lingers,
+              st.lingers_caught, st.linger_seconds * 1e3, st.lingers_skipped);
   std::fflush(stdout);
   check(be.stream_destroy(s), "stream_destroy");
   check(be.host_free(staging), "host_free");

@@ -109,6 +109,32 @@ class Oversubscription : public ::testing::Test {
     ASSERT_NE(done, nullptr) << user_done;
     std::fclose(done);
   }
+  // A job on 3/4 of the pool (VRAMSWAP_OVERSUBSCRIBE_COMPUTE=`compute`); a lock user
+  // allocates 56 MiB under the lock in three allocations of 14, 10 and 5 frames (and one of
+  // 1000 bytes), `gap_ms` apart, each needing frames of the job: each a request of its own,
+  // which the user waits for. The job must serve each and wait for no next request.
+  void reclaim_allocations_apart(const std::string& compute, int gap_ms) {
+    std::unique_ptr<pool_segment> pool;
+    const std::string user_done = deploy_.dir() + "/user-done";
+    const pid_t job = spawn_job_on_three_quarters(0.5, 141, &pool, {"VRAMSWAP_OVERSUBSCRIBE_COMPUTE=" + compute}, {user_done, "0.2"});
+    ASSERT_GT(job, 0);
+    const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "1", "151", "0", "alloc-under-lock"},
+                                     {"VRAMSWAP_EVICT_TIMEOUT=10", "SESSION_WORKER_ALLOC_GAP_MS=" + std::to_string(gap_ms),
+                                      // Still holding when the job decides after its last request.
+                                      "SESSION_WORKER_HOLD_AFTER_ALLOC_MS=500"});
+    EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed; the job said: " << slurp(err_file());
+    std::FILE* done = std::fopen(user_done.c_str(), "w");
+    ASSERT_NE(done, nullptr) << user_done;
+    std::fclose(done);
+    ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+    std::printf("job: %s", slurp(out_file()).c_str());
+    auto n = job_numbers();
+    EXPECT_GE(n["demoted"], 20) << slurp(out_file());
+    EXPECT_GE(n["reclaims"], 2) << "the allocations should have been requests of their own: " << slurp(out_file());
+    EXPECT_EQ(n["lingers"], 0) << "a burst waited for a next request that could not come in time: " << slurp(out_file());
+    EXPECT_GE(n["lingers_skipped"], n["bursts"]) << slurp(out_file());
+    expect_no_frame_leaked(*pool);
+  }
   void expect_no_frame_leaked(pool_segment& pool) {
     uint32_t free_frames = 0;
     for (int i = 0; i < 400; ++i) {
@@ -181,6 +207,15 @@ TEST_F(Oversubscription, AllocationUnderTheLockReclaimsInOneRequest) {
   EXPECT_LE(n["reclaims"], 3) << "frames were asked for page by page: " << slurp(out_file());
   expect_no_frame_leaked(*pool);
 }
+
+// A lock holder allocates, each allocation a request of its own that it waits for. The job
+// serves each at once and ends the burst without waiting for a next request when no wait
+// can save anything: while its launches yield to the holder (the default: nothing of the
+// job's starts while its gate is open), even for allocations that come back to back; and,
+// running free, when the holder's requests come further apart than the wait lasts (its own
+// work between allocations, 150 ms here).
+TEST_F(Oversubscription, ReclaimsForAHolderThatTheJobYieldsToWaitForNoNextRequest) { reclaim_allocations_apart("yield", 0); }
+TEST_F(Oversubscription, ReclaimsOfAllocationsThatComeApartWaitForNoNextRequest) { reclaim_allocations_apart("free", 150); }
 
 // A job at its VRAMSWAP_OVERSUBSCRIBE_LIMIT cannot move its pages to host memory: the lock
 // user that asked for its frames fails at VRAMSWAP_EVICT_TIMEOUT with an error that says so,

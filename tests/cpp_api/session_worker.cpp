@@ -13,6 +13,11 @@
 // wait (its frames idle, others may ask for them) until <path> exists, then go on with the
 // next rounds, which check every byte as before (at most 120 s; exit 2 past that).
 //
+// SESSION_WORKER_ALLOC_GAP_MS=<ms>: with alloc-under-lock, wait <ms> before each allocation
+// after the first (a program's own work between its allocations).
+// SESSION_WORKER_HOLD_AFTER_ALLOC_MS=<ms>: with alloc-under-lock, hold the lock <ms> after the
+// last allocation before releasing it (a program's work after its allocations).
+//
 // SESSION_WORKER_TURNS=<dir>: turns driven by the test: before round r, wait (at most 120 s)
 // until <dir>/go.<seed>.<r> exists; after its release, create <dir>/done.<seed>.<r>.
 #include <unistd.h>
@@ -68,11 +73,17 @@ int main(int argc, char** argv) {
   backend& be = session->get_backend();
   // Allocated before the first acquire (backed only when the lock is taken), or under the lock.
   if (alloc_under_lock) check(session->acquire(), "acquire (to allocate)");
+  const char* gap_env = std::getenv("SESSION_WORKER_ALLOC_GAP_MS");
+  const int alloc_gap_ms = alloc_under_lock && gap_env != nullptr ? std::atoi(gap_env) : 0;
   std::vector<block> blocks;
   for (uint64_t size : {bytes / 2, bytes / 3, bytes - bytes / 2 - bytes / 3 - 1000, uint64_t{1000}}) {
+    if (alloc_gap_ms > 0 && !blocks.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(alloc_gap_ms));
     device_ptr p = 0;
     check(session->memory().malloc(size, &p), "malloc");
     blocks.push_back({p, size});
+  }
+  if (const char* hold = std::getenv("SESSION_WORKER_HOLD_AFTER_ALLOC_MS"); alloc_under_lock && hold != nullptr) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(hold)));
   }
   if (alloc_under_lock) check(session->release(), "release (after allocating)");
   uint64_t largest = 0;

@@ -64,8 +64,12 @@ class faulty_backend final : public backend {
   uint64_t calls(fault_op op) const { return calls_[static_cast<unsigned>(op)].load(); }
   void count_calls() {
     for (auto& c : calls_) c.store(0);
+    granted_bytes_.store(0);
     armed_ = false;
   }
+  // Bytes set_access was asked to grant since the last count_calls() (what a grant costs
+  // grows with them).
+  uint64_t granted_bytes() const { return granted_bytes_.load(); }
 
  private:
   // The fault, or ok: every wrapped entry point asks first.
@@ -97,6 +101,7 @@ class faulty_backend final : public backend {
   }
   int do_set_access(int, device_ptr va, size_t size, access_flags flags) override {
     VS_TRY(inject(fault_op::set_access));
+    granted_bytes_.fetch_add(size);
     return real_.set_access(va, size, flags);
   }
   int do_host_alloc(size_t size, void** out) override { return real_.host_alloc(size, out); }
@@ -152,6 +157,7 @@ class faulty_backend final : public backend {
 
   backend& real_;
   std::array<std::atomic<uint64_t>, static_cast<size_t>(fault_op::count_)> calls_{};
+  std::atomic<uint64_t> granted_bytes_{0};
   bool armed_ = false;
   fault_op armed_op_ = fault_op::map;
   uint64_t armed_n_ = 0;
