@@ -166,6 +166,33 @@ TEST_P(BackendConformance, FrameKeepsItsBytesAcrossUnmapAndRemap) {
   expect_bytes(va + size, size, 11);
 }
 
+// A frame mapped at two addresses at once, as remap_pages does (its scratch slot and the
+// page's address): both show the same bytes, a write through one is read through the other,
+// a copy from one to a third frame's address is whole, and unmapping one leaves the other.
+// Device and host frames alike.
+TEST_P(BackendConformance, AFrameMapsAtTwoAddressesAtOnce) {
+  const size_t size = 2 * gran;
+  frame_id host = 0;
+  ASSERT_EQ(be->create_host_frame(0, size, &host), ok) << last_error();
+  frames.push_back(host);
+  for (const frame_id f : {create(size), host}) {
+    const device_ptr va = reserve(3 * size);
+    map_rw(va, size, f);
+    map_rw(va + size, size, f);
+    map_rw(va + 2 * size, size, create(size));
+    write(va, size, 61);
+    expect_bytes(va + size, size, 61);
+    write(va + size, size, 62);
+    expect_bytes(va, size, 62);
+    ASSERT_EQ(be->copy_d2d(va + 2 * size, va + size, size, stream), ok) << last_error();
+    ASSERT_EQ(be->stream_synchronize(stream), ok) << last_error();
+    expect_bytes(va + 2 * size, size, 62);
+    ASSERT_EQ(be->unmap(va + size, size), ok) << last_error();
+    forget_mapping(va + size);
+    expect_bytes(va, size, 62);
+  }
+}
+
 // A host frame (create_host_frame) maps beside device frames, keeps its bytes across
 // remaps, costs no device memory, and is refused for export (process-local).
 TEST_P(BackendConformance, HostFramesMapLikeDeviceFramesAndUseNoDeviceMemory) {
