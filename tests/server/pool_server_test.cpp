@@ -50,8 +50,10 @@
 #include "cli/status_view.hpp"
 #include "pool/pool_report.hpp"
 #include "pool/pool_segment.hpp"
+#include "pool/server_start.hpp"
 #include "lock/process_identity.hpp"
 #include "support/loopback.hpp"
+#include "support/own_children.hpp"
 #include "lock/runtime_dir.hpp"
 #include "lock/shared_segment.hpp"
 #include "server/pool_server.hpp"
@@ -206,16 +208,20 @@ class PoolServer : public ::testing::Test {
       if (p.in >= 0) ::close(p.in);
       if (p.out >= 0) ::close(p.out);
     }
-    for (pid_t s : servers_) ::kill(s, SIGTERM);
-    for (pid_t s : servers_) {
-      if (reap(s, 10s) < 0) ::kill(s, SIGKILL);
-    }
-    // Everything else we started or adopted (detached servers).
-    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-    }
     for (proc& p : procs_) {
       if (p.pid > 0) reap(p.pid, 5s);
     }
+    for (pid_t s : servers_) {
+      ::kill(s, SIGTERM);
+      ::kill(s, SIGCONT);  // one a test stopped (SIGSTOP) and did not resume
+    }
+    for (pid_t s : servers_) {
+      if (reap(s, 10s) < 0) ::kill(s, SIGKILL);
+    }
+    // Everything else we started or adopted (detached servers), stopped: a test that
+    // ended at a failed assertion, or whose client started a server, leaves no server behind.
+    const std::string left = vramswap::detail::test::stop_own_children();
+    if (!left.empty()) std::fprintf(stderr, "TearDown stopped what the test left running:\n%s", left.c_str());
     pool_segment::remove("host-0");
     device_lock::remove("host-0");
     if (std::system(("rm -rf " + dir_).c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
