@@ -1253,6 +1253,38 @@ TEST_F(PoolServer, ClientsStartingWhileTheServerBuildsItsPoolWaitForIt) {
   for (int i = 0; i < 4; ++i) ::unlink((dir_ + "-c" + std::to_string(i) + ".err").c_str());
 }
 
+// A server initializes its pool segment and opens its socket just after: a client that looks
+// in between finds the pool built, by a live server, and nobody listening. It waits for the
+// socket rather than take the server for gone (without autostart: "no pool server listens";
+// after a wait for the build: "ended before it listened"). Here the test is that server: its
+// segment initialized, its socket opened a moment later.
+TEST_F(PoolServer, AClientThatFindsThePoolBuiltBeforeItsServerListensWaitsForIt) {
+  pool_paths paths;
+  ASSERT_EQ(pool_paths::make("host-0", true, &paths), ok) << last_error();
+  process_identity me{};
+  ASSERT_EQ(current_process(&me), ok);
+  std::unique_ptr<pool_segment> seg;
+  ASSERT_EQ(pool_segment::create("host-0", 4, 2 << 20, 0, me.pid, me.start_time, &seg), ok) << last_error();
+  const int listener = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", paths.socket.c_str());
+  std::thread opens_late([&] {
+    std::this_thread::sleep_for(500ms);
+    EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+    EXPECT_EQ(::listen(listener, 4), 0) << std::strerror(errno);
+  });
+  int fd = -1;
+  clear_error();
+  const int rc = wait_for_starting_server(paths, "host-0", 0, &fd);
+  opens_late.join();
+  EXPECT_EQ(rc, ok) << "a client gave up on a live server with a built pool that listens a moment later: " << last_error();
+  if (fd >= 0) ::close(fd);
+  ::close(listener);
+  ::unlink(paths.socket.c_str());
+}
+
 // A server that dies while it builds its pool leaves a claimed, never initialized segment:
 // an observer is told so by pid (not a version mismatch, never a wait), and the next client
 // with autostart gets a new server, which replaces the segment.
