@@ -788,6 +788,9 @@ TEST_F(PoolServer, PeerOfAnotherUserIsRefused) {
       addr.sun_family = AF_UNIX;
       std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%shost-0.sock", dir_.c_str(), prefix_.c_str());
       pool_protocol::hello h{pool_protocol::k_magic, pool_protocol::k_version, ::getpid(), 0, 0};
+      // A server that neither answers nor hangs up ends the wait (status 2), not the test.
+      const timeval bound{30, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
       if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
         // The server may refuse before it reads the hello: the send may fail; read anyway.
         [[maybe_unused]] const ssize_t sent = ::send(fd, &h, sizeof h, MSG_NOSIGNAL);
@@ -801,6 +804,10 @@ TEST_F(PoolServer, PeerOfAnotherUserIsRefused) {
   }
   ::close(result[1]);
   pool_protocol::welcome w{};
+  pollfd answered{result[0], POLLIN, 0};
+  ASSERT_EQ(::poll(&answered, 1, 60'000), 1) << "the child (pid " << child << ") said nothing in 60 s; it was: "
+                                             << read_file("/proc/" + std::to_string(child) + "/stat") << " in "
+                                             << read_file("/proc/" + std::to_string(child) + "/wchan");
   EXPECT_EQ(::read(result[0], &w, sizeof w), static_cast<ssize_t>(sizeof w));
   ::close(result[0]);
   EXPECT_EQ(reap(child), 0);
