@@ -396,10 +396,14 @@ int pool_segment::create(const std::string& device_key, uint32_t frame_count, ui
   return ok;
 }
 
-bool pool_segment::starting(const std::string& device_key, server_identity* who) noexcept {
+namespace {
+// What a client can see of `device_key`'s segment without opening it as a member: whether it
+// is initialized, and whether the server that claimed it lives (*who: that server, as far as
+// it has said). False when there is no segment or it cannot be read.
+bool look_at_claim(const std::string& device_key, bool* initialized, bool* alive, pool_segment::server_identity* who) noexcept {
   try {
     std::string name;
-    if (name_for(device_key, &name) != ok) {
+    if (pool_segment::name_for(device_key, &name) != ok) {
       clear_error();
       return false;
     }
@@ -411,12 +415,13 @@ bool pool_segment::starting(const std::string& device_key, server_identity* who)
     if (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && static_cast<size_t>(st.st_size) >= sizeof(pool_header)) {
       void* p = ::mmap(nullptr, sizeof(pool_header), PROT_READ, MAP_SHARED, fd, 0);
       if (p != MAP_FAILED) {
-        const bool initialized = header_of(p)->magic.load(std::memory_order_acquire) != 0;
+        *initialized = header_of(p)->magic.load(std::memory_order_acquire) != 0;
         ::munmap(p, sizeof(pool_header));
-        server_identity seen;
+        pool_segment::server_identity seen;
         const bool known = read_identity(fd, &seen);
-        result = !initialized && claim_alive(fd, known, seen);
-        if (result && who != nullptr) *who = seen;
+        *alive = claim_alive(fd, known, seen);
+        if (who != nullptr) *who = seen;
+        result = true;
       }
     }
     ::close(fd);
@@ -424,6 +429,23 @@ bool pool_segment::starting(const std::string& device_key, server_identity* who)
   } catch (const std::bad_alloc&) {
     return false;
   }
+}
+}  // namespace
+
+bool pool_segment::starting(const std::string& device_key, server_identity* who) noexcept {
+  bool initialized = false, alive = false;
+  server_identity seen;
+  if (!look_at_claim(device_key, &initialized, &alive, &seen) || initialized || !alive) return false;
+  if (who != nullptr) *who = seen;
+  return true;
+}
+
+bool pool_segment::built_by_live_server(const std::string& device_key, server_identity* who) noexcept {
+  bool initialized = false, alive = false;
+  server_identity seen;
+  if (!look_at_claim(device_key, &initialized, &alive, &seen) || !initialized || !alive) return false;
+  if (who != nullptr) *who = seen;
+  return true;
 }
 
 int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* out, bool read_only) noexcept {

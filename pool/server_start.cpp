@@ -374,6 +374,7 @@ int wait_for_starting_server(const pool_paths& paths, const std::string& key, in
     const uint64_t limit = since + uint64_t{k_server_build_limit_s} * 1'000'000'000;
     pool_segment::server_identity who;
     bool told = false;
+    uint64_t listen_since = 0;  // when the pool was first seen built with nobody listening
     for (;;) {
       pool_segment::server_identity now_who;
       const bool starting = pool_segment::starting(key, &now_who);
@@ -387,6 +388,18 @@ int wait_for_starting_server(const pool_paths& paths, const std::string& key, in
         return rc;
       }
       if (!starting) {
+        // Built, by a live server that does not listen yet: it opens its socket just after
+        // it initializes its segment (or closes it as it goes). Waited for, briefly.
+        pool_segment::server_identity built_by;
+        if (pool_segment::built_by_live_server(key, &built_by)) {
+          clear_error();
+          const uint64_t t = monotonic_ns();
+          if (listen_since == 0) listen_since = t;
+          if (t - listen_since < uint64_t{k_server_listen_grace_s} * 1'000'000'000) {
+            ::usleep(20'000);
+            continue;
+          }
+        }
         if (!told) return rc;  // nobody is starting: the caller starts one or says so
         return fail(err_unavailable,
                     "pool: the pool server pid %d of device %d, which this process waited for while it built its pool, ended "

@@ -22,6 +22,10 @@ inline constexpr int k_server_start_timeout_s = 30;
 // takes minutes, and is no reason to kill it. A server still building after this is taken
 // for hung.
 inline constexpr int k_server_build_limit_s = 600;
+// How long a live server whose pool segment is initialized is waited for to listen: it opens
+// its socket right after it initializes the segment, so only a server in that moment (or in
+// the one of its stop) is found so; generous for a loaded machine.
+inline constexpr int k_server_listen_grace_s = 10;
 
 // Connects to the server's SOCK_SEQPACKET socket at `socket_path`: *fd, or err_unavailable
 // when nobody listens there (no such file, or a stale file of a dead server).
@@ -35,8 +39,9 @@ int start_or_join_server(const pool_paths& paths, const std::string& device_key,
 
 // After dial_server found nobody: if a live server has claimed `device_key`'s pool and is
 // building it (pool_segment::starting), wait for it to listen and connect (*fd); it serves
-// once its pool is built. err_unavailable at once when no server is starting (then nobody
-// serves the device: start one), or when the one that was starting ended before it listened;
+// once its pool is built; a live server whose pool is built and that does not listen yet is
+// waited for up to k_server_listen_grace_s. err_unavailable when no server is starting (then
+// nobody serves the device: start one), or when the one that was starting ended before it listened;
 // err_timeout after k_server_build_limit_s (the detail names the server, its pid and its
 // log).
 int wait_for_starting_server(const pool_paths& paths, const std::string& device_key, int device, int* fd) noexcept;

@@ -3,13 +3,17 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -87,8 +91,42 @@ inline pid_t spawn(const std::function<int()>& body) {
   return pid;
 }
 
-// Exit status of `pid` (waits for it); 128+signal for a killed child.
-inline int reap(pid_t pid) {
+// Exit status of `pid` (waits for it); 128+signal for a killed child. A child still running
+// after `bound` (a lock wait that never ends, say) is a failure that says what it was doing,
+// not a ctest timeout: it is killed, and the result is -2.
+inline int reap(pid_t pid, std::chrono::seconds bound = std::chrono::seconds(300)) {
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd >= 0) {
+    const auto until = std::chrono::steady_clock::now() + bound;
+    pollfd ended{pidfd, POLLIN, 0};
+    int r = 0;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+      r = left > 0 ? ::poll(&ended, 1, static_cast<int>(std::min<long long>(left, 60'000))) : 0;
+      if (r != 0 && !(r < 0 && errno == EINTR)) break;
+      if (left <= 0) break;
+    }
+    ::close(pidfd);
+    if (r == 0) {
+      auto proc_file = [pid](const char* what) {
+        std::string text;
+        if (FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/" + what).c_str(), "r")) {
+          char buf[512];
+          const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+          text.assign(buf, n);
+          std::fclose(f);
+        }
+        return text;
+      };
+      ADD_FAILURE() << "child pid " << pid << " still ran after " << bound.count() << " s; killed. It was: " << proc_file("stat")
+                    << " waiting in " << proc_file("wchan");
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      return -2;
+    }
+  }
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) return -1;

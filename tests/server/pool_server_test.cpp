@@ -50,8 +50,10 @@
 #include "cli/status_view.hpp"
 #include "pool/pool_report.hpp"
 #include "pool/pool_segment.hpp"
+#include "pool/server_start.hpp"
 #include "lock/process_identity.hpp"
 #include "support/loopback.hpp"
+#include "support/own_children.hpp"
 #include "lock/runtime_dir.hpp"
 #include "lock/shared_segment.hpp"
 #include "server/pool_server.hpp"
@@ -206,16 +208,20 @@ class PoolServer : public ::testing::Test {
       if (p.in >= 0) ::close(p.in);
       if (p.out >= 0) ::close(p.out);
     }
-    for (pid_t s : servers_) ::kill(s, SIGTERM);
-    for (pid_t s : servers_) {
-      if (reap(s, 10s) < 0) ::kill(s, SIGKILL);
-    }
-    // Everything else we started or adopted (detached servers).
-    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-    }
     for (proc& p : procs_) {
       if (p.pid > 0) reap(p.pid, 5s);
     }
+    for (pid_t s : servers_) {
+      ::kill(s, SIGTERM);
+      ::kill(s, SIGCONT);  // one a test stopped (SIGSTOP) and did not resume
+    }
+    for (pid_t s : servers_) {
+      if (reap(s, 10s) < 0) ::kill(s, SIGKILL);
+    }
+    // Everything else we started or adopted (detached servers), stopped: a test that
+    // ended at a failed assertion, or whose client started a server, leaves no server behind.
+    const std::string left = vramswap::detail::test::stop_own_children();
+    if (!left.empty()) std::fprintf(stderr, "TearDown stopped what the test left running:\n%s", left.c_str());
     pool_segment::remove("host-0");
     device_lock::remove("host-0");
     if (std::system(("rm -rf " + dir_).c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
@@ -782,6 +788,9 @@ TEST_F(PoolServer, PeerOfAnotherUserIsRefused) {
       addr.sun_family = AF_UNIX;
       std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%shost-0.sock", dir_.c_str(), prefix_.c_str());
       pool_protocol::hello h{pool_protocol::k_magic, pool_protocol::k_version, ::getpid(), 0, 0};
+      // A server that neither answers nor hangs up ends the wait (status 2), not the test.
+      const timeval bound{30, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
       if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
         // The server may refuse before it reads the hello: the send may fail; read anyway.
         [[maybe_unused]] const ssize_t sent = ::send(fd, &h, sizeof h, MSG_NOSIGNAL);
@@ -795,6 +804,10 @@ TEST_F(PoolServer, PeerOfAnotherUserIsRefused) {
   }
   ::close(result[1]);
   pool_protocol::welcome w{};
+  pollfd answered{result[0], POLLIN, 0};
+  ASSERT_EQ(::poll(&answered, 1, 60'000), 1) << "the child (pid " << child << ") said nothing in 60 s; it was: "
+                                             << read_file("/proc/" + std::to_string(child) + "/stat") << " in "
+                                             << read_file("/proc/" + std::to_string(child) + "/wchan");
   EXPECT_EQ(::read(result[0], &w, sizeof w), static_cast<ssize_t>(sizeof w));
   ::close(result[0]);
   EXPECT_EQ(reap(child), 0);
@@ -1245,6 +1258,38 @@ TEST_F(PoolServer, ClientsStartingWhileTheServerBuildsItsPoolWaitForIt) {
   ::close(server.in);
   ::close(server.out);
   for (int i = 0; i < 4; ++i) ::unlink((dir_ + "-c" + std::to_string(i) + ".err").c_str());
+}
+
+// A server initializes its pool segment and opens its socket just after: a client that looks
+// in between finds the pool built, by a live server, and nobody listening. It waits for the
+// socket rather than take the server for gone (without autostart: "no pool server listens";
+// after a wait for the build: "ended before it listened"). Here the test is that server: its
+// segment initialized, its socket opened a moment later.
+TEST_F(PoolServer, AClientThatFindsThePoolBuiltBeforeItsServerListensWaitsForIt) {
+  pool_paths paths;
+  ASSERT_EQ(pool_paths::make("host-0", true, &paths), ok) << last_error();
+  process_identity me{};
+  ASSERT_EQ(current_process(&me), ok);
+  std::unique_ptr<pool_segment> seg;
+  ASSERT_EQ(pool_segment::create("host-0", 4, 2 << 20, 0, me.pid, me.start_time, &seg), ok) << last_error();
+  const int listener = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", paths.socket.c_str());
+  std::thread opens_late([&] {
+    std::this_thread::sleep_for(500ms);
+    EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+    EXPECT_EQ(::listen(listener, 4), 0) << std::strerror(errno);
+  });
+  int fd = -1;
+  clear_error();
+  const int rc = wait_for_starting_server(paths, "host-0", 0, &fd);
+  opens_late.join();
+  EXPECT_EQ(rc, ok) << "a client gave up on a live server with a built pool that listens a moment later: " << last_error();
+  if (fd >= 0) ::close(fd);
+  ::close(listener);
+  ::unlink(paths.socket.c_str());
 }
 
 // A server that dies while it builds its pool leaves a claimed, never initialized segment:
