@@ -46,6 +46,9 @@ constexpr other_variable k_other[] = {
     {"VRAMSWAP_BENCH_TORCH_STEPS", "bench/python/bench_oversubscribe.py (steps of the oversubscribed PyTorch runs)"},
     {"VRAMSWAP_TEST_HOT_BLOCK", "the oversubscription tests' job (the block whose use it declares)"},
     {"VRAMSWAP_TEST_WAIT_PLACED", "the oversubscription tests' job (run on until pages were placed by use)"},
+    {"VRAMSWAP_TEST_STEPS", "the oversubscription tests' job (launches per tensor per step of its stepping thread)"},
+    {"VRAMSWAP_TEST_LIGHT_USE", "the oversubscription tests' job (uses a second of one page, for the cost model)"},
+    {"VRAMSWAP_TEST_ROTATE", "the oversubscription tests' job (seconds between changes of the tensor it uses)"},
 };
 
 constexpr size_t k_options = static_cast<size_t>(option_id::count_);
