@@ -453,11 +453,16 @@ TEST_F(Oversubscription, PlacementByUseOffLeavesPagesWhereTheyWereFirstBacked) {
 // goes on around the reclaim.
 TEST_F(Oversubscription, LockUserReclaimsFramesFromAJobWhosePlacementSwapsPages) {
   const std::string user_done = deploy_.dir() + "/user-done";
-  const pid_t job = spawn_job(96 * MiB, 2.5, 111, {"VRAMSWAP_TEST_HOT_BLOCK=alternate", "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=1", "VRAMSWAP_LOG=info"}, {user_done, "3"});
+  // The job runs on after the user until it has placed pages (the policy wants two periods of
+  // use before a round moves any: on a loaded machine that can come after the reclaim).
+  const pid_t job = spawn_job(96 * MiB, 2.5, 111,
+                              {"VRAMSWAP_TEST_HOT_BLOCK=alternate", "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT=1", "VRAMSWAP_TEST_WAIT_PLACED=1",
+                               "VRAMSWAP_LOG=info"},
+                              {user_done, "3"});
   std::unique_ptr<pool_segment> pool;
   ASSERT_TRUE(deploy_.open_pool(&pool, 10000));
   ASSERT_EQ(wait_lent(*pool, 32, 10000), 32u);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the job's first placement rounds
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // the job's first placement rounds
   const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "4", "121", "20"});
   EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed";
   std::FILE* done = std::fopen(user_done.c_str(), "w");
