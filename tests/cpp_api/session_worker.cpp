@@ -11,7 +11,9 @@
 //
 // SESSION_WORKER_PAUSE=<round>:<path> in the environment: after releasing round <round>,
 // wait (its frames idle, others may ask for them) until <path> exists, then go on with the
-// next rounds, which check every byte as before (at most 120 s; exit 2 past that).
+// next rounds, which check every byte as before (at most 120 s; exit 2 past that). Round 0
+// waits before the first acquire, with the session open and the memory allocated: a start
+// line for workers whose start-up times differ (a CUDA context takes far longer than a turn).
 //
 // SESSION_WORKER_ALLOC_GAP_MS=<ms>: with alloc-under-lock, wait <ms> before each allocation
 // after the first (a program's own work between its allocations).
@@ -43,6 +45,19 @@ namespace {
 
 constexpr const char* k_program = "session_worker";
 void check(int rc, const char* what) { test::worker_check(k_program, rc, what); }
+
+// Waits (at most 120 s) until `path` exists; false, with a message, past that.
+bool wait_for_file(const std::string& path) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (std::chrono::steady_clock::now() > until) {
+      std::fprintf(stderr, "session_worker[%d]: %s did not appear within 120 s\n", static_cast<int>(getpid()), path.c_str());
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
 
 struct block {
   device_ptr ptr;
@@ -97,18 +112,9 @@ int main(int argc, char** argv) {
   auto turn_file = [&](const char* what, int round) {
     return std::string(turns) + "/" + what + "." + std::to_string(seed) + "." + std::to_string(round);
   };
+  if (pause_after == 0 && !pause_file.empty() && !wait_for_file(pause_file)) return 2;
   for (int round = 1; round <= rounds; ++round) {
-    if (turns != nullptr) {
-      const std::string go = turn_file("go", round);
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-      while (::access(go.c_str(), F_OK) != 0) {
-        if (std::chrono::steady_clock::now() > until) {
-          std::fprintf(stderr, "session_worker[%d]: %s did not appear within 120 s\n", static_cast<int>(getpid()), go.c_str());
-          return 2;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
-    }
+    if (turns != nullptr && !wait_for_file(turn_file("go", round))) return 2;
     check(session->acquire(), "acquire");
     for (size_t i = 0; i < blocks.size(); ++i) {
       const block& b = blocks[i];
@@ -131,16 +137,7 @@ int main(int argc, char** argv) {
     if (turns != nullptr) {
       if (FILE* f = std::fopen(turn_file("done", round).c_str(), "w")) std::fclose(f);
     }
-    if (round == pause_after) {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-      while (::access(pause_file.c_str(), F_OK) != 0) {
-        if (std::chrono::steady_clock::now() > until) {
-          std::fprintf(stderr, "session_worker[%d]: %s did not appear within 120 s\n", static_cast<int>(getpid()), pause_file.c_str());
-          return 2;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    }
+    if (round == pause_after && !wait_for_file(pause_file)) return 2;
   }
   const session_stats st = session->stats();
   std::printf("session_worker[%d]: %d rounds ok; %llu bytes in, %llu out, %llu frames evicted for others\n", static_cast<int>(getpid()),

@@ -231,15 +231,27 @@ class TimeSharingOnAPoolThatFitsTwo : public TimeSharing {
 TEST_F(TimeSharingOnAPoolThatFitsTwo, FiveProcessesTakeFramesFromTwoOwnersAtOnce) {
   std::unique_ptr<pool_segment> pool;
   std::vector<pid_t> workers;
+  // All five start their turns together, once every one has joined: a process's start-up (a
+  // CUDA context on a GPU) takes longer than its five turns, and a worker that finished before
+  // the last one started would leave a pool that fits the rest.
+  const std::string start = deploy_.dir() + "/start";
   for (int i = 0; i < 5; ++i) {
     // Frames asked for at the acquire, the path this test is about: no eviction ahead. Large
     // and small processes alternate: the one that released last (asked first) may hold less
     // than a large acquirer needs.
-    workers.push_back(spawn_worker(i % 2 == 0 ? k_process_bytes : 6 * MiB, 5, 600 + i, 1, {"VRAMSWAP_EVICT_AHEAD=0"}));
+    workers.push_back(spawn_worker(i % 2 == 0 ? k_process_bytes : 6 * MiB, 5, 600 + i, 1,
+                                   {"VRAMSWAP_EVICT_AHEAD=0", "SESSION_WORKER_PAUSE=0:" + start}));
     if (i == 0) {
       ASSERT_TRUE(open_pool(&pool, 10000)) << "no pool segment: did the server start?";
     }
   }
+  bool all_joined = false;
+  for (int i = 0; i < 6000 && !all_joined; ++i) {
+    all_joined = std::all_of(workers.begin(), workers.end(), [&](pid_t w) { return member_of(*pool, w) != k_no_member; });
+    if (!all_joined) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(all_joined) << "not every worker joined the pool within 60 s";
+  if (FILE* f = std::fopen(start.c_str(), "w")) std::fclose(f);
   for (pid_t w : workers) {
     const int status = wait_status(w);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "worker " << w << " status " << status;
