@@ -151,7 +151,7 @@ int pool_frame_source::try_take_not_resident(int device, size_t size, frame_id* 
 int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
   // An owner cannot evict while the shared host pool has no slot for the pages: say so.
   std::string host_pool;
-  if (pool_.host_slot_count() > 0 && pool_.count_slots(slot_free) == 0) {
+  if (pool_.host_slot_count() > 0 && pool_.count_slots(slot_free) + pool_.count_slots(slot_dirty) == 0) {
     host_pool = " The shared host pool (VRAMSWAP_HOST_POOL, " + std::to_string(pool_.host_slot_count()) +
                 " slots) is full, so the owner has nowhere to save the pages: the host pool must hold what all processes of this "
                 "device save at once (their memory less the device pool) plus slack; raise VRAMSWAP_HOST_POOL and restart "

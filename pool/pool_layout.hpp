@@ -110,7 +110,8 @@ constexpr uint64_t k_magic = 0x4C4F4F5057535256ull;  // "VRSWPOOL" in little-end
 // 8: a member slot is ten lines: the last one predicts the member's next acquire (its last
 //    release, a moving mean of its idle gaps) and counts the frames it asked others for
 //    ahead of its acquires and during them.
-constexpr uint64_t k_layout_version = 8;
+// 9: a host slot may be dirty: given back by its owner and not yet zeroed (below).
+constexpr uint64_t k_layout_version = 9;
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_member_count = 256;
 constexpr uint32_t k_no_member = 0xFFFF;
@@ -140,7 +141,14 @@ struct frame_word {
 };
 
 // Host slot word = state | owner << 8 | generation << 24 (40 bits of generation).
-enum slot_state : uint8_t { slot_free = 0, slot_used = 1 };
+// free: zeroed, anyone's to take. used: holds the owner's saved page (or is being written).
+// dirty: the owner gave it back and it still holds the owner's bytes; any member may take it
+// (CAS to used) to write a whole page over them, and the owner's scrubber zeroes the ones left
+// (CAS to used(owner), zero, free). Handing a slot on without zeroing it first takes the
+// memset off the path of the handoff in which one process restores (gives slots back) while
+// another evicts (takes them). The server's repair claims a dead member's dirty slots the same
+// way before it zeroes them, so no slot ever holds the bytes of a member that is gone.
+enum slot_state : uint8_t { slot_free = 0, slot_used = 1, slot_dirty = 2 };
 
 struct slot_word {
   slot_state state;

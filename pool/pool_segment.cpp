@@ -615,14 +615,26 @@ uint32_t pool_segment::count_slots(slot_state state, uint32_t owner) const noexc
   return n;
 }
 
+uint32_t pool_segment::claim_dirty_slots_of(uint32_t owner) noexcept {
+  uint32_t claimed = 0;
+  for (uint32_t s = 0; s < host_slot_count(); ++s) {
+    const uint64_t seen = read_slot(s);
+    const slot_word w = slot_word::decode(seen);
+    // A CAS that fails lost to a member that took the slot to write over it: no longer ours.
+    if (w.state == slot_dirty && w.owner == owner && move_slot(s, seen, slot_used, owner)) ++claimed;
+  }
+  return claimed;
+}
+
 uint32_t pool_segment::free_slots_of(uint32_t owner) noexcept {
   uint32_t freed = 0;
   for (uint32_t s = 0; s < host_slot_count(); ++s) {
     // Only the state can change under us (the owner is dead, nobody else takes a used
-    // slot), so retry until it is free.
+    // slot), so retry until it is free. A dirty slot is left alone: it was not zeroed
+    // (claim_dirty_slots_of comes first), and another member may take it.
     for (uint64_t seen = read_slot(s);; seen = read_slot(s)) {
       const slot_word w = slot_word::decode(seen);
-      if (w.state == slot_free || w.owner != owner) break;
+      if (w.state != slot_used || w.owner != owner) break;
       if (move_slot(s, seen, slot_free, k_no_member)) {
         ++freed;
         break;

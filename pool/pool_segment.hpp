@@ -133,8 +133,12 @@ class pool_segment {
   void notify_slots_freed() noexcept;
   // Count host slots in `state` (any owner when owner == k_no_member).
   uint32_t count_slots(pool_layout::slot_state state, uint32_t owner = pool_layout::k_no_member) const noexcept;
-  // Server, repairing after member `owner` hung up: free every host slot it held, wake the
-  // waiters if any was freed. Returns how many were freed.
+  // Server, repairing after member `owner` hung up: take back its dirty slots (given back,
+  // not yet zeroed: pool_layout.hpp) as used by it, so that no other member takes one while
+  // the server zeroes it. Returns how many.
+  uint32_t claim_dirty_slots_of(uint32_t owner) noexcept;
+  // Server, repairing after member `owner` hung up, its slots zeroed: free every host slot it
+  // held, wake the waiters if any was freed. Returns how many were freed.
   uint32_t free_slots_of(uint32_t owner) noexcept;
 
   // --- trace (pool/pool_layout.hpp: trace_record) ----------------------------------------

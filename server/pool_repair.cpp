@@ -77,6 +77,8 @@ void pool_server::repair(const client& c) noexcept {
 uint32_t pool_server::scrub_host_slots_of(uint32_t member) noexcept {
   const uint64_t size = frame_size_;
   uint32_t failed = 0;
+  // Its dirty slots first: claimed back, so that no member takes one while it is zeroed.
+  segment_->claim_dirty_slots_of(member);
   for (uint32_t s = 0; s < host_slots_; ++s) {
     const slot_word w = slot_word::decode(segment_->read_slot(s));
     if (w.state != slot_used || w.owner != member) continue;

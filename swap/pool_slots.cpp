@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <system_error>
 
 #include "core/log.hpp"
 #include "core/status.hpp"
@@ -23,6 +24,12 @@ pool_slots::pool_slots(pool_segment& pool, uint32_t me, char* base, uint64_t wai
     : pool_(pool), me_(me), base_(base), wait_timeout_ns_(wait_timeout_ns), pool_alive_(std::move(pool_alive)) {}
 
 pool_slots::~pool_slots() {
+  {
+    std::lock_guard<std::mutex> lock(dirty_mutex_);
+    stopping_ = true;
+  }
+  dirty_changed_.notify_all();
+  if (scrubber_.joinable()) scrubber_.join();
   bool any = false;
   for (const uint32_t s : taken_) {
     const uint64_t seen = pool_.read_slot(s);
@@ -32,10 +39,40 @@ pool_slots::~pool_slots() {
     any |= pool_.move_slot(s, seen, slot_free, k_no_member);
   }
   if (any) pool_.notify_slots_freed();
+  // What the scrubber had not come to yet, and any other slot left dirty(me).
+  for (uint32_t s = 0; s < pool_.host_slot_count(); ++s) scrub_if_dirty(s);
 }
 
 void pool_slots::scrub(uint32_t s) noexcept {
   std::memset(base_ + uint64_t{s} * pool_.host_slot_size(), 0, pool_.host_slot_size());
+}
+
+bool pool_slots::scrub_if_dirty(uint32_t s) {
+  const uint64_t seen = pool_.read_slot(s);
+  const slot_word w = slot_word::decode(seen);
+  if (w.state != slot_dirty || w.owner != me_ || !pool_.move_slot(s, seen, slot_used, me_)) return false;
+  scrub(s);
+  free_slot(s);
+  return true;
+}
+
+void pool_slots::scrubber_main() {
+  std::unique_lock<std::mutex> lock(dirty_mutex_);
+  while (!stopping_) {
+    if (dirty_.empty()) {
+      dirty_changed_.wait(lock);
+      continue;
+    }
+    const dirty_slot next = dirty_.front();
+    if (std::chrono::steady_clock::now() < next.scrub_at) {
+      dirty_changed_.wait_until(lock, next.scrub_at);
+      continue;
+    }
+    dirty_.pop_front();
+    lock.unlock();
+    scrub_if_dirty(next.slot);  // taken by a member meanwhile (or by us again): nothing to do
+    lock.lock();
+  }
 }
 
 int pool_slots::take(bool past_limit, char** slot) {
@@ -44,7 +81,10 @@ int pool_slots::take(bool past_limit, char** slot) {
   for (uint32_t k = 0; k < n; ++k) {
     const uint32_t s = (scan_hint_ + k) % n;
     const uint64_t raw = pool_.read_slot(s);
-    if (slot_word::decode(raw).state != slot_free) continue;
+    // A dirty slot holds its last owner's bytes until we write a whole page over them: the
+    // slots are only ever taken to be written whole (a page's copy out, or its read from disk).
+    const slot_state state = slot_word::decode(raw).state;
+    if (state != slot_free && state != slot_dirty) continue;
     if (pool_.move_slot(s, raw, slot_used, me_)) {
       scan_hint_ = (s + 1) % n;
       taken_.insert(s);
@@ -55,7 +95,7 @@ int pool_slots::take(bool past_limit, char** slot) {
   return err_busy;  // a hint to the caller, not an error: no detail
 }
 
-void pool_slots::free_slot(uint32_t s) {
+bool pool_slots::move_own_slot(uint32_t s, slot_state to, uint32_t owner) {
   for (;;) {
     const uint64_t seen = pool_.read_slot(s);
     const slot_word w = slot_word::decode(seen);
@@ -64,20 +104,38 @@ void pool_slots::free_slot(uint32_t s) {
       // that hung up: we were taken for dead (a new server, or our socket closed).
       log(log_level::error, "host pool: slot %u is no longer this process's (member %u; state %d, owner %u)", s, me_,
           static_cast<int>(w.state), w.owner);
-      return;
+      return false;
     }
-    if (pool_.move_slot(s, seen, slot_free, k_no_member)) break;
+    if (pool_.move_slot(s, seen, to, owner)) return true;
   }
-  pool_.notify_slots_freed();
 }
 
-// Zeroed while still ours: once free, the slot is anyone's to take and everyone's to read.
+void pool_slots::free_slot(uint32_t s) {
+  if (move_own_slot(s, slot_free, k_no_member)) pool_.notify_slots_freed();
+}
 
+// Dirty, not zeroed: another member may take it at once to write over it; the scrubber
+// zeroes it a moment later if nobody did.
 void pool_slots::give_back(char* slot) {
   const uint32_t s = static_cast<uint32_t>(static_cast<uint64_t>(slot - base_) / pool_.host_slot_size());
   taken_.erase(s);
-  scrub(s);
-  free_slot(s);
+  if (!move_own_slot(s, slot_dirty, me_)) return;
+  pool_.notify_slots_freed();
+  {
+    std::lock_guard<std::mutex> lock(dirty_mutex_);
+    if (!scrubber_.joinable()) {
+      try {
+        scrubber_ = std::thread([this] { scrubber_main(); });
+      } catch (const std::system_error& e) {
+        // No thread for it: zeroed here, as it was before there was a scrubber.
+        log(log_level::warn, "host pool: cannot start the thread that zeroes slots given back (%s); zeroing slot %u now", e.what(), s);
+        scrub_if_dirty(s);
+        return;
+      }
+    }
+    dirty_.push_back({s, std::chrono::steady_clock::now() + k_scrub_after});
+  }
+  dirty_changed_.notify_one();
 }
 
 bool pool_slots::owns(const char* slot) const noexcept {
@@ -86,7 +144,7 @@ bool pool_slots::owns(const char* slot) const noexcept {
 
 size_t pool_slots::free_now() const {
   size_t n = 0;
-  for (uint32_t s = 0; s < pool_.host_slot_count(); ++s) n += slot_word::decode(pool_.read_slot(s)).state == slot_free ? 1 : 0;
+  for (uint32_t s = 0; s < pool_.host_slot_count(); ++s) n += slot_word::decode(pool_.read_slot(s)).state != slot_used ? 1 : 0;
   return n;
 }
 

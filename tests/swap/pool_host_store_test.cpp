@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,7 +16,9 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "swap/pool_host_store.hpp"
+#include "swap/pool_slots.hpp"
 #include "pool/pool_segment.hpp"
+#include "support/random_bytes.hpp"
 
 namespace vramswap::detail {
 namespace {
@@ -42,6 +45,24 @@ class PoolHostStore : public ::testing::Test {
     return std::make_unique<pool_host_store>(*pool_, member, memory_.data(), timeout_ns, nullptr);
   }
   uint32_t used_by(uint32_t member) const { return pool_->count_slots(slot_used, member); }
+  slot_word word_of(const void* slot) const {
+    return slot_word::decode(pool_->read_slot(static_cast<uint32_t>((static_cast<const char*>(slot) - memory_.data()) / k_slot)));
+  }
+  bool all_zero(const void* slot) const {
+    const char* c = static_cast<const char*>(slot);
+    for (uint64_t i = 0; i < k_slot; ++i) {
+      if (c[i] != 0) return false;
+    }
+    return true;
+  }
+  // Waits (at most 2 s) until every slot is free.
+  bool all_free_soon() const {
+    for (int i = 0; i < 200; ++i) {
+      if (pool_->count_slots(slot_free) == k_slots) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
 
   std::string prefix_;
   std::unique_ptr<pool_segment> pool_;
@@ -173,6 +194,110 @@ TEST_F(PoolHostStore, ServerRepairFreesOnlyTheDeadMembersSlotsAndWakesWaiters) {
   EXPECT_EQ(a->release(2), ok);
   EXPECT_EQ(used_by(2), 3u);
   EXPECT_EQ(used_by(1), 1u);
+}
+
+// A slot given back is dirty (its owner's bytes, takeable by any member) until its owner's
+// scrubber zeroes and frees it, a moment later: never free with bytes in it.
+TEST_F(PoolHostStore, ASlotGivenBackIsZeroedAndFreedAMomentLater) {
+  auto a = store(0);
+  void* p = nullptr;
+  ASSERT_EQ(a->slot_for_write(1, k_slot, &p), ok) << last_error();
+  test::fill_random(p, k_slot, 11);
+  ASSERT_EQ(a->release(1), ok);
+  const slot_word w = word_of(p);
+  EXPECT_TRUE(w.state == slot_dirty || w.state == slot_free) << "state " << int{w.state};
+  EXPECT_EQ(used_by(0), 0u);
+  ASSERT_TRUE(all_free_soon()) << pool_->count_slots(slot_dirty) << " slots still dirty after 2 s";
+  EXPECT_TRUE(all_zero(p)) << "a free slot still holds its last owner's bytes";
+}
+
+// The handoff this is for: a restores (gives slots back) while b evicts (waits for slots).
+// b takes what a gives back at once, dirty, and writes a whole page over it; a's scrubber,
+// coming to that slot a moment later, must leave b's page alone. Many rounds, b taking its
+// slot from just before to just after the scrub is due, so that the two meet.
+TEST_F(PoolHostStore, AnotherMemberTakesASlotGivenBackAndTheOwnersScrubLeavesItsPageAlone) {
+  auto a = store(0);
+  auto b = store(1);
+  std::mt19937 rng(7);
+  const auto due = std::chrono::duration_cast<std::chrono::microseconds>(pool_slots::k_scrub_after).count();
+  std::uniform_int_distribution<long> delay_us(0, 2 * due);
+  void* p = nullptr;
+  for (uint64_t k = 0; k < k_slots; ++k) {
+    ASSERT_EQ(a->slot_for_write(k, k_slot, &p), ok) << last_error();
+    test::fill_random(p, k_slot, 100 + k);
+  }
+  int taken_dirty = 0;
+  for (uint64_t round = 0; round < 60; ++round) {
+    // a gives one slot back; b, whose pool is full, takes it after a while.
+    const uint64_t key = round % k_slots;
+    ASSERT_EQ(a->release(key), ok);
+    std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
+    taken_dirty += pool_->count_slots(slot_dirty) > 0;  // the only slot b can take: dirty still, or zeroed
+    void* mine = nullptr;
+    ASSERT_EQ(b->slot_for_write(round, k_slot, &mine), ok) << last_error();
+    test::fill_random(mine, k_slot, 5000 + round);
+    // Past the scrub's time: whatever a's scrubber did, b's page is whole and b's.
+    std::this_thread::sleep_for(pool_slots::k_scrub_after * 2);
+    void* back = nullptr;
+    ASSERT_EQ(b->slot_for_read(round, &back), ok);
+    ASSERT_EQ(test::first_mismatch(back, k_slot, 5000 + round), k_slot) << "round " << round << ": b's page was overwritten";
+    EXPECT_EQ(word_of(back).state, slot_used);
+    EXPECT_EQ(word_of(back).owner, 1u);
+    // Hand the slot back to a for the next round: b gives it back, a takes it for its key again.
+    ASSERT_EQ(b->release(round), ok);
+    ASSERT_EQ(a->slot_for_write(key, k_slot, &p), ok) << last_error();
+    test::fill_random(p, k_slot, 100 + key);
+  }
+  EXPECT_GT(taken_dirty, 0) << "b never came before a's scrub: the hand-over of dirty slots was not exercised";
+  // a's pages that never moved are intact.
+  for (uint64_t k = 0; k < k_slots; ++k) {
+    void* r = nullptr;
+    ASSERT_EQ(a->slot_for_read(k, &r), ok);
+    EXPECT_EQ(test::first_mismatch(r, k_slot, 100 + k), k_slot) << "a's page " << k;
+  }
+}
+
+// A store that goes zeroes what it gave back and its scrubber had not come to yet.
+TEST_F(PoolHostStore, DestroyingAStoreZeroesTheSlotsItLeftDirty) {
+  auto a = store(0);
+  std::vector<void*> slots;
+  for (uint64_t k = 0; k < k_slots; ++k) {
+    void* p = nullptr;
+    ASSERT_EQ(a->slot_for_write(k, k_slot, &p), ok) << last_error();
+    test::fill_random(p, k_slot, 300 + k);
+    slots.push_back(p);
+  }
+  for (uint64_t k = 0; k < k_slots; ++k) ASSERT_EQ(a->release(k), ok);
+  a.reset();
+  EXPECT_EQ(pool_->count_slots(slot_free), k_slots);
+  for (void* p : slots) EXPECT_TRUE(all_zero(p));
+}
+
+// The server's repair of a dead member: its dirty slots are claimed back as used by it (so no
+// member takes one while the server zeroes it) before they are zeroed and freed; freeing
+// alone never frees a dirty slot, which holds bytes.
+TEST_F(PoolHostStore, RepairClaimsADeadMembersDirtySlotsBeforeFreeingThem) {
+  auto dirty = [&](uint32_t s, uint32_t owner) {
+    ASSERT_TRUE(pool_->move_slot(s, pool_->read_slot(s), slot_used, owner));
+    ASSERT_TRUE(pool_->move_slot(s, pool_->read_slot(s), slot_dirty, owner));
+  };
+  dirty(0, 5);
+  dirty(1, 5);
+  dirty(2, 6);
+  EXPECT_EQ(pool_->free_slots_of(5), 0u) << "a dirty slot is not freed unzeroed";
+  EXPECT_EQ(pool_->count_slots(slot_dirty, 5), 2u);
+  EXPECT_EQ(pool_->claim_dirty_slots_of(5), 2u);
+  EXPECT_EQ(pool_->count_slots(slot_used, 5), 2u);
+  EXPECT_EQ(pool_->count_slots(slot_dirty, 6), 1u) << "another member's dirty slot is left alone";
+  EXPECT_EQ(pool_->free_slots_of(5), 2u);
+  EXPECT_EQ(pool_->count_slots(slot_free), 3u);
+  // A member may take the other dead member's dirty slot before the server claims it: then it is not the server's.
+  auto b = store(1);
+  void* p = nullptr;
+  for (uint64_t k = 10; k < 10 + k_slots; ++k) ASSERT_EQ(b->slot_for_write(k, k_slot, &p), ok) << last_error();
+  EXPECT_EQ(pool_->count_slots(slot_used, 1), k_slots);
+  EXPECT_EQ(pool_->claim_dirty_slots_of(6), 0u);
+  EXPECT_EQ(pool_->free_slots_of(6), 0u);
 }
 
 TEST_F(PoolHostStore, DestroyingAStoreGivesBackEverySlotItHeld) {
