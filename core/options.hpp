@@ -116,12 +116,11 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
     "command line is shown")                                                                     \
   X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", flag_form(),                                   \
     "1: evict this process's memory at every release")                                           \
-  X(evict_ahead, "VRAMSWAP_EVICT_AHEAD", "0", flag_form(),                                       \
+  X(evict_ahead, "VRAMSWAP_EVICT_AHEAD", "1", flag_form(),                                       \
     "1: when this process is predicted to take the device's lock next (from its own release and " \
     "acquire times) and the pool lacks free frames for its memory, it asks the idle processes "  \
     "predicted to come after it to evict that much now, so that its switch is a restore only "   \
-    "(docs/pool_server.md, Eviction ahead of need); 0 (the default until it has run on a GPU): "   \
-    "frames are asked for only at the acquire") \
+    "(docs/pool_server.md, Eviction ahead of need); 0: frames are asked for only at the acquire") \
   X(strict, "VRAMSWAP_STRICT", "0", flag_form(),                                                 \
     "1: evict and unmap at every release, so device access outside the lock faults (debugging)") \
   X(host_limit, "VRAMSWAP_HOST_LIMIT", "50%", percent_form("RAM"),                               \
