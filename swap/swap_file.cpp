@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 
 #include "core/log.hpp"
 #include "core/status.hpp"
@@ -21,6 +23,8 @@ namespace {
 constexpr unsigned k_sparse_buffers = 4096;     // fixed-buffer table entries (one per host chunk)
 constexpr size_t k_max_fixed_buffer = 1u << 30;  // the kernel's limit per registered buffer
 constexpr unsigned k_max_stalls = 8;            // completions in a row without progress
+constexpr double k_wait_slice_s = 0.1;          // longest wait before the ring's SQEs are submitted again
+constexpr double k_first_pause_s = 0.001;       // before retrying a submission, doubling up to a slice
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -100,6 +104,7 @@ int swap_file::setup() {
                 cfg_.queue_depth, std::strerror(-rc));
   }
   ring_ready_ = true;
+  timed_waits_ = (params.features & IORING_FEAT_EXT_ARG) != 0;
   fixed_file_ = io_uring_register_files(&ring_, &fd_, 1) == 0;
   rc = io_uring_register_buffers_sparse(&ring_, k_sparse_buffers);
   fixed_buffers_ = rc == 0;
@@ -245,7 +250,7 @@ void swap_file::account_depth() {
 
 void swap_file::submit(bool write, uint64_t extent, void* buf, uint64_t tag) {
   const unsigned nblocks = static_cast<unsigned>((cfg_.extent_size + cfg_.block_size - 1) / cfg_.block_size);
-  auto* req = new request{tag, write, extent, nblocks, 0, 0, false};
+  auto* req = new request{tag, write, extent, nblocks, 0, 0, false, {}};
   if (write) ++(written_[extent] ? stats_.overwrites : stats_.fresh_writes);
   for (unsigned i = 0; i < nblocks; ++i) {
     const uint64_t off = static_cast<uint64_t>(i) * cfg_.block_size;
@@ -257,53 +262,166 @@ void swap_file::submit(bool write, uint64_t extent, void* buf, uint64_t tag) {
 }
 
 void swap_file::pump() {
-  unsigned added = 0;
+  fill_ring();
+  submit_ready();
+}
+
+void swap_file::fill_ring() {
   while (!queued_.empty() && in_ring_ < cfg_.queue_depth) {
     struct io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe == nullptr) break;
     block* b = queued_.front();
     queued_.pop_front();
-    const int fd = fixed_file_ ? 0 : fd_;
-    const int index = buffer_index(b->buf, b->len);
-    if (b->req->write) {
-      if (index >= 0) {
-        io_uring_prep_write_fixed(sqe, fd, b->buf, b->len, b->offset, index);
-      } else {
-        io_uring_prep_write(sqe, fd, b->buf, b->len, b->offset);
-      }
-    } else {
-      if (index >= 0) {
-        io_uring_prep_read_fixed(sqe, fd, b->buf, b->len, b->offset, index);
-      } else {
-        io_uring_prep_read(sqe, fd, b->buf, b->len, b->offset);
-      }
-    }
-    if (fixed_file_) sqe->flags |= IOSQE_FIXED_FILE;
-    io_uring_sqe_set_data(sqe, b);
+    prepare(sqe, b);
+    not_taken_.emplace_back(sqe, b);
     account_depth();
     ++in_ring_;
-    ++added;
-  }
-  if (added == 0) return;
-  stats_.sqes += added;
-  for (;;) {
-    ++stats_.submits;
-    const int rc = io_uring_submit(&ring_);
-    if (rc >= 0 || (rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)) {
-      if (rc < 0) log(log_level::error, "swap file: io_uring_submit failed: %s", std::strerror(-rc));
-      return;
-    }
-    if (rc == -EINTR) continue;
-    return;  // EAGAIN/EBUSY: the SQEs stay in the ring and go with the next submit
+    ++stats_.sqes;
   }
 }
 
-void swap_file::handle(struct io_uring_cqe* cqe, std::vector<completion>* out) {
+void swap_file::prepare(struct io_uring_sqe* sqe, block* b) {
+  const int fd = fixed_file_ ? 0 : fd_;
+  const int index = buffer_index(b->buf, b->len);
+  if (b->req->write) {
+    if (index >= 0) {
+      io_uring_prep_write_fixed(sqe, fd, b->buf, b->len, b->offset, index);
+    } else {
+      io_uring_prep_write(sqe, fd, b->buf, b->len, b->offset);
+    }
+  } else {
+    if (index >= 0) {
+      io_uring_prep_read_fixed(sqe, fd, b->buf, b->len, b->offset, index);
+    } else {
+      io_uring_prep_read(sqe, fd, b->buf, b->len, b->offset);
+    }
+  }
+  if (fixed_file_) sqe->flags |= IOSQE_FIXED_FILE;
+  io_uring_sqe_set_data(sqe, b);
+}
+
+// Submitted whenever the ring holds SQEs, not only when this call added some: SQEs that an
+// earlier failed submission left behind would otherwise wait for ever, and so would whoever
+// waits for their completions. After EAGAIN or EBUSY the next attempt waits a pause (reap()
+// reaps meanwhile, which is what frees a full completion queue); past submit_patience_ms of
+// them, or on any other error, the blocks the kernel has not taken fail.
+void swap_file::submit_ready() {
+  while (io_uring_sq_ready(&ring_) > 0) {
+    const double t = now_s();
+    if (t < submit_retry_at_) return;
+    const int rc = submit_once();
+    forget_taken();
+    if (rc == -EINTR) continue;
+    if (rc > 0) {
+      submit_failing_since_ = submit_retry_at_ = submit_pause_ = 0;
+      submit_failures_ = 0;
+      submit_failure_logged_ = false;
+      continue;  // the kernel may have taken only some: the rest go in the next round
+    }
+    const int e = rc == 0 ? EAGAIN : -rc;  // none taken and no error: as EAGAIN
+    char why[256];
+    if (e == EAGAIN || e == EBUSY) {
+      if (submit_failures_++ == 0) {
+        submit_failing_since_ = t;
+        log(log_level::debug, "swap file in %s for %s: io_uring_submit: %s; retrying", cfg_.dir.c_str(), cfg_.label.c_str(),
+            std::strerror(e));
+      }
+      if (t - submit_failing_since_ < cfg_.submit_patience_ms / 1000.0) {
+        submit_pause_ = std::min(k_wait_slice_s, submit_pause_ == 0 ? k_first_pause_s : 2 * submit_pause_);
+        submit_retry_at_ = t + submit_pause_;
+        return;
+      }
+      std::snprintf(why, sizeof why,
+                    "io_uring_submit failed: %s, %u times in %.1f s (the kernel could not take requests: short of memory, or "
+                    "its completion queue stayed full); free host memory or lower VRAMSWAP_SWAP_QUEUE_DEPTH",
+                    std::strerror(e), submit_failures_, t - submit_failing_since_);
+    } else {
+      std::snprintf(why, sizeof why,
+                    "io_uring_submit failed: %s; if it persists, see the kernel log (dmesg) and "
+                    "/proc/sys/kernel/io_uring_disabled",
+                    std::strerror(e));
+    }
+    submit_failing_since_ = submit_retry_at_ = submit_pause_ = 0;
+    submit_failures_ = 0;
+    fail_unsubmitted(e, why);
+    return;
+  }
+}
+
+int swap_file::submit_once() {
+  const uint64_t nth = stats_.submits++;
+  if (cfg_.faults != nullptr) {
+    const int e = cfg_.faults->on_submit(nth, io_uring_sq_ready(&ring_));
+    if (e < 0) return e;
+  }
+  return io_uring_submit(&ring_);
+}
+
+// The kernel takes SQEs in ring order, and io_uring_sq_ready() counts those it has not
+// taken: they are the last ones prepared.
+void swap_file::forget_taken() {
+  const unsigned left = io_uring_sq_ready(&ring_);
+  while (not_taken_.size() > left) not_taken_.pop_front();
+}
+
+// Fail every block the kernel has not taken: those with an SQE in the ring and those queued.
+// liburing cannot take an SQE back out of the ring, and the next io_uring_submit hands it to
+// the kernel whatever we decided; so each one is rewritten as a no-op that names no block,
+// and its completion is skipped. Rewriting it is safe, and after it the kernel can never
+// touch the block's buffer: the ring has no SQPOLL thread, so the kernel reads SQEs only
+// inside io_uring_enter, called from this thread, and it moves the ring's head past every
+// SQE it read before that call returns; an SQE that io_uring_sq_ready() still counts has not
+// been read, and no transfer for its buffer exists. So when the request completes with the
+// error (after its blocks that the kernel did take), its buffer is the caller's again, as it
+// was: a write leaves the page where it was, a read has filled nothing.
+void swap_file::fail_unsubmitted(int e, const std::string& why) {
+  forget_taken();
+  size_t failed = 0;
+  auto fail_block = [&](block* b) {
+    request* r = b->req;
+    if (r->error == 0) {
+      r->error = -e;
+      r->error_offset = b->offset;
+      r->not_submitted = why;
+    }
+    finish_block(b);
+    ++failed;
+  };
+  for (auto& [sqe, b] : not_taken_) {
+    if (b == nullptr) continue;
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data(sqe, nullptr);
+    fail_block(b);
+    b = nullptr;
+  }
+  while (!queued_.empty()) {
+    block* b = queued_.front();
+    queued_.pop_front();
+    fail_block(b);
+  }
+  if (failed == 0 || submit_failure_logged_) return;
+  submit_failure_logged_ = true;  // each request's completion says it too
+  log(log_level::error,
+      "swap file in %s for %s: %s; the %zu transfers not started fail (failures like it are not logged again until a submission "
+      "succeeds)",
+      cfg_.dir.c_str(), cfg_.label.c_str(), why.c_str(), failed);
+}
+
+void swap_file::drain_completions() {
+  struct io_uring_cqe* cqe = nullptr;
+  while (io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe != nullptr) {
+    handle(cqe);
+    cqe = nullptr;
+  }
+}
+
+void swap_file::handle(struct io_uring_cqe* cqe) {
   block* b = static_cast<block*>(io_uring_cqe_get_data(cqe));
   int res = cqe->res;
   io_uring_cqe_seen(&ring_, cqe);
   account_depth();
   --in_ring_;
+  if (b == nullptr) return;  // the no-op of a block that failed unsubmitted
   request* r = b->req;
   if (cfg_.faults != nullptr) res = cfg_.faults->on_complete(r->write, nth_[r->write ? 1 : 0]++, b->offset, b->len, res);
   bool finished = false;
@@ -332,16 +450,26 @@ void swap_file::handle(struct io_uring_cqe* cqe, std::vector<completion>* out) {
     b->len -= static_cast<unsigned>(res);
     queued_.push_front(b);
   }
-  if (!finished) return;
+  if (finished) finish_block(b);
+}
+
+void swap_file::finish_block(block* b) {
+  request* r = b->req;
   delete b;
-  if (--r->blocks_left > 0) return;
+  if (--r->blocks_left == 0) complete(r);
+}
+
+void swap_file::complete(request* r) {
   completion c{r->tag, ok, {}};
   if (r->error != 0) {
     const int e = -r->error;
     const char* dir = r->write ? "write" : "read";
-    c.status = (e == ENOSPC || e == EDQUOT) ? err_no_space : err_io;
-    char buf[512];
-    if (r->short_transfer) {
+    c.status = r->not_submitted.empty() && (e == ENOSPC || e == EDQUOT) ? err_no_space : err_io;
+    char buf[768];
+    if (!r->not_submitted.empty()) {
+      std::snprintf(buf, sizeof buf, "swap file in %s for %s: %s at offset %" PRIu64 " (page extent %" PRIu64 ") not submitted: %s",
+                    cfg_.dir.c_str(), cfg_.label.c_str(), dir, r->error_offset, r->extent, r->not_submitted.c_str());
+    } else if (r->short_transfer) {
       std::snprintf(buf, sizeof buf,
                     "swap file in %s for %s: short %s at offset %" PRIu64 " (page extent %" PRIu64
                     "): no progress after %u attempts",
@@ -354,27 +482,51 @@ void swap_file::handle(struct io_uring_cqe* cqe, std::vector<completion>* out) {
   }
   if (r->write && r->error == 0) written_[r->extent] = true;
   delete r;
-  --requests_;
-  out->push_back(std::move(c));
+  done_.push_back(std::move(c));
 }
 
 int swap_file::reap(bool wait, std::vector<completion>* out) {
-  const size_t before = out->size();
   for (;;) {
     pump();
-    struct io_uring_cqe* cqe = nullptr;
-    while (io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe != nullptr) {
-      handle(cqe, out);
-      cqe = nullptr;
-    }
+    drain_completions();
     pump();
-    if (!wait || out->size() > before || requests_ == 0) return ok;
-    ++stats_.waits;
-    const int rc = io_uring_wait_cqe(&ring_, &cqe);
-    if (rc < 0 && rc != -EINTR && rc != -EAGAIN) {
-      return fail(err_system, "swap file: waiting for io_uring completions failed: %s", std::strerror(-rc));
+    if (!done_.empty()) {
+      requests_ -= done_.size();
+      for (completion& c : done_) out->push_back(std::move(c));
+      done_.clear();
+      return ok;
     }
+    if (!wait || requests_ == 0) return ok;
+    VS_TRY(wait_a_slice());
   }
+}
+
+// Never a wait without end: SQEs left in the ring by a failed submission bring no completion
+// until they are submitted again, which reap() does after each slice.
+int swap_file::wait_a_slice() {
+  ++stats_.waits;
+  const double wait_s =
+      submit_retry_at_ == 0 ? k_wait_slice_s : std::clamp(submit_retry_at_ - now_s(), 0.0, k_wait_slice_s);
+  struct io_uring_cqe* cqe = nullptr;
+  int rc = 0;
+  if (timed_waits_) {
+    struct __kernel_timespec ts {};
+    ts.tv_sec = 0;
+    ts.tv_nsec = static_cast<long long>(wait_s * 1e9);
+    rc = io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
+  } else if (not_taken_.empty()) {
+    // Kernels before 5.11: liburing would time the wait with an SQE of its own, which would
+    // go out with ours. With every SQE taken by the kernel, a completion is sure to come.
+    rc = io_uring_wait_cqe(&ring_, &cqe);
+  } else {
+    const struct timespec ts {0, static_cast<long>(wait_s * 1e9)};
+    ::nanosleep(&ts, nullptr);
+  }
+  if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME) {
+    return fail(err_system, "swap file in %s for %s: waiting for io_uring completions failed: %s", cfg_.dir.c_str(),
+                cfg_.label.c_str(), std::strerror(-rc));
+  }
+  return ok;
 }
 
 }  // namespace vramswap::detail

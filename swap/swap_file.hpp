@@ -48,10 +48,22 @@
 // transfer. A request completes when all of its blocks have: ok, or the first error
 // (err_no_space for ENOSPC/EDQUOT, err_io otherwise), with a detail naming the page, the
 // offset and the cause. Completions are collected by reap().
+//   Submission. Whatever SQEs the ring holds are submitted at every submit() and reap(), not
+// only when new ones were added, so none is left behind. EAGAIN (the kernel could not
+// allocate requests) and EBUSY (its completion queue is full, which reaping frees) are
+// retried with pauses growing to 100 ms while completions are reaped; a wait for completions
+// lasts at most that long before submitting again. Submission that keeps failing so for
+// `submit_patience_ms`, or fails with any other error, fails every block the kernel has not
+// taken (those in the ring and those queued) with err_io and a detail "io_uring_submit
+// failed: <cause>" naming the file and what to do, instead of waiting for completions that
+// cannot come. Such a block's SQE is turned into a no-op (see fail_unsubmitted()), so its
+// buffer is never touched: a failed write leaves the page where it was, a failed read fills
+// nothing.
 //
 // Faults. Tests replace the io_faults seam to turn the Nth completion into -EIO or a short
-// count, or to make the directory look like one without O_DIRECT. It is a constructor
-// argument, not an environment variable: nothing a user sets can trip it.
+// count, to make io_uring_submit fail (EAGAIN, EBUSY or a hard error), or to make the
+// directory look like one without O_DIRECT. It is a constructor argument, not an
+// environment variable: nothing a user sets can trip it.
 //
 // Not thread-safe: the owner (tiered_store) serializes every call.
 #pragma once
@@ -66,6 +78,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace vramswap::detail {
@@ -86,6 +99,13 @@ class io_faults {
     (void)write, (void)nth, (void)offset, (void)len;
     return res;
   }
+  // Before io_uring_submit would hand the `ready` SQEs in the ring to the kernel (the nth
+  // call, numbered from 0 per file): return 0 to go ahead, or -errno to make the call fail
+  // with that error as the kernel fails it, having taken none of them (they stay in the ring).
+  virtual int on_submit(uint64_t nth, unsigned ready) {
+    (void)nth, (void)ready;
+    return 0;
+  }
 };
 
 struct swap_file_config {
@@ -94,6 +114,7 @@ struct swap_file_config {
   unsigned queue_depth = 32;    // blocks in flight
   size_t block_size = 1 << 20;  // bytes per request (a page is split into blocks)
   uint64_t grow_step = 1ull << 30;  // least growth (and its unit), rounded up to whole extents
+  unsigned submit_patience_ms = 5000;  // EAGAIN/EBUSY from io_uring_submit this long: the blocks fail
   io_faults* faults = nullptr;  // tests only
   std::string label;            // for messages: "device 0"
 };
@@ -146,9 +167,9 @@ class swap_file {
 
   // Where the time goes (for benchmarks): blocks in the ring integrated over time.
   struct io_stats {
-    uint64_t submits = 0;      // io_uring_submit calls
+    uint64_t submits = 0;      // io_uring_submit calls (failed ones included)
     uint64_t sqes = 0;         // blocks put in the ring
-    uint64_t waits = 0;        // io_uring_wait_cqe calls
+    uint64_t waits = 0;        // waits for completions (each at most a slice, see reap())
     uint64_t grows = 0;        // fallocate calls (failed ones included)
     double grow_s = 0;         // seconds in fallocate (and in giving back a failed one)
     uint64_t grows_in_flight = 0;  // of those, made with blocks in the ring (which they drain)
@@ -179,12 +200,23 @@ class swap_file {
     int error;  // first -errno (or -EIO for short), 0 if none
     uint64_t error_offset;
     bool short_transfer;
+    std::string not_submitted;  // why a block of it never reached the kernel ("" if none)
   };
 
   explicit swap_file(const swap_file_config& cfg) : cfg_(cfg) {}
   int setup();
-  void pump();                      // move queued blocks into the ring, up to queue_depth
-  void handle(struct io_uring_cqe* cqe, std::vector<completion>* out);
+  void pump();                      // fill_ring(), then submit_ready()
+  void fill_ring();                 // move queued blocks into the ring, up to queue_depth
+  void prepare(struct io_uring_sqe* sqe, block* b);
+  void submit_ready();              // hand the ring's SQEs to the kernel; see the top
+  int submit_once();                // io_uring_submit (or the fault seam's error)
+  void forget_taken();              // drop from not_taken_ the SQEs the kernel has taken
+  void fail_unsubmitted(int e, const std::string& why);
+  void drain_completions();         // every completion the ring holds, through handle()
+  void handle(struct io_uring_cqe* cqe);
+  void finish_block(block* b);      // done or failed: its request completes with its last one
+  void complete(request* r);        // into done_
+  int wait_a_slice();               // for a completion, until the next submission is due
   int buffer_index(const char* p, unsigned len) const;  // -1 if not registered
   int grow(uint64_t missing, bool one_at_a_time);      // see reserve()
   int try_fallocate(uint64_t extents);                 // -errno; gives a failed attempt back
@@ -199,8 +231,17 @@ class swap_file {
   unsigned next_buffer_ = 0;
   std::map<uintptr_t, std::pair<size_t, int>> buffers_;  // base -> (bytes, index)
   std::deque<block*> queued_;                           // not yet in the ring
-  unsigned in_ring_ = 0;
+  // SQEs in the ring the kernel has not taken, in ring order; nullptr: a failed block's no-op.
+  std::deque<std::pair<struct io_uring_sqe*, block*>> not_taken_;
+  unsigned in_ring_ = 0;            // SQEs in the ring or with the kernel, no-ops included
   size_t requests_ = 0;
+  std::vector<completion> done_;    // finished requests not yet reaped
+  bool timed_waits_ = false;        // the kernel waits with a timeout without an SQE (EXT_ARG)
+  double submit_failing_since_ = 0;  // first EAGAIN/EBUSY of a run of them, 0 if none
+  double submit_retry_at_ = 0;      // when to submit again after one, 0: at once
+  double submit_pause_ = 0;         // the pause before that retry, doubling
+  unsigned submit_failures_ = 0;    // EAGAIN/EBUSY in the current run
+  bool submit_failure_logged_ = false;  // since the last submission that succeeded
   uint64_t nth_[2] = {0, 0};  // completions per direction, for io_faults
   uint64_t extents_total_ = 0;
   std::set<uint64_t> free_written_;  // the free-space map: extents written before

@@ -1,7 +1,9 @@
 // Description: the disk tier and the tiered store. Byte-exact round trips with random data
 // device -> host -> disk -> host -> device (through the pager, on every backend) and at the
 // store's own level; the host budget; reuse of swap-file space; EIO, short transfers and
-// no progress through the io_faults seam; ENOSPC on a real small ext4 filesystem (loop
+// no progress through the io_faults seam; io_uring_submit failing with EAGAIN or EBUSY (retried,
+// nothing lost) or a hard error (the transfers not started fail, no hang, the page stays where
+// it was, the other transfers unaffected), also through the seam; ENOSPC on a real small ext4 filesystem (loop
 // mounted by the test, skipped where mounting is not permitted); a missing, unwritable,
 // no-O_TMPFILE and no-O_DIRECT swap directory. Reserving ahead: a spill's disk space is
 // reserved in one fallocate before its first write (store, pager), the file grows
@@ -19,12 +21,16 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/options.hpp"
@@ -45,9 +51,30 @@ constexpr size_t k_page = 2 * MiB;
 struct scripted_faults final : io_faults {
   bool no_direct = false;
   std::function<int(bool write, uint64_t nth, unsigned len, int res)> on;
+  std::function<int(uint64_t nth, unsigned ready)> submit;
   int on_open(int flags) override { return no_direct && (flags & O_DIRECT) != 0 ? -EINVAL : 0; }
   int on_complete(bool write, uint64_t nth, uint64_t, unsigned len, int res) override { return on ? on(write, nth, len, res) : res; }
+  int on_submit(uint64_t nth, unsigned ready) override { return submit ? submit(nth, ready) : 0; }
 };
+
+// Runs `op` on a thread and gives it `limit`: a regression that hangs fails (it ends the
+// process, whose stuck thread still uses the test's objects) rather than hanging the suite.
+void within(std::chrono::seconds limit, const char* what, const std::function<void()>& op) {
+  std::promise<void> finished;
+  std::future<void> f = finished.get_future();
+  std::thread t([&] {
+    op();
+    finished.set_value();
+  });
+  if (f.wait_for(limit) != std::future_status::ready) {
+    std::fprintf(stderr, "FAILED: %s: still running after %lld s (hung)\n", what, static_cast<long long>(limit.count()));
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  t.join();
+}
+
+bool contains(const std::string& s, const char* needle) { return s.find(needle) != std::string::npos; }
 
 // A store of 2 MiB pages: `budget` pages of host memory, 4 slots in the write window,
 // 2 pages of spill-ahead and read-ahead (3 staging slots), growing by `grow` bytes.
@@ -215,6 +242,71 @@ TEST_P(TieredStore, ATransferThatMakesNoProgressFailsAsShort) {
   EXPECT_FAILS(s->slot_for_read(0, &slot), err_io, "short read");
   stall = false;
   EXPECT_TRUE(read_back(*s, 0, 70));
+}
+
+TEST_P(TieredStore, EagainAndEbusyOnSubmitAreRetriedAndLoseNothing) {
+  scripted_faults faults;
+  unsigned injected = 0;
+  // Two of every three submissions fail, alternately EAGAIN and EBUSY, the kernel taking none.
+  faults.submit = [&](uint64_t nth, unsigned) {
+    if (nth % 3 == 2) return 0;
+    ++injected;
+    return nth % 2 == 0 ? -EAGAIN : -EBUSY;
+  };
+  std::unique_ptr<tiered_store> s;
+  ASSERT_EQ(make_store(*be, 8, dir, &faults, &s), ok) << last_error();
+  within(std::chrono::seconds(60), "spilling and reading back with EAGAIN/EBUSY on submit", [&] {
+    for (uint64_t k = 0; k < 24; ++k) ASSERT_EQ(put(*s, k, 500 + k), ok) << last_error();
+    ASSERT_EQ(s->spill_all(), ok) << last_error();
+    for (uint64_t k = 0; k < 24; ++k) EXPECT_TRUE(read_back(*s, k, 500 + k));
+  });
+  EXPECT_GT(s->stats().bytes_read, 0u) << "the pages came back from the disk";
+  EXPECT_GT(injected, 10u) << "the faults were met";
+}
+
+TEST_P(TieredStore, AHardSubmitErrorFailsTheTransfersAndLosesNothing) {
+  scripted_faults faults;
+  bool broken = false;
+  faults.submit = [&](uint64_t, unsigned) { return broken ? -EINVAL : 0; };
+  std::unique_ptr<tiered_store> s;
+  ASSERT_EQ(make_store(*be, 8, dir, &faults, &s), ok) << last_error();
+  within(std::chrono::seconds(60), "spills and reads whose submission fails", [&] {
+    // Saved before the failure, some on disk: untouched by it.
+    for (uint64_t k = 0; k < 12; ++k) ASSERT_EQ(put(*s, k, 600 + k), ok) << last_error();
+    ASSERT_EQ(s->spill_all(), ok) << last_error();
+    ASSERT_TRUE((s->tier_of(0) == 1));
+    // A read whose submission fails: an error, not a hang, and the page stays on disk.
+    broken = true;
+    void* slot = nullptr;
+    EXPECT_FAILS(s->slot_for_read(0, &slot), err_io, "io_uring_submit failed: Invalid argument");
+    EXPECT_TRUE(contains(last_error(), "stays on disk")) << last_error();
+    EXPECT_TRUE((s->tier_of(0) == 1));
+    // Saves that must spill: the spill fails, its pages stay in host memory.
+    int failed_at = -1;
+    for (uint64_t k = 12; k < 40; ++k) {
+      const int rc = put(*s, k, 600 + k);
+      if (rc != ok) {
+        EXPECT_EQ(rc, err_io);
+        EXPECT_TRUE(contains(last_error(), "io_uring_submit failed: Invalid argument")) << last_error();
+        EXPECT_TRUE(contains(last_error(), "stays in host memory")) << last_error();
+        EXPECT_TRUE(contains(last_error(), dir.c_str())) << last_error();
+        EXPECT_FALSE(s->holds(k)) << "the failed call created nothing";
+        failed_at = static_cast<int>(k);
+        break;
+      }
+    }
+    ASSERT_GE(failed_at, 0) << "the failed submission never reached a caller";
+    broken = false;
+    // Spills retried before the caller saw the error may have failed too: flush reports them.
+    const int flushed = s->flush();
+    if (flushed != ok) {
+      EXPECT_EQ(flushed, err_io);
+      EXPECT_TRUE(contains(last_error(), "io_uring_submit failed")) << last_error();
+    }
+    for (uint64_t k = failed_at; k < 40; ++k) ASSERT_EQ(put(*s, k, 600 + k), ok) << last_error();
+    ASSERT_EQ(s->flush(), ok) << last_error();
+    for (uint64_t k = 0; k < 40; ++k) EXPECT_TRUE(read_back(*s, k, 600 + k));
+  });
 }
 
 // --- the swap directory ---------------------------------------------------------------------
@@ -657,6 +749,156 @@ TEST_F(SwapFile, WrittenExtentsAreReusedFirstLowestOffsetFirst) {
   EXPECT_EQ(f->stats().overwrites, 1u);
   EXPECT_EQ(f->stats().fresh_writes, 3u);
   EXPECT_EQ(f->stats().grows, 1u);
+}
+
+// --- submission failures, at the swap file's own level -----------------------------------------
+
+// Pages of 4 blocks, 6 blocks in the ring: a page's blocks can be split between the kernel,
+// the ring and the queue. Buffers of random bytes, one per page.
+class SwapFileSubmission : public ::testing::Test {
+ protected:
+  static constexpr unsigned k_pages = 8;
+  void SetUp() override {
+    faults.submit = [this](uint64_t, unsigned) { return submit_fault(); };
+    swap_file_config cfg;
+    cfg.dir = "/var/tmp";
+    cfg.extent_size = k_page;
+    cfg.queue_depth = 6;
+    cfg.block_size = 512 * 1024;
+    cfg.grow_step = k_pages * k_page;
+    cfg.submit_patience_ms = 300;
+    cfg.faults = &faults;
+    cfg.label = "test";
+    ASSERT_EQ(swap_file::open(cfg, &f), ok) << last_error();
+    ASSERT_EQ(f->reserve(k_pages), ok) << last_error();
+    for (unsigned i = 0; i < k_pages; ++i) ASSERT_EQ(f->alloc_extent(&extent[i]), ok) << last_error();
+    mem = ::mmap(nullptr, k_pages * k_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(mem, MAP_FAILED);
+  }
+  void TearDown() override {
+    f.reset();
+    if (mem != nullptr && mem != MAP_FAILED) ::munmap(mem, k_pages * k_page);
+  }
+  // What the seam answers for the next submission: 0, or -errno (once, or every time).
+  int submit_fault() {
+    if (fail_always != 0) return ++injected, -fail_always;
+    if (fail_times == 0) return 0;
+    --fail_times, ++injected;
+    return -fail_with;
+  }
+  char* page(unsigned i) { return static_cast<char*>(mem) + static_cast<size_t>(i) * k_page; }
+  void start(bool write, unsigned i) { f->submit(write, extent[i], page(i), i); }
+  // Reaps until nothing is in flight (within a bound, so a hang fails); status per page.
+  std::map<uint64_t, swap_file::completion> finish() {
+    std::map<uint64_t, swap_file::completion> by_tag;
+    within(std::chrono::seconds(30), "reaping the swap file's requests", [&] {
+      std::vector<swap_file::completion> done;
+      while (f->requests_in_flight() > 0) ASSERT_EQ(f->reap(true, &done), ok) << last_error();
+      for (auto& c : done) by_tag[c.tag] = std::move(c);
+    });
+    return by_tag;
+  }
+  // Writes fill_random(seed + i) to every page, with no fault.
+  void write_all(uint64_t seed) {
+    for (unsigned i = 0; i < k_pages; ++i) test::fill_random(page(i), k_page, seed + i);
+    for (unsigned i = 0; i < k_pages; ++i) start(true, i);
+    for (const auto& [tag, c] : finish()) ASSERT_EQ(c.status, ok) << c.detail;
+  }
+  // Reads every page back (no fault) and checks it holds fill_random(seed[i]).
+  void expect_on_disk(const std::vector<uint64_t>& seed) {
+    std::memset(mem, 0, k_pages * k_page);
+    for (unsigned i = 0; i < k_pages; ++i) start(false, i);
+    const auto done = finish();
+    ASSERT_EQ(done.size(), k_pages);
+    for (const auto& [tag, c] : done) ASSERT_EQ(c.status, ok) << c.detail;
+    for (unsigned i = 0; i < k_pages; ++i) EXPECT_EQ(test::first_mismatch(page(i), k_page, seed[i]), k_page) << "page " << i;
+  }
+  // Every page written and read back exactly while `fail_with` makes submissions fail.
+  void round_trip_through_transient_failures(int err) {
+    fail_with = err;
+    fail_times = 5;
+    write_all(700);
+    EXPECT_EQ(fail_times, 0) << "the writes met the faults";
+    std::vector<uint64_t> seeds;
+    for (unsigned i = 0; i < k_pages; ++i) seeds.push_back(700 + i);
+    fail_times = 5;
+    expect_on_disk(seeds);
+    EXPECT_EQ(fail_times, 0) << "the reads met the faults";
+    EXPECT_EQ(injected, 10u);
+  }
+
+  scripted_faults faults;
+  int fail_with = 0;       // errno for the next fail_times submissions
+  int fail_times = 0;
+  int fail_always = 0;     // errno for every submission, while set
+  unsigned injected = 0;
+  std::unique_ptr<swap_file> f;
+  uint64_t extent[k_pages] = {};
+  void* mem = nullptr;
+};
+
+TEST_F(SwapFileSubmission, EagainIsRetriedAndEveryByteComesBack) { round_trip_through_transient_failures(EAGAIN); }
+
+TEST_F(SwapFileSubmission, EbusyIsRetriedAndEveryByteComesBack) { round_trip_through_transient_failures(EBUSY); }
+
+TEST_F(SwapFileSubmission, AHardErrorFailsWhatWasNotSubmittedAndNothingElse) {
+  write_all(800);
+  // Page 0 goes to the kernel whole; then the submission of page 1 (2 blocks in the ring,
+  // 2 queued) fails: page 1 fails, page 0 is unaffected, and pages 2 and 3, submitted after,
+  // go through.
+  for (unsigned i = 0; i < 4; ++i) test::fill_random(page(i), k_page, 900 + i);
+  start(true, 0);
+  fail_with = EINVAL;
+  fail_times = 1;
+  start(true, 1);
+  start(true, 2);
+  start(true, 3);
+  auto done = finish();
+  ASSERT_EQ(done.size(), 4u);
+  EXPECT_EQ(done[0].status, ok) << done[0].detail;
+  EXPECT_EQ(done[1].status, err_io);
+  EXPECT_TRUE(contains(done[1].detail, "io_uring_submit failed: Invalid argument")) << done[1].detail;
+  EXPECT_TRUE(contains(done[1].detail, "swap file in /var/tmp for test: write")) << done[1].detail;
+  EXPECT_TRUE(contains(done[1].detail, "not submitted")) << done[1].detail;
+  EXPECT_EQ(done[2].status, ok) << done[2].detail;
+  EXPECT_EQ(done[3].status, ok) << done[3].detail;
+  EXPECT_EQ(injected, 1u);
+  // A read that cannot be submitted: an error, and its buffer untouched, even once the
+  // submissions after it go through.
+  std::memset(page(4), 0x5A, k_page);
+  fail_times = 1;
+  start(false, 4);
+  start(false, 5);
+  done = finish();
+  EXPECT_EQ(done[4].status, err_io);
+  EXPECT_TRUE(contains(done[4].detail, "read")) << done[4].detail;
+  EXPECT_EQ(done[5].status, ok) << done[5].detail;
+  EXPECT_EQ(test::first_mismatch(page(5), k_page, 805), k_page);
+  for (size_t b = 0; b < k_page; ++b) ASSERT_EQ(static_cast<unsigned char>(page(4)[b]), 0x5Au) << "byte " << b << " of the failed read";
+  // On disk: page 1 still holds what it held before its failed write, the others what they
+  // were given.
+  expect_on_disk({900, 801, 902, 903, 804, 805, 806, 807});
+}
+
+TEST_F(SwapFileSubmission, EagainPastThePatienceFailsTheTransfersInsteadOfHanging) {
+  write_all(1000);
+  fail_always = EAGAIN;
+  for (unsigned i = 0; i < 3; ++i) test::fill_random(page(i), k_page, 1100 + i);
+  for (unsigned i = 0; i < 3; ++i) start(true, i);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto done = finish();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(done.size(), 3u);
+  for (const auto& [tag, c] : done) {
+    EXPECT_EQ(c.status, err_io) << "page " << tag;
+    EXPECT_TRUE(contains(c.detail, "io_uring_submit failed: Resource temporarily unavailable")) << c.detail;
+    EXPECT_TRUE(contains(c.detail, "VRAMSWAP_SWAP_QUEUE_DEPTH")) << c.detail;
+  }
+  EXPECT_GE(took, 0.25) << "retried for the patience (300 ms) first";
+  EXPECT_GT(injected, 3u) << "with retries";
+  // The submission works again: new transfers go through, the failed writes never happened.
+  fail_always = 0;
+  expect_on_disk({1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007});
 }
 
 TEST(SwapOptions, HostLimitTakesASizeOrAPercentOfRam) {
