@@ -123,7 +123,28 @@ void pool_server::accept_one() noexcept {
     if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) log(log_level::warn, "vramswapd: accept: %s", std::strerror(errno));
     return;
   }
-  serve_new(fd);
+  try {
+    greeting_.push_back(greeting{fd, monotonic_ns()});
+  } catch (const std::bad_alloc&) {
+    refuse(fd, err_out_of_memory, "the pool server is out of host memory");
+  }
+}
+
+void pool_server::drop_silent_connections(uint64_t now) noexcept {
+  constexpr uint64_t limit_ns = uint64_t{k_client_io_timeout_s} * 1'000'000'000;
+  for (size_t i = 0; i < greeting_.size();) {
+    const greeting g = greeting_[i];
+    if (g.since_ns >= now || now - g.since_ns < limit_ns) {  // accepted after `now` was read: not late
+      ++i;
+      continue;
+    }
+    greeting_.erase(greeting_.begin() + static_cast<ptrdiff_t>(i));
+    ucred cred{};
+    socklen_t cred_len = sizeof cred;
+    const pid_t pid = ::getsockopt(g.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0 ? cred.pid : 0;
+    refuse(g.fd, err_timeout, "pid %d sent no hello within %d s of connecting (stopped or frozen?); connect again",
+           static_cast<int>(pid), k_client_io_timeout_s);
+  }
 }
 
 void pool_server::refuse(int fd, int status, const char* fmt, ...) noexcept {

@@ -232,18 +232,20 @@ int pool_server::run() noexcept {
     }
     const size_t first_attaching = fds.size();
     for (const attaching& a : attaching_) fds.push_back({a.fd, POLLIN | POLLRDHUP, 0});
+    const size_t first_greeting = fds.size();
+    for (const greeting& g : greeting_) fds.push_back({g.fd, POLLIN | POLLRDHUP, 0});
     int timeout_ms = -1;
     if (lock_repair_pending_) timeout_ms = k_lock_repair_retry_ms;
     // Orphans are watched by their leases and newcomers may wait for the frames: look often.
     if (adopted_ && (!waiting_.empty() || std::any_of(clients_.begin(), clients_.end(), [](const client& c) { return c.orphan; }))) {
       timeout_ms = k_orphan_poll_ms;
     }
-    // A newcomer between its welcome and its attach keeps the server from being idle.
-    if (!attaching_.empty()) idle_since = monotonic_ns();
+    // A newcomer between its connect and its attach keeps the server from being idle.
+    if (!attaching_.empty() || !greeting_.empty()) idle_since = monotonic_ns();
     if (pending) {
       timeout_ms = 10;
-    } else if (!attaching_.empty()) {
-      timeout_ms = 1000;  // for drop_late_attaches
+    } else if (!attaching_.empty() || !greeting_.empty()) {
+      timeout_ms = 1000;  // for drop_late_attaches and drop_silent_connections
     } else if (idle_exit_s_ > 0 && clients_.empty()) {
       const uint64_t limit = idle_since + static_cast<uint64_t>(idle_exit_s_) * 1'000'000'000;
       const uint64_t now = monotonic_ns();
@@ -284,9 +286,18 @@ int pool_server::run() noexcept {
       for (size_t k = attaching_.size(); k-- > 0;) {
         if (fds[first_attaching + k].revents != 0) finish_attach(k);
       }
+      // Hellos (or hang-ups) of new connections, from the last: the hello is one message, so
+      // serve_new reads it without waiting.
+      for (size_t k = greeting_.size(); k-- > 0;) {
+        if (fds[first_greeting + k].revents == 0) continue;
+        const int fd = greeting_[k].fd;
+        greeting_.erase(greeting_.begin() + static_cast<ptrdiff_t>(k));
+        serve_new(fd);
+      }
       if (fds[1].revents != 0) accept_one();
     }
     drop_late_attaches(now);
+    drop_silent_connections(now);
     if (lock_repair_pending_) repair_lock();
     if (adopted_) tend_adoption(now);
     // Repair members whose process is gone (or that left long enough ago): with the frames
@@ -321,6 +332,8 @@ void pool_server::teardown() noexcept {
     close_fd(&a.pidfd);
   }
   attaching_.clear();
+  for (greeting& g : greeting_) close_fd(&g.fd);
+  greeting_.clear();
   // Members still attached (a restart, an upgrade): they go on without a server, and the next
   // one adopts the pool. Their imports keep the frames' memory; only this server's
   // references go below.

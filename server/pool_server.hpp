@@ -190,8 +190,12 @@ class pool_server {
   int scrub(const uint32_t* indices, size_t count) noexcept;
   // The handshake: pool_handshake.cpp.
   int open_socket() noexcept;
+  // A new connection waits in greeting_ for its hello, so that a peer that connects and says
+  // nothing (stopped, frozen) never blocks the loop; serve_new runs once the hello is there.
   void accept_one() noexcept;
   void serve_new(int fd) noexcept;
+  // Connections whose hello did not come within the handshake's time: refused, closed.
+  void drop_silent_connections(uint64_t now) noexcept;
   void welcome_newcomer(int fd, const pool_protocol::hello& h, pid_t peer_pid, int pidfd) noexcept;
   // attaching_[i]'s attach came, or its connection closed: a member, or its slot freed.
   void finish_attach(size_t i) noexcept;
@@ -244,6 +248,11 @@ class pool_server {
   std::vector<client> clients_;
   std::vector<newcomer> waiting_;
   std::vector<attaching> attaching_;
+  struct greeting {
+    int fd = -1;
+    uint64_t since_ns = 0;
+  };
+  std::vector<greeting> greeting_;
   uint64_t frames_repaired_ = 0;
   bool adopted_ = false;
   uint64_t adopted_ns_ = 0;  // when this server adopted the pool

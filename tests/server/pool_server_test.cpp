@@ -264,6 +264,16 @@ class PoolServer : public ::testing::Test {
     servers_.erase(std::remove(servers_.begin(), servers_.end(), pid), servers_.end());
     return rc;
   }
+  // A connection to the server's socket, as a client's before its hello (-1 on failure).
+  int connect_to_server() const {
+    const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%shost-0.sock", dir_.c_str(), prefix_.c_str());
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
   std::unique_ptr<pool_segment> open_segment() {
     std::string name;
     std::unique_ptr<pool_segment> seg;
@@ -686,11 +696,8 @@ TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
   ASSERT_GT(start_server(), 0);
   // `attached`: a descriptor sent with the message (-1: none), where a client's pidfd goes.
   auto exchange = [&](const void* msg, size_t len, pool_protocol::welcome* w, int attached = -1) {
-    const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%shost-0.sock", dir_.c_str(), prefix_.c_str());
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const int fd = connect_to_server();
+    EXPECT_GE(fd, 0) << std::strerror(errno);
     EXPECT_EQ(send_fds(fd, attached >= 0 ? &attached : nullptr, attached >= 0 ? 1 : 0, msg, len), ok);
     size_t got = 0;
     size_t nfds = 0;
@@ -764,6 +771,36 @@ TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
   ASSERT_TRUE(seg);
   EXPECT_EQ(seg->count(pool_layout::frame_free), k_frames);
   for (uint32_t m = 0; m < pool_layout::k_member_count; ++m) EXPECT_EQ(seg->member(m).state.load(), pool_layout::member_free);
+}
+
+// Peers that connect and say nothing (a process stopped or frozen right after connecting)
+// never hold up the server: the next client joins at once, while each silent one is
+// refused, saying why, only after the handshake's time (5 s).
+TEST_F(PoolServer, ConnectionsThatSendNoHelloDelayNoOtherClient) {
+  ASSERT_GT(start_server(), 0);
+  std::vector<int> silent;
+  for (int i = 0; i < 3; ++i) {
+    silent.push_back(connect_to_server());
+    ASSERT_GE(silent.back(), 0) << std::strerror(errno);
+  }
+  // Served in turn, three silent peers would hold the loop for 15 s before this client.
+  const uint64_t t0 = monotonic_ns();
+  EXPECT_EQ(run_client({"connect-noauto", "own", "2"}), 0);
+  EXPECT_LT(monotonic_ns() - t0, 10'000'000'000u) << "a client waited for connections that sent no hello";
+  for (const int fd : silent) {
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 15000), 1) << "a silent connection was never refused";
+    pool_protocol::welcome w{};
+    size_t got = 0;
+    size_t nfds = 0;
+    ASSERT_EQ(recv_fds(fd, nullptr, 0, &nfds, &w, sizeof w, &got), ok) << last_error();
+    EXPECT_EQ(w.status, err_timeout);
+    EXPECT_NE(std::string(w.message).find("sent no hello within 5 s"), std::string::npos) << w.message;
+    EXPECT_NE(std::string(w.message).find("pid " + std::to_string(::getpid())), std::string::npos) << w.message;
+    ::close(fd);
+  }
+  // And the server goes on serving.
+  EXPECT_EQ(run_client({"connect-noauto", "own", "2"}), 0);
 }
 
 TEST_F(PoolServer, PeerOfAnotherUserIsRefused) {
