@@ -183,11 +183,24 @@ class Pods : public ::testing::Test {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
   // The pod's worker: the one child of its unshare process (pid 1 inside).
+  // The pod's process inside its namespaces: the child of unshare's. Found by each process's
+  // parent in /proc/<pid>/stat, not /proc/<pid>/task/<tid>/children, which the kernel says is
+  // reliable only while the children are stopped (it was seen empty for a running child).
   static pid_t worker_of(const pod& p) {
-    std::ifstream in("/proc/" + std::to_string(p.pid) + "/task/" + std::to_string(p.pid) + "/children");
-    pid_t child = 0;
-    in >> child;
-    return child;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream in(entry.path() / "stat");
+      std::string stat;
+      std::getline(in, stat);
+      const size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
+      if (paren == std::string::npos) continue;
+      std::istringstream rest(stat.substr(paren + 1));
+      char state = 0;
+      pid_t parent = 0;
+      if (rest >> state >> parent && parent == p.pid) return static_cast<pid_t>(std::stol(name));
+    }
+    return 0;
   }
 
   std::string key_;  // the device's key
