@@ -432,20 +432,16 @@ bool look_at_claim(const std::string& device_key, bool* initialized, bool* alive
 }
 }  // namespace
 
-bool pool_segment::starting(const std::string& device_key, server_identity* who) noexcept {
+pool_segment::claim_state pool_segment::claim_of(const std::string& device_key, server_identity* who) noexcept {
   bool initialized = false, alive = false;
   server_identity seen;
-  if (!look_at_claim(device_key, &initialized, &alive, &seen) || initialized || !alive) return false;
+  if (!look_at_claim(device_key, &initialized, &alive, &seen) || !alive) return claim_state::none;
   if (who != nullptr) *who = seen;
-  return true;
+  return initialized ? claim_state::built : claim_state::starting;
 }
 
-bool pool_segment::built_by_live_server(const std::string& device_key, server_identity* who) noexcept {
-  bool initialized = false, alive = false;
-  server_identity seen;
-  if (!look_at_claim(device_key, &initialized, &alive, &seen) || !initialized || !alive) return false;
-  if (who != nullptr) *who = seen;
-  return true;
+bool pool_segment::starting(const std::string& device_key, server_identity* who) noexcept {
+  return claim_of(device_key, who) == claim_state::starting;
 }
 
 int pool_segment::open(const std::string& name, std::unique_ptr<pool_segment>* out, bool read_only) noexcept {

@@ -70,10 +70,13 @@ class pool_segment {
   // is building its pool, and listens once it has)? *who (may be null): that server, as far
   // as it has said. Never fails: anything unreadable is false.
   static bool starting(const std::string& device_key, server_identity* who) noexcept;
-  // Is `device_key`'s segment initialized, and does the server that claimed it live? A
-  // server opens its socket just after it initializes its segment (and closes it just
-  // before it goes): a client that finds no listener then waits a moment. *who as above.
-  static bool built_by_live_server(const std::string& device_key, server_identity* who) noexcept;
+  // What a client sees of `device_key`'s segment in one look: no live server's claim; claimed
+  // by a live server still building its pool (starting, above); or initialized, by a server
+  // that lives (it opens its socket just after it initializes its segment, and closes it just
+  // before it goes: a client that finds no listener then waits a moment). *who (may be null):
+  // the claiming server, for the last two. Never fails: anything unreadable is `none`.
+  enum class claim_state { none, starting, built };
+  static claim_state claim_of(const std::string& device_key, server_identity* who) noexcept;
   // Remove the name of a dead server's segment: 0 when removed or absent; err_busy (naming
   // the server) when a server holds it: a live pool is never removed.
   static int remove(const std::string& device_key) noexcept;

@@ -377,7 +377,7 @@ int wait_for_starting_server(const pool_paths& paths, const std::string& key, in
     uint64_t listen_since = 0;  // when the pool was first seen built with nobody listening
     for (;;) {
       pool_segment::server_identity now_who;
-      const bool starting = pool_segment::starting(key, &now_who);
+      const pool_segment::claim_state claim = pool_segment::claim_of(key, &now_who);
       // Dialled after the look: a server that initialized its segment in between listens by now.
       const int rc = dial_server(paths.socket, fd);
       if (rc != err_unavailable) {
@@ -387,11 +387,10 @@ int wait_for_starting_server(const pool_paths& paths, const std::string& key, in
         }
         return rc;
       }
-      if (!starting) {
+      if (claim != pool_segment::claim_state::starting) {
         // Built, by a live server that does not listen yet: it opens its socket just after
         // it initializes its segment (or closes it as it goes). Waited for, briefly.
-        pool_segment::server_identity built_by;
-        if (pool_segment::built_by_live_server(key, &built_by)) {
+        if (claim == pool_segment::claim_state::built) {
           clear_error();
           const uint64_t t = monotonic_ns();
           if (listen_since == 0) listen_since = t;
