@@ -6,7 +6,7 @@
 #   device: run(command="bash scripts/device-run.sh [tests|tests:gpu] [bench[:name,name]]", carry=[".devdeps"])
 #
 # tests:oversub runs only the oversubscription suites (oversubscription_test on cuda and
-# tests/gpu/preload_test); VRAMSWAP_BENCH_PARTS=kernel,torch,reclaim picks sections of
+# tests/gpu/preload_test); VRAMSWAP_BENCH_PARTS=kernel,torch,torch_fused,reclaim picks sections of
 # bench:oversubscribe.
 # With no argument it does both; bench:handoff,pager runs only bench_handoff and bench_pager
 # (bench/python/bench_<name>.py count as benchmarks too: bench:torch; BENCH_ARGS_<name>="..." passes

@@ -1,8 +1,10 @@
 """An ordinary PyTorch training script that knows nothing of vramswap, for the preload test.
 
-usage: python torch_unmodified.py <GiB of weights> <steps>
+usage: python torch_unmodified.py <GiB of weights> <steps> [foreach|fused]
 Trains a stack of linear layers holding about <GiB> of fp32 weights (plus Adam state and
-gradients: about 4x that in all) on a fixed random batch, checks that every step's loss is
+gradients: about 4x that in all) on a fixed random batch, with PyTorch's default Adam
+(foreach: each update is several sweeps over every tensor, with temporaries the size of the
+weights) or with Adam(fused=True) (one sweep, no temporaries), checks that every step's loss is
 finite and that the last is below the first, and prints one line of key=value numbers:
 first_step_s (the step that allocates gradients and optimizer state) and step_s (the mean
 of the other steps).
@@ -17,6 +19,9 @@ import torch
 def main() -> int:
     gib = float(sys.argv[1])
     steps = int(sys.argv[2])
+    optimizer = sys.argv[3] if len(sys.argv) > 3 else "foreach"
+    if optimizer not in ("foreach", "fused"):
+        sys.exit(f"torch_unmodified.py: the optimizer is foreach or fused, not {optimizer!r}")
     if steps < 2:
         sys.exit("torch_unmodified.py: <steps> must be at least 2 (the first one allocates; step_s is the mean of the rest)")
     torch.manual_seed(0)
@@ -25,7 +30,8 @@ def main() -> int:
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]).cuda()
     for layer in model:
         torch.nn.init.normal_(layer.weight, std=1.0 / width**0.5)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    # fused=None, not False, for the default: an explicit False would also turn foreach off.
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True if optimizer == "fused" else None)
     x = torch.randn(256, width, device="cuda")
     target = torch.randn(256, width, device="cuda") * 0.1
     losses = []
