@@ -22,6 +22,11 @@ lock's, misses, trims, bytes newly taken from the pager and bytes moved in; for 
 rows, cudaMalloc calls and allocation retries. If PyTorch's own slowest steps are as much
 slower than its median as vramswap's, the tail is the GPU's and PyTorch's, not vramswap's.
 
+--interleave K runs a model's rows at once instead, taking turns of K steps on the GPU: on a
+machine whose speed drifts over minutes (clocks, other tenants' load on the host), rows run
+one after the other can differ by more than the allocator does, while turns spread the drift
+over every row alike.
+
 Rows of 2,000 Llama steps take about 4 minutes each: --rows plain,vramswap fits in one
 10-minute call, --rows plain,capped in another; --json FILE keeps every step's numbers, and
 --report prints the tables of several such files (each file's ratios are its own run's).
@@ -42,6 +47,7 @@ import contextlib
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import time
 
@@ -103,6 +109,32 @@ def percentile(sorted_values, q):
     return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
 
 
+class Turns:
+    """A worker's side of --interleave: it says when its model is built, then runs `every` steps
+    each time the coordinator gives it the turn, and gives the turn back. Without turn pipes
+    (rows one after the other) every call returns at once."""
+
+    def __init__(self, fds, every):
+        self.fds = tuple(int(x) for x in fds.split(",")) if fds else None
+        self.every = every
+
+    def _say(self):
+        os.write(self.fds[1], b".")
+
+    def ready(self):
+        if self.fds:
+            self._say()
+
+    def before_step(self, i):
+        if self.fds and i % self.every == 0:
+            if os.read(self.fds[0], 1) != b".":
+                raise SystemExit("bench_models: the coordinator went away")
+
+    def after_step(self, i, total):
+        if self.fds and ((i + 1) % self.every == 0 or i + 1 == total):
+            self._say()
+
+
 def worker(args):
     import torch
 
@@ -139,8 +171,11 @@ def worker(args):
             return [s.get(f, 0) for f in fields]
 
     per_step = {k: [] for k in ("time", "enter", "body", "leave") + fields}
+    turns = Turns(args.turn_fds, args.interleave)
+    turns.ready()
     last = None
     for i in range(args.warmup + args.steps):
+        turns.before_step(i)
         if i == args.warmup:
             last = counters()
         t0 = time.perf_counter()
@@ -161,6 +196,7 @@ def worker(args):
             for f, a, b in zip(fields, last, now):
                 per_step[f].append(b - a)
             last = now
+        turns.after_step(i, args.warmup + args.steps)
     times = sorted(per_step["time"])
     n = len(times)
     out = {
@@ -176,6 +212,7 @@ def worker(args):
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "per_step": per_step,
+        "interleave": args.interleave,
     }
     if mode == "vramswap":
         after = vramswap.stats(0)
@@ -238,8 +275,10 @@ def report(runs):
         done = [r for r in rows if "failed" not in r]
         if done:
             r0 = done[0]
-            print(f"Run {k + 1}: {r0['steps']} steps per row after the warm-up; each row in its own process, one after "
-                  f"the other; rows: {', '.join(r['mode'] for r in rows)}.")
+            how = (f"all rows at once, taking turns of {r0['interleave']} steps on the GPU" if r0.get("interleave")
+                   else "one after the other")
+            print(f"Run {k + 1}: {r0['steps']} steps per row after the warm-up; each row in its own process, {how}; "
+                  f"rows: {', '.join(r['mode'] for r in rows)}.")
     print()
     print("| run | model | configuration | steps | step p50 | p99 | fastest | p50 / PyTorch | p99 / PyTorch | memory |")
     print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -315,6 +354,49 @@ def report(runs):
     print("Cells `a / b`: the median steps' mean, then the slow steps' (ms unless said).")
 
 
+def run_interleaved(model, modes, command, env, args):
+    """--interleave K: one process per row, all at once; each builds its model, then they take
+    turns of K steps (warm-up included) on the GPU, one at a time, so that a drift of the
+    machine's speed over the run (clocks, the host's other load) falls on every row alike
+    instead of on whichever row ran during it. Yields (mode, exit status, stdout, stderr, wall)."""
+    procs = []
+    for mode in modes:
+        go_r, go_w = os.pipe()
+        done_r, done_w = os.pipe()
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        p = subprocess.Popen(command(model, mode) + ["--turn-fds", f"{go_r},{done_w}"], env=env, stdout=out, stderr=err,
+                             text=True, pass_fds=(go_r, done_w))
+        os.close(go_r)
+        os.close(done_w)
+        procs.append({"mode": mode, "proc": p, "go": go_w, "done": done_r, "out": out, "err": err, "alive": True})
+    t0 = time.time()
+
+    def wait_for(w):
+        if w["alive"] and os.read(w["done"], 1) != b".":
+            w["alive"] = False  # it failed (its exit status and stderr say why); the others go on
+
+    for w in procs:
+        wait_for(w)  # its model built
+    turns = -(-(args.warmup + args.steps) // args.interleave)
+    for _ in range(turns):
+        for w in procs:
+            if not w["alive"]:
+                continue
+            try:
+                os.write(w["go"], b".")
+            except BrokenPipeError:
+                w["alive"] = False
+                continue
+            wait_for(w)
+    for w in procs:
+        os.close(w["go"])
+        w["proc"].wait()
+        os.close(w["done"])
+        w["out"].seek(0)
+        w["err"].seek(0)
+        yield w["mode"], w["proc"].returncode, w["out"].read(), w["err"].read(), time.time() - t0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="llama,vision,compiled")
@@ -326,6 +408,9 @@ def main():
                         "plain is always run, as the baseline of the ratios")
     p.add_argument("--json", help="also write every row, its per-step numbers included, to this file")
     p.add_argument("--report", nargs="+", metavar="FILE", help="print the tables of --json files (one run each); no GPU")
+    p.add_argument("--interleave", type=int, default=0, metavar="K",
+                   help="run a model's rows at once, taking turns of K steps on the GPU (0: one row after the other)")
+    p.add_argument("--turn-fds", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -344,29 +429,41 @@ def main():
             raise SystemExit(f"bench_models: unknown model {m!r}: use llama, vision or compiled")
     if args.steps < 1 or args.warmup < 1:
         raise SystemExit("bench_models: --steps and --warmup must be at least 1")
+    if args.interleave < 0:
+        raise SystemExit("bench_models: --interleave must be 0 (rows one after the other) or a number of steps per turn")
 
     env = dict(os.environ, VRAMSWAP_BACKEND="cuda", VRAMSWAP_POOL_SIZE=args.pool)
     env.setdefault("VRAMSWAP_POOL_IDLE_EXIT", "3")
     env.pop("VRAMSWAP_TORCH", None)
     rows = []
+
+    def command(model, mode):
+        return [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", model, "--steps", str(args.steps),
+                "--warmup", str(args.warmup), "--pool", args.pool, "--interleave", str(args.interleave)]
+
+    def keep(model, mode, rc, stdout, stderr, wall):
+        if rc != 0:
+            print(f"bench_models: {model} / {mode} failed (exit {rc}):\n{stderr[-4000:]}", file=sys.stderr)
+            rows.append({"model": model, "mode": mode, "failed": stderr.strip().splitlines()[-1:]})
+            return
+        row = json.loads(stdout.strip().splitlines()[-1])
+        row["wall"] = wall
+        rows.append(row)
+        print(f"bench_models: {model} / {mode}: p50 {row['p50'] * 1e3:.2f} ms in {row['wall']:.0f} s", file=sys.stderr,
+              flush=True)
+        if args.json:  # after every row, so that a run cut short keeps what it did
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "rows": rows}, f)
+
     for model in models:
+        if args.interleave:
+            for mode, rc, out, err, wall in run_interleaved(model, modes, command, env, args):
+                keep(model, mode, rc, out, err, wall)
+            continue
         for mode in modes:
-            cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", model, "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--pool", args.pool]
             t0 = time.time()
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if r.returncode != 0:
-                print(f"bench_models: {model} / {mode} failed (exit {r.returncode}):\n{r.stderr[-4000:]}", file=sys.stderr)
-                rows.append({"model": model, "mode": mode, "failed": r.stderr.strip().splitlines()[-1:]})
-                continue
-            row = json.loads(r.stdout.strip().splitlines()[-1])
-            row["wall"] = time.time() - t0
-            rows.append(row)
-            print(f"bench_models: {model} / {mode}: p50 {row['p50'] * 1e3:.2f} ms in {row['wall']:.0f} s", file=sys.stderr,
-                  flush=True)
-            if args.json:  # after every row, so that a run cut short keeps what it did
-                with open(args.json, "w") as f:
-                    json.dump({"args": vars(args), "rows": rows}, f)
+            r = subprocess.run(command(model, mode), env=env, capture_output=True, text=True)
+            keep(model, mode, r.returncode, r.stdout, r.stderr, time.time() - t0)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f)
