@@ -8,6 +8,7 @@
 # tests:oversub runs only the oversubscription suites (oversubscription_test on cuda and
 # tests/gpu/preload_test); VRAMSWAP_BENCH_PARTS=kernel,torch,torch_fused,reclaim picks sections of
 # bench:oversubscribe.
+# build:python (with bench:<a Python benchmark>) builds only the Python package, not the tree.
 # With no argument it does both; bench:handoff,pager runs only bench_handoff and bench_pager
 # (bench/python/bench_<name>.py count as benchmarks too: bench:torch; BENCH_ARGS_<name>="..." passes
 # arguments to one, C++ or Python, e.g. BENCH_ARGS_models="--steps 500", BENCH_ARGS_handoff="--processes 3,5 --sizes 16"). Exit status: that of the test suites. $OUT gets at most
@@ -60,7 +61,14 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVRAMSWAP_WER
   -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/build.log" 2>&1 ||
   { tail -40 "$OUT/build.log"; exit 2; }
 grep -E "^-- vramswap" "$OUT/build.log"
-cmake --build "$build" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 2; }
+# build:python builds only what the Python benchmarks use (the module, which brings vramswapd,
+# the CLI and the shim into the package): a fraction of the whole tree's build time.
+targets=()
+if [[ $what == *build:python* ]]; then
+  targets=(--target vramswap_python)
+  what=${what//build:python/}
+fi
+cmake --build "$build" -j "$(nproc)" "${targets[@]}" >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 2; }
 
 status=0
 # tests:restart: restarts of vramswapd under running jobs, the backend facts they rest on,
