@@ -19,6 +19,7 @@
 #include "core/backend.hpp"
 #include "core/status.hpp"
 #include "pool/pool_segment.hpp"
+#include "support/backends.hpp"
 #include "support/child_output.hpp"
 #include "support/deployment.hpp"
 
@@ -30,13 +31,10 @@ constexpr uint64_t MiB = 1ull << 20;
 class Oversubscription : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");
-    backend_ = backend != nullptr ? backend : "host";
-    std::unique_ptr<vramswap::detail::backend> made;
-    ASSERT_EQ(make_backend(backend_ == "cuda" ? backend_kind::cuda : backend_kind::host, &made), ok) << last_error();
-    device_info info;
-    ASSERT_EQ(made->get_device_info(0, &info), ok);
-    deploy_.create("os", info.uuid,
+    backend_ = test::backend_under_test();
+    std::string key;
+    ASSERT_TRUE(test::device0_key(backend_, &key));
+    deploy_.create("os", key,
                    {"VRAMSWAP_BACKEND=" + backend_, "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB",
                     "VRAMSWAP_POOL_SIZE=" + std::to_string(pool_bytes_), "VRAMSWAP_POOL_IDLE_EXIT=5", "VRAMSWAP_LOG=warn",
                     "VRAMSWAP_SWAP_DIR=/var/tmp"});

@@ -35,6 +35,7 @@
 #include "lock/process_identity.hpp"
 #include "pool/pool_layout.hpp"
 #include "pool/pool_segment.hpp"
+#include "support/backends.hpp"
 
 extern char** environ;
 
@@ -47,6 +48,9 @@ constexpr uid_t k_outsider = 4799;
 struct pod {
   pid_t pid = -1;  // the unshare process, outside the pod
   int out = -1;    // the worker's stdout
+  int in = -1;     // the write end of its stdin, held open until the test ends: a step that
+                   // reads stdin to its end (pool_client's "hold") holds until then, whatever
+                   // stdin the test itself was given
   std::string err_path;
 };
 
@@ -59,13 +63,7 @@ class Pods : public ::testing::Test {
       GTEST_SKIP() << "skipped: cannot make PID, mount, IPC and UTS namespaces here (unshare failed), or setpriv is missing";
     }
     // The pool and its files are named by the device's key: "host-0", or the GPU's UUID.
-    const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");
-    std::unique_ptr<vramswap::detail::backend> made;
-    ASSERT_EQ(make_backend(backend != nullptr && std::string(backend) == "cuda" ? backend_kind::cuda : backend_kind::host, &made), ok)
-        << last_error();
-    device_info info;
-    ASSERT_EQ(made->get_device_info(0, &info), ok) << last_error();
-    key_ = info.uuid;
+    ASSERT_TRUE(test::device0_key(test::backend_under_test(), &key_));
     static int counter = 0;
     // Outside /tmp and /dev/shm, which every pod replaces with a fresh tmpfs of its own.
     dir_ = "/var/tmp/vramswap-pods-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
@@ -94,6 +92,7 @@ class Pods : public ::testing::Test {
         ::waitpid(p.pid, nullptr, 0);
       }
       if (p.out >= 0) ::close(p.out);
+      if (p.in >= 0) ::close(p.in);
     }
     if (server_ > 0) {
       ::kill(server_, SIGKILL);
@@ -109,9 +108,8 @@ class Pods : public ::testing::Test {
   // VRAMSWAP_TEST_BACKEND=cuda on a GPU machine: frames then pass between the pods as CUDA
   // descriptors over the socket), and what the programs need to load and to sanitize.
   std::vector<std::string> env() const {
-    const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");
     std::vector<std::string> e = {"VRAMSWAP_RUNTIME_DIR=" + dir_, "VRAMSWAP_GROUP=" + std::to_string(k_group),
-                                  std::string("VRAMSWAP_BACKEND=") + (backend != nullptr ? backend : "host"),
+                                  "VRAMSWAP_BACKEND=" + test::backend_under_test(),
                                   "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB", "VRAMSWAP_POOL_SIZE=64MiB",
                                   "VRAMSWAP_LOG=warn",
                                   "PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
@@ -146,16 +144,20 @@ class Pods : public ::testing::Test {
     std::vector<char*> cenv;
     for (std::string& v : e) cenv.push_back(v.data());
     cenv.push_back(nullptr);
-    int out[2];
+    int out[2], in[2];
     EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
+    EXPECT_EQ(::pipe2(in, O_CLOEXEC), 0);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
     posix_spawn_file_actions_adddup2(&actions, out[1], 1);
     posix_spawn_file_actions_addopen(&actions, 2, p.err_path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
     EXPECT_EQ(::posix_spawnp(&p.pid, "unshare", &actions, nullptr, cargv.data(), cenv.data()), 0);
     posix_spawn_file_actions_destroy(&actions);
     ::close(out[1]);
+    ::close(in[0]);
     p.out = out[0];
+    p.in = in[1];
     pods_.push_back(p);
     return pods_.back();
   }
@@ -182,7 +184,6 @@ class Pods : public ::testing::Test {
     if (got < 0) return -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
-  // The pod's worker: the one child of its unshare process (pid 1 inside).
   // The pod's process inside its namespaces: the child of unshare's. Found by each process's
   // parent in /proc/<pid>/stat, not /proc/<pid>/task/<tid>/children, which the kernel says is
   // reliable only while the children are stopped (it was seen empty for a running child).
@@ -243,7 +244,7 @@ TEST_F(Pods, AHolderKilledInOnePodLetsAWaiterInAnotherProceedWithin100ms) {
   pollfd none{waiter.out, POLLIN, 0};
   EXPECT_EQ(::poll(&none, 1, 0), 0) << "the waiter was granted while the holder lived: " << line_of(waiter);
   const pid_t worker = worker_of(holder);
-  ASSERT_GT(worker, 0);
+  ASSERT_GT(worker, 0) << "the holder pod's process is gone: " << errors_of(holder);
   const uint64_t killed = monotonic_ns();
   ASSERT_EQ(::kill(worker, SIGKILL), 0);
   const std::string granted = line_of(waiter);
@@ -321,7 +322,7 @@ TEST_F(Pods, AServerInItsOwnPodRepairsAKilledPodsFramesAtOnce) {
   const uint32_t frames = pool->frame_count();
   EXPECT_LT(pool->count(pool_layout::frame_free), frames) << "the client owns frame 3";
   const pid_t worker = worker_of(client);
-  ASSERT_GT(worker, 0);
+  ASSERT_GT(worker, 0) << "the client pod's process is gone: " << errors_of(client) << errors_of(server);
   const auto killed = std::chrono::steady_clock::now();
   ASSERT_EQ(::kill(worker, SIGKILL), 0);
   while (pool->count(pool_layout::frame_free) != frames && std::chrono::steady_clock::now() - killed < std::chrono::seconds(10)) {

@@ -40,6 +40,7 @@
 #include "lock/shared_segment.hpp"
 #include "pool/pool_segment.hpp"
 #include "server/pool_server.hpp"
+#include "support/backends.hpp"
 #include "support/child_output.hpp"
 #include "support/deployment.hpp"
 
@@ -71,14 +72,9 @@ bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 class Restart : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* backend = std::getenv("VRAMSWAP_TEST_BACKEND");  // device-run.sh sets cuda
-    backend_ = backend != nullptr ? backend : "host";
-    std::unique_ptr<vramswap::detail::backend> made;
-    ASSERT_EQ(make_backend(backend_ == "cuda" ? backend_kind::cuda : backend_kind::host, &made), ok) << last_error();
-    device_info info;
-    ASSERT_EQ(made->get_device_info(0, &info), ok);
-    key_ = info.uuid;
-    deploy_.create("rs", info.uuid,
+    backend_ = test::backend_under_test();
+    ASSERT_TRUE(test::device0_key(backend_, &key_));
+    deploy_.create("rs", key_,
                    {"VRAMSWAP_BACKEND=" + backend_, "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB",
                     "VRAMSWAP_POOL_SIZE=16MiB", "VRAMSWAP_HOST_POOL=48MiB", "VRAMSWAP_POOL_IDLE_EXIT=5", "VRAMSWAP_LOG=info", "VRAMSWAP_EVICT_TIMEOUT=20",
                     "VRAMSWAP_SWAP_DIR=/var/tmp"});

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,6 +32,26 @@ inline backend* shared_backend(backend_kind kind, std::string* why) {
 }
 
 inline std::string param_name(const ::testing::TestParamInfo<backend_kind>& info) { return backend_kind_name(info.param); }
+
+// The backend the multi-process suites run their children on: host, or what
+// VRAMSWAP_TEST_BACKEND names (scripts/device-run.sh sets cuda on the GPU machine).
+inline std::string backend_under_test() {
+  const char* name = std::getenv("VRAMSWAP_TEST_BACKEND");
+  return name != nullptr ? name : "host";
+}
+
+// Device 0's key under `backend_name` ("host-0", or the GPU's UUID): what its pool and lock
+// are named by.
+inline ::testing::AssertionResult device0_key(const std::string& backend_name, std::string* key) {
+  std::unique_ptr<backend> made;
+  if (make_backend(backend_name == "cuda" ? backend_kind::cuda : backend_kind::host, &made) != ok) {
+    return ::testing::AssertionFailure() << "making the " << backend_name << " backend: " << last_error();
+  }
+  device_info info;
+  if (made->get_device_info(0, &info) != ok) return ::testing::AssertionFailure() << "device 0's info: " << last_error();
+  *key = info.uuid;
+  return ::testing::AssertionSuccess();
+}
 
 }  // namespace vramswap::detail::test
 
