@@ -260,9 +260,16 @@ def reclaim(pool):
           "allocates 3/4 of the pool in 1 GiB cudaMallocs, checks its words and exits; 8 s later, after the job's pages "
           "moved back, a second lock user does the same. Two jobs: one with VRAMSWAP_OVERSUBSCRIBE_AHEAD=0 (no host "
           "frames made ahead: the first user's reclaim creates them, cold), one with the default (host frames made "
-          "ahead; its first user comes once they are ready).\n")
+          "ahead; its first user comes once they are ready). The baseline: the same lock user on an idle pool whose "
+          "server runs already, as the job's does for its lock users (every time includes the lock user's CUDA start and "
+          "its attach to the pool). The first idle run starts that server on demand, building the pool inside its "
+          "timed allocation; it is shown, not used as the baseline.\n")
     user_bytes = str(pool * 3 // 4)
-    rc_i, idle, _ = run([PLAIN, user_bytes, "0"], shim=True, env={"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}ri-"})
+    # Twice on one pool: the second comes within the server's idle exit (VRAMSWAP_POOL_IDLE_EXIT)
+    # of the first and finds it running.
+    idle_env = {"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}ri-"}
+    rc_s, idle_start, _ = run([PLAIN, user_bytes, "0"], shim=True, env=idle_env)
+    rc_i, idle, _ = run([PLAIN, user_bytes, "0"], shim=True, env=idle_env)
     cold = reclaim_job(pool, False, "rc")
     ahead = reclaim_job(pool, True, "ra")
     idle_s = idle.get("alloc_s", 0)
@@ -272,7 +279,9 @@ def reclaim(pool):
             ("made ahead, lock user 2 (spares)", ahead["users"][1])]
     print("| lock user's allocation | s | / idle pool (goal <= 2) |")
     print("| --- | ---: | ---: |")
-    print(f"| idle pool | {idle_s:.3f} | 1.00 |")
+    start_s = idle_start.get("alloc_s", 0)
+    print(f"| idle pool, the server started by this allocation (not the baseline) | {start_s:.3f} | {start_s / idle_s if idle_s else 0:.2f} |")
+    print(f"| **idle pool, its server running (the baseline)** | {idle_s:.3f} | 1.00 |")
     for name, (_, u, _) in rows:
         a = u.get("alloc_s", 0)
         print(f"| {name} | {a:.3f} | {a / idle_s if idle_s else 0:.2f} |")
