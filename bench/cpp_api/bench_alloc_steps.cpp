@@ -12,6 +12,7 @@
 // allocator's and the lock's alone; a training step adds the GPU's work between them.
 // Starts a pool server on demand (a 1 GiB pool unless VRAMSWAP_POOL_SIZE says otherwise).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,11 +48,6 @@ std::vector<call> step_pattern(long pairs) {
     calls.push_back({std::max<size_t>(size, 512), i % 3 == 0});
   }
   return calls;
-}
-
-double percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(static_cast<double>(v.size()) * q))];
 }
 
 }  // namespace
@@ -109,8 +105,8 @@ int main(int argc, char** argv) {
   std::printf("| hold | steps | pairs per step | ns per pair, median | p90 | allocator's own ns per pair | lock enter + leave per step, us "
               "| hits per step | misses per step |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   std::printf("| %s | %ld | %ld | %.0f | %.0f | %.0f | %.1f | %.0f | %.2f |\n", hold_per_step ? "per step" : "whole run", steps - warmup,
-              pairs, percentile(pair_ns, 0.5), percentile(pair_ns, 0.9),
-              (after.allocator_seconds - before.allocator_seconds) * 1e9 / calls, percentile(lock_us, 0.5),
+              pairs, bench::percentile(pair_ns, 0.5), bench::percentile(pair_ns, 0.9),
+              (after.allocator_seconds - before.allocator_seconds) * 1e9 / calls, bench::percentile(lock_us, 0.5),
               static_cast<double>(after.cache_hits - before.cache_hits) / measured,
               static_cast<double>(after.cache_misses - before.cache_misses) / measured);
   return 0;

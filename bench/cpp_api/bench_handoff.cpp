@@ -171,12 +171,6 @@ struct eviction {
   uint64_t start_ns, end_ns, bytes;
 };
 
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
-}
-
 // The counted switches of one run, each a sample per vector (seconds unless said).
 struct switches {
   std::vector<double> time, bytes_in, bytes_out, owners;
@@ -532,26 +526,26 @@ int main(int argc, char** argv) {
       }
       switches sw;
       run_group(n, bytes, pool, host_pool, row_rounds, 300, &sw);
-      const double in = percentile(sw.bytes_in, 0.5);
+      const double in = bench::percentile(sw.bytes_in, 0.5);
       const double ideal = in / rate;
-      const double p50 = percentile(sw.time, 0.5), p90 = percentile(sw.time, 0.9);
+      const double p50 = bench::percentile(sw.time, 0.5), p90 = bench::percentile(sw.time, 0.9);
       auto ms = [](const std::vector<double>& v) {
         char b[32];
         if (v.empty()) return std::string("-");
-        std::snprintf(b, sizeof b, "%.2f", percentile(v, 0.5) * 1e3);
+        std::snprintf(b, sizeof b, "%.2f", bench::percentile(v, 0.5) * 1e3);
         return std::string(b);
       };
       std::string at_once = "-";
       if (!sw.at_once.empty()) {
         char b[32];
-        std::snprintf(b, sizeof b, "%.0f%%", percentile(sw.at_once, 0.5) * 100);
+        std::snprintf(b, sizeof b, "%.0f%%", bench::percentile(sw.at_once, 0.5) * 100);
         at_once = b;
       }
       std::printf("| %d | %g GiB | %.3g GiB | %zu | %.0f (max %.0f) | %.2f / %.2f GiB | %.3f s | %.3f s | %.3f s | %.2f | %.2f | %.2f | "
                   "%s / %s / %s / %s / %s / %s / %s / %s |\n",
-                  n, x, pool / double(GiB), sw.time.size(), percentile(sw.owners, 0.5),
+                  n, x, pool / double(GiB), sw.time.size(), bench::percentile(sw.owners, 0.5),
                   sw.owners.empty() ? 0.0 : *std::max_element(sw.owners.begin(), sw.owners.end()), in / GiB,
-                  percentile(sw.bytes_out, 0.5) / GiB, ideal, p50, p90, ideal > 0 ? p50 / ideal : 0.0, ideal > 0 ? p90 / ideal : 0.0,
+                  bench::percentile(sw.bytes_out, 0.5) / GiB, ideal, p50, p90, ideal > 0 ? p50 / ideal : 0.0, ideal > 0 ? p90 / ideal : 0.0,
                   p50 / (bytes / rate), ms(sw.release_work).c_str(), ms(sw.lock_handoff).c_str(), ms(sw.first_frame).c_str(),
                   ms(sw.first_start).c_str(), ms(sw.start_spread).c_str(), ms(sw.evict_span).c_str(), at_once.c_str(),
                   ms(sw.restore_tail).c_str());
@@ -567,10 +561,10 @@ int main(int argc, char** argv) {
     std::printf("\nBoth fit (%g GiB each, pool %g GiB): %zu handoffs, p50 %.1f us, p90 %.1f us, max bytes moved %.0f; "
                 "p50 stages: release %.1f us, lock %.1f us, acquire %.1f us; the releaser's device synchronize, after the "
                 "handoff, %.1f us\n",
-                fit, 3 * fit, sw.time.size(), percentile(sw.time, 0.5) * 1e6, percentile(sw.time, 0.9) * 1e6,
+                fit, 3 * fit, sw.time.size(), bench::percentile(sw.time, 0.5) * 1e6, bench::percentile(sw.time, 0.9) * 1e6,
                 sw.bytes_in.empty() ? 0.0 : *std::max_element(sw.bytes_in.begin(), sw.bytes_in.end()),
-                percentile(sw.release_work, 0.5) * 1e6, percentile(sw.lock_handoff, 0.5) * 1e6,
-                percentile(sw.acquire_work, 0.5) * 1e6, percentile(sw.release_sync, 0.5) * 1e6);
+                bench::percentile(sw.release_work, 0.5) * 1e6, bench::percentile(sw.lock_handoff, 0.5) * 1e6,
+                bench::percentile(sw.acquire_work, 0.5) * 1e6, bench::percentile(sw.release_sync, 0.5) * 1e6);
   }
 #ifdef VRAMSWAP_HAVE_CUDA_H
   if (gpu) {

@@ -1,6 +1,7 @@
 // Small helpers shared by the benchmarks.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,13 @@ inline std::vector<double> parse_list(const char* text) {
   std::string item;
   while (std::getline(ss, item, ',')) out.push_back(std::atof(item.c_str()));
   return out;
+}
+
+// The q-quantile of `v` (0 <= q <= 1), nearest rank; 0 for no samples.
+inline double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
 }
 
 inline double seconds_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
