@@ -100,6 +100,23 @@ def link_rate():
 HOST_FRAMES_AT_EXIT = re.compile(r"at exit: [\d.]+ MiB allocated in \d+ allocation\(s\); ([\d.]+) MiB in host frames")
 
 
+def oversubscribed(pool, tag, extra=None):
+    """The shim's environment for an oversubscribed run on a pool of `pool` bytes."""
+    return {"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}{tag}-", **(extra or {})}
+
+
+ALL_IN_HOST_FRAMES = 32 << 20  # a pool of one frame: everything beyond it is in host frames
+
+
+def step_floor(device_step, over_err, weights, pool, link):
+    """A PyTorch step's floor: its time in device memory plus the bytes in host frames at the
+    oversubscribed run's exit (the shim's exit line; the state beyond the pool where the line
+    is missing) over the pinned rate. Returns (bytes in host frames, floor in s)."""
+    beyond = [float(m) for m in HOST_FRAMES_AT_EXIT.findall(over_err)]
+    beyond_bytes = beyond[-1] * (1 << 20) if beyond else max(0.0, 4 * weights * GiB - pool)
+    return beyond_bytes, device_step + (beyond_bytes / (link * 1e9) if link else 0)
+
+
 def kernel_table(pool):
     print(f"## Memory-bound kernel (plain_cuda: read + write every word; 3 passes), pool {pool // GiB} GiB\n")
     link = link_rate()
@@ -109,9 +126,7 @@ def kernel_table(pool):
     for mult in (0.5, 1.0, 1.5, 2.0):
         ws = int(pool * mult)
         rc_d, dev, _ = run([PLAIN, str(ws)])
-        rc_o, over, _ = run([PLAIN, str(ws)], shim=True,
-                            env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool),
-                                 "VRAMSWAP_SHM_PREFIX": f"{PREFIX}k{mult}-"})
+        rc_o, over, _ = run([PLAIN, str(ws)], shim=True, env=oversubscribed(pool, f"k{mult}"))
         rc_h, host, _ = run([PLAIN, str(ws), "--host-mapped"])
         d, o, h = dev.get("bump_gbps", 0), over.get("bump_gbps", 0), host.get("bump_gbps", 0)
         wrong = int(dev.get("wrong", -1) + over.get("wrong", -1) + host.get("wrong", -1)) if min(rc_d, rc_o, rc_h) == 0 else "run failed"
@@ -141,18 +156,13 @@ def torch_table(pool):
         args = [sys.executable, TORCH, f"{weights:.3f}", "6"]
         rc_d, dev, _ = run(args)
         rc_o, over, over_err = run(args[:-1] + [str(TORCH_OVERSUB_STEPS)], shim=True,
-                                   env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool),
-                                        "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT": "1", "VRAMSWAP_SHM_PREFIX": f"{PREFIX}t{mult}-"})
-        rc_f, off, _ = run(args, shim=True, env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool),
-                                                 "VRAMSWAP_OVERSUBSCRIBE_PLACEMENT": "0", "VRAMSWAP_SHM_PREFIX": f"{PREFIX}f{mult}-"})
-        rc_h, host, _ = run(args, shim=True, env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(32 << 20),
-                                                  "VRAMSWAP_SHM_PREFIX": f"{PREFIX}h{mult}-"})
+                                   env=oversubscribed(pool, f"t{mult}", {"VRAMSWAP_OVERSUBSCRIBE_PLACEMENT": "1"}))
+        rc_f, off, _ = run(args, shim=True, env=oversubscribed(pool, f"f{mult}", {"VRAMSWAP_OVERSUBSCRIBE_PLACEMENT": "0"}))
+        rc_h, host, _ = run(args, shim=True, env=oversubscribed(ALL_IN_HOST_FRAMES, f"h{mult}"))
         d, o, h = dev.get("step_s", 0), over.get("last_steps_s", 0), host.get("step_s", 0)
         p_off = off.get("step_s", 0)
         fd, fo = dev.get("first_step_s", 0), over.get("first_step_s", 0)
-        beyond = [float(m) for m in HOST_FRAMES_AT_EXIT.findall(over_err)]
-        beyond_bytes = beyond[-1] * (1 << 20) if beyond else max(0.0, 4 * weights * GiB - pool)
-        floor = d + (beyond_bytes / (link * 1e9) if link else 0)
+        _, floor = step_floor(d, over_err, weights, pool, link)
         good = "yes" if all(x.get("ok") == 1 for x in (dev, over, off, host)) else "NO"
         print(f"| {4 * weights:.1f} GiB | {mult} | {d:.4f} | {o:.4f} | {p_off:.4f} | {h:.4f} | {floor:.4f} | {o / d if d else 0:.2f} "
               f"| {o / h if h else 0:.2f} | {o / floor if floor else 0:.2f} | {p_off / floor if floor else 0:.2f} "
@@ -180,17 +190,12 @@ def torch_fused_table(pool):
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for mult in (1.0, 1.5, 2.0):
         weights = pool * mult / 4 / GiB
-        rc_d, dev, _ = run([sys.executable, TORCH, f"{weights:.3f}", "6", "fused"])
-        rc_o, over, over_err = run([sys.executable, TORCH, f"{weights:.3f}", str(TORCH_OVERSUB_STEPS), "fused"], shim=True,
-                                   env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool),
-                                        "VRAMSWAP_SHM_PREFIX": f"{PREFIX}u{mult}-"})
-        rc_h, host, _ = run([sys.executable, TORCH, f"{weights:.3f}", "6", "fused"], shim=True,
-                            env={"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(32 << 20),
-                                 "VRAMSWAP_SHM_PREFIX": f"{PREFIX}v{mult}-"})
+        args = [sys.executable, TORCH, f"{weights:.3f}", "6", "fused"]
+        rc_d, dev, _ = run(args)
+        rc_o, over, over_err = run(args[:3] + [str(TORCH_OVERSUB_STEPS), "fused"], shim=True, env=oversubscribed(pool, f"u{mult}"))
+        rc_h, host, _ = run(args, shim=True, env=oversubscribed(ALL_IN_HOST_FRAMES, f"v{mult}"))
         d, o, h = dev.get("step_s", 0), over.get("last_steps_s", 0), host.get("step_s", 0)
-        beyond = [float(m) for m in HOST_FRAMES_AT_EXIT.findall(over_err)]
-        beyond_bytes = beyond[-1] * (1 << 20) if beyond else max(0.0, 4 * weights * GiB - pool)
-        floor = d + (beyond_bytes / (link * 1e9) if link else 0)
+        beyond_bytes, floor = step_floor(d, over_err, weights, pool, link)
         good = "yes" if all(rc == 0 for rc in (rc_d, rc_o, rc_h)) and all(x.get("ok") == 1 for x in (dev, over, host)) else "NO"
         print(f"| {4 * weights:.1f} GiB | {mult} | {d:.4f} | {o:.4f} | {h:.4f} | {beyond_bytes / GiB:.2f} GiB | {floor:.4f} "
               f"| {o / d if d else 0:.2f} | {o / h if h else 0:.2f} | {o / floor if floor else 0:.2f} | {good} |")
@@ -213,7 +218,7 @@ def reclaim_job(pool, made_ahead, tag):
     first user comes once they are ready; else VRAMSWAP_OVERSUBSCRIBE_AHEAD=0 (a cold reclaim
     creates them while the user waits). Returns what the tables need."""
     user_bytes = str(pool * 3 // 4)
-    env = {"VRAMSWAP_OVERSUBSCRIBE": "1", "VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}{tag}-"}
+    env = oversubscribed(pool, tag)
     if not made_ahead:
         env["VRAMSWAP_OVERSUBSCRIBE_AHEAD"] = "0"
     seconds = RECLAIM_AHEAD_WAIT_S + 45 if made_ahead else 45
