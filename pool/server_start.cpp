@@ -34,6 +34,7 @@
 #include "core/unix_address.hpp"
 #include "pool/pool_segment.hpp"
 #include "pool/preload_shim.hpp"
+#include "pool/start_record.hpp"
 
 extern char** environ;
 
@@ -115,37 +116,12 @@ bool reap_within(pid_t pid, int ms) {
   }
 }
 
-// What a client that starts a server records in the start lock file, for the clients that
-// wait on it: "<client pid> <server pid> <state> <status> <server path>", the server pid 0
-// until it is known, the state "starting", "ready" or "failed" (then <status> is its error).
+// The start lock file's record (pool/start_record.hpp) is advice for the waiters' error
+// messages: a start goes on without it.
 void note_start(int lock_fd, pid_t server_pid, const char* state, int status, const std::string& server) {
-  const std::string text = std::to_string(::getpid()) + " " + std::to_string(server_pid) + " " + state + " " +
-                           std::to_string(status) + " " + server + "\n";
-  if (::ftruncate(lock_fd, 0) != 0 || ::pwrite(lock_fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+  if (!write_start_record(lock_fd, server_pid, state, status, server)) {
     log(log_level::debug, "pool: cannot record this start in the start lock file: %s", std::strerror(errno));
   }
-}
-
-struct start_record {
-  int client = 0;
-  int server_pid = 0;
-  std::string state;
-  int status = 0;
-  std::string server;
-};
-
-bool read_start_record(int lock_fd, start_record* r) {
-  char text[PATH_MAX + 96] = {};
-  const ssize_t n = ::pread(lock_fd, text, sizeof text - 1, 0);
-  char state[16] = {};
-  int used = 0;
-  if (n <= 0 || std::sscanf(text, "%d %d %15s %d %n", &r->client, &r->server_pid, state, &r->status, &used) < 4 || used == 0) {
-    return false;
-  }
-  r->state = state;
-  r->server = text + used;
-  while (!r->server.empty() && r->server.back() == '\n') r->server.pop_back();
-  return true;
 }
 
 // Wait for the start lock until `deadline`. Meanwhile keep trying the socket: the server that
