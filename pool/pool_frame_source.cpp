@@ -188,6 +188,17 @@ int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
                     "whole error",
                     owner.pid, w.owner, f, now > at ? (now - at) / 1e9 : 0.0, status_name(failed), why, waited_ns / 1e9);
       }
+      // An owner that exited while processes it forked hold its connection (and its GPU
+      // context) keeps its frames until they exit; its pool server names them.
+      if (visible_here(owner.pid_ns) && check_liveness({owner.pid, owner.start_time}) == liveness::dead) {
+        return fail(err_timeout,
+                    "pool: process %d (pool member %u), which owns frame %u, has exited, but its frames are not back in the "
+                    "pool after %.1f s (VRAMSWAP_EVICT_TIMEOUT). Its pool server frees them once no process holds its GPU "
+                    "context: processes it forked without exec (DataLoader workers, a multiprocessing pool) still do, or the "
+                    "server is not running. The server's log (in %s) names them; stop them, or start such helpers with the "
+                    "spawn start method",
+                    owner.pid, w.owner, f, waited_ns / 1e9, pool_.header()->server_runtime_dir);
+      }
       return fail(err_timeout,
                   "pool: process %d (pool member %u) did not evict frame %u within %.1f s (VRAMSWAP_EVICT_TIMEOUT); its frames "
                   "were not taken. %s",

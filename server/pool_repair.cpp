@@ -1,14 +1,21 @@
 // pool_server's repair of a member whose process is gone: its frames scrubbed and freed, its
-// host slots and member slot freed, waiters woken, and the device lock repaired.
+// host slots and member slot freed, waiters woken, and the device lock repaired; and the
+// members that died while processes they forked hold their connection, named.
 #include "server/pool_server.hpp"
 
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/log.hpp"
@@ -16,6 +23,7 @@
 #include "lock/device_lock.hpp"
 #include "lock/process_identity.hpp"
 #include "pool/pool_segment.hpp"
+#include "server/socket_holders.hpp"
 
 namespace vramswap::detail {
 
@@ -69,8 +77,13 @@ void pool_server::repair(const client& c) noexcept {
   segment_->notify_freed();
   const bool lock_repaired = repair_lock();
   const bool dead = client_exited(c);
-  log(log_level::info, "vramswapd: member %u: pid %d %s; %u frames scrubbed and freed, %u host slots zeroed and freed (%zu clients left)%s",
-      c.member, static_cast<int>(c.pid), dead ? "is gone" : "closed its connection", freed, slots, clients_.size() - 1,
+  char held[160] = "";
+  if (c.held_told) {
+    std::snprintf(held, sizeof held, " (%.1f s after it exited: processes it forked held its connection until then)",
+                  static_cast<double>(monotonic_ns() - c.exited_ns) / 1e9);
+  }
+  log(log_level::info, "vramswapd: member %u: pid %d %s%s; %u frames scrubbed and freed, %u host slots zeroed and freed (%zu clients left)%s",
+      c.member, static_cast<int>(c.pid), dead ? "is gone" : "closed its connection", held, freed, slots, clients_.size() - 1,
       lock_repaired ? "" : "; the device lock's repair did not run (see the warning above)");
 }
 
@@ -94,14 +107,37 @@ uint32_t pool_server::scrub_host_slots_of(uint32_t member) noexcept {
   return failed;
 }
 
+namespace {
+
+bool pidfd_exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
+}
+
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+}  // namespace
+
 bool pool_server::client_exited(const client& c) noexcept {
+  // Processes it forked without exec that held its connection hold its GPU driver files
+  // too, and with them its context and whatever work it queued: they must be gone as well.
+  // Where none of them could be found (another PID namespace's, no socket diagnostics),
+  // their exit is not known: the grace period after the hang-up decides.
+  if (c.exited_ns != 0 && c.holder_pidfds.empty()) return false;
+  for (const int h : c.holder_pidfds) {
+    if (!pidfd_exited(h)) return false;
+  }
   // A pidfd becomes readable when its process has exited: after every file it held was
   // released (the GPU driver's among them), so its device work is gone too. It works across
   // PID namespaces, where the pid itself means nothing.
-  if (c.pidfd >= 0) {
-    pollfd p{c.pidfd, POLLIN, 0};
-    return ::poll(&p, 1, 0) == 1;
-  }
+  if (c.pidfd >= 0) return pidfd_exited(c.pidfd);
   // No pidfd: a process this server can see is gone once it is a zombie or reaped, which
   // also comes after all its files are released. One it cannot see: not known to be gone
   // (the grace period after its hang-up decides).
@@ -121,5 +157,65 @@ bool pool_server::repair_lock() noexcept {
   if (lock_repair_pending_ && lrc == ok) log(log_level::info, "vramswapd: the device lock's repair ran");
   lock_repair_pending_ = false;
   return lrc == ok;
+}
+
+void pool_server::close_client(client* c) noexcept {
+  if (c->fd >= 0) ::close(c->fd);
+  if (c->pidfd >= 0) ::close(c->pidfd);
+  for (const int h : c->holder_pidfds) ::close(h);
+  c->fd = -1;
+  c->pidfd = -1;
+  c->holder_pidfds.clear();
+}
+
+void pool_server::tell_held_connections(uint64_t now) noexcept {
+  for (client& c : clients_) {
+    if (c.fd < 0 || c.exited_ns == 0) continue;
+    // The holders are looked for at once, so that the repair can wait for their exit however
+    // soon the connection closes; again when one of them has exited (it may have forked
+    // holders of its own).
+    const bool look = c.exited_ns == now || std::any_of(c.holder_pidfds.begin(), c.holder_pidfds.end(), pidfd_exited);
+    const bool tell = !c.held_told && now - c.exited_ns >= uint64_t{k_held_connection_grace_ms} * 1'000'000;
+    if (!look && !tell) continue;
+    char probe;
+    if (::recv(c.fd, &probe, 1, MSG_PEEK | MSG_DONTWAIT) == 0) continue;  // closed just now: the repair's
+    try {
+      std::vector<pid_t> holders;
+      std::string why;
+      uint64_t peer = 0;
+      if (peer_socket_inode(c.fd, &peer, &why)) holders = processes_holding_socket(peer);
+      std::vector<int> pidfds;
+      for (const pid_t h : holders) {
+        const int fd = open_pidfd(h);
+        if (fd >= 0) pidfds.push_back(fd);
+      }
+      for (const int h : c.holder_pidfds) ::close(h);
+      c.holder_pidfds = std::move(pidfds);
+      if (!tell) continue;
+      c.held_told = true;
+      uint32_t owned = 0;
+      for (uint32_t f = 0; f < frame_count(); ++f) {
+        const frame_word w = frame_word::decode(segment_->read(f));
+        if (w.state != frame_free && w.owner == c.member) ++owned;
+      }
+      const std::string named =
+          !holders.empty() ? "by " + describe_processes(holders)
+          : why.empty()    ? "by processes this server cannot see (another user's, or another PID namespace's)"
+                           : "by processes this server cannot name (" + why + ")";
+      std::string kill = holders.empty() ? "" : " (kill";
+      for (const pid_t h : holders) kill += " " + std::to_string(h);
+      if (!holders.empty()) kill += ")";
+      log(log_level::warn,
+          "vramswapd: member %u (pid %d) has exited, but its connection to this server is still held %s: processes it forked "
+          "without exec (DataLoader workers, a multiprocessing pool or os.fork() with the fork start method). They hold its "
+          "GPU context too, so its %u frames stay out of the pool until they exit; stop them%s, or start such helpers with "
+          "the spawn start method (multiprocessing_context='spawn' for a DataLoader)",
+          c.member, static_cast<int>(c.pid), named.c_str(), owned, kill.c_str());
+    } catch (const std::bad_alloc&) {
+      c.held_told = true;
+      log(log_level::warn, "vramswapd: member %u (pid %d) has exited, but its connection to this server is still held (out of "
+          "host memory naming by whom); its frames stay out of the pool until it closes", c.member, static_cast<int>(c.pid));
+    }
+  }
 }
 }  // namespace vramswap::detail

@@ -217,6 +217,7 @@ void pool_server::request_stop() noexcept {
 int pool_server::run() noexcept {
   uint64_t idle_since = monotonic_ns();
   std::vector<pollfd> fds;
+  std::vector<size_t> pidfd_clients;  // the client of each pidfd in fds, by index
   for (;;) {
     bool pending = false;
     fds.clear();
@@ -230,6 +231,15 @@ int pool_server::run() noexcept {
         pending = true;
       }
     }
+    // The pidfds of connected members, to see one exit while its connection stays open.
+    const size_t first_pidfd = fds.size();
+    pidfd_clients.clear();
+    for (size_t i = 0; i < clients_.size(); ++i) {
+      const client& c = clients_[i];
+      if (c.fd < 0 || c.pidfd < 0 || c.exited_ns != 0) continue;
+      fds.push_back({c.pidfd, POLLIN, 0});
+      pidfd_clients.push_back(i);
+    }
     const size_t first_attaching = fds.size();
     for (const attaching& a : attaching_) fds.push_back({a.fd, POLLIN | POLLRDHUP, 0});
     const size_t first_greeting = fds.size();
@@ -242,10 +252,21 @@ int pool_server::run() noexcept {
     }
     // A newcomer between its connect and its attach keeps the server from being idle.
     if (!attaching_.empty() || !greeting_.empty()) idle_since = monotonic_ns();
+    // Members that exited with their connection held (tell_held_connections): named soon,
+    // then their holders looked at every second.
+    bool held = false;
+    bool held_untold = false;
+    for (const client& c : clients_) {
+      if (c.fd < 0 || c.exited_ns == 0) continue;
+      held = true;
+      held_untold = held_untold || !c.held_told;
+    }
     if (pending) {
       timeout_ms = 10;
-    } else if (!attaching_.empty() || !greeting_.empty()) {
-      timeout_ms = 1000;  // for drop_late_attaches and drop_silent_connections
+    } else if (held_untold) {
+      timeout_ms = 100;
+    } else if (held || !attaching_.empty() || !greeting_.empty()) {
+      timeout_ms = 1000;  // for tell_held_connections, drop_late_attaches and drop_silent_connections
     } else if (idle_exit_s_ > 0 && clients_.empty()) {
       const uint64_t limit = idle_since + static_cast<uint64_t>(idle_exit_s_) * 1'000'000'000;
       const uint64_t now = monotonic_ns();
@@ -282,6 +303,12 @@ int pool_server::run() noexcept {
         c.hung_up_ns = now;
         close_fd(&c.fd);
       }
+      // Exits of members whose connection is still open (one that hung up in this turn is
+      // the repair's below).
+      for (size_t k = 0; k < pidfd_clients.size(); ++k) {
+        client& c = clients_[pidfd_clients[k]];
+        if (fds[first_pidfd + k].revents != 0 && c.fd >= 0) c.exited_ns = now;
+      }
       // Attaches (or hang-ups) of newcomers, from the last: finish_attach erases its entry.
       for (size_t k = attaching_.size(); k-- > 0;) {
         if (fds[first_attaching + k].revents != 0) finish_attach(k);
@@ -296,6 +323,7 @@ int pool_server::run() noexcept {
       }
       if (fds[1].revents != 0) accept_one();
     }
+    tell_held_connections(now);
     drop_late_attaches(now);
     drop_silent_connections(now);
     if (lock_repair_pending_) repair_lock();
@@ -307,7 +335,7 @@ int pool_server::run() noexcept {
       if (c.fd < 0 && c.hung_up_ns != 0 &&
           (client_exited(c) || now - c.hung_up_ns >= uint64_t{k_repair_grace_ms} * 1'000'000)) {
         repair(c);
-        if (clients_[i].pidfd >= 0) ::close(clients_[i].pidfd);
+        close_client(&clients_[i]);
         clients_.erase(clients_.begin() + static_cast<ptrdiff_t>(i));
         if (clients_.empty()) idle_since = monotonic_ns();
       } else {
@@ -367,10 +395,7 @@ void pool_server::teardown() noexcept {
   close_fd(&stop_pipe_[1]);
   close_fd(&server_lock_fd_);  // the next server may start now
   // Last: the hang-up sends the members to the next server, which can start by now.
-  for (client& c : clients_) {
-    close_fd(&c.fd);
-    close_fd(&c.pidfd);
-  }
+  for (client& c : clients_) close_client(&c);
   clients_.clear();
 }
 }  // namespace vramswap::detail

@@ -111,6 +111,10 @@ class pool_server {
   static constexpr int k_lock_repair_retry_ms = 100;
   // How often an adopting server looks at its orphans' leases and its waiting newcomers.
   static constexpr int k_orphan_poll_ms = 20;
+  // How long after a member's exit its connection may stay open before the processes that
+  // hold it are named (its own files close before its pidfd says it exited: any time here is
+  // only margin).
+  static constexpr int k_held_connection_grace_ms = 500;
 
   // Build the pool and start listening. err_busy when another server serves the device (the
   // detail names its pid); err_invalid_argument for a bad size option; err_out_of_memory
@@ -156,6 +160,13 @@ class pool_server {
     int pidfd = -1;           // the pidfd it sent with its hello (-1: none)
     uint64_t hung_up_ns = 0;  // when its connection closed, or an orphan's lease went (0: alive as far as known)
     bool orphan = false;      // a member of the previous server that has not rejoined (no connection yet)
+    // When its process exited (its pidfd said so) with its connection still open: processes
+    // it forked hold the connection, and its GPU context with it (0: not seen exited).
+    uint64_t exited_ns = 0;
+    bool held_told = false;   // the warning that names those processes was logged
+    // Pidfds of the processes last found holding its connection after it exited: its repair
+    // waits for them too (client_exited), as for its own.
+    std::vector<int> holder_pidfds;
   };
   // A newcomer whose hello came while this server has adopted a pool and has no frames yet.
   struct newcomer {
@@ -176,8 +187,11 @@ class pool_server {
     int pidfd = -1;
     uint64_t since_ns = 0;
   };
-  // Has client `c`'s process exited (all its files released, its GPU work torn down)?
+  // Has client `c`'s process exited (all its files released, its GPU work torn down), and so
+  // have the processes found holding its connection after it exited?
   static bool client_exited(const client& c) noexcept;
+  // Closes a client's descriptors: its connection, its pidfd and its holders' pidfds.
+  static void close_client(client* c) noexcept;
 
   // start(), run(), request_stop() and these: pool_server.cpp.
   pool_server() = default;
@@ -216,6 +230,10 @@ class pool_server {
   uint32_t scrub_host_slots_of(uint32_t member) noexcept;
   // Repair: pool_repair.cpp.
   void repair(const client& c) noexcept;
+  // Members that exited while their connection stays open (held by processes they forked
+  // without exec): named once, k_held_connection_grace_ms after the exit; their frames stay
+  // theirs until the connection closes, since those processes hold the GPU context too.
+  void tell_held_connections(uint64_t now) noexcept;
   // The device lock's repair; false (and retried from run()) while its mutex is stuck.
   bool repair_lock() noexcept;
   // The metrics endpoint: pool_metrics.cpp.

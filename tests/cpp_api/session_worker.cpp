@@ -15,6 +15,11 @@
 // waits before the first acquire, with the session open and the memory allocated: a start
 // line for workers whose start-up times differ (a CUDA context takes far longer than a turn).
 //
+// SESSION_WORKER_FORK=<round>:<path>: after releasing round <round> (before its pause, if
+// any), fork a child that runs nothing else and waits to be killed (a DataLoader worker of
+// the fork start method: it inherits the session's connection and driver files), and write
+// the child's pid to <path>.
+//
 // SESSION_WORKER_ALLOC_GAP_MS=<ms>: with alloc-under-lock, wait <ms> before each allocation
 // after the first (a program's own work between its allocations).
 // SESSION_WORKER_HOLD_AFTER_ALLOC_MS=<ms>: with alloc-under-lock, hold the lock <ms> after the
@@ -83,6 +88,13 @@ int main(int argc, char** argv) {
     pause_file = std::strchr(pause, ':') + 1;
   }
 
+  int fork_after = 0;
+  std::string fork_file;
+  if (const char* fork = std::getenv("SESSION_WORKER_FORK"); fork != nullptr && std::strchr(fork, ':') != nullptr) {
+    fork_after = std::atoi(fork);
+    fork_file = std::strchr(fork, ':') + 1;
+  }
+
   std::unique_ptr<device_session> session;
   check(device_session::open(0, &session), "opening the session");
   backend& be = session->get_backend();
@@ -136,6 +148,18 @@ int main(int argc, char** argv) {
     check(session->release(), "release");
     if (turns != nullptr) {
       if (FILE* f = std::fopen(turn_file("done", round).c_str(), "w")) std::fclose(f);
+    }
+    if (round == fork_after && !fork_file.empty()) {
+      const pid_t child = ::fork();
+      if (child < 0) check(err_system, "fork");
+      if (child == 0) {
+        for (;;) ::pause();
+      }
+      if (FILE* f = std::fopen((fork_file + ".part").c_str(), "w")) {
+        std::fprintf(f, "%d\n", static_cast<int>(child));
+        std::fclose(f);
+        std::rename((fork_file + ".part").c_str(), fork_file.c_str());
+      }
     }
     if (round == pause_after && !wait_for_file(pause_file)) return 2;
   }

@@ -481,6 +481,51 @@ TEST_F(TimeSharing, MemoryLargerThanThePoolIsAClearError) {
   EXPECT_TRUE(WIFEXITED(status2) && WEXITSTATUS(status2) == 0) << "the lock must not stay with the failed process";
 }
 
+// The owner of idle frames a lock holder needs is killed while a child it forked without
+// exec (a DataLoader worker) lives on, holding its connection and its GPU context: its frames
+// stay its own until the child exits, and the holder's timeout says so instead of calling the
+// owner stopped. Once the child is gone they are repaired, and the next process gets them.
+TEST_F(TimeSharing, AnOwnerKilledWhileItsForkedChildLivesIsNamedInTheWaitersError) {
+  const std::string forked = deploy_.dir() + "/child.pid";
+  const std::string never = deploy_.dir() + "/never";
+  const std::string taker_err = deploy_.dir() + "/taker.err";
+  // 40 MiB each on a 64 MiB pool: the taker needs frames the owner holds idle.
+  const pid_t owner = spawn_worker(40 * MiB, 2, 600, 0, {"SESSION_WORKER_FORK=1:" + forked, "SESSION_WORKER_PAUSE=1:" + never});
+  pid_t child = 0;
+  for (int i = 0; i < 2000 && child <= 0; ++i) {
+    child = static_cast<pid_t>(std::atol(test::slurp(forked).c_str()));
+    if (child <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(child, 0) << "the owner never forked";
+  struct kill_at_end {  // however the test ends: the child is nobody's to reap but init's
+    pid_t pid;
+    ~kill_at_end() { ::kill(pid, SIGKILL); }
+  } child_guard{child};
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(open_pool(&pool, 10000));
+  const uint32_t m = member_of(*pool, owner);
+  ASSERT_NE(m, k_no_member);
+  ASSERT_GT(pool->count(frame_idle, m), 0u);
+  ::kill(owner, SIGKILL);
+  wait_status(owner);
+
+  const pid_t taker = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(40 * MiB), "1", "601", "0"}, {"VRAMSWAP_EVICT_TIMEOUT=2"},
+                                    "", taker_err);
+  const int taker_status = wait_status(taker);
+  const std::string taker_log = test::slurp(taker_err);
+  EXPECT_TRUE(WIFEXITED(taker_status) && WEXITSTATUS(taker_status) == 2) << "status " << taker_status << "\n" << taker_log;
+  EXPECT_NE(taker_log.find("process " + std::to_string(owner) + " (pool member " + std::to_string(m) + "), which owns frame"),
+            std::string::npos) << taker_log;
+  EXPECT_NE(taker_log.find("has exited, but its frames are not back in the pool"), std::string::npos) << taker_log;
+  EXPECT_EQ(taker_log.find("SIGSTOP"), std::string::npos) << "a dead owner is not a stopped one:\n" << taker_log;
+
+  ::kill(child, SIGKILL);
+  expect_no_frame_leaked(*pool);
+  const pid_t next = spawn_worker(40 * MiB, 2, 602, 0);
+  const int next_status = wait_status(next);
+  EXPECT_TRUE(WIFEXITED(next_status) && WEXITSTATUS(next_status) == 0) << next_status;
+}
+
 // The owner of the frames a lock holder needs runs out of swap space part-way through the
 // eviction (its disk tier on a small real filesystem, its host tier nearly none): every page
 // it saved before the disk filled, and every page still in flight then, comes back intact at

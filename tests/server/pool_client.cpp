@@ -15,12 +15,16 @@
 //   wait-server-gone SECONDS   poll server_alive() until false; print "server-gone"
 //   wait-rejoined SECONDS      (after join) wait until a server other than the first serves
 //                              this member; print "rejoined <server pid>"
+//   fork-child                 fork a child that runs nothing else (it inherits the
+//                              connection, as a DataLoader worker would) and waits to be
+//                              killed; print "forked <pid>"
 //   hold                       wait until stdin closes (the test kills us meanwhile)
 //   sleep SECONDS              sleep (the test kills us meanwhile)
 // Exit 0 when every step worked; 1 with "pool_client: <step>: <why>" on stderr otherwise.
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -187,6 +191,14 @@ int main(int argc, char** argv) {
     } else if (step == "sleep") {
       std::this_thread::sleep_for(std::chrono::seconds(arg(1)));
       i += 1;
+    } else if (step == "fork-child") {
+      const pid_t child = ::fork();
+      if (child < 0) return die(step, std::strerror(errno));
+      if (child == 0) {
+        for (;;) ::pause();
+      }
+      std::printf("forked %d\n", static_cast<int>(child));
+      std::fflush(stdout);
     } else if (step == "hold") {
       char c;
       while (::read(0, &c, 1) > 0) {

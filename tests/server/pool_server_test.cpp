@@ -242,10 +242,10 @@ class PoolServer : public ::testing::Test {
     return rc;
   }
   // A foreground server; returns its pid once it reported ready (-1 if it never did).
-  pid_t start_server(std::vector<std::string> extra = {}) {
+  pid_t start_server(std::vector<std::string> extra = {}, const std::string& err_file = "") {
     std::vector<std::string> args = {VRAMSWAP_SERVER_BINARY, "--foreground", "--ready-fd", "1"};
     args.insert(args.end(), extra.begin(), extra.end());
-    proc p = spawn(args);
+    proc p = spawn(args, err_file);
     const std::string line = read_line(p);
     ::close(p.in);
     ::close(p.out);
@@ -440,6 +440,53 @@ TEST_F(PoolServer, KilledClientsFramesAreScrubbedAndFreed) {
   EXPECT_TRUE(eventually([&] { return seg->count(pool_layout::frame_free) == k_frames; })) << "frames were not freed";
   EXPECT_TRUE(eventually([&] { return seg->member(member).state.load() == pool_layout::member_free; }));
   EXPECT_EQ(run_client({"connect-noauto", "zero", "0", std::to_string(k_frames)}), 0) << "a freed frame kept data";
+}
+
+// A member killed while a process it forked without exec lives on (a DataLoader worker, a
+// multiprocessing pool) leaves its connection open in that child, and with it its GPU
+// context: its frames stay its own until the child exits, and the server says so at once,
+// naming the child. Then they are scrubbed and freed.
+TEST_F(PoolServer, AMemberWhoseForkedChildOutlivesItIsNamedAndRepairedWhenTheChildEnds) {
+  const std::string log = dir_ + "-server.log";
+  vramswap::detail::test::set_env("VRAMSWAP_LOG", "info");  // for the repair's line (TearDown restores it)
+  ASSERT_GT(start_server({}, log), 0);
+  proc& a = client({"connect-noauto", "own", "3", "write", "3", "21", "own", "5", "write", "5", "22", "fork-child", "ready", "hold"});
+  const std::string forked = read_line(a);
+  ASSERT_EQ(forked.rfind("forked ", 0), 0u) << forked;
+  const pid_t child = static_cast<pid_t>(std::stol(forked.substr(7)));
+  const std::vector<long> f = fields(read_line(a));
+  ASSERT_EQ(f.size(), 3u);
+  const auto member = static_cast<uint32_t>(f[0]);
+  auto seg = open_segment();
+  ASSERT_TRUE(seg);
+
+  ::kill(a.pid, SIGKILL);
+  EXPECT_EQ(reap(a.pid), 128 + SIGKILL);
+  const pid_t parent = a.pid;
+  a.pid = -1;
+  const std::string told = "member " + std::to_string(member) + " (pid " + std::to_string(parent) +
+                           ") has exited, but its connection to this server is still held by pid " + std::to_string(child) +
+                           " (pool_client)";
+  ASSERT_TRUE(eventually([&] { return read_file(log).find(told) != std::string::npos; }, 10s)) << read_file(log);
+  const std::string said = read_file(log);
+  EXPECT_NE(said.find("its 2 frames stay out of the pool until they exit; stop them (kill " + std::to_string(child) + ")"),
+            std::string::npos) << said;
+  EXPECT_EQ(count_of(said, "has exited, but its connection"), 1u) << "said once: " << said;
+  // Kept while the child lives: it holds the dead member's GPU context.
+  std::this_thread::sleep_for(1s);
+  EXPECT_EQ(seg->count(pool_layout::frame_active, member), 2u);
+  EXPECT_EQ(seg->member(member).state.load(), pool_layout::member_live);
+
+  ::kill(child, SIGKILL);
+  EXPECT_TRUE(eventually([&] {
+    ::waitpid(child, nullptr, WNOHANG);  // ours to reap: this test is a subreaper
+    return seg->count(pool_layout::frame_free) == k_frames;
+  })) << "the frames were not freed after the child ended";
+  EXPECT_TRUE(eventually([&] { return seg->member(member).state.load() == pool_layout::member_free; }));
+  EXPECT_TRUE(eventually([&] { return read_file(log).find("processes it forked held its connection until then") != std::string::npos; }))
+      << read_file(log);
+  EXPECT_EQ(run_client({"connect-noauto", "zero", "0", std::to_string(k_frames)}), 0) << "a freed frame kept data";
+  ::unlink(log.c_str());
 }
 
 TEST_F(PoolServer, KilledLockHolderPassesTheLockOn) {
