@@ -130,8 +130,11 @@ void render_device(const device_report& d, const text_options& o, std::string* o
              d.host_slots_used, human_bytes(uint64_t{d.host_slots_used} * d.host_slot_size).c_str());
   }
   if (d.exited != 0) {
-    t += string_format("  %u exited process%s left in the pool's table: %s\n", d.exited, d.exited == 1 ? "" : "es",
-             d.server == server_state::running ? "the daemon frees what they held shortly" : "the next daemon frees what they held");
+    t += string_format("  %u exited process%s left in the pool's table, owning %u frame%s: %s\n", d.exited, d.exited == 1 ? "" : "es",
+             d.exited_frames, d.exited_frames == 1 ? "" : "s",
+             d.server != server_state::running ? "the next daemon frees what they held"
+                                               : "the daemon frees what they held once no process holds their GPU context (processes "
+                                                 "they forked without exec keep it until they exit; the daemon's log names them)");
   }
 
   // The holder, and what everyone waits behind.
@@ -382,6 +385,7 @@ json device_json(const device_report& d) {
   }
   j["processes"] = std::move(processes);
   j["exited_processes"] = d.exited;
+  j["exited_frames"] = d.exited_frames;
   return j;
 }
 

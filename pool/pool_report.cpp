@@ -185,6 +185,7 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     // no longer a process of the pool, whatever its slot still says.
     if (visible_here(s.pid_ns) && check_liveness({s.pid, s.start_time, s.pid_ns}) == liveness::dead) {
       ++d.exited;
+      d.exited_frames += owned[m];
       continue;
     }
     process_report p;

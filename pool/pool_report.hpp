@@ -109,9 +109,11 @@ struct device_report {
   std::string queue_error;   // why not
   std::vector<queue_report> queue;      // holder first, then waiters in grant order
   // By member index. A member whose process has exited (its slot not yet repaired: the
-  // server repairs it soon, or never when the server is dead) is not listed, only counted.
+  // server repairs it soon, once no process holds its GPU context, or never when the server
+  // is dead) is not listed, only counted, with the frames it still owns.
   std::vector<process_report> processes;
   uint32_t exited = 0;
+  uint32_t exited_frames = 0;
   // The holder (pid 0 when nobody holds the lock), from the queue, else from the members.
   pid_t holder_pid = 0;
   uint64_t holder_pid_ns = 0;

@@ -490,6 +490,13 @@ TEST_F(PoolServer, AMemberWhoseForkedChildOutlivesItIsNamedAndRepairedWhenTheChi
   std::this_thread::sleep_for(1s);
   EXPECT_EQ(seg->count(pool_layout::frame_active, member), 2u);
   EXPECT_EQ(seg->member(member).state.load(), pool_layout::member_live);
+  // `vramswap status` counts it as exited, with its frames, and says what keeps them.
+  device_report report;
+  ASSERT_EQ(collect_report("host-0", &report), ok) << last_error();
+  const std::string text = render_text({report});
+  EXPECT_NE(text.find("1 exited process left in the pool's table, owning 2 frames: the daemon frees what they held once no "
+                      "process holds their GPU context"),
+            std::string::npos) << text;
 
   ::kill(child, SIGKILL);
   EXPECT_TRUE(eventually([&] {
