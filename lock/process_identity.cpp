@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -104,6 +106,16 @@ uint64_t pid_namespace_of(pid_t pid) noexcept {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/ns/pid", static_cast<int>(pid));
   return pid > 0 ? namespace_inode(path) : 0;
+}
+
+int open_pidfd(pid_t pid) noexcept {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return -1;
+#endif
 }
 
 pid_t pidfd_process(int fd) noexcept {

@@ -33,6 +33,10 @@ uint64_t current_pid_namespace() noexcept;
 // /proc/<pid>/ns/pid; 0 when it cannot be read.
 uint64_t pid_namespace_of(pid_t pid) noexcept;
 
+// A pidfd of process `pid` of this PID namespace (pidfd_open, Linux 5.3; close-on-exec), or
+// -1 with errno set where the kernel or a seccomp policy has none, or the process is gone.
+int open_pidfd(pid_t pid) noexcept;
+
 // The process a pidfd refers to, as its /proc/self/fdinfo says: its pid in this process's
 // PID namespace, 0 when it is not in it, -1 when it has exited; -2 when `fd` is no pidfd.
 pid_t pidfd_process(int fd) noexcept;

@@ -6,7 +6,6 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -128,7 +127,7 @@ int hello_from_this_process(pool_protocol::hello* h) {
 // PID namespace either runs (pool/pool_protocol.hpp). Without one (a kernel or a seccomp
 // policy without pidfd_open) the server falls back on what it can see.
 int send_hello(int fd, const pool_protocol::hello& h) {
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+  const int pidfd = open_pidfd(::getpid());
   const int sent = send_fds(fd, pidfd >= 0 ? &pidfd : nullptr, pidfd >= 0 ? 1 : 0, &h, sizeof h);
   if (pidfd >= 0) ::close(pidfd);
   return sent;

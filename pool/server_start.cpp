@@ -85,17 +85,6 @@ std::string tail_of(const std::string& path, size_t max) {
   return text;
 }
 
-// A pidfd for `pid` (Linux 5.3), so that a signal sent to it later can only reach that
-// process, never one that reused its pid; -1 where the kernel has none.
-int open_pidfd(pid_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-#else
-  (void)pid;
-  return -1;
-#endif
-}
-
 void kill_through(int pidfd, pid_t pid) {
 #ifdef SYS_pidfd_send_signal
   if (pidfd >= 0 && ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0) == 0) return;

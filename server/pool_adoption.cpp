@@ -7,7 +7,6 @@
 
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,7 +36,7 @@ namespace {
 // A pidfd of `who`, a process of this PID namespace, or -1: opened first, then checked to be
 // that process still (not a later one with its pid), so that it can only ever refer to it.
 int pidfd_of(const process_identity& who) {
-  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, who.pid, 0));
+  const int fd = open_pidfd(who.pid);
   if (fd < 0) return -1;
   if (check_liveness(who) != liveness::alive) {
     ::close(fd);
