@@ -111,7 +111,11 @@ void render_device(const device_report& d, const text_options& o, std::string* o
   switch (d.server) {
     case server_state::running:
       t += string_format("  daemon: pid %d", static_cast<int>(d.server_pid));
-      if (d.metrics_port != 0) t += string_format(" \xC2\xB7 metrics http://127.0.0.1:%u/metrics", d.metrics_port);
+      if (d.metrics_port != 0 && !d.metrics_host.empty()) {
+        t += string_format(" \xC2\xB7 metrics http://%s:%u/metrics", d.metrics_host.c_str(), d.metrics_port);
+      } else if (d.metrics_port != 0) {
+        t += string_format(" \xC2\xB7 metrics on port %u (not listening in this network namespace)", d.metrics_port);
+      }
       t += "\n";
       break;
     case server_state::dead:
@@ -295,7 +299,10 @@ json device_json(const device_report& d) {
   const bool running = d.server == server_state::running;
   j["server"] = {{"state", server_state_name(d.server)},
                  {"pid", d.server == server_state::dead ? json(nullptr) : json(d.server_pid)},
-                 {"metrics_port", running && d.metrics_port != 0 ? json(d.metrics_port) : json(nullptr)}};
+                 {"metrics_port", running && d.metrics_port != 0 ? json(d.metrics_port) : json(nullptr)},
+                 {"metrics_url", running && d.metrics_port != 0 && !d.metrics_host.empty()
+                                     ? json("http://" + d.metrics_host + ":" + std::to_string(d.metrics_port) + "/metrics")
+                                     : json(nullptr)}};
   j["frame_size"] = d.frame_size;
   j["frame_count"] = d.frame_count;
   j["pool_bytes"] = uint64_t{d.frame_count} * d.frame_size;

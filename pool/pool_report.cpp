@@ -18,6 +18,7 @@
 #include "core/status.hpp"
 #include "lock/device_lock.hpp"
 #include "pool/device_index.hpp"
+#include "pool/listen_address.hpp"
 #include "pool/pool_layout.hpp"
 #include "pool/pool_segment.hpp"
 #include "pool/process_label.hpp"
@@ -287,6 +288,10 @@ int collect_report(const std::string& key, device_report* out) {
   }
   VS_TRY(collect_report(key, *pool, have_lock ? &lock : nullptr, out));
   if (!have_lock) out->queue_error = lock_error;
+  // Where the server's metrics endpoint listens: the header has its port only.
+  if (out->server == server_state::running && out->metrics_port != 0 && out->metrics_port <= 0xFFFF) {
+    out->metrics_host = listening_host(static_cast<uint16_t>(out->metrics_port));
+  }
   return ok;
 }
 

@@ -98,6 +98,10 @@ struct device_report {
   pid_t server_pid = 0;      // as the header says; meaningful only while `server` is running
   server_state server = server_state::running;
   uint32_t metrics_port = 0;  // 0: none
+  // Its host as a URL writes it ("127.0.0.2", "[::1]"), from this network namespace's TCP
+  // listeners (pool/listen_address.hpp); "" when unknown (another network namespace; the
+  // server's own metrics never look).
+  std::string metrics_host;
   uint64_t frame_size = 0;
   uint32_t frame_count = 0;
   uint32_t frames_free = 0, frames_active = 0, frames_idle = 0, frames_requested = 0;

@@ -36,6 +36,7 @@
 #include "core/options.hpp"
 #include "core/status.hpp"
 #include "pool/device_index.hpp"
+#include "pool/pool_report.hpp"
 #include "pool/pool_segment.hpp"
 #include "pool/process_label.hpp"
 #include "lock/shared_segment.hpp"
@@ -673,6 +674,25 @@ TEST_F(Cli, DeadDaemonIsFlaggedAndExitedClientsAreNotListed) {
 // How processes and devices are named, from real inputs of each kind: command lines as
 // /proc/<pid>/cmdline holds them, cgroup files as docker, podman, the kubelet and slurmd
 // leave them, and a /proc/driver/nvidia tree laid out as the driver lays it out.
+// The daemon's metrics URL names the address its endpoint listens on; a port with no
+// listener in this network namespace is said to be elsewhere, with no URL that would fail.
+TEST(StatusView, TheMetricsUrlIsWhereTheEndpointListensOrNone) {
+  device_report d;
+  d.key = "host-0";
+  d.server_pid = 4242;
+  d.metrics_port = 41577;
+  d.metrics_host = "127.0.0.2";
+  EXPECT_NE(render_text({d}).find("daemon: pid 4242 \xC2\xB7 metrics http://127.0.0.2:41577/metrics"), std::string::npos)
+      << render_text({d});
+  EXPECT_NE(render_json({d}, false).find("\"metrics_url\":\"http://127.0.0.2:41577/metrics\""), std::string::npos)
+      << render_json({d}, false);
+  d.metrics_host.clear();
+  EXPECT_NE(render_text({d}).find("metrics on port 41577 (not listening in this network namespace)"), std::string::npos)
+      << render_text({d});
+  EXPECT_EQ(render_text({d}).find("http://"), std::string::npos) << render_text({d});
+  EXPECT_NE(render_json({d}, false).find("\"metrics_url\":null"), std::string::npos) << render_json({d}, false);
+}
+
 TEST(StatusNames, CommandLinesContainersAndDeviceNumbers) {
   using namespace std::string_literals;
   EXPECT_EQ(shorten_command_line("/opt/venv/bin/python3.11\0/home/alice/proj/train.py\0--lr\0003e-4\0"s), "python3.11 train.py --lr 3e-4");

@@ -27,6 +27,7 @@
 
 #include "core/status.hpp"
 #include "lock/turn_histograms.hpp"
+#include "pool/listen_address.hpp"
 #include "pool/pool_segment.hpp"
 #include "support/deployment.hpp"
 #include "support/loopback.hpp"
@@ -141,6 +142,7 @@ TEST_F(MetricsScrape, LabelsAndTurnHistogramsOfRealClientsOnANonDefaultAddress) 
   const metrics before(scrape(k_address, port));
   ASSERT_FALSE(before.text.empty()) << "no 200 from http://" << k_address << ":" << port << "/metrics";
   EXPECT_EQ(scrape("127.0.0.1", port), "") << "the endpoint should listen on " << k_address << " only, not on the default";
+  EXPECT_EQ(listening_host(port), k_address) << "vramswap status would print another metrics URL";
   EXPECT_EQ(before.get("vramswap_pool_frames{" + k_device + "}"), 32) << before.text;
   const double waits0 = check_histogram(before, "vramswap_lock_wait_seconds");
   const double holds0 = check_histogram(before, "vramswap_lock_hold_seconds");
