@@ -1,9 +1,14 @@
 #include "core/pinned_chunk.hpp"
 
+#include <sched.h>
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
+#include <exception>
+#include <thread>
 #include <utility>
 
 #include "core/log.hpp"
@@ -17,11 +22,87 @@
 
 namespace vramswap::detail {
 
-int fault_in_writable(void* base, size_t bytes, populate_fallback fallback) noexcept {
-  if (::madvise(base, bytes, MADV_POPULATE_WRITE) == 0) return 0;
-  if (errno != EINVAL) return errno;
+namespace {
+
+// Faulting memory in is the kernel zeroing (or mapping) every page, a few GB/s on one thread;
+// threads faulting in pieces of one range at once scale nearly linearly up to about eight,
+// where memory bandwidth and the page allocator bind, and a piece of at least 64 MiB keeps
+// starting a thread negligible against its work.
+constexpr unsigned k_max_fault_threads = 8;
+constexpr size_t k_min_fault_piece = size_t{64} << 20;
+constexpr size_t k_huge_page = size_t{2} << 20;
+
+unsigned usable_cpus() noexcept {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
+}
+
+// Whether the kernel knows MADV_POPULATE_WRITE, asked once of a page of our own: EINVAL
+// from a range of the caller's could as well mean the range cannot be written, which must
+// be reported rather than touched (that would be SIGSEGV).
+bool kernel_populates() noexcept {
+  static const bool yes = [] {
+    void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return true;  // no page to ask with: assume a current kernel
+    const bool known = ::madvise(p, 4096, MADV_POPULATE_WRITE) == 0 || errno != EINVAL;
+    ::munmap(p, 4096);
+    return known;
+  }();
+  return yes;
+}
+
+int fault_in_piece(char* base, size_t bytes, populate_fallback fallback) noexcept {
+  if (bytes == 0) return 0;
+  if (kernel_populates()) return ::madvise(base, bytes, MADV_POPULATE_WRITE) == 0 ? 0 : errno;
   if (fallback == populate_fallback::touch) {
     for (size_t off = 0; off < bytes; off += 4096) static_cast<volatile char*>(base)[off] = 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int fault_in_writable(void* base, size_t bytes, populate_fallback fallback) noexcept {
+  char* const p = static_cast<char*>(base);
+  const unsigned threads = static_cast<unsigned>(
+      std::min<size_t>({k_max_fault_threads, usable_cpus(), std::max<size_t>(1, bytes / k_min_fault_piece)}));
+  if (threads <= 1) return fault_in_piece(p, bytes, fallback);
+  // Pieces on huge-page boundaries, so that no huge page is split between two threads.
+  const size_t piece = (bytes / threads + k_huge_page - 1) / k_huge_page * k_huge_page;
+  auto range = [&](unsigned t, char** from, size_t* len) {
+    const size_t lo = std::min(bytes, size_t{t} * piece), hi = std::min(bytes, lo + piece);
+    *from = p + lo;
+    *len = hi - lo;
+  };
+  std::array<int, k_max_fault_threads> errors{};
+  std::array<std::thread, k_max_fault_threads> helpers;
+  std::array<bool, k_max_fault_threads> started{};
+  for (unsigned t = 1; t < threads; ++t) {
+    try {
+      helpers[t] = std::thread([&, t] {
+        char* from = nullptr;
+        size_t len = 0;
+        range(t, &from, &len);
+        errors[t] = fault_in_piece(from, len, fallback);
+      });
+      started[t] = true;
+    } catch (const std::exception&) {
+      // No thread to be had: this thread faults that piece in below.
+    }
+  }
+  for (unsigned t = 0; t < threads; ++t) {
+    if (t != 0 && started[t]) continue;
+    char* from = nullptr;
+    size_t len = 0;
+    range(t, &from, &len);
+    errors[t] = fault_in_piece(from, len, fallback);
+  }
+  for (unsigned t = 1; t < threads; ++t) {
+    if (started[t]) helpers[t].join();
+  }
+  for (unsigned t = 0; t < threads; ++t) {
+    if (errors[t] != 0) return errors[t];
   }
   return 0;
 }

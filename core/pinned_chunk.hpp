@@ -20,7 +20,9 @@ enum class populate_fallback {
 };
 
 // Map every page of [base, base + bytes) writable now, so that the memory is committed
-// before anyone counts on it. 0, or the errno of the failure (ENOMEM: no room).
+// before anyone counts on it. 0, or the errno of the failure (ENOMEM: no room). A large
+// range is faulted in by up to eight threads at once, pieces of it each (this thread one of
+// them): the kernel's zeroing of the pages, not the copy that needs them, sets the rate.
 int fault_in_writable(void* base, size_t bytes, populate_fallback fallback) noexcept;
 
 class pinned_chunk {

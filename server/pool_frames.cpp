@@ -9,10 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <exception>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/options.hpp"
@@ -98,8 +96,8 @@ bool pool_server::pool_in_use() const noexcept {
 
 // The shared host pool: one memfd, faulted in here so that its memory is committed before
 // any client counts on it (a host without the room fails now, by name, not with SIGBUS or
-// the OOM killer in the middle of an eviction). Several threads fault it in: the kernel
-// zeroes every page, ~60 GiB is seconds of memory bandwidth and a client waits for our
+// the OOM killer in the middle of an eviction). fault_in_writable uses several threads: the
+// kernel zeroes every page, ~60 GiB is seconds of memory bandwidth and a client waits for our
 // "ready" at most pool_connection::k_start_timeout_s. The server keeps the descriptor and
 // no mapping: it never reads or writes slot contents.
 int pool_server::build_host_pool(uint64_t bytes) noexcept {
@@ -118,30 +116,12 @@ int pool_server::build_host_pool(uint64_t bytes) noexcept {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, host_pool_fd_, 0);
   if (p == MAP_FAILED) return fail_errno(errno, "vramswapd: mapping the shared host pool (%s)", human_size(bytes).c_str());
   ::madvise(p, bytes, MADV_HUGEPAGE);  // best effort: shmem huge pages where the kernel allows (shmem_enabled=advise)
-  const unsigned threads = std::max(1u, std::min({8u, std::thread::hardware_concurrency(), static_cast<unsigned>(bytes / frame_size_)}));
-  const uint64_t per = (bytes / threads + frame_size_ - 1) / frame_size_ * frame_size_;
-  std::vector<int> errors(threads, 0);
-  std::vector<std::thread> pool;
-  try {
-    for (unsigned t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        const uint64_t from = std::min<uint64_t>(bytes, t * per), to = std::min<uint64_t>(bytes, from + per);
-        if (from == to) return;
-        char* base = static_cast<char*>(p) + from;
-        // The memfd is new: no one's bytes are in it yet, so an older kernel may touch its pages.
-        errors[t] = fault_in_writable(base, to - from, populate_fallback::touch);
-      });
-    }
-  } catch (const std::exception&) {
-    errors[0] = EAGAIN;  // could not start a thread: fail below, after joining those that did
-  }
-  for (std::thread& t : pool) t.join();
+  // The memfd is new: no one's bytes are in it yet, so an older kernel may touch its pages.
+  const int e = fault_in_writable(p, bytes, populate_fallback::touch);
   ::munmap(p, bytes);
-  for (int e : errors) {
-    if (e != 0) {
-      return fail(err_out_of_memory, "vramswapd: cannot fault in the shared host pool of %s (VRAMSWAP_HOST_POOL): %s; %s available",
-                  human_size(bytes).c_str(), std::strerror(e), human_size(available_ram()).c_str());
-    }
+  if (e != 0) {
+    return fail(err_out_of_memory, "vramswapd: cannot fault in the shared host pool of %s (VRAMSWAP_HOST_POOL): %s; %s available",
+                human_size(bytes).c_str(), std::strerror(e), human_size(available_ram()).c_str());
   }
   host_slots_ = static_cast<uint32_t>(bytes / frame_size_);
   return ok;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <exception>
 #include <utility>
 
 #include "core/log.hpp"
@@ -28,14 +29,17 @@ void pinned_slots::stop_making_ahead() {
     stop_ = true;
   }
   ahead_wake_.notify_all();
-  if (ahead_thread_.joinable()) {
-    // A forked child has a copy of this object but not the thread.
-    if (::getpid() == ahead_owner_) {
-      ahead_thread_.join();
+  // A forked child has a copy of this object but not the threads.
+  const bool ours = ::getpid() == ahead_owner_;
+  for (std::thread& t : makers_) {
+    if (!t.joinable()) continue;
+    if (ours) {
+      t.join();
     } else {
-      ahead_thread_.detach();
+      t.detach();
     }
   }
+  makers_.clear();
 }
 
 int pinned_slots::grow(size_t slots) {
@@ -65,7 +69,7 @@ void pinned_slots::adopt_made(bool wait) {
   std::vector<made_chunk> made;
   {
     std::unique_lock<std::mutex> lock(ahead_mutex_);
-    if (wait) ahead_made_.wait(lock, [&] { return !making_; });
+    if (wait) ahead_made_.wait(lock, [&] { return making_ == 0 || !made_.empty(); });
     made.swap(made_);
   }
   for (made_chunk& m : made) {  // the watchers heard of them from the thread
@@ -82,9 +86,15 @@ void pinned_slots::make_ahead(size_t slots) {
     // Whole chunks only, so that a hint a slot above the last does not make a small chunk.
     if (stop_ || ahead_failed_ || slots <= ahead_target_ || slots < committed_ + chunk_slots_) return;
     ahead_target_ = slots;
-    if (!ahead_thread_.joinable()) {
+    if (makers_.empty()) {
       ahead_owner_ = ::getpid();
-      ahead_thread_ = std::thread([this] { make_ahead_loop(); });
+      try {
+        for (int i = 0; i < k_makers; ++i) makers_.emplace_back([this] { make_ahead_loop(); });
+      } catch (const std::exception& e) {
+        // Fewer makers (or none: slots are then made as they are taken).
+        log(log_level::warn, "%s: pinning host memory ahead of need on %zu threads, not %d: %s", label_.c_str(), makers_.size(),
+            k_makers, e.what());
+      }
     }
   }
   ahead_wake_.notify_all();
@@ -97,7 +107,7 @@ void pinned_slots::make_ahead_loop() {
     if (stop_) return;
     const size_t slots = chunk_slots_;
     committed_ += slots;
-    making_ = true;
+    ++making_;
     lock.unlock();
     made_chunk m;
     m.slots = slots;
@@ -109,13 +119,16 @@ void pinned_slots::make_ahead_loop() {
       for (const auto& fn : watchers_) fn(m.chunk.base(), m.chunk.bytes());
     }
     lock.lock();
-    making_ = false;
+    --making_;
     if (rc != ok) {
       committed_ -= slots;
+      const bool first = !ahead_failed_;
       ahead_failed_ = true;
-      log(log_level::warn, "%s: pinning host memory ahead of need stopped at %zu slots of %zu bytes: %s; slots are pinned as "
-          "evictions need them from now on (VRAMSWAP_HOST_PIN_AHEAD=0 turns pinning ahead off)", label_.c_str(), committed_,
-          slot_size_, why.c_str());
+      if (first) {
+        log(log_level::warn, "%s: pinning host memory ahead of need stopped at %zu slots of %zu bytes: %s; slots are pinned as "
+            "evictions need them from now on (VRAMSWAP_HOST_PIN_AHEAD=0 turns pinning ahead off)", label_.c_str(), committed_,
+            slot_size_, why.c_str());
+      }
     } else {
       made_.push_back(std::move(m));
     }

@@ -7,14 +7,15 @@
 //
 // Ahead of need (make_ahead): making a chunk (faulting host memory in and pinning it) runs
 // at a few GB/s, an order of magnitude below the device's copy rate, so an eviction that
-// makes its slots as it goes runs at that rate. make_ahead(n) asks a thread of the
-// provider's own to make chunks until n slots exist (at most the limit). The thread also
-// tells the watchers of each chunk it makes (a swap file registers it for its transfers,
-// which pins the pages once more and takes time of its own); made chunks then wait in a
-// hand-over list, and the owner's calls adopt them (their slots join the free list). A take()
-// that finds no free slot while the thread is making one waits for that chunk rather than
-// making another. If the thread fails (no host memory), it logs once and stops: slots are
-// then made as they are taken, as without it.
+// makes its slots as it goes runs at that rate. make_ahead(n) asks threads of the
+// provider's own (k_makers of them, so that one chunk's registration with the driver, which
+// runs on one thread, overlaps the next chunk's faulting in) to make chunks until n slots
+// exist (at most the limit). A maker also tells the watchers of each chunk it makes (a swap
+// file registers it for its transfers, which pins the pages once more); made chunks then
+// wait in a hand-over list, and the owner's calls adopt them (their slots join the free
+// list). A take() that finds no free slot while chunks are in the making waits for the first
+// of them rather than making another. If a maker fails (no host memory), it logs once and
+// making ahead stops: slots are then made as they are taken, as without it.
 #pragma once
 
 #include <sys/types.h>
@@ -38,7 +39,7 @@ class pinned_slots final : public slot_provider {
  public:
   // `label` names the owner in errors ("tiered store for device 0").
   pinned_slots(backend& be, size_t slot_size, size_t chunk_slots, size_t limit_slots, std::string label);
-  ~pinned_slots() override;  // stops the thread of make_ahead, if any
+  ~pinned_slots() override;  // stops the makers of make_ahead, if any
   pinned_slots(const pinned_slots&) = delete;
   pinned_slots& operator=(const pinned_slots&) = delete;
 
@@ -60,7 +61,8 @@ class pinned_slots final : public slot_provider {
 
  private:
   int grow(size_t slots);
-  // Take over the chunks made ahead; wait for one in the making first if `wait`.
+  // Take over the chunks made ahead; if `wait` and none is made, wait for the first of those
+  // in the making.
   void adopt_made(bool wait);
   void make_ahead_loop();
 
@@ -73,7 +75,7 @@ class pinned_slots final : public slot_provider {
   std::vector<char*> free_;
   size_t slots_made_ = 0;  // in chunks_
   // Watchers are added, and chunks announced to them, under watch_mutex_ (taken before
-  // ahead_mutex_ where both are): the thread of make_ahead announces the chunks it makes.
+  // ahead_mutex_ where both are): the makers announce the chunks they make.
   std::mutex watch_mutex_;
   std::vector<std::function<void(char*, size_t)>> watchers_;
 
@@ -82,17 +84,18 @@ class pinned_slots final : public slot_provider {
     pinned_chunk chunk;
     size_t slots = 0;
   };
+  static constexpr int k_makers = 2;
   mutable std::mutex ahead_mutex_;
   std::condition_variable ahead_wake_;  // the target rose, or stop
   std::condition_variable ahead_made_;  // a chunk was made (or failed)
   size_t ahead_target_ = 0;
   size_t committed_ = 0;               // slots made or being made, by anyone
-  bool making_ = false;                // the thread is making a chunk
+  int making_ = 0;                     // chunks the makers are making now
   bool ahead_failed_ = false;
   bool stop_ = false;
   std::vector<made_chunk> made_;       // made ahead, not yet adopted
-  std::thread ahead_thread_;
-  pid_t ahead_owner_ = 0;              // the process that started the thread
+  std::vector<std::thread> makers_;
+  pid_t ahead_owner_ = 0;              // the process that started the makers
 };
 
 }  // namespace vramswap::detail
