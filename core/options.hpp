@@ -127,7 +127,7 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
     "pinned host memory for saved pages, per process and device: size, or percent of RAM; "     \
     "past it, least recently used pages go to the swap file")                                    \
   X(host_pin_ahead, "VRAMSWAP_HOST_PIN_AHEAD", "1", flag_form(),                                 \
-    "1: a thread pins this process's host memory for saved pages as its device memory grows "   \
+    "1: threads pin this process's host memory for saved pages as its device memory grows "   \
     "(up to VRAMSWAP_HOST_LIMIT), so that its first eviction runs at the link's rate; 0: pin "  \
     "as evictions need it (slower first eviction, no host memory before it)")                    \
   X(host_pool, "VRAMSWAP_HOST_POOL", "0", percent_form("RAM"),                                   \
