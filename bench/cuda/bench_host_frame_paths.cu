@@ -4,7 +4,7 @@
 // a copy kernel, against the pinned cudaMemcpy baseline.
 //
 //   build: part of the CMake build where nvcc is found (target bench_host_frame_paths), or
-//          nvcc -O2 -arch=native -o bench_host_frame_paths bench/cuda/bench_host_frame_paths.cu -lcuda
+//          nvcc -O2 -arch=native -I. -o bench_host_frame_paths bench/cuda/bench_host_frame_paths.cu -lcuda
 //   run:   bench_host_frame_paths [frames (default 64)] [frame MiB (default 32)]
 // Prints a markdown table; GB/s are one-way bytes moved per second. Exit 1 when a byte that
 // went through host frames came back wrong, 2 on a CUDA error.
@@ -18,18 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include "bench/support/cu_check.hpp"
+
 namespace {
 
-#define CU(x)                                                                   \
-  do {                                                                          \
-    CUresult r_ = (x);                                                          \
-    if (r_ != CUDA_SUCCESS) {                                                   \
-      const char* s_ = nullptr;                                                 \
-      cuGetErrorString(r_, &s_);                                                \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_);     \
-      std::exit(2);                                                             \
-    }                                                                           \
-  } while (0)
 #define RT(x)                                                                   \
   do {                                                                          \
     cudaError_t r_ = (x);                                                       \

@@ -28,18 +28,9 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
-namespace {
+#include "bench/support/cu_check.hpp"
 
-#define CU(x)                                                               \
-  do {                                                                      \
-    CUresult r_ = (x);                                                      \
-    if (r_ != CUDA_SUCCESS) {                                               \
-      const char* s_ = nullptr;                                             \
-      cuGetErrorString(r_, &s_);                                            \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_); \
-      std::exit(2);                                                         \
-    }                                                                       \
-  } while (0)
+namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
