@@ -38,9 +38,10 @@ unsigned usable_cpus() noexcept {
   return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
 }
 
-// Whether the kernel knows MADV_POPULATE_WRITE, asked once of a page of our own: EINVAL
-// from a range of the caller's could as well mean the range cannot be written, which must
-// be reported rather than touched (that would be SIGSEGV).
+}  // namespace
+
+// Asked of a page of our own: EINVAL from a range of the caller's could as well mean the
+// range cannot be written, which must be reported rather than touched (that would be SIGSEGV).
 bool kernel_populates() noexcept {
   static const bool yes = [] {
     void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -51,6 +52,8 @@ bool kernel_populates() noexcept {
   }();
   return yes;
 }
+
+namespace {
 
 int fault_in_piece(char* base, size_t bytes, populate_fallback fallback) noexcept {
   if (bytes == 0) return 0;
@@ -70,36 +73,24 @@ int fault_in_writable(void* base, size_t bytes, populate_fallback fallback) noex
   if (threads <= 1) return fault_in_piece(p, bytes, fallback);
   // Pieces on huge-page boundaries, so that no huge page is split between two threads.
   const size_t piece = (bytes / threads + k_huge_page - 1) / k_huge_page * k_huge_page;
-  auto range = [&](unsigned t, char** from, size_t* len) {
-    const size_t lo = std::min(bytes, size_t{t} * piece), hi = std::min(bytes, lo + piece);
-    *from = p + lo;
-    *len = hi - lo;
-  };
   std::array<int, k_max_fault_threads> errors{};
+  auto fault_in_nth = [&](unsigned t) {
+    const size_t lo = std::min(bytes, size_t{t} * piece), hi = std::min(bytes, lo + piece);
+    errors[t] = fault_in_piece(p + lo, hi - lo, fallback);
+  };
   std::array<std::thread, k_max_fault_threads> helpers;
-  std::array<bool, k_max_fault_threads> started{};
   for (unsigned t = 1; t < threads; ++t) {
     try {
-      helpers[t] = std::thread([&, t] {
-        char* from = nullptr;
-        size_t len = 0;
-        range(t, &from, &len);
-        errors[t] = fault_in_piece(from, len, fallback);
-      });
-      started[t] = true;
+      helpers[t] = std::thread(fault_in_nth, t);
     } catch (const std::exception&) {
       // No thread to be had: this thread faults that piece in below.
     }
   }
   for (unsigned t = 0; t < threads; ++t) {
-    if (t != 0 && started[t]) continue;
-    char* from = nullptr;
-    size_t len = 0;
-    range(t, &from, &len);
-    errors[t] = fault_in_piece(from, len, fallback);
+    if (!helpers[t].joinable()) fault_in_nth(t);
   }
-  for (unsigned t = 1; t < threads; ++t) {
-    if (started[t]) helpers[t].join();
+  for (std::thread& h : helpers) {
+    if (h.joinable()) h.join();
   }
   for (unsigned t = 0; t < threads; ++t) {
     if (errors[t] != 0) return errors[t];

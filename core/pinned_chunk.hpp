@@ -19,6 +19,9 @@ enum class populate_fallback {
                   // that may hold other processes' bytes must never be written here)
 };
 
+// Whether this kernel has MADV_POPULATE_WRITE (Linux 5.14), asked once of a page of our own.
+bool kernel_populates() noexcept;
+
 // Map every page of [base, base + bytes) writable now, so that the memory is committed
 // before anyone counts on it. 0, or the errno of the failure (ENOMEM: no room). A large
 // range is faulted in by up to eight threads at once, pieces of it each (this thread one of

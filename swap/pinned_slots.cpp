@@ -72,7 +72,7 @@ void pinned_slots::adopt_made(bool wait) {
     if (wait) ahead_made_.wait(lock, [&] { return making_ == 0 || !made_.empty(); });
     made.swap(made_);
   }
-  for (made_chunk& m : made) {  // the watchers heard of them from the thread
+  for (made_chunk& m : made) {  // the watchers heard of them from the makers
     for (size_t i = m.slots; i-- > 0;) free_.push_back(m.chunk.base() + i * slot_size_);
     chunks_.push_back(std::move(m.chunk));
     slots_made_ += m.slots;
@@ -154,7 +154,7 @@ size_t pinned_slots::slots_committed() const {
 int pinned_slots::take(bool past_limit, char** slot) {
   if (free_.empty()) adopt_made(/*wait=*/true);
   if (free_.empty()) {
-    // Counted with what the thread of make_ahead is making, so that both together stay
+    // Counted with what the makers are making, so that both together stay
     // within the limit; if the limit is reached by a chunk still in the making, wait for it.
     const size_t committed = slots_committed();
     if (limit_slots_ != 0 && committed >= limit_slots_ && committed > slots_made_) {

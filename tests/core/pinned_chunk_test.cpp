@@ -23,13 +23,6 @@ constexpr size_t MiB = size_t{1} << 20;
 // pieces' rounding, so that the last piece is a short one.
 constexpr size_t k_range = 290 * MiB;
 
-bool kernel_populates() {
-  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  const bool yes = ::madvise(p, 4096, 23 /* MADV_POPULATE_WRITE */) == 0;
-  ::munmap(p, 4096);
-  return yes;
-}
-
 size_t resident_pages(void* base, size_t bytes) {
   std::vector<unsigned char> v(bytes / 4096);
   if (::mincore(base, bytes, v.data()) != 0) return 0;
