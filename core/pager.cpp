@@ -182,7 +182,13 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
     // Ask for all the frames at once: a shared pool then asks their owners for all of them in
     // one request (one eviction, or one demotion of an oversubscribed job, instead of one per
     // page), and their copies overlap our mapping.
+    // Where a large allocation's time goes (debug level): asking the frames' owners, waiting
+    // for frames, mapping them, granting access. A pool's frames may come from other
+    // processes, and then most of an allocation is theirs.
+    const uint64_t t_start = clock_ns();
     int rc = count > 1 ? frames_.prepare(device_, count) : ok;
+    const uint64_t t_asked = clock_ns();
+    uint64_t taking_ns = 0, mapping_ns = 0, access_ns = 0;
     std::vector<uint64_t> backed;
     for (const page_range& r : fresh) {
       if (rc != ok) break;
@@ -192,14 +198,24 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
       for (; mapped < r.count; ++mapped) {
         const uint64_t p = r.first + mapped;
         frame_id f = 0;
-        if ((rc = frames_.take(device_, frame_size_, &f)) != ok) break;
-        if ((rc = be_.map(arena_.page_address(p), frame_size_, f, 0)) != ok) {
+        const uint64_t t_take = clock_ns();
+        rc = frames_.take(device_, frame_size_, &f);
+        const uint64_t t_map = clock_ns();
+        taking_ns += t_map - t_take;
+        if (rc != ok) break;
+        rc = be_.map(arena_.page_address(p), frame_size_, f, 0);
+        mapping_ns += clock_ns() - t_map;
+        if (rc != ok) {
           frames_.give_back(f);
           break;
         }
         table_[p].frame = f;  // resident once access is granted
       }
-      if (rc == ok) rc = be_.set_access(arena_.page_address(r.first), r.count * frame_size_, access_flags::read_write);
+      if (rc == ok) {
+        const uint64_t t_access = clock_ns();
+        rc = be_.set_access(arena_.page_address(r.first), r.count * frame_size_, access_flags::read_write);
+        access_ns += clock_ns() - t_access;
+      }
       if (rc != ok) {
         // These pages were never accessible, so nothing was written to their frames: they go
         // back as they came (a frame that cannot be unmapped is kept).
@@ -230,6 +246,12 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
       for (const page_range& f : fresh) live_pages_ -= f.count;
       return fail(rc, "malloc(%" PRIu64 "): backing the new allocation's %" PRIu64 " page(s) (%zu backed): %s", size, count,
                   backed.size(), why.c_str());
+    }
+    if (count > 0) {
+      log(log_level::debug,
+          "pager: malloc(%" PRIu64 " bytes): %" PRIu64 " page(s) backed in %.2f ms (asking for frames %.2f, waiting for them %.2f, "
+          "mapping %.2f, granting access %.2f)",
+          size, count, (clock_ns() - t_start) / 1e6, (t_asked - t_start) / 1e6, taking_ns / 1e6, mapping_ns / 1e6, access_ns / 1e6);
     }
   }
   *out = ptr;

@@ -101,7 +101,10 @@ int state_for(const char* fn, int device, device_state** out) {
   // fallback halfway through a session.
   VS_TRY(add_context(validate_options(), "%s(device %d): ", fn, device));
   backend* be = nullptr;
+  const auto t_backend = std::chrono::steady_clock::now();
   VS_TRY(add_context(default_backend(&be), "%s(device %d): ", fn, device));
+  log(log_level::debug, "runtime: %s(device %d): the %s backend ready in %.2f ms", fn, device, be->name(),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_backend).count());
   int count = 0;
   VS_TRY(add_context(be->device_count(&count), "%s(device %d): ", fn, device));
   if (device < 0 || device >= count) {

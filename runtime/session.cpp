@@ -2,23 +2,33 @@
 
 #include "core/log.hpp"
 #include "core/status.hpp"
+#include "lock/process_identity.hpp"
 #include "runtime/fault_report.hpp"
 
 namespace vramswap::detail {
 
 int session::open(int device) {
+  const uint64_t t_start = monotonic_ns();
   VS_TRY(default_backend(&be_));
   device_ = device;
   VS_TRY(pool_member::join(*be_, device, &member_));
+  const uint64_t t_joined = monotonic_ns();
   frame_source* frames = nullptr;
   page_store* store = nullptr;
   pager_config cfg;
   cfg.frame_size = member_->connection().frame_size();
   VS_TRY(build(*member_, &frames, &store, &cfg));
+  const uint64_t t_built = monotonic_ns();
   VS_TRY(pager::create(*be_, device, *store, *frames, cfg, &pager_));
   opened();
   log_set_device(device);
   member_->start_service(device, [this](uint32_t requests_seen) { serve(requests_seen); });
+  // Where a process's start goes (debug level): a pool that is being built, or one whose
+  // server is busy, shows in the joining.
+  const uint64_t t_done = monotonic_ns();
+  log(log_level::debug,
+      "session: device %d opened in %.2f ms (joining the pool %.2f, its frame source and store %.2f, the pager and the rest %.2f)",
+      device, (t_done - t_start) / 1e6, (t_joined - t_start) / 1e6, (t_built - t_joined) / 1e6, (t_done - t_built) / 1e6);
   return ok;
 }
 

@@ -211,6 +211,62 @@ RECLAIM_LINE = re.compile(
 READY_LINE = re.compile(r"(\d+) host frame\(s\) \((\d+) MiB\) ready ahead for reclaims")
 
 
+# The lock user's own timeline, from its debug log (runtime, session, acquire and pager lines).
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:[\d.]+)Z vramswap\[\d+\]", re.M)
+BACKEND_LINE = re.compile(r"backend ready in ([\d.]+) ms")
+SESSION_LINE = re.compile(r"session: device \d+ opened in ([\d.]+) ms \(joining the pool ([\d.]+), its frame source and store "
+                          r"([\d.]+), the pager and the rest ([\d.]+)\)")
+ACQUIRE_LINE = re.compile(r"acquire: device \d+: the lock granted after ([\d.]+) ms, this process's memory resident ([\d.]+) ms later")
+MALLOC_LINE = re.compile(r"pager: malloc\(\d+ bytes\): \d+ page\(s\) backed in ([\d.]+) ms \(asking for frames ([\d.]+), waiting "
+                         r"for them ([\d.]+), mapping ([\d.]+), granting access ([\d.]+)\)")
+USER_LOG = {"VRAMSWAP_LOG": "debug"}
+
+
+def user_timeline(err, alloc_s):
+    """Where a lock user's timed allocation went, ms, from its debug log: the CUDA runtime's own
+    start before vramswap's first line (the allocation began alloc_s before its last malloc
+    line), vramswap's backend, the session (joining the pool), the lock, and its mallocs
+    summed (asking, waiting for frames, mapping, access); the rest is between them."""
+    from datetime import datetime
+    stamps = [datetime.fromisoformat(t).timestamp() for t in LOG_TIME.findall(err)]
+    mallocs = [[float(x) for x in m] for m in MALLOC_LINE.findall(err)]
+    last_malloc = None
+    for line in err.splitlines():
+        if MALLOC_LINE.search(line) and (t := LOG_TIME.match(line)):
+            last_malloc = datetime.fromisoformat(t.group(1)).timestamp()
+    if not stamps or last_malloc is None:
+        return {}
+    begin = last_malloc - alloc_s
+    t = {"cuda start": max(0.0, (stamps[0] - begin) * 1e3)}
+    if m := BACKEND_LINE.search(err):
+        t["backend"] = float(m.group(1))
+    if m := SESSION_LINE.search(err):
+        t["joining the pool"] = float(m.group(2))
+        t["frame source, store, pager"] = float(m.group(3)) + float(m.group(4))
+    if m := ACQUIRE_LINE.search(err):
+        t["lock"] = float(m.group(1)) + float(m.group(2))
+    for i, name in enumerate(("asking for frames", "waiting for frames", "mapping", "granting access"), start=1):
+        t[name] = sum(x[i] for x in mallocs)
+    t["the rest"] = alloc_s * 1e3 - sum(t.values())
+    t["mallocs"] = len(mallocs)
+    return t
+
+
+def timeline_table(rows):
+    """rows: (name, alloc_s, err) per lock user."""
+    cols = ("cuda start", "backend", "joining the pool", "frame source, store, pager", "lock", "asking for frames",
+            "waiting for frames", "mapping", "granting access", "the rest")
+    print("Where each lock user's timed allocation goes, ms (its debug log: vramswap's first line against the allocation's "
+          "start is the CUDA runtime's own start; the mallocs' parts are summed over its requests; the rest is its time "
+          "between them):\n")
+    print("| lock user | allocation | " + " | ".join(cols) + " |")
+    print("| --- | ---: | " + " | ".join("---:" for _ in cols) + " |")
+    for name, alloc_s, err in rows:
+        t = user_timeline(err, alloc_s)
+        print(f"| {name} | {alloc_s * 1e3:.0f} | " + " | ".join(f"{t[c]:.1f}" if c in t else "-" for c in cols) + " |")
+    print()
+
+
 def reclaim_job(pool, made_ahead, tag):
     """A job on 1.5x the pool, then two lock users taking 3/4 of the pool from it, 8 s apart
     (the second after the job's pages moved back: it finds the first one's host frames as
@@ -239,7 +295,8 @@ def reclaim_job(pool, made_ahead, tag):
                 break
     users = []
     for _ in range(2):
-        users.append(run([PLAIN, user_bytes, "0"], shim=True, env={"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}{tag}-"}))
+        users.append(run([PLAIN, user_bytes, "0"], shim=True,
+                         env={"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}{tag}-", **USER_LOG}))
         time.sleep(8)
     out = job.stdout.read()
     job.wait(timeout=300)
@@ -272,9 +329,9 @@ def reclaim(pool):
     user_bytes = str(pool * 3 // 4)
     # Twice on one pool: the second comes within the server's idle exit (VRAMSWAP_POOL_IDLE_EXIT)
     # of the first and finds it running.
-    idle_env = {"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}ri-"}
+    idle_env = {"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}ri-", **USER_LOG}
     rc_s, idle_start, _ = run([PLAIN, user_bytes, "0"], shim=True, env=idle_env)
-    rc_i, idle, _ = run([PLAIN, user_bytes, "0"], shim=True, env=idle_env)
+    rc_i, idle, idle_err = run([PLAIN, user_bytes, "0"], shim=True, env=idle_env)
     cold = reclaim_job(pool, False, "rc")
     ahead = reclaim_job(pool, True, "ra")
     idle_s = idle.get("alloc_s", 0)
@@ -291,6 +348,8 @@ def reclaim(pool):
         a = u.get("alloc_s", 0)
         print(f"| {name} | {a:.3f} | {a / idle_s if idle_s else 0:.2f} |")
     print()
+    timeline_table([("idle pool, its server running (the baseline)", idle_s, idle_err)] +
+                   [(name, u.get("alloc_s", 0), e) for name, (_, u, e) in rows])
     r = ahead["ready"]
     print("| | cold job | made-ahead job |")
     print("| --- | ---: | ---: |")
