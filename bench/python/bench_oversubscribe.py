@@ -212,7 +212,6 @@ READY_LINE = re.compile(r"(\d+) host frame\(s\) \((\d+) MiB\) ready ahead for re
 
 
 # The lock user's own timeline, from its debug log (runtime, session, acquire and pager lines).
-LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:[\d.]+)Z vramswap\[\d+\]", re.M)
 BACKEND_LINE = re.compile(r"backend ready in ([\d.]+) ms")
 SESSION_LINE = re.compile(r"session: device \d+ opened in ([\d.]+) ms \(joining the pool ([\d.]+), its frame source and store "
                           r"([\d.]+), the pager and the rest ([\d.]+)\)")
@@ -223,21 +222,13 @@ USER_LOG = {"VRAMSWAP_LOG": "debug"}
 
 
 def user_timeline(err, alloc_s):
-    """Where a lock user's timed allocation went, ms, from its debug log: the CUDA runtime's own
-    start before vramswap's first line (the allocation began alloc_s before its last malloc
-    line), vramswap's backend, the session (joining the pool), the lock, and its mallocs
-    summed (asking, waiting for frames, mapping, access); the rest is between them."""
-    from datetime import datetime
-    stamps = [datetime.fromisoformat(t).timestamp() for t in LOG_TIME.findall(err)]
+    """Where a lock user's timed allocation went, ms, from its debug log: vramswap's backend,
+    the session (joining the pool), the lock, and its mallocs summed (asking, waiting for
+    frames, mapping, access); the rest is between them (the shim's and the runtime's own)."""
     mallocs = [[float(x) for x in m] for m in MALLOC_LINE.findall(err)]
-    last_malloc = None
-    for line in err.splitlines():
-        if MALLOC_LINE.search(line) and (t := LOG_TIME.match(line)):
-            last_malloc = datetime.fromisoformat(t.group(1)).timestamp()
-    if not stamps or last_malloc is None:
+    if not mallocs:
         return {}
-    begin = last_malloc - alloc_s
-    t = {"cuda start": max(0.0, (stamps[0] - begin) * 1e3)}
+    t = {}
     if m := BACKEND_LINE.search(err):
         t["backend"] = float(m.group(1))
     if m := SESSION_LINE.search(err):
@@ -254,11 +245,10 @@ def user_timeline(err, alloc_s):
 
 def timeline_table(rows):
     """rows: (name, alloc_s, err) per lock user."""
-    cols = ("cuda start", "backend", "joining the pool", "frame source, store, pager", "lock", "asking for frames",
+    cols = ("backend", "joining the pool", "frame source, store, pager", "lock", "asking for frames",
             "waiting for frames", "mapping", "granting access", "the rest")
-    print("Where each lock user's timed allocation goes, ms (its debug log: vramswap's first line against the allocation's "
-          "start is the CUDA runtime's own start; the mallocs' parts are summed over its requests; the rest is its time "
-          "between them):\n")
+    print("Where each lock user's timed allocation goes, ms (its debug log; the mallocs' parts are summed over its "
+          "requests; the rest is the time outside them, the shim's and the CUDA runtime's own):\n")
     print("| lock user | allocation | " + " | ".join(cols) + " |")
     print("| --- | ---: | " + " | ".join("---:" for _ in cols) + " |")
     for name, alloc_s, err in rows:
@@ -295,7 +285,7 @@ def reclaim_job(pool, made_ahead, tag):
                 break
     users = []
     for _ in range(2):
-        users.append(run([PLAIN, user_bytes, "0"], shim=True,
+        users.append(run([PLAIN, user_bytes, "0", "--context-first"], shim=True,
                          env={"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}{tag}-", **USER_LOG}))
         time.sleep(8)
     out = job.stdout.read()
@@ -323,15 +313,15 @@ def reclaim(pool):
           "moved back, a second lock user does the same. Two jobs: one with VRAMSWAP_OVERSUBSCRIBE_AHEAD=0 (no host "
           "frames made ahead: the first user's reclaim creates them, cold), one with the default (host frames made "
           "ahead; its first user comes once they are ready). The baseline: the same lock user on an idle pool whose "
-          "server runs already, as the job's does for its lock users (every time includes the lock user's CUDA start and "
-          "its attach to the pool). The first idle run starts that server on demand, building the pool inside its "
+          "server runs already, as the job's does for its lock users (every allocation includes the lock user's attach to "
+          "the pool; its CUDA context is started first, by cudaFree(0), and timed apart). The first idle run starts that server on demand, building the pool inside its "
           "timed allocation; it is shown, not used as the baseline.\n")
     user_bytes = str(pool * 3 // 4)
     # Twice on one pool: the second comes within the server's idle exit (VRAMSWAP_POOL_IDLE_EXIT)
     # of the first and finds it running.
     idle_env = {"VRAMSWAP_POOL_SIZE": str(pool), "VRAMSWAP_SHM_PREFIX": f"{PREFIX}ri-", **USER_LOG}
-    rc_s, idle_start, _ = run([PLAIN, user_bytes, "0"], shim=True, env=idle_env)
-    rc_i, idle, idle_err = run([PLAIN, user_bytes, "0"], shim=True, env=idle_env)
+    rc_s, idle_start, _ = run([PLAIN, user_bytes, "0", "--context-first"], shim=True, env=idle_env)
+    rc_i, idle, idle_err = run([PLAIN, user_bytes, "0", "--context-first"], shim=True, env=idle_env)
     cold = reclaim_job(pool, False, "rc")
     ahead = reclaim_job(pool, True, "ra")
     idle_s = idle.get("alloc_s", 0)
@@ -339,14 +329,15 @@ def reclaim(pool):
             ("warm: the same job, lock user 2 (spares from user 1)", cold["users"][1]),
             ("made ahead (the default), lock user 1", ahead["users"][0]),
             ("made ahead, lock user 2 (spares)", ahead["users"][1])]
-    print("| lock user's allocation | s | / idle pool (goal <= 2) |")
-    print("| --- | ---: | ---: |")
-    start_s = idle_start.get("alloc_s", 0)
-    print(f"| idle pool, the server started by this allocation (not the baseline) | {start_s:.3f} | {start_s / idle_s if idle_s else 0:.2f} |")
-    print(f"| **idle pool, its server running (the baseline)** | {idle_s:.3f} | 1.00 |")
-    for name, (_, u, _) in rows:
-        a = u.get("alloc_s", 0)
-        print(f"| {name} | {a:.3f} | {a / idle_s if idle_s else 0:.2f} |")
+    # Each user starts its CUDA context first (cudaFree(0)), timed apart: the allocation is then
+    # vramswap's and the job's part alone, and the context's start beside a running job shows.
+    idle_both = idle_s + idle.get("context_s", 0)
+    print("| lock user's allocation | s | / idle pool (goal <= 2) | its CUDA context's start before it, s | both / idle pool's |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name, u in [("idle pool, the server started by this allocation (not the baseline)", idle_start),
+                    ("**idle pool, its server running (the baseline)**", idle)] + [(name, u) for name, (_, u, _) in rows]:
+        a, c = u.get("alloc_s", 0), u.get("context_s", 0)
+        print(f"| {name} | {a:.3f} | {a / idle_s if idle_s else 0:.2f} | {c:.3f} | {(a + c) / idle_both if idle_both else 0:.2f} |")
     print()
     timeline_table([("idle pool, its server running (the baseline)", idle_s, idle_err)] +
                    [(name, u.get("alloc_s", 0), e) for name, (_, u, e) in rows])
