@@ -141,8 +141,6 @@ int device_session::granted(lock_priority priority, const acquire_start& start, 
   member().observe().asked_frames(frames_->frames_asked_ahead(), frames_->frames_asked_at_acquire());
   lock_.turns()->switching.observe(stats_.last_resident_ns - granted_ns);  // the device's switch times, for the metrics
   publish_store();
-  log(log_level::debug, "acquire: device %d: the lock granted after %.2f ms, this process's memory resident %.2f ms later", device_,
-      (granted_ns - start.t0_ns) / 1e6, (stats_.last_resident_ns - granted_ns) / 1e6);
   stats_.lock_wait_seconds += static_cast<double>(granted_ns - start.t0_ns) / 1e9;
   stats_.acquire_seconds += static_cast<double>(monotonic_ns() - start.t0_ns) / 1e9;
   return ok;

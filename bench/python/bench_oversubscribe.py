@@ -215,7 +215,8 @@ READY_LINE = re.compile(r"(\d+) host frame\(s\) \((\d+) MiB\) ready ahead for re
 BACKEND_LINE = re.compile(r"backend ready in ([\d.]+) ms")
 SESSION_LINE = re.compile(r"session: device \d+ opened in ([\d.]+) ms \(joining the pool ([\d.]+), its frame source and store "
                           r"([\d.]+), the pager and the rest ([\d.]+)\)")
-ACQUIRE_LINE = re.compile(r"acquire: device \d+: the lock granted after ([\d.]+) ms, this process's memory resident ([\d.]+) ms later")
+GRANTED_LINE = re.compile(r"acquire: lock granted after ([\d.]+) ms")
+RESIDENT_LINE = re.compile(r"acquire: memory resident, \d+ bytes brought in in ([\d.]+) ms")
 MALLOC_LINE = re.compile(r"pager: malloc\(\d+ bytes\): \d+ page\(s\) backed in ([\d.]+) ms \(asking for frames ([\d.]+), waiting "
                          r"for them ([\d.]+), mapping ([\d.]+), granting access ([\d.]+)\)")
 USER_LOG = {"VRAMSWAP_LOG": "debug"}
@@ -234,8 +235,8 @@ def user_timeline(err, alloc_s):
     if m := SESSION_LINE.search(err):
         t["joining the pool"] = float(m.group(2))
         t["frame source, store, pager"] = float(m.group(3)) + float(m.group(4))
-    if m := ACQUIRE_LINE.search(err):
-        t["lock"] = float(m.group(1)) + float(m.group(2))
+    if (g := GRANTED_LINE.search(err)) and (r := RESIDENT_LINE.search(err)):
+        t["lock"] = float(g.group(1)) + float(r.group(1))
     for i, name in enumerate(("asking for frames", "waiting for frames", "mapping", "granting access"), start=1):
         t[name] = sum(x[i] for x in mallocs)
     t["the rest"] = alloc_s * 1e3 - sum(t.values())

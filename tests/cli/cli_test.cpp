@@ -373,11 +373,18 @@ TEST_F(Cli, MetricsEndpointScrapesOnLoopback) {
 // VRAMSWAP_LOG=debug: lines carry the time, the pid and the device; each is one line.
 TEST_F(Cli, LogLinesCarryTimePidAndDevice) {
   const std::string err = dir_ + "/worker.err";
-  const pid_t w = worker(4 * MiB, 2, 40, 0, {"VRAMSWAP_LOG=debug"}, err);
+  // Allocating under the lock (the worker's fifth argument), so that malloc backs pages itself.
+  const pid_t w = spawn({VRAMSWAP_SESSION_WORKER, std::to_string(4 * MiB), "2", "40", "0", "alloc-under-lock"}, {"VRAMSWAP_LOG=debug"},
+                        "/dev/null", err);
+  workers_.push_back(w);
   expect_workers_ok();
   std::ifstream f(err);
   const std::regex line_re(R"(^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z vramswap\[(\d+)\] dev (\d+|-) (error|warn|info|debug): .+$)");
-  int granted = 0, lines = 0;
+  // Where a start and an allocation went: the session's parts and the pager's, each a number.
+  const std::regex opened_re(R"(debug: session: device 0 opened in [\d.]+ ms \(joining the pool [\d.]+, .+\)$)");
+  const std::regex malloc_re(R"(debug: pager: malloc\(\d+ bytes\): \d+ page\(s\) backed in [\d.]+ ms \(asking for frames [\d.]+, )"
+                             R"(waiting for them [\d.]+, mapping [\d.]+, granting access [\d.]+\)$)");
+  int granted = 0, lines = 0, opened = 0, mallocs = 0;
   for (std::string line; std::getline(f, line);) {
     if (line.rfind("session_worker", 0) == 0) continue;  // the worker's own output
     std::smatch m;
@@ -385,9 +392,13 @@ TEST_F(Cli, LogLinesCarryTimePidAndDevice) {
     EXPECT_EQ(m[1].str(), std::to_string(w));
     ++lines;
     if (line.find(" dev 0 debug: acquire: lock granted after ") != std::string::npos) ++granted;
+    opened += std::regex_search(line, opened_re);
+    mallocs += std::regex_search(line, malloc_re);
   }
   EXPECT_GT(lines, 0);
-  EXPECT_EQ(granted, 2);
+  EXPECT_EQ(granted, 3);  // one turn to allocate, then its two rounds
+  EXPECT_EQ(opened, 1);
+  EXPECT_GE(mallocs, 1);
 }
 
 // Columns a line takes on a terminal (UTF-8 characters; an escape sequence takes none).
