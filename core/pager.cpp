@@ -179,13 +179,13 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
   {
     uint64_t count = 0;
     for (const page_range& r : fresh) count += r.count;
-    // Ask for all the frames at once: a shared pool then asks their owners for all of them in
-    // one request (one eviction, or one demotion of an oversubscribed job, instead of one per
-    // page), and their copies overlap our mapping.
     // Where a large allocation's time goes (debug level): asking the frames' owners, waiting
     // for frames, mapping them, granting access. A pool's frames may come from other
     // processes, and then most of an allocation is theirs.
     const uint64_t t_start = clock_ns();
+    // Ask for all the frames at once: a shared pool then asks their owners for all of them in
+    // one request (one eviction, or one demotion of an oversubscribed job, instead of one per
+    // page), and their copies overlap our mapping.
     int rc = count > 1 ? frames_.prepare(device_, count) : ok;
     const uint64_t t_asked = clock_ns();
     uint64_t taking_ns = 0, mapping_ns = 0, access_ns = 0;

@@ -240,7 +240,6 @@ def user_timeline(err, alloc_s):
     for i, name in enumerate(("asking for frames", "waiting for frames", "mapping", "granting access"), start=1):
         t[name] = sum(x[i] for x in mallocs)
     t["the rest"] = alloc_s * 1e3 - sum(t.values())
-    t["mallocs"] = len(mallocs)
     return t
 
 
@@ -315,8 +314,8 @@ def reclaim(pool):
           "frames made ahead: the first user's reclaim creates them, cold), one with the default (host frames made "
           "ahead; its first user comes once they are ready). The baseline: the same lock user on an idle pool whose "
           "server runs already, as the job's does for its lock users (every allocation includes the lock user's attach to "
-          "the pool; its CUDA context is started first, by cudaFree(0), and timed apart). The first idle run starts that server on demand, building the pool inside its "
-          "timed allocation; it is shown, not used as the baseline.\n")
+          "the pool; its CUDA context is started first, by cudaFree(0), and timed apart). The first idle run starts that "
+          "server on demand, building the pool inside its timed allocation; it is shown, not used as the baseline.\n")
     user_bytes = str(pool * 3 // 4)
     # Twice on one pool: the second comes within the server's idle exit (VRAMSWAP_POOL_IDLE_EXIT)
     # of the first and finds it running.
