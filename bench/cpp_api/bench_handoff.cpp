@@ -9,8 +9,11 @@
 // holds one of them when N = 2 (X + 1 GiB, or X + X/4 when smaller) and two of them when N
 // >= 3 (2X + the same slack). With two, the holder's frames are what the next one needs; with
 // five, each acquirer needs the few frames its predecessor's last eviction left to an owner
-// and most of the next owner's, so two owners evict for it at once (three processes go
-// round with one owner per switch: the least recently used idle process holds enough).
+// and most of the next owner's, so two owners evict for it at once. Three processes go
+// round with one owner per switch, and every other switch moves nothing: the pool evicts
+// the idle process predicted to come back last (pool/victim_order.hpp), so the next one's
+// memory is still resident. The rows count the switches that moved memory and, apart,
+// those that found it resident; the times and stages are the former's.
 // Saved pages go to a pinned host tier per process, or to one host pool shared by all
 // (VRAMSWAP_HOST_POOL = what they save at once plus slack, at least 18 slots) for sizes
 // above --shared-above and where N tiers of X would pin more than half the host's available
@@ -184,8 +187,11 @@ struct switches {
 };
 
 // One run: n workers of `bytes` each on a pool of `pool_bytes` (host pool `host_pool_bytes`,
-// 0: a tier per process), `rounds` turns each holding the lock `hold_ms`.
-void run_group(int n, uint64_t bytes, uint64_t pool_bytes, uint64_t host_pool_bytes, int rounds, int hold_ms, switches* out) {
+// 0: a tier per process), `rounds` turns each holding the lock `hold_ms`. The counted
+// switches go to `moving` where the acquirer brought memory in, else to `resident` (its
+// memory had stayed in the pool: the pool evicted someone predicted to come back later).
+void run_group(int n, uint64_t bytes, uint64_t pool_bytes, uint64_t host_pool_bytes, int rounds, int hold_ms, switches* moving,
+               switches* resident) {
   static int run = 0;
   char dir[] = "/tmp/vramswap-bench-XXXXXX";
   if (::mkdtemp(dir) == nullptr) check(fail_errno(errno, "mkdtemp"), "runtime dir");
@@ -256,6 +262,7 @@ void run_group(int n, uint64_t bytes, uint64_t pool_bytes, uint64_t host_pool_by
     last_in[e.who] = e.bytes_in;
     if (++acquires[e.who] <= 2) continue;  // first touch, tiers growing
     if (prev.acquire || prev.who == e.who) continue;
+    switches* const out = in_delta > 0 ? moving : resident;
     const uint64_t granted = e.stage_ns;
     out->time.push_back((e.ns - prev.ns) / 1e9);
     out->bytes_in.push_back(static_cast<double>(in_delta));
@@ -481,7 +488,7 @@ int main(int argc, char** argv) {
   std::printf("# bench_handoff: %s backend, %s\n\n", be->name(), info.name.c_str());
   const double rate = pinned_one_way_rate(*be, static_cast<uint64_t>((sizes.empty() ? many_sizes.front() : sizes.front()) * GiB));
   std::printf("pinned one-way copy (device to host, same run): %.1f GB/s\n\n", rate / 1e9);
-  std::printf("| processes | memory per process | pool | switches | owners per switch | bytes in / out per switch | ideal in/rate | "
+  std::printf("| processes | memory per process | pool | switches that moved memory (+ memory resident) | owners per switch | bytes in / out per switch | ideal in/rate | "
               "switch p50 | p90 | ratio p50 | ratio p90 | p50 vs X/rate | p50 stages, ms: release / lock / grant to first owner frame / "
               "to first eviction start / owners' starts apart / evictions' span / at once / restore after the last eviction |\n");
   std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
@@ -524,8 +531,8 @@ int main(int argc, char** argv) {
                       n, x, host_pool / double(GiB), row_rounds);
         notes.push_back(note);
       }
-      switches sw;
-      run_group(n, bytes, pool, host_pool, row_rounds, 300, &sw);
+      switches sw, stayed;
+      run_group(n, bytes, pool, host_pool, row_rounds, 300, &sw, &stayed);
       const double in = bench::percentile(sw.bytes_in, 0.5);
       const double ideal = in / rate;
       const double p50 = bench::percentile(sw.time, 0.5), p90 = bench::percentile(sw.time, 0.9);
@@ -541,9 +548,9 @@ int main(int argc, char** argv) {
         std::snprintf(b, sizeof b, "%.0f%%", bench::percentile(sw.at_once, 0.5) * 100);
         at_once = b;
       }
-      std::printf("| %d | %g GiB | %.3g GiB | %zu | %.0f (max %.0f) | %.2f / %.2f GiB | %.3f s | %.3f s | %.3f s | %.2f | %.2f | %.2f | "
+      std::printf("| %d | %g GiB | %.3g GiB | %zu (+%zu) | %.0f (max %.0f) | %.2f / %.2f GiB | %.3f s | %.3f s | %.3f s | %.2f | %.2f | %.2f | "
                   "%s / %s / %s / %s / %s / %s / %s / %s |\n",
-                  n, x, pool / double(GiB), sw.time.size(), bench::percentile(sw.owners, 0.5),
+                  n, x, pool / double(GiB), sw.time.size(), stayed.time.size(), bench::percentile(sw.owners, 0.5),
                   sw.owners.empty() ? 0.0 : *std::max_element(sw.owners.begin(), sw.owners.end()), in / GiB,
                   bench::percentile(sw.bytes_out, 0.5) / GiB, ideal, p50, p90, ideal > 0 ? p50 / ideal : 0.0, ideal > 0 ? p90 / ideal : 0.0,
                   p50 / (bytes / rate), ms(sw.release_work).c_str(), ms(sw.lock_handoff).c_str(), ms(sw.first_frame).c_str(),
@@ -556,13 +563,13 @@ int main(int argc, char** argv) {
   for (const std::string& note : notes) std::printf("- %s; the other rows: a pinned host tier per process\n", note.c_str());
   if (fit > 0) {
     const uint64_t bytes = static_cast<uint64_t>(fit * GiB);
-    switches sw;
-    run_group(2, bytes, 3 * bytes, 0, std::max(rounds, 40), 20, &sw);
-    std::printf("\nBoth fit (%g GiB each, pool %g GiB): %zu handoffs, p50 %.1f us, p90 %.1f us, max bytes moved %.0f; "
+    switches moved, sw;
+    run_group(2, bytes, 3 * bytes, 0, std::max(rounds, 40), 20, &moved, &sw);
+    std::printf("\nBoth fit (%g GiB each, pool %g GiB): %zu handoffs, p50 %.1f us, p90 %.1f us, %zu that moved memory; "
                 "p50 stages: release %.1f us, lock %.1f us, acquire %.1f us; the releaser's device synchronize, after the "
                 "handoff, %.1f us\n",
                 fit, 3 * fit, sw.time.size(), bench::percentile(sw.time, 0.5) * 1e6, bench::percentile(sw.time, 0.9) * 1e6,
-                sw.bytes_in.empty() ? 0.0 : *std::max_element(sw.bytes_in.begin(), sw.bytes_in.end()),
+                moved.time.size(),
                 bench::percentile(sw.release_work, 0.5) * 1e6, bench::percentile(sw.lock_handoff, 0.5) * 1e6,
                 bench::percentile(sw.acquire_work, 0.5) * 1e6, bench::percentile(sw.release_sync, 0.5) * 1e6);
   }
