@@ -71,7 +71,8 @@ uint32_t pool_frame_source::ask_ahead(size_t need, uint64_t now_ns) {
   if (need == 0) return 0;
   const uint64_t fallback = victim_order::mean_gap(pool_);
   const victim_order::prediction mine = victim_order::predict(pool_, me_, now_ns, fallback);
-  // Only on our own history: a member that acquired once is no evidence of a next turn.
+  // Only while we wait for the lock, or on our own history: a member that acquired once is no
+  // evidence of a next turn.
   if (!mine.at_lock && !mine.from_history) return 0;
   // Are we next? Nobody else may be bringing memory in (a holder that still needs frames has
   // them first), and every other member must be predicted to acquire after us.
@@ -83,6 +84,10 @@ uint32_t pool_frame_source::ask_ahead(size_t need, uint64_t now_ns) {
     if (phase == phase_restoring) return 0;
     if (phase == phase_running) continue;  // the holder, its memory in: it needs no more
     const victim_order::prediction p = victim_order::predict(pool_, m, now_ns, fallback);
+    // Waiting for the lock, we come before every member not at it, which would queue behind
+    // us; without history an idle member is predicted back at its release, which would
+    // otherwise keep a queued member from asking ahead until the jobs have a rhythm.
+    if (mine.at_lock && !p.at_lock) continue;
     if (p.next_ns < mine.next_ns || (p.next_ns == mine.next_ns && m < me_)) return 0;
   }
   uint32_t free_now = 0, asked = 0;
@@ -100,6 +105,7 @@ uint32_t pool_frame_source::ask_ahead(size_t need, uint64_t now_ns) {
   victim_order::options o;
   o.me = me_;
   o.only_after_ns = mine.next_ns;  // never the frames of a member that comes before us
+  o.asker_queued = mine.at_lock;
   const uint32_t got = ask_in_order(victim_order::order(pool_, now_ns, o), static_cast<uint32_t>(need - free_now - asked));
   asked_ahead_.fetch_add(got, std::memory_order_relaxed);
   return got;

@@ -73,10 +73,11 @@ class pool_frame_source final : public frame_source {
   void release_own();
   // This member's view of the frame table (requested_of_me, owned, ...): pool/member_frames.hpp.
   const member_frames& frames() const noexcept { return view_; }
-  // Eviction ahead of need: when this member is predicted to acquire next (its own history
-  // says so, no one else is bringing memory in and no other request is in flight), ask the
-  // owners predicted to acquire after it for what `need` frames the free ones do not cover,
-  // furthest first. Returns the frames asked for (0: nothing to do, or not ours to do).
+  // Eviction ahead of need: when this member is next (it waits for the lock with no one
+  // queued before it, or its own history predicts it next; no one else is bringing memory
+  // in and no other request is in flight), ask the owners that come after it (every idle
+  // one, while it waits for the lock) for what `need` frames the free ones do not cover,
+  // furthest predicted first. Returns the frames asked for (0: nothing to do, or not ours to do).
   uint32_t ask_ahead(size_t need, uint64_t now_ns);
   // Frames this member asked others for: ahead of its acquires, and during them (prepare).
   uint64_t frames_asked_ahead() const noexcept { return asked_ahead_.load(std::memory_order_relaxed); }

@@ -132,6 +132,8 @@ void pool_member::stop_service() noexcept {
   if (service_.joinable()) service_.join();
 }
 
+void pool_member::wake_service() noexcept { futex_wake_one(&slot().requests); }
+
 uint32_t pool_member::requests_seen() const noexcept { return slot().requests.load(std::memory_order_acquire); }
 
 void pool_member::wait_for_request(uint32_t seen, uint64_t timeout_ns) noexcept {

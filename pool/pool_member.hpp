@@ -81,6 +81,10 @@ class pool_member {
   void start_service(int device, std::function<void(uint32_t requests_seen)> serve);
   // Stop the service thread and wait for its current serve to return. Idempotent.
   void stop_service() noexcept;
+  // Have the service thread serve now rather than at its next poll, with no request counted
+  // (a turn of its own: this process started waiting for the lock). A hint: one that comes
+  // while the thread is inside a serve is lost, and the poll serves within k_service_poll_ns.
+  void wake_service() noexcept;
   bool stopping() const noexcept { return stop_.load(); }
   // The slot's request count now: read it before looking at the frame table, then wait on
   // it, so that a request made in between ends the wait at once.

@@ -63,7 +63,7 @@ std::vector<uint32_t> order(const pool_segment& pool, uint64_t now_ns, const opt
     if (!k.known) {
       k.known = true;
       k.p = predict(pool, w.owner, now_ns, fallback);
-      k.eligible = o.only_after_ns == 0 || (!k.p.at_lock && k.p.next_ns > o.only_after_ns);
+      k.eligible = o.only_after_ns == 0 || (!k.p.at_lock && (o.asker_queued || k.p.next_ns > o.only_after_ns));
     }
     if (k.eligible) found.push_back({f, w.owner, false});
   }

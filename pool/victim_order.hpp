@@ -49,6 +49,10 @@ struct options {
   // Only owners predicted to acquire strictly after this instant (and never one at the
   // lock); 0: every owner.
   uint64_t only_after_ns = 0;
+  // With only_after_ns: the asker waits for the lock, so every owner not at the lock comes
+  // after it whatever its prediction (it would queue behind: the queue is FIFO within a
+  // priority class), and all of them may be asked, furthest predicted first.
+  bool asker_queued = false;
 };
 std::vector<uint32_t> order(const pool_segment& pool, uint64_t now_ns, const options& o);
 

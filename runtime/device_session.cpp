@@ -98,7 +98,14 @@ void device_session::asking(lock_priority priority, acquire_start* out) noexcept
   // Observability: an "asked" event unless this thread already holds the lock (re-entry).
   out->first = !lock_.held();
   out->asked_ns = out->t0_ns;
-  if (out->first) member().observe().asked(priority, out->asked_ns);
+  if (!out->first) return;
+  member().observe().asked(priority, out->asked_ns);
+  // Queued from now on (unless the lock is free): the frames our memory needs are best
+  // freed while the holder computes, so the service thread asks ahead at once, not at its
+  // next poll (ask_ahead decides whether we are first in line and need any). Not the
+  // pager's stats here: its mutex may be held by an eviction for others, and our place in
+  // the queue must not wait for that.
+  if (evict_ahead_) member().wake_service();
 }
 
 void device_session::gave_up(const acquire_start& start) noexcept {

@@ -426,6 +426,109 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, PeriodicJobsFindTheirFramesEvictedAheadOfT
   }
 }
 
+// A job that queues for the lock asks for the frames its memory needs while the holder still
+// holds, in its first turns, before any job has a rhythm to predict: three jobs take one turn
+// each on a pool that holds two (so one of them loses frames), then a fourth process takes
+// the lock and holds it, and the job that lost frames queues behind it. Every idle job comes
+// after it (it would queue behind), so it asks them ahead of its grant, and its turn finds
+// its frames free or on their way. Without that rule an idle job with no history is
+// predicted back at its release, before the queued one, and nothing is asked until the
+// grant. Every byte is checked at every turn; no frame leaks.
+TEST_F(TimeSharingOnAPoolThatFitsTwo, AJobQueuedForTheLockAsksForItsFramesBeforeItsGrant) {
+  const std::string dir = deploy_.dir() + "/queued";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0) << dir;
+  constexpr int k_jobs = 3;
+  constexpr uint64_t k_holder_seed = 790;
+  std::unique_ptr<pool_segment> pool;
+  std::vector<pid_t> jobs;
+  for (int j = 0; j < k_jobs; ++j) {
+    jobs.push_back(deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(k_process_bytes), "2", std::to_string(700 + j), "0"},
+                                 {"SESSION_WORKER_TURNS=" + dir}));
+    if (j == 0) {
+      ASSERT_TRUE(open_pool(&pool, 10000)) << "no pool segment: did the server start?";
+    }
+  }
+  const pid_t holder = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(2 * MiB), "1", std::to_string(k_holder_seed), "3000"},
+                                     {"SESSION_WORKER_TURNS=" + dir});
+  auto go = [&](uint64_t seed, int round) {
+    if (FILE* f = std::fopen((dir + "/go." + std::to_string(seed) + "." + std::to_string(round)).c_str(), "w")) std::fclose(f);
+  };
+  auto done = [&](uint64_t seed, int round) {
+    const std::string path = dir + "/done." + std::to_string(seed) + "." + std::to_string(round);
+    for (int i = 0; i < 30000; ++i) {
+      if (::access(path.c_str(), F_OK) == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  };
+  auto member_of_pid = [&](pid_t pid) {
+    uint32_t m = k_no_member;
+    for (int i = 0; i < 5000 && m == k_no_member; ++i) {
+      m = member_of(*pool, pid);
+      if (m == k_no_member) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return m;
+  };
+  // Round 1: one turn each; right after its release all of a job's pages are in its idle frames.
+  std::vector<uint32_t> member(k_jobs), pages(k_jobs);
+  for (int j = 0; j < k_jobs; ++j) {
+    member[j] = member_of_pid(jobs[j]);
+    ASSERT_NE(member[j], k_no_member) << "job " << j << " is not a pool member";
+    go(700 + j, 1);
+    ASSERT_TRUE(done(700 + j, 1)) << "job " << j << " did not finish its first turn";
+    pages[j] = pool->count(frame_idle, member[j]) + pool->count(frame_requested, member[j]);
+  }
+  const uint32_t holder_member = member_of_pid(holder);
+  ASSERT_NE(holder_member, k_no_member) << "the holder is not a pool member";
+  go(k_holder_seed, 1);
+  bool holding = false;
+  for (int i = 0; i < 5000 && !holding; ++i) {
+    holding = pool->member(holder_member).phase.load() == phase_running;
+    if (!holding) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(holding) << "the holder did not take the lock";
+  // The job that lost frames and released last: the jobs released before it are predicted
+  // back before it (their release plus its own idle gap, the only gap known), so only the
+  // rule that a queued job comes before every idle one lets it ask ahead.
+  int lost = -1;
+  for (int j = k_jobs - 1; j >= 0 && lost < 0; --j) {
+    if (pool->count(frame_idle, member[j]) < pages[j]) lost = j;
+  }
+  ASSERT_GT(lost, 0) << "three jobs of " << k_process_bytes / MiB << " MiB on a pool of " << pool_bytes_ / MiB
+                     << " MiB: no job but the first lost a frame";
+  const member_slot& slot = pool->member(member[lost]);
+  const uint64_t asked_before = slot.frames_asked_ahead.load();
+  go(700 + lost, 2);
+  // Within the holder's 3 s hold: the queued job asked ahead, and what it needs is free or asked for.
+  bool ready = false;
+  uint32_t need = 0, have = 0;
+  const auto until = clock_type::now() + std::chrono::milliseconds(2500);
+  while (!ready && clock_type::now() < until) {
+    need = pages[lost] - std::min(pages[lost], pool->count(frame_idle, member[lost]));
+    have = pool->count(frame_free) + pool->count(frame_requested);
+    ready = slot.phase.load() == phase_waiting && slot.frames_asked_ahead.load() > asked_before && have >= need;
+    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const bool still_held = pool->member(holder_member).phase.load() == phase_running;
+  EXPECT_TRUE(ready) << "job " << lost << " queued behind the holder: " << slot.frames_asked_ahead.load() - asked_before
+                     << " frame(s) asked ahead; its turn needs " << need << ", " << have << " free or asked for";
+  EXPECT_TRUE(still_held) << "the holder let go before the check ended (a slow machine?): the frames were not seen asked ahead of the grant";
+  ASSERT_TRUE(done(k_holder_seed, 1)) << "the holder did not finish its turn";
+  ASSERT_TRUE(done(700 + lost, 2)) << "job " << lost << " did not finish its second turn";
+  for (int j = 0; j < k_jobs; ++j) {
+    if (j == lost) continue;
+    go(700 + j, 2);
+    ASSERT_TRUE(done(700 + j, 2)) << "job " << j << " did not finish its second turn";
+  }
+  for (pid_t p : jobs) {
+    const int status = wait_status(p);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "job " << p << " status " << status;
+  }
+  const int status = wait_status(holder);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "holder status " << status;
+  expect_no_frame_leaked(*pool);
+}
+
 // Five processes on a pool that holds two; the moment an acquirer has asked two owners for
 // frames, one of them is killed (SIGKILL), often in the middle of its eviction while the
 // other evicts too: the server frees the dead one's frames, the acquirer and every other

@@ -158,6 +158,26 @@ TEST_F(VictimOrder, OnlyAfterKeepsTheOwnersDueLaterAndNeverOneAtTheLock) {
   EXPECT_EQ(owners(o), (std::vector<uint32_t>{2, 1, 3})) << "with no bound, those at the lock go last";
 }
 
+TEST_F(VictimOrder, AnAskerQueuedForTheLockMayAskEveryOwnerNotAtTheLock) {
+  // Eviction ahead of need by a member that waits for the lock: every idle owner would queue
+  // behind it, whatever its prediction says (here, no history: due at its release, which is
+  // before the asker's acquire call), so all of them may be asked, furthest predicted first;
+  // one at the lock never.
+  member(1, k_now - 30 * k_s);  // due at its release
+  member(2, k_now - 10 * k_s);  // due at its release, the later one: asked first
+  member(3, k_now - 5 * k_s);
+  at_lock(3, k_now - 2 * k_s);  // queued before the asker
+  frames(0, 2, 1);
+  frames(2, 2, 2);
+  frames(4, 2, 3);
+  victim_order::options o;
+  o.me = k_me;
+  o.only_after_ns = k_now - 1 * k_s;  // the asker's acquire call
+  EXPECT_TRUE(owners(o).empty()) << "not queued: the owners due before it are kept";
+  o.asker_queued = true;
+  EXPECT_EQ(owners(o), (std::vector<uint32_t>{2, 1}));
+}
+
 TEST_F(VictimOrder, MembersThatLeftOrNeverReleasedAreOrderedSafely) {
   member(1, 0);                 // joined, allocating before its first turn: due now
   member(2, k_now - 10 * k_s);  // released, no history: due at its release (gap 0)
