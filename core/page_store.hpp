@@ -43,6 +43,9 @@ class page_store {
   virtual bool holds(uint64_t key) const = 0;
   // Bytes of saved pages held, in every tier: each saved page counts once.
   virtual uint64_t bytes_held() const = 0;
+  // Host memory this store pinned of its own for saved pages, used or free (0: none, or
+  // memory it borrows, as the shared host pool's slots).
+  virtual uint64_t host_bytes_pinned() const { return 0; }
 
   // Where saved pages are. Tier 0 is the slots; tier_of says where `key`'s saved copy
   // lives (0 also when the key has none); bytes_in_tier(t) sums the pages tier_of puts in t.

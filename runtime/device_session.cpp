@@ -275,6 +275,7 @@ session_stats device_session::stats() const {
   s.disk_bytes = saved_past_host_tier();
   s.frames_asked_ahead = frames_->frames_asked_ahead();
   s.frames_asked_at_acquire = frames_->frames_asked_at_acquire();
+  s.host_pinned_bytes = store_->host_bytes_pinned();
   return s;
 }
 
@@ -295,6 +296,7 @@ void device_session::fill_stats(vramswap_stats_t* out) const {
   out->restore_seconds = s.pager.restore_seconds;
   out->frames_asked_ahead = s.frames_asked_ahead;
   out->frames_asked_at_acquire = s.frames_asked_at_acquire;
+  out->host_pinned_bytes = s.host_pinned_bytes;
 }
 
 void device_session::memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const {

@@ -58,6 +58,7 @@ struct session_stats {
   uint64_t evictions_served = 0;  // frames evicted for other processes
   uint64_t frames_asked_ahead = 0;       // frames other processes were asked to evict before our acquire
   uint64_t frames_asked_at_acquire = 0;  // frames other processes were asked to evict during our acquire
+  uint64_t host_pinned_bytes = 0;  // the host tier's own pinned slots, used or free
   double acquire_seconds = 0;     // total time from acquire() call to return, lock wait included
   double lock_wait_seconds = 0;   // of which waiting for the lock
   // CLOCK_MONOTONIC instants of the last switch, to split a handoff into its stages:

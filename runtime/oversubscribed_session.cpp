@@ -447,6 +447,7 @@ void oversubscribed_session::fill_stats(vramswap_stats_t* out) const {
   out->placement_rounds_skipped = o.placement_rounds_skipped;
   out->pages_placed_in = o.pages_placed_in;
   out->pages_placed_out = o.pages_placed_out;
+  out->host_pinned_bytes = o.host_frame_bytes + o.spare_host_bytes;
 }
 
 void oversubscribed_session::memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const {

@@ -53,7 +53,8 @@
   X(placement_rounds, uint64_t)   \
   X(placement_rounds_skipped, uint64_t) \
   X(pages_placed_in, uint64_t)    \
-  X(pages_placed_out, uint64_t)
+  X(pages_placed_out, uint64_t)   \
+  X(host_pinned_bytes, uint64_t)
 
 namespace vramswap::detail::process_stats_layout {
 

@@ -442,6 +442,11 @@ uint64_t tiered_store::bytes_held() const {
   return static_cast<uint64_t>(pages_.size()) * slot_size_;
 }
 
+uint64_t tiered_store::host_bytes_pinned() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return slots_->bytes_pinned();
+}
+
 unsigned tiered_store::tier_of(uint64_t key) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = pages_.find(key);

@@ -151,6 +151,7 @@ class tiered_store : public page_store {
   int release(uint64_t key) override;
   bool holds(uint64_t key) const override;
   uint64_t bytes_held() const override;
+  uint64_t host_bytes_pinned() const override;
   void read_done(uint64_t key) override;
   int expect_saves(uint64_t pages) override;
   // With make_ahead: the slots make ahead, up to `pages` (at most the budget).

@@ -9,7 +9,10 @@ release evicts everything), allocates SIZE GiB of tensors under the lock, fills 
 the lock --hold seconds more (its training, during which pinning ahead runs), and lets go:
 that release is its first eviction. It then takes the lock again (restore) and lets go
 (second eviction). Rates are bytes copied out / eviction time, against torch's pinned
-device-to-host copy of 4 GiB measured in the same process after the evictions.
+device-to-host copy of 4 GiB measured in the same process after the evictions. Each row also
+says how long allocating and filling took, and how much of what the first eviction saved the
+host tier had pinned when it began (vramswap.stats()["host_pinned_bytes"] at the end of
+the hold).
 Needs PyTorch with CUDA, a GPU, and the vramswap package importable.
 """
 
@@ -30,13 +33,17 @@ def worker(args):
     size = int(args.size * 2**30)
     chunk = 1 << 30
     with vramswap.gpu_lock(0):
+        t0 = time.perf_counter()
         tensors = [torch.empty(min(chunk, size - off), dtype=torch.uint8, device="cuda") for off in range(0, size, chunk)]
         for t in tensors:
             t.random_()
         torch.cuda.synchronize()
+        made_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < args.hold:
             time.sleep(0.05)
+        # What the host tier had pinned when the eviction began (the release right after).
+        s0 = vramswap.stats(0)
     s1 = vramswap.stats(0)
     with vramswap.gpu_lock(0):
         torch.cuda.synchronize()
@@ -58,6 +65,7 @@ def worker(args):
         "first_bytes": s1["bytes_out"], "first_s": s1["evict_seconds"],
         "second_bytes": s2["bytes_out"] - s1["bytes_out"], "second_s": s2["evict_seconds"] - s1["evict_seconds"],
         "pinned_gbps": pinned,
+        "made_s": made_s, "pinned_at_start": s0["host_pinned_bytes"],
     }), flush=True)
 
 
@@ -87,13 +95,15 @@ def main():
 
     print(f"# bench_first_evict: {torch.cuda.get_device_name(0)}, PyTorch {torch.__version__}")
     print()
-    print("| size | VRAMSWAP_HOST_PIN_AHEAD | lock held after allocating | first eviction | / pinned copy | second eviction "
-          "| / pinned copy | pinned copy (same process) |")
-    print("| ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| size | VRAMSWAP_HOST_PIN_AHEAD | allocating and filling | lock held after | host tier pinned when the eviction "
+          "began | first eviction | / pinned copy | second eviction | / pinned copy | pinned copy (same process) |")
+    print("| ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         first = r["first_bytes"] / r["first_s"] / 1e9 if r["first_s"] > 0 else float("nan")
         second = r["second_bytes"] / r["second_s"] / 1e9 if r["second_s"] > 0 else float("nan")
-        print(f"| {r['size']:g} GiB | {r['ahead']} | {r['hold']:g} s | {first:.1f} GB/s | {first / r['pinned_gbps']:.2f} | "
+        ready = r["pinned_at_start"] / r["first_bytes"] if r["first_bytes"] > 0 else float("nan")
+        print(f"| {r['size']:g} GiB | {r['ahead']} | {r['made_s']:.2f} s | {r['hold']:g} s | {ready:.0%} | "
+              f"{first:.1f} GB/s | {first / r['pinned_gbps']:.2f} | "
               f"{second:.1f} GB/s | {second / r['pinned_gbps']:.2f} | {r['pinned_gbps']:.1f} GB/s |")
 
 

@@ -2,6 +2,7 @@
 timeout against another process (a Python subprocess holding the lock), errors mapped to
 the Python exceptions a user expects, stats, and device memory round trips."""
 
+import json
 import os
 import random
 import signal
@@ -241,9 +242,36 @@ def test_stats_keys():
         "evict_seconds", "restore_seconds", "cached_bytes", "graph_bytes", "host_frame_bytes", "pages_demoted",
         "pages_promoted", "reclaim_seconds", "cache_hits", "cache_misses", "cache_trims", "allocator_seconds",
         "yield_waits", "yield_seconds", "frames_asked_ahead", "frames_asked_at_acquire", "cache_miss_bytes",
-        "placement_rounds", "placement_rounds_skipped", "pages_placed_in", "pages_placed_out",
+        "placement_rounds", "placement_rounds_skipped", "pages_placed_in", "pages_placed_out", "host_pinned_bytes",
     }
     assert s["allocations"] == 0 and s["acquires"] == 0
+
+
+PINNED = r"""
+import json, vramswap
+n = 8 << 20
+ptr = vramswap.malloc(n)
+before = vramswap.stats()["host_pinned_bytes"]
+with vramswap.gpu_lock():
+    vramswap._testing.write(ptr, bytes(range(256)) * (n // 256))
+after = vramswap.stats()
+with vramswap.gpu_lock():
+    intact = vramswap._testing.read(ptr, n) == bytes(range(256)) * (n // 256)
+print(json.dumps({"before": before, "host": after["host_bytes"], "pinned": after["host_pinned_bytes"], "intact": intact}))
+"""
+
+
+def test_host_pinned_bytes_count_what_the_first_eviction_pinned():
+    # A fresh process whose release evicts everything, with nothing pinned ahead: before
+    # the eviction it has pinned nothing, after it at least what it saved.
+    env = dict(os.environ, VRAMSWAP_EAGER_RELEASE="1", VRAMSWAP_HOST_PIN_AHEAD="0")
+    out = subprocess.run([sys.executable, "-c", PINNED], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["intact"]
+    assert r["before"] == 0
+    assert r["host"] >= 8 << 20
+    assert r["pinned"] >= r["host"]
 
 
 def test_malloc_free_round_trip_across_turns():

@@ -312,6 +312,10 @@ typedef struct vramswap_stats_t {
   uint64_t placement_rounds_skipped; /* rounds whose gain was below their cost, not run */
   uint64_t pages_placed_in;          /* moved from host frames into pool frames */
   uint64_t pages_placed_out;         /* moved from pool frames into host frames */
+  /* Host memory this process pinned of its own for its pages, used or not: its host tier's
+   * slots (those pinned ahead of need included; 0 with the shared host pool, which vramswapd
+   * owns), and an oversubscribed process's host frames (in use and spare). */
+  uint64_t host_pinned_bytes;
 } vramswap_stats_t;
 /* Errors:
  *   VRAMSWAP_ERR_INVALID_ARGUMENT  out is NULL, or out->size is smaller than 16 bytes.

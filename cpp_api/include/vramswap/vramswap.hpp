@@ -342,6 +342,10 @@ struct stats {
   uint64_t placement_rounds_skipped = 0;  // rounds whose gain was below their cost, not run
   uint64_t pages_placed_in = 0;           // moved from host frames into pool frames
   uint64_t pages_placed_out = 0;          // moved from pool frames into host frames
+  // Host memory this process pinned of its own for its pages, used or not: its host tier's
+  // slots (those pinned ahead of need included; 0 with the shared host pool, which vramswapd
+  // owns), and an oversubscribed process's host frames (in use and spare).
+  uint64_t host_pinned_bytes = 0;
 };
 // Opens the device's session if needed (so it may start the pool server). Throws
 // out_of_memory (host memory), and what opening the device's session throws.
