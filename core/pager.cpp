@@ -36,6 +36,23 @@ uint64_t clock_ns() {
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
+
+// The store hears that this thread maps device memory for the scope's length
+// (page_store::owner_mapping), when `on`.
+class store_mapping_scope {
+ public:
+  store_mapping_scope(page_store& store, bool on) : store_(on ? &store : nullptr) {
+    if (store_ != nullptr) store_->owner_mapping(true);
+  }
+  ~store_mapping_scope() {
+    if (store_ != nullptr) store_->owner_mapping(false);
+  }
+  store_mapping_scope(const store_mapping_scope&) = delete;
+  store_mapping_scope& operator=(const store_mapping_scope&) = delete;
+
+ private:
+  page_store* const store_;
+};
 }  // namespace
 
 int resolve_pager_config(backend& be, int device, pager_config* cfg) {
@@ -162,6 +179,8 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
   invalidate_saved_copies(arena_.pages_of(ptr, size));
   for (const page_range& r : fresh) live_pages_ += r.count;
   if (!fresh.empty()) store_.may_save(live_pages_);
+  // The store's pinning ahead (which may_save just woke) waits while this maps.
+  const store_mapping_scope mapping(store_, !fresh.empty());
   if (!resident_) {
     const int rc = back_not_resident(arena_.pages_of(ptr, size));
     if (rc == ok || (rc == err_busy && when_not_resident == backing::when_free)) {

@@ -98,13 +98,15 @@ int fault_in_writable(void* base, size_t bytes, populate_fallback fallback) noex
   return 0;
 }
 
-int pinned_chunk::pin(backend& be, void* p, size_t bytes, populate_fallback fallback, const char* what, pinned_chunk* out) noexcept {
+int pinned_chunk::pin(backend& be, void* p, size_t bytes, populate_fallback fallback, const char* what, pinned_chunk* out,
+                      const std::function<void()>& before_register) noexcept {
   ::madvise(p, bytes, MADV_HUGEPAGE);  // best effort: fewer pages to fault in and to pin
   if (const int e = fault_in_writable(p, bytes, fallback); e != 0) {
     ::munmap(p, bytes);
     return fail(err_out_of_memory, "%s: cannot fault in %zu bytes of host memory (%s); free host memory or use less", what, bytes,
                 std::strerror(e));
   }
+  if (before_register) before_register();
   if (const int rc = be.host_register(p, bytes); rc != ok) {
     ::munmap(p, bytes);
     return add_context(rc, "%s: pinning %zu bytes of host memory: ", what, bytes);
@@ -116,16 +118,17 @@ int pinned_chunk::pin(backend& be, void* p, size_t bytes, populate_fallback fall
   return ok;
 }
 
-int pinned_chunk::make_anonymous(backend& be, size_t bytes, const char* what, pinned_chunk* out) noexcept {
+int pinned_chunk::make_anonymous(backend& be, size_t bytes, const char* what, pinned_chunk* out,
+                                 const std::function<void()>& before_register) noexcept {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return fail_errno(errno, "%s: cannot map %zu more bytes of host memory", what, bytes);
-  return pin(be, p, bytes, populate_fallback::touch, what, out);
+  return pin(be, p, bytes, populate_fallback::touch, what, out, before_register);
 }
 
 int pinned_chunk::map_shared(backend& be, int fd, size_t bytes, const char* what, pinned_chunk* out) noexcept {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return fail_errno(errno, "%s: mapping %zu bytes", what, bytes);
-  return pin(be, p, bytes, populate_fallback::leave_to_pin, what, out);
+  return pin(be, p, bytes, populate_fallback::leave_to_pin, what, out, {});
 }
 
 void pinned_chunk::reset() noexcept {

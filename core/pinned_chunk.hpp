@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include "core/backend.hpp"
 
@@ -33,7 +34,10 @@ class pinned_chunk {
   pinned_chunk() = default;
   // Fresh anonymous memory (private, zero-filled), faulted in and registered. `what` names
   // the memory for the error ("tiered store for device 0", say).
-  static int make_anonymous(backend& be, size_t bytes, const char* what, pinned_chunk* out) noexcept;
+  // `before_register` (optional) runs between faulting in and registering (a maker holds
+  // its registration back there while its owner maps device memory).
+  static int make_anonymous(backend& be, size_t bytes, const char* what, pinned_chunk* out,
+                            const std::function<void()>& before_register = {}) noexcept;
   // A MAP_SHARED mapping of `fd` (a memfd), faulted in without writing and registered.
   static int map_shared(backend& be, int fd, size_t bytes, const char* what, pinned_chunk* out) noexcept;
   ~pinned_chunk();  // unregisters and unmaps
@@ -46,7 +50,8 @@ class pinned_chunk {
   size_t bytes() const noexcept { return bytes_; }
 
  private:
-  static int pin(backend& be, void* p, size_t bytes, populate_fallback fallback, const char* what, pinned_chunk* out) noexcept;
+  static int pin(backend& be, void* p, size_t bytes, populate_fallback fallback, const char* what, pinned_chunk* out,
+                 const std::function<void()>& before_register) noexcept;
   void reset() noexcept;
 
   backend* be_ = nullptr;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <utility>
 
@@ -100,10 +101,28 @@ void pinned_slots::make_ahead(size_t slots) {
   ahead_wake_.notify_all();
 }
 
+void pinned_slots::owner_mapping(bool mapping) {
+  {
+    std::lock_guard<std::mutex> lock(ahead_mutex_);
+    if (mapping) {
+      ++owner_mapping_;
+      return;
+    }
+    if (owner_mapping_ == 0 || --owner_mapping_ > 0) return;
+  }
+  ahead_wake_.notify_all();
+}
+
+void pinned_slots::hold_back_while_owner_maps(std::unique_lock<std::mutex>& lock) {
+  ahead_wake_.wait_for(lock, std::chrono::milliseconds(k_max_hold_back_ms), [&] { return stop_ || owner_mapping_ == 0; });
+}
+
 void pinned_slots::make_ahead_loop() {
   std::unique_lock<std::mutex> lock(ahead_mutex_);
   for (;;) {
     ahead_wake_.wait(lock, [&] { return stop_ || (!ahead_failed_ && committed_ + chunk_slots_ <= ahead_target_); });
+    if (stop_) return;
+    hold_back_while_owner_maps(lock);
     if (stop_) return;
     const size_t slots = chunk_slots_;
     committed_ += slots;
@@ -111,7 +130,10 @@ void pinned_slots::make_ahead_loop() {
     lock.unlock();
     made_chunk m;
     m.slots = slots;
-    const int rc = pinned_chunk::make_anonymous(be_, slot_size_ * slots, label_.c_str(), &m.chunk);
+    const int rc = pinned_chunk::make_anonymous(be_, slot_size_ * slots, label_.c_str(), &m.chunk, [this] {
+      std::unique_lock<std::mutex> holding(ahead_mutex_);
+      hold_back_while_owner_maps(holding);
+    });
     const std::string why = rc != ok ? last_error() : std::string();
     if (rc != ok) clear_error();
     std::unique_lock<std::mutex> watching(watch_mutex_);

@@ -15,7 +15,9 @@
 // wait in a hand-over list, and the owner's calls adopt them (their slots join the free
 // list). A take() that finds no free slot while chunks are in the making waits for the first
 // of them rather than making another. If a maker fails (no host memory), it logs once and
-// making ahead stops: slots are then made as they are taken, as without it.
+// making ahead stops: slots are then made as they are taken, as without it. While the owner
+// maps device memory (owner_mapping), which pinning beside it slows many times over, the
+// makers start no chunk and no registration, for up to k_max_hold_back_ms at a time.
 #pragma once
 
 #include <sys/types.h>
@@ -51,7 +53,12 @@ class pinned_slots final : public slot_provider {
   uint64_t bytes_pinned() const noexcept override;  // made ahead and not yet adopted included
   void watch_regions(std::function<void(char*, size_t)> fn) override;
   void make_ahead(size_t slots) override;
+  void owner_mapping(bool mapping) override;
   void stop_making_ahead() override;
+
+  // The longest a maker waits, before a chunk and before registering it, for the owner's
+  // mapping to end.
+  static constexpr uint64_t k_max_hold_back_ms = 50;
 
   // Make sure at least `slots` slots exist (handed out or free), past the limit if need be.
   int reserve(size_t slots);
@@ -65,6 +72,8 @@ class pinned_slots final : public slot_provider {
   // in the making.
   void adopt_made(bool wait);
   void make_ahead_loop();
+  // While the owner maps (owner_mapping), wait until it is done, stop, or k_max_hold_back_ms.
+  void hold_back_while_owner_maps(std::unique_lock<std::mutex>& lock);
 
   backend& be_;
   const size_t slot_size_;
@@ -91,6 +100,7 @@ class pinned_slots final : public slot_provider {
   size_t ahead_target_ = 0;
   size_t committed_ = 0;               // slots made or being made, by anyone
   int making_ = 0;                     // chunks the makers are making now
+  int owner_mapping_ = 0;              // owner_mapping(true) calls not yet ended
   bool ahead_failed_ = false;
   bool stop_ = false;
   std::vector<made_chunk> made_;       // made ahead, not yet adopted

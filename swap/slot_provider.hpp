@@ -45,6 +45,9 @@ class slot_provider {
   // Make slots ahead of need, in the background, until `slots` exist in all (at most the
   // limit): a hint, for providers that make their memory as they go.
   virtual void make_ahead(size_t slots) { (void)slots; }
+  // The owner maps device memory meanwhile (page_store::owner_mapping): making ahead starts
+  // no new chunk nor registration until it is done, waiting a bounded time at each. Nests.
+  virtual void owner_mapping(bool mapping) { (void)mapping; }
   // Stop making ahead and wait for the chunk in the making: from then on the watchers hear
   // of nothing from another thread (their owner may be about to go).
   virtual void stop_making_ahead() {}

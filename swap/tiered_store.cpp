@@ -486,6 +486,12 @@ void tiered_store::may_save(uint64_t pages) {
   slots_->make_ahead(static_cast<size_t>(budget_slots_ != 0 ? std::min<uint64_t>(pages, budget_slots_) : pages));
 }
 
+void tiered_store::owner_mapping(bool mapping) {
+  if (!make_ahead_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  slots_->owner_mapping(mapping);
+}
+
 int tiered_store::expect_saves(uint64_t pages) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!file_) return ok;

@@ -152,6 +152,7 @@ class tiered_store : public page_store {
   bool holds(uint64_t key) const override;
   uint64_t bytes_held() const override;
   uint64_t host_bytes_pinned() const override;
+  void owner_mapping(bool mapping) override;
   void read_done(uint64_t key) override;
   int expect_saves(uint64_t pages) override;
   // With make_ahead: the slots make ahead, up to `pages` (at most the budget).
