@@ -38,7 +38,7 @@ uint64_t clock_ns() {
 }
 
 // The store hears that this thread maps device memory for the scope's length
-// (page_store::owner_mapping), when `on`.
+// (page_store::owner_mapping), when `on`: a malloc backing its pages, a restore.
 class store_mapping_scope {
  public:
   store_mapping_scope(page_store& store, bool on) : store_(on ? &store : nullptr) {
@@ -562,6 +562,7 @@ int pager::restore_all() {
     stats_.restore_seconds += since(t0);
     return ok;
   }
+  const store_mapping_scope mapping(store_, true);  // a switch's restore is the lock's critical path
   // A page's copy in has completed: its saved copy is given back at once (or kept, for
   // read_mostly pages), so that a store shared with other processes can hand the slot to a
   // process evicting during this same handoff, and a store with a budget reuses it.
