@@ -119,11 +119,18 @@ void pinned_slots::hold_back_while_owner_maps(std::unique_lock<std::mutex>& lock
 
 void pinned_slots::make_ahead_loop() {
   std::unique_lock<std::mutex> lock(ahead_mutex_);
+  bool held_back = false;  // this chunk waited for the owner's mapping once: it goes on now
   for (;;) {
     ahead_wake_.wait(lock, [&] { return stop_ || (!ahead_failed_ && committed_ + chunk_slots_ <= ahead_target_); });
     if (stop_) return;
-    hold_back_while_owner_maps(lock);
-    if (stop_) return;
+    if (!held_back && owner_mapping_ > 0) {
+      // The lock is let go while waiting: the other maker may take the last chunk of the
+      // target meanwhile, so the target is asked again after.
+      hold_back_while_owner_maps(lock);
+      held_back = true;
+      continue;
+    }
+    held_back = false;
     const size_t slots = chunk_slots_;
     committed_ += slots;
     ++making_;
