@@ -117,10 +117,11 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
   X(eager_release, "VRAMSWAP_EAGER_RELEASE", "0", flag_form(),                                   \
     "1: evict this process's memory at every release")                                           \
   X(evict_ahead, "VRAMSWAP_EVICT_AHEAD", "1", flag_form(),                                       \
-    "1: when this process is predicted to take the device's lock next (from its own release and " \
-    "acquire times) and the pool lacks free frames for its memory, it asks the idle processes "  \
-    "predicted to come after it to evict that much now, so that its switch is a restore only "   \
-    "(docs/pool_server.md, Eviction ahead of need); 0: frames are asked for only at the acquire") \
+    "1: when this process takes the device's lock next (it waits for the lock with nobody "      \
+    "queued before it, or its own release and acquire times predict it next) and the pool lacks " \
+    "free frames for its memory, it asks the idle processes predicted to come after it to evict " \
+    "that much now, so that its switch is a restore only (docs/pool_server.md, Eviction ahead of " \
+    "need); 0: frames are asked for only at the acquire")                                          \
   X(strict, "VRAMSWAP_STRICT", "0", flag_form(),                                                 \
     "1: evict and unmap at every release, so device access outside the lock faults (debugging)") \
   X(host_limit, "VRAMSWAP_HOST_LIMIT", "50%", percent_form("RAM"),                               \
@@ -128,8 +129,10 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
     "past it, least recently used pages go to the swap file")                                    \
   X(host_pin_ahead, "VRAMSWAP_HOST_PIN_AHEAD", "1", flag_form(),                                 \
     "1: threads pin this process's host memory for saved pages as its device memory grows "   \
-    "(up to VRAMSWAP_HOST_LIMIT), so that its first eviction runs at the link's rate; 0: pin "  \
-    "as evictions need it (slower first eviction, no host memory before it)")                    \
+    "(up to VRAMSWAP_HOST_LIMIT), waiting while it maps device memory, so that its first "       \
+    "eviction runs at the link's rate once pinning has caught up (about a second per 16 GiB "     \
+    "after the allocation); 0: pin as evictions need it (slower first eviction, no host memory " \
+    "before it, the fastest allocation)")                                                        \
   X(host_pool, "VRAMSWAP_HOST_POOL", "0", percent_form("RAM"),                                   \
     "pinned host memory for saved pages shared by all processes of a device, made by vramswapd: " \
     "size, or percent of RAM; 0: none (each process keeps its own host tier, VRAMSWAP_HOST_LIMIT); " \
