@@ -125,10 +125,11 @@ class member_observer {
     slot_.frames_asked_ahead.store(ahead, std::memory_order_relaxed);
     slot_.frames_asked_at_acquire.store(at_acquire, std::memory_order_relaxed);
   }
-  // Where this process's saved pages are now.
-  void stored(uint64_t host_bytes, uint64_t disk_bytes) noexcept {
+  // Where this process's saved pages are now, and the host memory it pinned of its own.
+  void stored(uint64_t host_bytes, uint64_t disk_bytes, uint64_t pinned_bytes) noexcept {
     slot_.host_bytes.store(host_bytes, std::memory_order_relaxed);
     slot_.disk_bytes.store(disk_bytes, std::memory_order_relaxed);
+    slot_.host_pinned_bytes.store(pinned_bytes, std::memory_order_relaxed);
   }
 
  private:

@@ -245,7 +245,10 @@ struct alignas(k_cache_line) member_slot {
   uint32_t reserved3_;
   std::atomic<uint64_t> frames_asked_ahead;       // frames it asked others to evict before its acquire
   std::atomic<uint64_t> frames_asked_at_acquire;  // frames it asked others to evict while holding the lock
-  uint64_t reserved4_[2];
+  // Published with host_bytes, by the member's session: host memory it pinned of its own
+  // (vramswap_stats_t::host_pinned_bytes). Zero in slots of members built before it.
+  std::atomic<uint64_t> host_pinned_bytes;
+  uint64_t reserved4_;
 };
 static_assert(sizeof(member_slot) == 10 * k_cache_line);
 

@@ -202,6 +202,7 @@ int collect_report(const std::string& key, const pool_segment& pool, device_lock
     p.resident_bytes = uint64_t{owned[m]} * d.frame_size;
     p.host_bytes = s.host_bytes.load(std::memory_order_relaxed);
     p.disk_bytes = s.disk_bytes.load(std::memory_order_relaxed);
+    p.host_pinned_bytes = s.host_pinned_bytes.load(std::memory_order_relaxed);
     p.acquires = s.acquires.load(std::memory_order_relaxed);
     p.swaps_in = s.swaps_in.load(std::memory_order_relaxed);
     p.bytes_in = s.bytes_in.load(std::memory_order_relaxed);

@@ -265,7 +265,7 @@ uint64_t device_session::saved_past_host_tier() const noexcept {
 void device_session::publish_store() noexcept {
   const uint64_t held = store_->bytes_held();
   const uint64_t disk = saved_past_host_tier();
-  member().observe().stored(held - disk, disk);
+  member().observe().stored(held - disk, disk, store_->host_bytes_pinned());
 }
 
 session_stats device_session::stats() const {

@@ -413,7 +413,7 @@ void oversubscribed_session::serve(uint32_t seen) {
       if (place_by_use() != ok) log(log_level::warn, "device %d: placement by use: %s", device_, last_error());
     }
   }
-  member().observe().stored(frames_->host_bytes(), 0);
+  member().observe().stored(frames_->host_bytes(), 0, frames_->host_bytes() + frames_->spare_bytes());
 }
 
 oversubscribed_stats oversubscribed_session::stats() const {

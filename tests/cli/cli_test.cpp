@@ -242,14 +242,16 @@ TEST_F(Cli, StatusShowsPoolHolderQueueAndPerProcessBytes) {
   for (const std::string& p : pids) EXPECT_NE(text.out.find(" " + p + "  "), std::string::npos) << text.out;
 
   // After a few turns, memory has moved: saved pages in host memory, bytes copied both ways.
-  uint64_t host = 0, out = 0, in = 0, swaps = 0;
+  uint64_t host = 0, out = 0, in = 0, swaps = 0, pinned_short = 0;
   const auto later = clock_type::now() + std::chrono::seconds(20);
   while (clock_type::now() < later && (host == 0 || out == 0 || in == 0 || swaps == 0)) {
     s = status_json();
-    host = out = in = swaps = 0;
+    host = out = in = swaps = pinned_short = 0;
     for (int i = 0; i < static_cast<int>(num(s, "devices.0.processes.#")); ++i) {
       const std::string p = "devices.0.processes." + std::to_string(i) + ".";
       host += num(s, p + "host_bytes");
+      // A process's saved pages lie in host memory it pinned (its own tier, no shared pool here).
+      if (num(s, p + "host_pinned_bytes") < num(s, p + "host_bytes")) ++pinned_short;
       out += num(s, p + "bytes_out");
       in += num(s, p + "bytes_in");
       swaps += num(s, p + "swaps_in");
@@ -257,6 +259,7 @@ TEST_F(Cli, StatusShowsPoolHolderQueueAndPerProcessBytes) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_GT(host, 0u);
+  EXPECT_EQ(pinned_short, 0u) << "a process reports fewer pinned host bytes than the saved pages it holds in host memory";
   EXPECT_GT(out, 0u);
   EXPECT_GT(in, 0u);
   // The lock's hold statistics: the workers hold for 700 ms a turn.
