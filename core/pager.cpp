@@ -601,6 +601,7 @@ int pager::restore_all() {
   on.not_copied = [&](uint64_t p, size_t) { put_back(p); };
   copy_pipeline copies(be_, in_stream_, events_, {}, std::move(on));
   stats_.last_restore_waited_ns = stats_.last_restore_frame_after_wait_ns = 0;
+  stats_.last_restore_last_frame_ns = stats_.last_restore_queued_ns = 0;
   copies.note_failure(frames_.prepare(device_, needed));
   for (uint64_t p = 0; p < table_.size() && !copies.failed(); ++p) {
     page_entry& e = table_[p];
@@ -634,6 +635,7 @@ int pager::restore_all() {
     }
     if (copies.failed()) break;  // rc is err_busy: no frame was taken for p
     if (rc == ok && waited && stats_.last_restore_frame_after_wait_ns == 0) stats_.last_restore_frame_after_wait_ns = clock_ns();
+    if (rc == ok) stats_.last_restore_last_frame_ns = clock_ns();
     if (rc == ok) rc = map_frame(p, f);
     if (rc != ok) {
       copies.note_failure(rc);
@@ -656,6 +658,7 @@ int pager::restore_all() {
       }
     }
   }
+  stats_.last_restore_queued_ns = clock_ns();
   // The zero fills have no events: one synchronize for them (and the copies) at the end.
   copies.note_failure(be_.stream_synchronize(in_stream_));
   copies.complete_all();

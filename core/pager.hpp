@@ -95,6 +95,12 @@ struct pager_stats {
   // what the first eviction asked of another process takes to hand over a frame.
   uint64_t last_restore_waited_ns = 0;
   uint64_t last_restore_frame_after_wait_ns = 0;
+  // The last restore_all's end, in steps (CLOCK_MONOTONIC ns; 0 when it restored nothing):
+  // when it took its last frame, and when its last copy was queued; the copies still
+  // running then drain before it returns. They split a switch's tail after the owners'
+  // last eviction into waiting for frames, mapping and queueing, and copies draining.
+  uint64_t last_restore_last_frame_ns = 0;
+  uint64_t last_restore_queued_ns = 0;
 };
 
 class pager {

@@ -34,7 +34,8 @@
 // got from an owner (after the free frames ran out), the first owner's eviction start, how
 // far apart the owners' starts were, the span of their evictions (first start to last end),
 // how much of the shorter eviction ran while the other did, and the restore's tail after the
-// last eviction ended.
+// last eviction ended, in steps: to the restore's last frame, to its last copy queued (the
+// pages mapped), to the memory resident (the copies drained).
 //
 // --fit X: two processes with a pool that holds both: no byte moves, the handoff is the
 // lock's handoff plus bookkeeping (goal p50 <= 50 us).
@@ -134,9 +135,10 @@ int run_worker(uint64_t bytes, int rounds, int hold_ms) {
     check(s->acquire(), "acquire");
     const uint64_t acquired = monotonic_ns();
     const session_stats ss = s->stats();
-    std::printf("acquired %" PRIu64 " in %" PRIu64 " out %" PRIu64 " granted %" PRIu64 " waited %" PRIu64 " frame %" PRIu64 "\n",
+    std::printf("acquired %" PRIu64 " in %" PRIu64 " out %" PRIu64 " granted %" PRIu64 " waited %" PRIu64 " frame %" PRIu64
+                " last_frame %" PRIu64 " queued %" PRIu64 "\n",
                 acquired, ss.pager.bytes_in, ss.pager.bytes_out, ss.last_lock_granted_ns, ss.pager.last_restore_waited_ns,
-                ss.pager.last_restore_frame_after_wait_ns);
+                ss.pager.last_restore_frame_after_wait_ns, ss.pager.last_restore_last_frame_ns, ss.pager.last_restore_queued_ns);
     if (r == 0) {  // first touch: real data, never zeros
       check(s->get_backend().memset_d8(p, 0x5A, bytes, st), "fill");
       check(s->get_backend().stream_synchronize(st), "fill sync");
@@ -167,6 +169,7 @@ struct event {
   uint64_t stage_ns;  // acquire: when the lock was granted; release: when it was handed on
   uint64_t synced_ns;  // release: when the device was synchronized
   uint64_t waited_ns, frame_ns;  // acquire: the restore found no free frame / got one after (0: never)
+  uint64_t last_frame_ns, queued_ns;  // acquire: the restore's last frame taken, its last copy queued (0: none)
 };
 
 struct eviction {
@@ -183,6 +186,9 @@ struct switches {
   // eviction start; the owners' starts apart; first start to last end; the restore's tail
   // after the last eviction ended. (Only switches where the quantity exists.)
   std::vector<double> first_frame, first_start, start_spread, evict_span, restore_tail;
+  // The restore's tail in steps, from the last eviction's end: to the restore's last frame
+  // (below 0 when that came before the end), to its last copy queued, to the memory resident.
+  std::vector<double> tail_last_frame, tail_queued, tail_resident;
   std::vector<double> at_once;  // switches with two or more owners: the shorter eviction's share that ran while another did
 };
 
@@ -219,8 +225,9 @@ void run_group(int n, uint64_t bytes, uint64_t pool_bytes, uint64_t host_pool_by
       event e{};
       e.who = who;
       eviction v{who, 0, 0, 0};
-      if (std::sscanf(l, "acquired %" SCNu64 " in %" SCNu64 " out %" SCNu64 " granted %" SCNu64 " waited %" SCNu64 " frame %" SCNu64,
-                      &e.ns, &e.bytes_in, &e.bytes_out, &e.stage_ns, &e.waited_ns, &e.frame_ns) == 6) {
+      if (std::sscanf(l, "acquired %" SCNu64 " in %" SCNu64 " out %" SCNu64 " granted %" SCNu64 " waited %" SCNu64 " frame %" SCNu64
+                      " last_frame %" SCNu64 " queued %" SCNu64,
+                      &e.ns, &e.bytes_in, &e.bytes_out, &e.stage_ns, &e.waited_ns, &e.frame_ns, &e.last_frame_ns, &e.queued_ns) == 8) {
         e.acquire = true;
         evs->push_back(e);
       } else if (std::sscanf(l, "release %" SCNu64 " unlock %" SCNu64 " synced %" SCNu64, &e.ns, &e.stage_ns, &e.synced_ns) == 3) {
@@ -293,6 +300,12 @@ void run_group(int n, uint64_t bytes, uint64_t pool_bytes, uint64_t host_pool_by
       out->start_spread.push_back((last_start - first) / 1e9);
       out->evict_span.push_back((last_end - first) / 1e9);
       out->restore_tail.push_back((static_cast<double>(e.ns) - static_cast<double>(last_end)) / 1e9);
+      if (e.last_frame_ns != 0 && e.queued_ns != 0) {
+        const double end = static_cast<double>(last_end);
+        out->tail_last_frame.push_back((static_cast<double>(e.last_frame_ns) - end) / 1e9);
+        out->tail_queued.push_back((static_cast<double>(e.queued_ns) - end) / 1e9);
+        out->tail_resident.push_back((static_cast<double>(e.ns) - end) / 1e9);
+      }
     }
     if (owners.size() >= 2) {
       // Each owner's eviction interval (first start to last end of its evictions for this
@@ -490,8 +503,9 @@ int main(int argc, char** argv) {
   std::printf("pinned one-way copy (device to host, same run): %.1f GB/s\n\n", rate / 1e9);
   std::printf("| processes | memory per process | pool | switches that moved memory (+ memory resident) | owners per switch | bytes in / out per switch | ideal in/rate | "
               "switch p50 | p90 | ratio p50 | ratio p90 | p50 vs X/rate | p50 stages, ms: release / lock / grant to first owner frame / "
-              "to first eviction start / owners' starts apart / evictions' span / at once / restore after the last eviction |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+              "to first eviction start / owners' starts apart / evictions' span / at once / restore after the last eviction | "
+              "the restore from the last eviction's end, p50 ms: its last frame taken / its last copy queued / resident |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   std::vector<std::string> notes;
   for (double nd : processes) {
     const int n = static_cast<int>(nd);
@@ -520,7 +534,7 @@ int main(int argc, char** argv) {
                       now.free_bytes / double(GiB));
       }
       if (why[0] != '\0') {
-        std::printf("| %d | %g GiB | %.3g GiB | skipped: %s | | | | | | | | | |\n", n, x, pool / double(GiB), why);
+        std::printf("| %d | %g GiB | %.3g GiB | skipped: %s | | | | | | | | | | |\n", n, x, pool / double(GiB), why);
         std::fflush(stdout);
         continue;
       }
@@ -549,13 +563,14 @@ int main(int argc, char** argv) {
         at_once = b;
       }
       std::printf("| %d | %g GiB | %.3g GiB | %zu (+%zu) | %.0f (max %.0f) | %.2f / %.2f GiB | %.3f s | %.3f s | %.3f s | %.2f | %.2f | %.2f | "
-                  "%s / %s / %s / %s / %s / %s / %s / %s |\n",
+                  "%s / %s / %s / %s / %s / %s / %s / %s | %s / %s / %s |\n",
                   n, x, pool / double(GiB), sw.time.size(), stayed.time.size(), bench::percentile(sw.owners, 0.5),
                   sw.owners.empty() ? 0.0 : *std::max_element(sw.owners.begin(), sw.owners.end()), in / GiB,
                   bench::percentile(sw.bytes_out, 0.5) / GiB, ideal, p50, p90, ideal > 0 ? p50 / ideal : 0.0, ideal > 0 ? p90 / ideal : 0.0,
                   p50 / (bytes / rate), ms(sw.release_work).c_str(), ms(sw.lock_handoff).c_str(), ms(sw.first_frame).c_str(),
                   ms(sw.first_start).c_str(), ms(sw.start_spread).c_str(), ms(sw.evict_span).c_str(), at_once.c_str(),
-                  ms(sw.restore_tail).c_str());
+                  ms(sw.restore_tail).c_str(), ms(sw.tail_last_frame).c_str(), ms(sw.tail_queued).c_str(),
+                  ms(sw.tail_resident).c_str());
       std::fflush(stdout);
     }
   }
