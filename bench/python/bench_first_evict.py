@@ -1,6 +1,6 @@
 """bench_first_evict: a process's first eviction against the pinned copy rate.
 
-    python3 bench/python/bench_first_evict.py [--sizes 8,16] [--hold 5] [--pool 24GiB]
+    python3 bench/python/bench_first_evict.py [--sizes 8,16] [--hold 5 | --hold 0,0.5,1] [--pool 24GiB]
 
 A process's host tier (pinned host memory for its saved pages) is made as it is first
 needed unless VRAMSWAP_HOST_PIN_AHEAD pins it in the background as device memory grows.
@@ -72,18 +72,24 @@ def worker(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="8,16")
-    p.add_argument("--hold", type=float, default=5.0)
+    p.add_argument("--hold", default="5",
+                   help="seconds the lock is held after allocating; a comma list gives a pinning-ahead row per value "
+                        "and one without pinning ahead at the first")
     p.add_argument("--pool", default="24GiB")
     p.add_argument("--size", type=float, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.size is not None:
+        args.hold = float(args.hold)
         return worker(args)
+    holds = [float(h) for h in args.hold.split(",")]
     env = dict(os.environ, VRAMSWAP_BACKEND="cuda", VRAMSWAP_POOL_SIZE=args.pool, VRAMSWAP_EAGER_RELEASE="1")
     env.setdefault("VRAMSWAP_POOL_IDLE_EXIT", "3")
     env.pop("VRAMSWAP_TORCH", None)
     rows = []
     for size in [float(s) for s in args.sizes.split(",")]:
-        for ahead, hold in (("1", args.hold), ("1", 0.0), ("0", args.hold)):
+        runs = (("1", holds[0]), ("1", 0.0), ("0", holds[0])) if len(holds) == 1 else \
+            tuple(("1", h) for h in holds) + (("0", holds[0]),)
+        for ahead, hold in runs:
             cmd = [sys.executable, os.path.abspath(__file__), "--size", str(size), "--hold", str(hold)]
             r = subprocess.run(cmd, env=dict(env, VRAMSWAP_HOST_PIN_AHEAD=ahead), capture_output=True, text=True)
             if r.returncode != 0:
