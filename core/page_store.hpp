@@ -79,10 +79,11 @@ class page_store {
   // background, so that the first eviction does not wait for memory to be pinned. A hint.
   virtual void may_save(uint64_t pages) { (void)pages; }
   // The caller maps device memory from now until owner_mapping(false) (a malloc backing its
-  // pages, a restore bringing them in). Pinning host memory beside it (faulting pages in, registering them with the
-  // driver) holds the driver's mapping calls up many times over their own time, so a store
-  // that pins ahead of need starts no new pinning work meanwhile, each wait bounded so that
-  // an owner that maps without pause still gets its memory pinned. Calls nest. A hint.
+  // pages, a restore bringing them in). Pinning host memory beside it (faulting pages in,
+  // registering them with the driver) holds the driver's mapping calls up many times over
+  // their own time, so a store that pins ahead of need starts no new pinning work meanwhile,
+  // each wait bounded so that an owner that maps without pause still gets its memory
+  // pinned. Calls nest. A hint.
   virtual void owner_mapping(bool mapping) { (void)mapping; }
 };
 

@@ -634,9 +634,12 @@ int pager::restore_all() {
       if (copies.failed()) break;
     }
     if (copies.failed()) break;  // rc is err_busy: no frame was taken for p
-    if (rc == ok && waited && stats_.last_restore_frame_after_wait_ns == 0) stats_.last_restore_frame_after_wait_ns = clock_ns();
-    if (rc == ok) stats_.last_restore_last_frame_ns = clock_ns();
-    if (rc == ok) rc = map_frame(p, f);
+    if (rc == ok) {
+      const uint64_t now = clock_ns();
+      if (waited && stats_.last_restore_frame_after_wait_ns == 0) stats_.last_restore_frame_after_wait_ns = now;
+      stats_.last_restore_last_frame_ns = now;
+      rc = map_frame(p, f);
+    }
     if (rc != ok) {
       copies.note_failure(rc);
       break;

@@ -103,6 +103,8 @@ class lending_frame_source final : public frame_source {
   uint64_t host_bytes() const noexcept { return host_bytes_.load(std::memory_order_relaxed); }
   // Bytes of spare host frames: given back, kept for the next reclaim.
   uint64_t spare_bytes() const noexcept { return spare_bytes_.load(std::memory_order_relaxed); }
+  // Host memory pinned for this process's pages: host frames in use and spare.
+  uint64_t pinned_bytes() const noexcept { return host_bytes() + spare_bytes(); }
   uint64_t host_limit() const noexcept { return host_limit_; }
   uint32_t member() const noexcept { return me_; }
 

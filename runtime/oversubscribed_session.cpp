@@ -413,7 +413,7 @@ void oversubscribed_session::serve(uint32_t seen) {
       if (place_by_use() != ok) log(log_level::warn, "device %d: placement by use: %s", device_, last_error());
     }
   }
-  member().observe().stored(frames_->host_bytes(), 0, frames_->host_bytes() + frames_->spare_bytes());
+  member().observe().stored(frames_->host_bytes(), 0, frames_->pinned_bytes());
 }
 
 oversubscribed_stats oversubscribed_session::stats() const {
@@ -447,7 +447,7 @@ void oversubscribed_session::fill_stats(vramswap_stats_t* out) const {
   out->placement_rounds_skipped = o.placement_rounds_skipped;
   out->pages_placed_in = o.pages_placed_in;
   out->pages_placed_out = o.pages_placed_out;
-  out->host_pinned_bytes = o.host_frame_bytes + o.spare_host_bytes;
+  out->host_pinned_bytes = frames_->pinned_bytes();
 }
 
 void oversubscribed_session::memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const {
