@@ -118,7 +118,7 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
     "1: evict this process's memory at every release")                                           \
   X(evict_ahead, "VRAMSWAP_EVICT_AHEAD", "1", flag_form(),                                       \
     "1: when this process takes the device's lock next (it waits for the lock with nobody "      \
-    "queued before it, or its own release and acquire times predict it next) and the pool lacks " \
+    "queued before it, or the processes' release and acquire times predict it next) and the pool lacks " \
     "free frames for its memory, it asks the idle processes predicted to come after it to evict " \
     "that much now, so that its switch is a restore only (docs/pool_server.md, Eviction ahead of " \
     "need); 0: frames are asked for only at the acquire")                                          \

@@ -71,9 +71,15 @@ uint32_t pool_frame_source::ask_ahead(size_t need, uint64_t now_ns) {
   if (need == 0) return 0;
   const uint64_t fallback = victim_order::mean_gap(pool_);
   const victim_order::prediction mine = victim_order::predict(pool_, me_, now_ns, fallback);
-  // Only while we wait for the lock, or on our own history: a member that acquired once is no
-  // evidence of a next turn.
-  if (!mine.at_lock && !mine.from_history) return 0;
+  // Without a gap of our own (we acquired once), predicted by the others' mean gap, or at our
+  // release while nobody has one: in the first turns of jobs that take turns this is their
+  // order (the one that released first comes back first). It is trusted for one gap only: a
+  // member overdue by more than the mean gap is not keeping the others' rhythm (a job that
+  // has finished its work but lives on), and its asks would evict the live jobs' memory on
+  // every turn. While nobody has a gap the rule holds until one does, after a turn or two.
+  if (!mine.at_lock && !mine.from_history && (mine.released_ns == 0 || (fallback > 0 && now_ns > mine.next_ns + fallback))) {
+    return 0;
+  }
   // Are we next? Nobody else may be bringing memory in (a holder that still needs frames has
   // them first), and every other member must be predicted to acquire after us.
   for (uint32_t m = 0; m < k_member_count; ++m) {

@@ -26,6 +26,8 @@
 // Ahead of need (ask_ahead): a member not holding the lock that is predicted to acquire next
 // asks, for what its next acquire will need and the pool does not have free, the owners
 // predicted to acquire after it, furthest first, so that its acquire finds the frames free.
+// A member predicted without a gap of its own (it acquired once) asks only within one mean
+// gap of its prediction.
 //
 // Giving back: frames are zeroed by the pager before they are given back
 // (scrub_before_give_back), then go to free and every waiter is woken.

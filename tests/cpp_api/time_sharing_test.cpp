@@ -340,18 +340,19 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, TwoIdleOwnersAreAskedAtOnceAndEitherMayDie
 }
 
 // Three jobs take turns in a fixed order on a pool that holds two, their turns driven one
-// after another by the test (the lock idle in between), as periodic jobs do. From the third
-// round on every job has an idle gap of its own, so the one due next is predicted, and it
-// asks an idle job predicted to come back after it (never the holder) to evict what it needs
-// before its acquire: every acquire from then on finds its frames free or
-// asked for already, and asks no owner itself (frames_asked_at_acquire stays 0). With
+// after another by the test (the lock idle in between), as periodic jobs do. From the second
+// round on the one due next is predicted (by its own idle gap, or before it has one by the
+// others' mean gap, or in the first turns by who released first), and it asks an idle job
+// predicted to come back after it (never the holder) to evict what it needs before its
+// acquire: every acquire from then on finds its frames free or asked for already, and asks
+// no owner itself (frames_asked_at_acquire stays 0). With
 // VRAMSWAP_EVICT_AHEAD=0 the same turns ask at every acquire. Every byte is checked at every
 // turn; no frame leaks.
 TEST_F(TimeSharingOnAPoolThatFitsTwo, PeriodicJobsFindTheirFramesEvictedAheadOfTheirTurn) {
   for (const bool ahead : {true, false}) {
     const std::string dir = deploy_.dir() + (ahead ? "/turns-ahead" : "/turns-at-acquire");
     ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0) << dir;
-    constexpr int k_rounds = 5, k_jobs = 3, k_warm_up = 2;
+    constexpr int k_rounds = 5, k_jobs = 3, k_warm_up = 1;
     std::vector<pid_t> jobs;
     std::unique_ptr<pool_segment> pool;
     for (int j = 0; j < k_jobs; ++j) {

@@ -1,7 +1,9 @@
 // victim_order (pool/victim_order.hpp) on a real pool segment, in one process: which idle
 // frames a member asks for, in which order, from the hints the members publish in their
 // slots. Jobs that take turns in a cycle must lose their frames in the order they will come
-// back in: the one that will acquire last is asked first.
+// back in: the one that will acquire last is asked first. And whether a member between its
+// turns asks ahead of need at all (pool_frame_source::ask_ahead, the order's one user that
+// decides by itself when to ask).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 
 #include "core/options.hpp"
 #include "core/status.hpp"
+#include "pool/pool_frame_source.hpp"
 #include "pool/pool_segment.hpp"
 #include "pool/victim_order.hpp"
 
@@ -51,6 +54,13 @@ class VictimOrder : public ::testing::Test {
   void at_lock(uint32_t m, uint64_t asked_ns, member_phase phase = phase_waiting) {
     pool_->member(m).phase.store(phase);
     pool_->member(m).asked_ns.store(asked_ns);
+  }
+  // The rest of the pool, from frame `first`, active for member 3, which holds the lock: no
+  // frame is free, so what an asker needs must come from the idle owners.
+  void rest_held_by_3(uint32_t first) {
+    member(3, k_now - 60 * k_s);
+    at_lock(3, k_now - 1 * k_s, phase_running);
+    frames(first, k_frames - first, 3, frame_active);
   }
   // Frames `first`.. `first + count` owned by `owner` in `state`.
   void frames(uint32_t first, uint32_t count, uint32_t owner, frame_state state = frame_idle) {
@@ -187,6 +197,63 @@ TEST_F(VictimOrder, MembersThatLeftOrNeverReleasedAreOrderedSafely) {
   // Due now beats due in the past (later is asked first); a tie goes to the lower index. The
   // repaired slot reads as never released: due now, behind member 1.
   EXPECT_EQ(owners(), (std::vector<uint32_t>{1, 200, 2}));
+}
+
+// Frames of `owner` that the asker (k_me) has asked for.
+uint32_t asked_of(const pool_segment& pool, uint32_t owner) {
+  uint32_t n = 0;
+  for (uint32_t f = 0; f < pool.frame_count(); ++f) {
+    const frame_word w = frame_word::decode(pool.read(f));
+    if (w.state == frame_requested && w.requester == k_me && w.owner == owner) ++n;
+  }
+  return n;
+}
+
+TEST_F(VictimOrder, InTheFirstTurnsTheMemberThatReleasedFirstAsksAhead) {
+  // Three jobs took one turn each, nobody has an idle gap yet; the asker released first, so
+  // in a rotation it comes back first. It asks the one that released last for what it needs.
+  member(k_me, k_now - 30 * k_s);
+  member(1, k_now - 20 * k_s);
+  member(2, k_now - 10 * k_s);
+  frames(0, 2, 1);
+  frames(2, 2, 2);
+  rest_held_by_3(4);
+  pool_frame_source source(*pool_, k_me, {}, 10 * k_s, {});
+  EXPECT_EQ(source.ask_ahead(2, k_now), 2u);
+  EXPECT_EQ(asked_of(*pool_, 2), 2u) << "the owner that released last is asked";
+  EXPECT_EQ(asked_of(*pool_, 1), 0u);
+  EXPECT_EQ(source.ask_ahead(2, k_now), 0u) << "what it needs is on its way: nothing more is asked";
+}
+
+TEST_F(VictimOrder, AMemberThatReleasedAfterTheOthersDoesNotAskAhead) {
+  member(1, k_now - 30 * k_s);
+  member(k_me, k_now - 20 * k_s);  // member 1 comes back before it
+  member(2, k_now - 10 * k_s);
+  frames(0, 2, 1);
+  frames(2, 2, 2);
+  rest_held_by_3(4);
+  pool_frame_source source(*pool_, k_me, {}, 10 * k_s, {});
+  EXPECT_EQ(source.ask_ahead(2, k_now), 0u);
+  member(k_me, 0);  // never released: it is allocating before its first turn
+  EXPECT_EQ(source.ask_ahead(2, k_now), 0u);
+}
+
+TEST_F(VictimOrder, AMemberWithoutGapsOverdueByMoreThanTheMeanGapDoesNotAskAhead) {
+  // Two jobs keep a rhythm of 10 s; the asker took one turn. Released 15 s ago it is due 5 s
+  // ago by their mean gap: still within one gap, so it asks. Released 100 s ago it is not
+  // keeping their rhythm (a job that finished its work and lives on): asking would evict a
+  // live job's memory at every one of its turns.
+  member(1, k_now - 5 * k_s, 10 * k_s, 4);  // due at k_now + 5 s
+  member(2, k_now - 3 * k_s, 10 * k_s, 4);  // due at k_now + 7 s
+  frames(0, 2, 1);
+  frames(2, 2, 2);
+  rest_held_by_3(4);
+  pool_frame_source source(*pool_, k_me, {}, 10 * k_s, {});
+  member(k_me, k_now - 100 * k_s);
+  EXPECT_EQ(source.ask_ahead(2, k_now), 0u);
+  member(k_me, k_now - 15 * k_s);
+  EXPECT_EQ(source.ask_ahead(2, k_now), 2u);
+  EXPECT_EQ(asked_of(*pool_, 2), 2u) << "the owner due furthest from now is asked first";
 }
 
 }  // namespace
