@@ -218,6 +218,20 @@ class TimeSharingOnAPoolThatFitsTwo : public TimeSharing {
  protected:
   TimeSharingOnAPoolThatFitsTwo() { pool_bytes_ = 32 * MiB; }
   static constexpr uint64_t k_process_bytes = 14 * MiB;
+
+  // The start line of workers spawned with SESSION_WORKER_PAUSE=0:<start>: once every one has
+  // joined the pool, <start> is made and they begin their turns together. A process's
+  // start-up (a CUDA context on a GPU) takes longer than its turns, and a worker that
+  // finished before the last one started would leave a pool that fits the rest.
+  bool start_together(pool_segment& pool, const std::vector<pid_t>& workers, const std::string& start) {
+    bool all_joined = false;
+    for (int i = 0; i < 6000 && !all_joined; ++i) {
+      all_joined = std::all_of(workers.begin(), workers.end(), [&](pid_t w) { return member_of(pool, w) != k_no_member; });
+      if (!all_joined) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (FILE* f = std::fopen(start.c_str(), "w")) std::fclose(f);
+    return all_joined;
+  }
 };
 
 // Five processes on a pool that holds two take turns: the holder's predecessor kept only a
@@ -228,9 +242,7 @@ class TimeSharingOnAPoolThatFitsTwo : public TimeSharing {
 TEST_F(TimeSharingOnAPoolThatFitsTwo, FiveProcessesTakeFramesFromTwoOwnersAtOnce) {
   std::unique_ptr<pool_segment> pool;
   std::vector<pid_t> workers;
-  // All five start their turns together, once every one has joined: a process's start-up (a
-  // CUDA context on a GPU) takes longer than its five turns, and a worker that finished before
-  // the last one started would leave a pool that fits the rest.
+  // All five start their turns together, once every one has joined (start_together).
   const std::string start = deploy_.dir() + "/start";
   for (int i = 0; i < 5; ++i) {
     // Frames asked for at the acquire, the path this test is about: no eviction ahead. Large
@@ -242,13 +254,7 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, FiveProcessesTakeFramesFromTwoOwnersAtOnce
       ASSERT_TRUE(open_pool(&pool, 10000)) << "no pool segment: did the server start?";
     }
   }
-  bool all_joined = false;
-  for (int i = 0; i < 6000 && !all_joined; ++i) {
-    all_joined = std::all_of(workers.begin(), workers.end(), [&](pid_t w) { return member_of(*pool, w) != k_no_member; });
-    if (!all_joined) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(all_joined) << "not every worker joined the pool within 60 s";
-  if (FILE* f = std::fopen(start.c_str(), "w")) std::fclose(f);
+  ASSERT_TRUE(start_together(*pool, workers, start)) << "not every worker joined the pool within 60 s";
   for (pid_t w : workers) {
     const int status = wait_status(w);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "worker " << w << " status " << status;
@@ -538,12 +544,15 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, OneOfTwoOwnersKilledWhileBothEvictLeavesTh
   for (int trial = 0; trial < 2; ++trial) {
     std::vector<pid_t> workers;
     std::unique_ptr<pool_segment> pool;
+    const std::string start = deploy_.dir() + "/start-" + std::to_string(trial);
     for (int i = 0; i < 5; ++i) {
-      workers.push_back(spawn_worker(i % 2 == 0 ? k_process_bytes : 6 * MiB, 5, 800 + 10 * trial + i, 1, {"VRAMSWAP_EVICT_AHEAD=0"}));
+      workers.push_back(spawn_worker(i % 2 == 0 ? k_process_bytes : 6 * MiB, 5, 800 + 10 * trial + i, 1,
+                                     {"VRAMSWAP_EVICT_AHEAD=0", "SESSION_WORKER_PAUSE=0:" + start}));
       if (i == 0) {
         ASSERT_TRUE(open_pool(&pool, 10000));
       }
     }
+    ASSERT_TRUE(start_together(*pool, workers, start)) << "not every worker joined the pool within 60 s";
     pid_t victim = 0;
     const auto deadline = clock_type::now() + std::chrono::seconds(30);
     while (victim == 0 && clock_type::now() < deadline) {
