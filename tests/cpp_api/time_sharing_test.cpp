@@ -232,6 +232,35 @@ class TimeSharingOnAPoolThatFitsTwo : public TimeSharing {
     if (FILE* f = std::fopen(start.c_str(), "w")) std::fclose(f);
     return all_joined;
   }
+
+  // Turns driven by the test, for workers spawned with SESSION_WORKER_TURNS=<dir>
+  // (session_worker.cpp): go.<seed>.<round> lets the worker take that turn, done.<seed>.<round>
+  // says it has released it (waited for up to 60 s).
+  static void let_take_turn(const std::string& dir, uint64_t seed, int round) {
+    if (FILE* f = std::fopen(turn_file(dir, "go", seed, round).c_str(), "w")) std::fclose(f);
+  }
+  static bool turn_done(const std::string& dir, uint64_t seed, int round) {
+    const std::string path = turn_file(dir, "done", seed, round);
+    for (int i = 0; i < 30000; ++i) {
+      if (::access(path.c_str(), F_OK) == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  }
+  // The member index of a worker once it has joined the pool (within 10 s), or k_no_member.
+  uint32_t joined_member(pool_segment& pool, pid_t pid) {
+    uint32_t m = k_no_member;
+    for (int i = 0; i < 5000 && m == k_no_member; ++i) {
+      m = member_of(pool, pid);
+      if (m == k_no_member) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return m;
+  }
+
+ private:
+  static std::string turn_file(const std::string& dir, const char* what, uint64_t seed, int round) {
+    return dir + "/" + what + "." + std::to_string(seed) + "." + std::to_string(round);
+  }
 };
 
 // Five processes on a pool that holds two take turns: the holder's predecessor kept only a
@@ -369,24 +398,11 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, PeriodicJobsFindTheirFramesEvictedAheadOfT
         ASSERT_TRUE(open_pool(&pool, 10000)) << "no pool segment: did the server start?";
       }
     }
-    auto wait_file = [&](const std::string& path) {
-      for (int i = 0; i < 30000; ++i) {
-        if (::access(path.c_str(), F_OK) == 0) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
-      return false;
-    };
-    auto file = [&](const char* what, int j, int round) {
-      return dir + "/" + what + "." + std::to_string(900 + j) + "." + std::to_string(round);
-    };
     std::vector<uint32_t> member(k_jobs, k_no_member), pages(k_jobs, 0);
     uint64_t at_acquire_steady = 0, ahead_steady = 0;
     for (int round = 1; round <= k_rounds; ++round) {
       for (int j = 0; j < k_jobs; ++j) {
-        for (int i = 0; i < 5000 && member[j] == k_no_member; ++i) {
-          member[j] = member_of(*pool, jobs[j]);
-          if (member[j] == k_no_member) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        }
+        if (member[j] == k_no_member) member[j] = joined_member(*pool, jobs[j]);
         ASSERT_NE(member[j], k_no_member) << "job " << j << " is not a pool member";
         const member_slot& slot = pool->member(member[j]);
         if (round > k_warm_up && ahead) {
@@ -402,8 +418,8 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, PeriodicJobsFindTheirFramesEvictedAheadOfT
           EXPECT_TRUE(ready) << "round " << round << ", job " << j << ": its next turn needs " << need << " frame(s), "
                              << have << " free or asked for after 10 s";
         }
-        if (FILE* f = std::fopen(file("go", j, round).c_str(), "w")) std::fclose(f);
-        ASSERT_TRUE(wait_file(file("done", j, round))) << "job " << j << " did not finish round " << round;
+        let_take_turn(dir, 900 + j, round);
+        ASSERT_TRUE(turn_done(dir, 900 + j, round)) << "job " << j << " did not finish round " << round;
         // Right after its release all its pages are in its (idle) frames.
         pages[j] = std::max(pages[j], pool->count(frame_idle, member[j]) + pool->count(frame_requested, member[j]));
         // Frames asked ahead of a turn are asked before it starts: count from the end of the
@@ -457,25 +473,9 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, AJobQueuedForTheLockAsksForItsFramesBefore
   }
   const pid_t holder = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(2 * MiB), "1", std::to_string(k_holder_seed), "3000"},
                                      {"SESSION_WORKER_TURNS=" + dir});
-  auto go = [&](uint64_t seed, int round) {
-    if (FILE* f = std::fopen((dir + "/go." + std::to_string(seed) + "." + std::to_string(round)).c_str(), "w")) std::fclose(f);
-  };
-  auto done = [&](uint64_t seed, int round) {
-    const std::string path = dir + "/done." + std::to_string(seed) + "." + std::to_string(round);
-    for (int i = 0; i < 30000; ++i) {
-      if (::access(path.c_str(), F_OK) == 0) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return false;
-  };
-  auto member_of_pid = [&](pid_t pid) {
-    uint32_t m = k_no_member;
-    for (int i = 0; i < 5000 && m == k_no_member; ++i) {
-      m = member_of(*pool, pid);
-      if (m == k_no_member) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return m;
-  };
+  auto go = [&](uint64_t seed, int round) { let_take_turn(dir, seed, round); };
+  auto done = [&](uint64_t seed, int round) { return turn_done(dir, seed, round); };
+  auto member_of_pid = [&](pid_t pid) { return joined_member(*pool, pid); };
   // Round 1: one turn each; right after its release all of a job's pages are in its idle frames.
   std::vector<uint32_t> member(k_jobs), pages(k_jobs);
   for (int j = 0; j < k_jobs; ++j) {
@@ -533,6 +533,69 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, AJobQueuedForTheLockAsksForItsFramesBefore
   }
   const int status = wait_status(holder);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "holder status " << status;
+  expect_no_frame_leaked(*pool);
+}
+
+// A job that took one turn and then stays idle (a finished job that lives on, a notebook left
+// open) with part of its memory out, beside a job that keeps taking turns: the idle one is
+// predicted back by the other's idle gap, and once it is overdue by more than that gap it
+// asks nothing ahead, so the live job's memory stays resident turn after turn. (In the very
+// first turns, before anyone has a gap, it may ask once: a wrong guess costs one eviction.)
+// Every byte of both is checked at every turn; no frame leaks.
+TEST_F(TimeSharingOnAPoolThatFitsTwo, AnIdleJobOverdueForItsTurnDoesNotKeepEvictingALiveOne) {
+  const std::string dir = deploy_.dir() + "/overdue";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0) << dir;
+  constexpr uint64_t k_idle_seed = 960, k_live_seed = 961;
+  constexpr int k_live_rounds = 8, k_settled = 3;
+  // 20 + 14 MiB on a pool of 32: the live job's turns take a frame of the idle one's.
+  const pid_t idle = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(20 * MiB), "2", std::to_string(k_idle_seed), "0"},
+                                   {"SESSION_WORKER_TURNS=" + dir});
+  std::unique_ptr<pool_segment> pool;
+  ASSERT_TRUE(open_pool(&pool, 10000)) << "no pool segment: did the server start?";
+  const pid_t live = deploy_.spawn(
+      {VRAMSWAP_SESSION_WORKER, std::to_string(k_process_bytes), std::to_string(k_live_rounds), std::to_string(k_live_seed), "20"},
+      {"SESSION_WORKER_TURNS=" + dir});
+  const uint32_t idle_member = joined_member(*pool, idle), live_member = joined_member(*pool, live);
+  ASSERT_NE(idle_member, k_no_member) << "the idle job is not a pool member";
+  ASSERT_NE(live_member, k_no_member) << "the live job is not a pool member";
+  let_take_turn(dir, k_idle_seed, 1);
+  ASSERT_TRUE(turn_done(dir, k_idle_seed, 1)) << "the idle job did not finish its turn";
+  const uint32_t idle_pages = pool->count(frame_idle, idle_member) + pool->count(frame_requested, idle_member);
+  // The idle job's release lies well past any of the live job's gaps (150-200 ms each).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  let_take_turn(dir, k_live_seed, 1);
+  ASSERT_TRUE(turn_done(dir, k_live_seed, 1)) << "the live job did not finish its first turn";
+  ASSERT_LT(pool->count(frame_idle, idle_member), idle_pages) << "the live job's first turn took no frame of the idle job's";
+  const member_slot& idle_slot = pool->member(idle_member);
+  uint64_t asked_settled = 0;
+  uint32_t live_pages = 0;
+  // Its last round (after the loop) ends with its exit, which frees its frames.
+  for (int round = 2; round < k_live_rounds; ++round) {
+    let_take_turn(dir, k_live_seed, round);
+    ASSERT_TRUE(turn_done(dir, k_live_seed, round)) << "the live job did not finish round " << round;
+    // Given a moment for an ask to land and be served.
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    const uint32_t kept = pool->count(frame_idle, live_member);
+    if (round == k_settled) {
+      asked_settled = idle_slot.frames_asked_ahead.load();
+      live_pages = kept;
+    } else if (round > k_settled) {
+      // Its memory stays in its frames between turns.
+      EXPECT_EQ(kept, live_pages) << "round " << round << ": the live job kept " << kept << " of its " << live_pages
+                                  << " frame(s); the idle job asked " << idle_slot.frames_asked_ahead.load() - asked_settled
+                                  << " more ahead since round " << k_settled;
+    }
+  }
+  EXPECT_GE(live_pages, k_process_bytes / pool->frame_size()) << "the live job's memory was not resident after round " << k_settled;
+  EXPECT_EQ(idle_slot.frames_asked_ahead.load(), asked_settled) << "the overdue idle job went on asking ahead";
+  let_take_turn(dir, k_live_seed, k_live_rounds);
+  ASSERT_TRUE(turn_done(dir, k_live_seed, k_live_rounds)) << "the live job did not finish its last round";
+  let_take_turn(dir, k_idle_seed, 2);
+  ASSERT_TRUE(turn_done(dir, k_idle_seed, 2)) << "the idle job did not finish its second turn";
+  for (pid_t p : {idle, live}) {
+    const int status = wait_status(p);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "job " << p << " status " << status;
+  }
   expect_no_frame_leaked(*pool);
 }
 
