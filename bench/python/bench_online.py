@@ -158,7 +158,9 @@ def run(args, n, rate):
         lat = [(b["done"] - b["arrival"]) / exclusive for b in sel]
         moved = [b for b in sel if b["bytes_in"] > 0]
         ideal = [b["bytes_in"] / (rate * 1e9) for b in moved]
-        ratio = [b["switch_s"] / i for b, i in zip(moved, ideal) if i > 0]
+        timed = [(b["switch_s"] / i, b) for b, i in zip(moved, ideal) if i > 0]
+        ratio = [r for r, _ in timed]
+        slowest = max(timed, key=lambda t: t[0], default=None)
         goal = [(exclusive + 1.5 * i) / exclusive for i in ideal] or [1.0]
         rows[name] = {
             "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "goal95": statistics.median(goal),
@@ -167,6 +169,7 @@ def run(args, n, rate):
             "switches": len(moved), "bursts": len(sel),
             "ahead": statistics.mean(b["ahead"] for b in moved) if moved else 0.0,
             "at_acquire": statistics.mean(b["at_acquire"] for b in moved) if moved else 0.0,
+            "slowest": None if slowest is None else dict(slowest[1], ratio=slowest[0]),
         }
     return {"n": n, "count": count, "exclusive": exclusive, "useful": useful, "offered": offered, "rows": rows,
             "wait_mean": statistics.mean(b["wait_s"] for b in bursts)}
@@ -208,6 +211,18 @@ def main():
             print(f"| {r['n']} | {r['offered']:.2f} | {r['useful']:.2f} | {r['exclusive']:.2f} s ({r['count']} steps) | "
                   f"{name} | {row['p50']:.2f} | {row['p95']:.2f} | {row['goal95']:.2f} | {row['gib']:.1f} | "
                   f"{row['switch50']:.2f} | {row['switchmax']:.2f} | {row['ahead']:.0f} / {row['at_acquire']:.0f} |")
+    # Which switch was the slowest, for telling its cause: whether the job found the lock free
+    # (waited 0) and how much of what it needed had been asked ahead.
+    print()
+    for r in results:
+        for name, row in r["rows"].items():
+            b = row["slowest"]
+            if b is None:
+                continue
+            print(f"- {r['n']} jobs, {name}: the slowest switch, {b['ratio']:.2f} of its ideal, was job {b['job']}'s in "
+                  f"period {b['period']}: {b['bytes_in'] / 2**30:.1f} GiB in, {b['switch_s'] * 1e3:.0f} ms from the grant, "
+                  f"after {b['wait_s'] * 1e3:.0f} ms waiting for the lock; frames asked ahead {b['ahead']}, at the acquire "
+                  f"{b['at_acquire']}")
 
 
 if __name__ == "__main__":
