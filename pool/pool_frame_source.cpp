@@ -112,6 +112,11 @@ uint32_t pool_frame_source::ask_ahead(size_t need, uint64_t now_ns) {
   o.me = me_;
   o.only_after_ns = mine.next_ns;  // never the frames of a member that comes before us
   o.asker_queued = mine.at_lock;
+  // Frames lent to an oversubscribed job only for a turn that is sure to come: that job moves
+  // its pages back into free frames after a quiet second, so frames taken from it for a
+  // predicted turn would go back and forth, its launch gate closing each time, for as long
+  // as the prediction stands (indefinitely for a member that never comes).
+  o.lent = mine.at_lock;
   const uint32_t got = ask_in_order(victim_order::order(pool_, now_ns, o), static_cast<uint32_t>(need - free_now - asked));
   asked_ahead_.fetch_add(got, std::memory_order_relaxed);
   return got;

@@ -256,5 +256,24 @@ TEST_F(VictimOrder, AMemberWithoutGapsOverdueByMoreThanTheMeanGapDoesNotAskAhead
   EXPECT_EQ(asked_of(*pool_, 2), 2u) << "the owner due furthest from now is asked first";
 }
 
+TEST_F(VictimOrder, LentFramesAreAskedAheadOnlyByAMemberQueuedForTheLock) {
+  // An oversubscribed job (member 4) moves its pages back into free frames after a quiet
+  // second: frames taken from it for a turn that is only predicted would go back and forth.
+  member(k_me, k_now - 30 * k_s);  // released first: predicted next, not queued
+  member(2, k_now - 10 * k_s);
+  member(4, 0);
+  frames(0, 2, 4, frame_lent);
+  frames(2, 2, 2);
+  rest_held_by_3(4);
+  pool_frame_source source(*pool_, k_me, {}, 10 * k_s, {});
+  EXPECT_EQ(source.ask_ahead(2, k_now), 2u);
+  EXPECT_EQ(asked_of(*pool_, 4), 0u) << "lent frames asked for a predicted turn";
+  EXPECT_EQ(asked_of(*pool_, 2), 2u);
+  // Queued for the lock, it asks for lent frames first.
+  at_lock(k_me, k_now - 1 * k_s);
+  EXPECT_EQ(source.ask_ahead(4, k_now), 2u);
+  EXPECT_EQ(asked_of(*pool_, 4), 2u) << "a queued member's turn comes: lent frames are the first to ask for";
+}
+
 }  // namespace
 }  // namespace vramswap::detail
