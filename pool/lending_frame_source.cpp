@@ -192,4 +192,15 @@ uint32_t lending_frame_source::withdraw_abandoned_requests() {
   return n;
 }
 
+bool lending_frame_source::lock_user_on_its_way() const noexcept {
+  for (uint32_t m = 0; m < k_member_count; ++m) {
+    if (m == me_) continue;
+    const member_slot& s = pool_.member(m);
+    if (s.state.load(std::memory_order_acquire) != member_live) continue;
+    const uint32_t phase = s.phase.load(std::memory_order_relaxed);
+    if (phase == phase_waiting || phase == phase_restoring) return true;
+  }
+  return false;
+}
+
 }  // namespace vramswap::detail

@@ -23,7 +23,8 @@
 //
 // Requested frames (a lock holder wants them) are found with frames().requested_of_me(); the session
 // moves their pages into host frames (pager::demote_frames) and gives them back (-> free).
-// When the pool has free frames again, take_pool_frame() hands one out for a promotion.
+// When the pool has free frames again, take_pool_frame() hands one out for a promotion
+// (which the session makes only while no lock user is on its way to a turn).
 //
 // Thread-safety: take/give_back run under the pager's mutex, the rest under the session's;
 // host frames may be taken from several threads at once (the limit is reserved with a CAS,
@@ -99,6 +100,11 @@ class lending_frame_source final : public frame_source {
   // that nobody's pages move for a process that is gone. Returns how many.
   uint32_t withdraw_abandoned_requests();
   uint32_t free_pool_frames() const { return view_.free_frames(); }
+  // Whether a lock user is on its way to a turn: queued for the lock, or holding it and
+  // bringing its memory in. The pool's free frames are then about to be its (it may have
+  // asked this process for them ahead of its grant), so a promotion must not take them.
+  // Reads other members' slots: a hint.
+  bool lock_user_on_its_way() const noexcept;
   // Bytes of host frames backing pages now (spares not counted).
   uint64_t host_bytes() const noexcept { return host_bytes_.load(std::memory_order_relaxed); }
   // Bytes of spare host frames: given back, kept for the next reclaim.

@@ -397,8 +397,11 @@ void oversubscribed_session::serve(uint32_t seen) {
     }
     failing_ = rc != ok;
   } else if (wanted.empty() && monotonic_ns() - last_request_ns_ >= k_promote_quiet_ns) {
+    // Not while a lock user queues or brings its memory in: the free frames are about to be
+    // its, some of them given back by us at its asking, and taking them would have it ask
+    // again, our pages going back and forth for as long as it waits.
     const uint32_t free_frames = frames_->free_pool_frames();
-    if (free_frames > 0 && frames_->host_bytes() > 0 && promote(free_frames) != ok) {
+    if (free_frames > 0 && frames_->host_bytes() > 0 && !frames_->lock_user_on_its_way() && promote(free_frames) != ok) {
       log(log_level::warn, "device %d: moving pages back into free pool frames: %s", device_, last_error());
     }
     const size_t keep = ahead_target();

@@ -189,6 +189,53 @@ TEST_F(Oversubscription, LockUserReclaimsFramesFromARunningJobAndTheJobGetsThemB
   expect_no_frame_leaked(*pool);
 }
 
+// A lock user queued behind a long hold asks the job's lent frames ahead of its grant; the
+// job serves them once and does not take the freed frames back while the user waits (it
+// moves pages back into free frames after a quiet second otherwise), so the user's asks do
+// not go back and forth: it asks for about what it needs, not that again every second.
+TEST_F(Oversubscription, ALockUserQueuedForTheLockGetsTheJobsFramesOnceAheadOfItsGrant) {
+  std::unique_ptr<pool_segment> pool;
+  const std::string user_done = deploy_.dir() + "/user-done";
+  const pid_t job = spawn_job_on_three_quarters(1.0, 61, &pool, {}, {user_done, "0.5"});
+  ASSERT_GT(job, 0);
+  // The holder: 2 MiB (a free frame), holding the lock 4 s.
+  const pid_t holder = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(2 * MiB), "1", "71", "4000"});
+  auto member_of = [&](pid_t pid) {
+    for (int i = 0; i < 5000; ++i) {
+      for (uint32_t m = 0; m < k_member_count; ++m) {
+        if (pool->member(m).state.load() == member_live && pool->member(m).pid == pid) return m;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return k_no_member;
+  };
+  const uint32_t holder_member = member_of(holder);
+  ASSERT_NE(holder_member, k_no_member) << "the holder is not a pool member";
+  bool holding = false;
+  for (int i = 0; i < 10000 && !holding; ++i) {
+    holding = pool->member(holder_member).phase.load() == phase_running;
+    if (!holding) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(holding) << "the holder did not take the lock";
+  // The waiting user: 40 MiB, 20 frames, of which the pool has 7 free; the rest are the job's.
+  const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(40 * MiB), "1", "72", "20"});
+  const uint32_t user_member = member_of(user);
+  ASSERT_NE(user_member, k_no_member) << "the user is not a pool member";
+  const int holder_status = wait_status(holder);
+  const uint64_t asked = pool->member(user_member).frames_asked_ahead.load();
+  EXPECT_TRUE(exited_ok(holder_status)) << "the holder failed";
+  EXPECT_TRUE(exited_ok(wait_status(user))) << "the user failed; the job said: " << slurp(err_file());
+  std::FILE* done = std::fopen(user_done.c_str(), "w");
+  ASSERT_NE(done, nullptr) << user_done;
+  std::fclose(done);
+  ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
+  std::printf("job: %s", slurp(out_file()).c_str());
+  EXPECT_GT(asked, 0u) << "the queued user asked nothing ahead of its grant";
+  EXPECT_LE(asked, 20u) << "the queued user asked " << asked << " frames ahead for its 20: the job took freed frames back while it waited";
+  EXPECT_LE(job_numbers()["demoted"], 20) << "the job moved more pages out than the user needed: " << slurp(out_file());
+  expect_no_frame_leaked(*pool);
+}
+
 // A lock holder that allocates (frames taken at malloc, as an unmodified program under the
 // shim does) asks for all the frames it needs at once: the job serves them in one or two
 // reclaims, not one per page (each reclaim drains the job's device work).
