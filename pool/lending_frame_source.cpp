@@ -118,7 +118,9 @@ int lending_frame_source::take(int device, size_t size, frame_id* out) {
     return fail(err_invalid_argument, "pool: a %zu-byte frame was asked for; this pool's frames are %" PRIu64 " bytes", size,
                 pool_.frame_size());
   }
-  if (take_pool_frame(out)) return ok;
+  // A free pool frame only while no lock user is on its way to a turn: the free frames are
+  // about to be its, and a page of ours in one would be asked back at once.
+  if (!lock_user_on_its_way() && take_pool_frame(out)) return ok;
   return take_host_frame(device, size, out);
 }
 

@@ -4,7 +4,8 @@
 // an allocation for want of pool frames while host memory lasts. take() therefore gives, in
 // this order:
 //   1. a free pool frame, marked lent to this member (free -> lent(me), one CAS; a lock
-//      holder may ask for it back at any time, before any idle frame);
+//      holder may ask for it back at any time, before any idle frame), unless a lock user is
+//      on its way to a turn (lock_user_on_its_way): the free frames are about to be its;
 //   2. a host frame (backend::create_host_frame: cuMemCreate in host memory, reached by the
 //      device over its link), up to VRAMSWAP_OVERSUBSCRIBE_LIMIT bytes in all;
 //   3. err_out_of_memory, saying which limit was hit.

@@ -28,6 +28,10 @@
 // keeps moving pages, round after round, while the rounds check every byte. Either way the job also
 // prints what placement had done at half of <seconds> (placed_in_at_half, rounds_at_half) and
 // the bytes of tensors 0-3 in pool frames at the end (cold_pool_bytes).
+// OVERSUB_WORKER_GROW=<bytes>:<file>: when <file> appears, a thread of its own allocates
+// <bytes> more (outside the launch gate, so even while the rounds wait at it) and notes how
+// much of it landed in pool frames (grown_pool_bytes; -1: never grown); after the rounds the
+// job writes and checks that block too.
 // Prints one line of numbers (key=value) on stdout. Exit: 0 ok, 2 an API call failed,
 // 3 data differed.
 #include <signal.h>
@@ -40,6 +44,7 @@
 #include <cstdio>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <thread>
@@ -102,6 +107,19 @@ int main(int argc, char** argv) {
     });
   }
   backend& be = session->get_backend();
+  // The block allocated later (OVERSUB_WORKER_GROW), by its own thread.
+  block grown{0, 0};
+  std::atomic<int64_t> grown_pool_bytes{-1};
+  std::thread grower;
+  if (const char* grow = std::getenv("OVERSUB_WORKER_GROW"); grow != nullptr && std::strchr(grow, ':') != nullptr) {
+    grown.size = std::strtoull(grow, nullptr, 10);
+    const std::string grow_file = std::strchr(grow, ':') + 1;
+    grower = std::thread([&, grow_file] {
+      for (int i = 0; i < 120000 && ::access(grow_file.c_str(), F_OK) != 0; ++i) ::usleep(5000);  // bounded: 600 s
+      check(session->memory().malloc(grown.size, &grown.ptr), "malloc (growing)");
+      grown_pool_bytes = static_cast<int64_t>(session->pool_bytes_of(grown.ptr, grown.size));
+    });
+  }
   std::vector<block> blocks;
   for (uint64_t size : {bytes / 2, bytes / 3, bytes - bytes / 2 - bytes / 3}) {
     device_ptr p = 0;
@@ -227,6 +245,26 @@ int main(int argc, char** argv) {
     if (done() && !waiting_for_placement) break;
   }
   if (fsize_watch.joinable()) fsize_watch.join();
+  if (grower.joinable()) grower.join();
+  if (grown.size > 0) {
+    const uint64_t part = std::min(grown.size, blocks[0].size);  // what the staging buffer holds
+    test::fill_random(staging, part, seed * 1000003 + 7);
+    {
+      launch_gate::pass gate;
+      check(be.copy_h2d(grown.ptr, staging, part, s), "copy_h2d (grown)");
+    }
+    check(be.stream_synchronize(s), "sync");
+    std::memset(staging, 0, part);
+    {
+      launch_gate::pass gate;
+      check(be.copy_d2h(staging, grown.ptr, part, s), "copy_d2h (grown)");
+    }
+    check(be.stream_synchronize(s), "sync");
+    if (test::first_mismatch(staging, part, seed * 1000003 + 7) != part) {
+      std::fprintf(stderr, "oversub_worker[%d]: the block allocated later does not hold what was written\n", static_cast<int>(getpid()));
+      return 3;
+    }
+  }
   stop_steps = true;
   if (stepper.joinable()) stepper.join();
   const oversubscribed_stats st = session->stats();
@@ -241,13 +279,13 @@ int main(int argc, char** argv) {
               " placement_rounds=%" PRIu64 " placed_in=%" PRIu64 " placed_out=%" PRIu64
               " hot_bytes=%" PRIu64 " hot_pool_bytes=%" PRIu64 " rounds_after_placement=%d placement_skipped=%" PRIu64
               " placed_in_at_half=%" PRIu64 " placement_rounds_at_half=%" PRIu64 " cold_pool_bytes=%" PRIu64 " lingers=%" PRIu64
-              " lingers_caught=%" PRIu64 " linger_ms=%.3f lingers_skipped=%" PRIu64 "\n",
+              " lingers_caught=%" PRIu64 " linger_ms=%.3f lingers_skipped=%" PRIu64 " grown_pool_bytes=%" PRId64 "\n",
               round + 1, at_start.host_frame_bytes, st.host_frame_bytes, st.pool_frame_bytes, st.pages_demoted, st.pages_promoted,
               st.demotions, st.bursts, st.demote_seconds * 1e3, st.spare_host_bytes, st.yield_waits, st.yield_seconds * 1e3,
               st.host_frames_made_ahead, st.host_frames_created_in_reclaim, st.placement_rounds, st.pages_placed_in,
               st.pages_placed_out, hot_size, hot_pool, placed_at_round >= 0 ? round - placed_at_round + 1 : 0,
               st.placement_rounds_skipped, placed_in_at_half.load(), rounds_at_half.load(), cold_pool, st.lingers,
-              st.lingers_caught, st.linger_seconds * 1e3, st.lingers_skipped);
+              st.lingers_caught, st.linger_seconds * 1e3, st.lingers_skipped, grown_pool_bytes.load());
   std::fflush(stdout);
   check(be.stream_destroy(s), "stream_destroy");
   check(be.host_free(staging), "host_free");

@@ -191,12 +191,17 @@ TEST_F(Oversubscription, LockUserReclaimsFramesFromARunningJobAndTheJobGetsThemB
 
 // A lock user queued behind a long hold asks the job's lent frames ahead of its grant; the
 // job serves them once and does not take the freed frames back while the user waits (it
-// moves pages back into free frames after a quiet second otherwise), so the user's asks do
-// not go back and forth: it asks for about what it needs, not that again every second.
+// moves pages back into free frames after a quiet second otherwise, and puts a new
+// allocation's pages in free frames first), so the user's asks do not go back and forth: it
+// asks for about what it needs, not that again every second. Every byte of all three checked.
 TEST_F(Oversubscription, ALockUserQueuedForTheLockGetsTheJobsFramesOnceAheadOfItsGrant) {
   std::unique_ptr<pool_segment> pool;
   const std::string user_done = deploy_.dir() + "/user-done";
-  const pid_t job = spawn_job_on_three_quarters(1.0, 61, &pool, {}, {user_done, "0.5"});
+  // The job also allocates 8 MiB more while the user waits: into host frames, not the free
+  // frames that are about to be the user's.
+  const std::string grow = deploy_.dir() + "/grow";
+  const pid_t job = spawn_job_on_three_quarters(1.0, 61, &pool, {"OVERSUB_WORKER_GROW=" + std::to_string(8 * MiB) + ":" + grow},
+                                                {user_done, "0.5"});
   ASSERT_GT(job, 0);
   // The holder: 2 MiB (a free frame), holding the lock 4 s.
   const pid_t holder = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(2 * MiB), "1", "71", "4000"});
@@ -221,6 +226,13 @@ TEST_F(Oversubscription, ALockUserQueuedForTheLockGetsTheJobsFramesOnceAheadOfIt
   const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(40 * MiB), "1", "72", "20"});
   const uint32_t user_member = member_of(user);
   ASSERT_NE(user_member, k_no_member) << "the user is not a pool member";
+  bool queued = false;
+  for (int i = 0; i < 2000 && !queued; ++i) {
+    queued = pool->member(user_member).phase.load() == phase_waiting && pool->member(user_member).frames_asked_ahead.load() > 0;
+    if (!queued) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const bool still_held = pool->member(holder_member).phase.load() == phase_running;
+  if (std::FILE* f = std::fopen(grow.c_str(), "w")) std::fclose(f);
   const int holder_status = wait_status(holder);
   const uint64_t asked = pool->member(user_member).frames_asked_ahead.load();
   EXPECT_TRUE(exited_ok(holder_status)) << "the holder failed";
@@ -233,6 +245,9 @@ TEST_F(Oversubscription, ALockUserQueuedForTheLockGetsTheJobsFramesOnceAheadOfIt
   EXPECT_GT(asked, 0u) << "the queued user asked nothing ahead of its grant";
   EXPECT_LE(asked, 20u) << "the queued user asked " << asked << " frames ahead for its 20: the job took freed frames back while it waited";
   EXPECT_LE(job_numbers()["demoted"], 20) << "the job moved more pages out than the user needed: " << slurp(out_file());
+  EXPECT_TRUE(queued) << "the user never queued and asked ahead while the holder held";
+  EXPECT_TRUE(still_held) << "the holder let go before the job grew (a slow machine?)";
+  EXPECT_EQ(job_numbers()["grown_pool_bytes"], 0) << "the job's allocation took pool frames while the user waited: " << slurp(out_file());
   expect_no_frame_leaked(*pool);
 }
 
