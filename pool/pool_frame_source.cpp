@@ -77,9 +77,9 @@ uint32_t pool_frame_source::ask_ahead(size_t need, uint64_t now_ns) {
   // member overdue by more than the mean gap is not keeping the others' rhythm (a job that
   // has finished its work but lives on), and its asks would evict the live jobs' memory on
   // every turn. While nobody has a gap the rule holds until one does, after a turn or two.
-  if (!mine.at_lock && !mine.from_history && (mine.released_ns == 0 || (fallback > 0 && now_ns > mine.next_ns + fallback))) {
-    return 0;
-  }
+  const bool by_fallback = !mine.at_lock && !mine.from_history;
+  const bool overdue = fallback > 0 && now_ns > mine.next_ns + fallback;
+  if (by_fallback && (mine.released_ns == 0 || overdue)) return 0;
   // Are we next? Nobody else may be bringing memory in (a holder that still needs frames has
   // them first), and every other member must be predicted to acquire after us.
   for (uint32_t m = 0; m < k_member_count; ++m) {
