@@ -22,6 +22,7 @@
 #include "support/backends.hpp"
 #include "support/child_output.hpp"
 #include "support/deployment.hpp"
+#include "support/signal_files.hpp"
 
 namespace vramswap::detail {
 namespace {
@@ -103,9 +104,7 @@ class Oversubscription : public ::testing::Test {
         deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "2", std::to_string(seed), "20", "alloc-under-lock"},
                       {"VRAMSWAP_EVICT_TIMEOUT=10"});
     EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed; the job said: " << slurp(err_file());
-    std::FILE* done = std::fopen(user_done.c_str(), "w");
-    ASSERT_NE(done, nullptr) << user_done;
-    std::fclose(done);
+    ASSERT_TRUE(test::create_signal_file(user_done.c_str())) << user_done;
   }
   // A job on 3/4 of the pool (VRAMSWAP_OVERSUBSCRIBE_COMPUTE=`compute`); a lock user
   // allocates 56 MiB under the lock in three allocations of 14, 10 and 5 frames (and one of
@@ -121,9 +120,7 @@ class Oversubscription : public ::testing::Test {
                                       // Still holding when the job decides after its last request.
                                       "SESSION_WORKER_HOLD_AFTER_ALLOC_MS=500"});
     EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed; the job said: " << slurp(err_file());
-    std::FILE* done = std::fopen(user_done.c_str(), "w");
-    ASSERT_NE(done, nullptr) << user_done;
-    std::fclose(done);
+    ASSERT_TRUE(test::create_signal_file(user_done.c_str())) << user_done;
     ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
     std::printf("job: %s", slurp(out_file()).c_str());
     auto n = job_numbers();
@@ -174,9 +171,7 @@ TEST_F(Oversubscription, LockUserReclaimsFramesFromARunningJobAndTheJobGetsThemB
   ASSERT_GT(job, 0);
   const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "6", "31", "20"});
   EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed";
-  std::FILE* done = std::fopen(user_done.c_str(), "w");
-  ASSERT_NE(done, nullptr) << user_done;
-  std::fclose(done);
+  ASSERT_TRUE(test::create_signal_file(user_done.c_str())) << user_done;
   ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
   std::printf("job: %s", slurp(out_file()).c_str());  // the reclaim numbers, for the log
   auto n = job_numbers();
@@ -232,14 +227,12 @@ TEST_F(Oversubscription, ALockUserQueuedForTheLockGetsTheJobsFramesOnceAheadOfIt
     if (!queued) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   const bool still_held = pool->member(holder_member).phase.load() == phase_running;
-  if (std::FILE* f = std::fopen(grow.c_str(), "w")) std::fclose(f);
+  ASSERT_TRUE(test::create_signal_file(grow.c_str())) << grow;
   const int holder_status = wait_status(holder);
   const uint64_t asked = pool->member(user_member).frames_asked_ahead.load();
   EXPECT_TRUE(exited_ok(holder_status)) << "the holder failed";
   EXPECT_TRUE(exited_ok(wait_status(user))) << "the user failed; the job said: " << slurp(err_file());
-  std::FILE* done = std::fopen(user_done.c_str(), "w");
-  ASSERT_NE(done, nullptr) << user_done;
-  std::fclose(done);
+  ASSERT_TRUE(test::create_signal_file(user_done.c_str())) << user_done;
   ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
   std::printf("job: %s", slurp(out_file()).c_str());
   EXPECT_GT(asked, 0u) << "the queued user asked nothing ahead of its grant";
@@ -374,9 +367,7 @@ TEST_F(Oversubscription, FailingToMakeFramesAheadLeavesTheJobRightAndReclaimWork
   ASSERT_TRUE(wait_job_said("a host frame made ahead of a reclaim (0 made before it)")) << slurp(err_file());
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // at least one retry, failing too
   EXPECT_EQ(::waitpid(job, nullptr, WNOHANG), 0) << "the job should run on: " << slurp(err_file());
-  std::FILE* f = std::fopen(can_create.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  std::fclose(f);
+  ASSERT_TRUE(test::create_signal_file(can_create.c_str())) << can_create;
   run_lock_user(user_done, 151);
   ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
   std::printf("job: %s", slurp(out_file()).c_str());
@@ -525,9 +516,7 @@ TEST_F(Oversubscription, LockUserReclaimsFramesFromAJobWhosePlacementSwapsPages)
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // the job's first placement rounds
   const pid_t user = deploy_.spawn({VRAMSWAP_SESSION_WORKER, std::to_string(56 * MiB), "4", "121", "20"});
   EXPECT_TRUE(exited_ok(wait_status(user))) << "the lock user failed";
-  std::FILE* done = std::fopen(user_done.c_str(), "w");
-  ASSERT_NE(done, nullptr) << user_done;
-  std::fclose(done);
+  ASSERT_TRUE(test::create_signal_file(user_done.c_str())) << user_done;
   ASSERT_TRUE(exited_ok(wait_status(job))) << slurp(err_file());
   std::printf("job: %s", slurp(out_file()).c_str());
   auto n = job_numbers();

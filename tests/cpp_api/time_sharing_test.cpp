@@ -33,6 +33,7 @@
 #include "support/deployment.hpp"
 #include "support/child_output.hpp"
 #include "support/scratch_fs.hpp"
+#include "support/signal_files.hpp"
 
 extern char** environ;
 
@@ -229,7 +230,7 @@ class TimeSharingOnAPoolThatFitsTwo : public TimeSharing {
       all_joined = std::all_of(workers.begin(), workers.end(), [&](pid_t w) { return member_of(pool, w) != k_no_member; });
       if (!all_joined) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    if (FILE* f = std::fopen(start.c_str(), "w")) std::fclose(f);
+    test::create_signal_file(start.c_str());
     return all_joined;
   }
 
@@ -237,15 +238,10 @@ class TimeSharingOnAPoolThatFitsTwo : public TimeSharing {
   // (session_worker.cpp): go.<seed>.<round> lets the worker take that turn, done.<seed>.<round>
   // says it has released it (waited for up to 60 s).
   static void let_take_turn(const std::string& dir, uint64_t seed, int round) {
-    if (FILE* f = std::fopen(turn_file(dir, "go", seed, round).c_str(), "w")) std::fclose(f);
+    test::create_signal_file(turn_file(dir, "go", seed, round).c_str());
   }
   static bool turn_done(const std::string& dir, uint64_t seed, int round) {
-    const std::string path = turn_file(dir, "done", seed, round);
-    for (int i = 0; i < 30000; ++i) {
-      if (::access(path.c_str(), F_OK) == 0) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return false;
+    return test::wait_for_signal_file(turn_file(dir, "done", seed, round).c_str(), 60, "time_sharing_test");
   }
   // The member index of a worker once it has joined the pool (within 10 s), or k_no_member.
   uint32_t joined_member(pool_segment& pool, pid_t pid) {
@@ -352,7 +348,7 @@ TEST_F(TimeSharingOnAPoolThatFitsTwo, TwoIdleOwnersAreAskedAtOnceAndEitherMayDie
     }
     const int c_status = wait_status(c);
     EXPECT_TRUE(WIFEXITED(c_status) && WEXITSTATUS(c_status) == 0) << "acquirer status " << c_status << " (trial " << trial << ")";
-    if (FILE* f = std::fopen(go.c_str(), "w")) std::fclose(f);
+    test::create_signal_file(go.c_str());
     const int a_status = wait_status(a), b_status = wait_status(b);
     if (kill_one) {
       EXPECT_TRUE(WIFSIGNALED(a_status) && WTERMSIG(a_status) == SIGKILL) << a_status;

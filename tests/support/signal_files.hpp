@@ -13,9 +13,12 @@
 
 namespace vramswap::detail::test {
 
-inline void create_signal_file(const char* path) {
+// False when the file could not be made (errno says why).
+inline bool create_signal_file(const char* path) {
   const int fd = ::open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-  if (fd >= 0) ::close(fd);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
 }
 
 // True once `path` exists; false (said on stderr, as `who`) after `timeout_s` seconds.
