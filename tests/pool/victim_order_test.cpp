@@ -66,6 +66,13 @@ class VictimOrder : public ::testing::Test {
   void frames(uint32_t first, uint32_t count, uint32_t owner, frame_state state = frame_idle) {
     for (uint32_t f = first; f < first + count; ++f) ASSERT_TRUE(pool_->move(f, pool_->read(f), state, owner, k_no_member));
   }
+  // Members 1 and 2 own two idle frames each (frames 0-3); member 3 holds the lock and the
+  // rest of the pool.
+  void two_idle_owners_beside_a_holder() {
+    frames(0, 2, 1);
+    frames(2, 2, 2);
+    rest_held_by_3(4);
+  }
   // The owners of the frames in the order victim_order gives them, one entry per run of
   // one owner's frames.
   std::vector<uint32_t> owners(const victim_order::options& o) {
@@ -215,9 +222,7 @@ TEST_F(VictimOrder, InTheFirstTurnsTheMemberThatReleasedFirstAsksAhead) {
   member(k_me, k_now - 30 * k_s);
   member(1, k_now - 20 * k_s);
   member(2, k_now - 10 * k_s);
-  frames(0, 2, 1);
-  frames(2, 2, 2);
-  rest_held_by_3(4);
+  two_idle_owners_beside_a_holder();
   pool_frame_source source(*pool_, k_me, {}, 10 * k_s, {});
   EXPECT_EQ(source.ask_ahead(2, k_now), 2u);
   EXPECT_EQ(asked_of(*pool_, 2), 2u) << "the owner that released last is asked";
@@ -229,9 +234,7 @@ TEST_F(VictimOrder, AMemberThatReleasedAfterTheOthersDoesNotAskAhead) {
   member(1, k_now - 30 * k_s);
   member(k_me, k_now - 20 * k_s);  // member 1 comes back before it
   member(2, k_now - 10 * k_s);
-  frames(0, 2, 1);
-  frames(2, 2, 2);
-  rest_held_by_3(4);
+  two_idle_owners_beside_a_holder();
   pool_frame_source source(*pool_, k_me, {}, 10 * k_s, {});
   EXPECT_EQ(source.ask_ahead(2, k_now), 0u);
   member(k_me, 0);  // never released: it is allocating before its first turn
@@ -245,9 +248,7 @@ TEST_F(VictimOrder, AMemberWithoutGapsOverdueByMoreThanTheMeanGapDoesNotAskAhead
   // live job's memory at every one of its turns.
   member(1, k_now - 5 * k_s, 10 * k_s, 4);  // due at k_now + 5 s
   member(2, k_now - 3 * k_s, 10 * k_s, 4);  // due at k_now + 7 s
-  frames(0, 2, 1);
-  frames(2, 2, 2);
-  rest_held_by_3(4);
+  two_idle_owners_beside_a_holder();
   pool_frame_source source(*pool_, k_me, {}, 10 * k_s, {});
   member(k_me, k_now - 100 * k_s);
   EXPECT_EQ(source.ask_ahead(2, k_now), 0u);
