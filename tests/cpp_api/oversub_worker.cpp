@@ -56,6 +56,7 @@
 #include "runtime/oversubscribed_session.hpp"
 #include "runtime/use_tracker.hpp"
 #include "support/random_bytes.hpp"
+#include "support/signal_files.hpp"
 #include "support/worker_exit.hpp"
 
 using namespace vramswap;
@@ -102,7 +103,7 @@ int main(int argc, char** argv) {
   std::thread fsize_watch;
   if (fsize_lowered) {
     fsize_watch = std::thread([&] {
-      for (int i = 0; i < 120000 && ::access(fsize_until, F_OK) != 0; ++i) ::usleep(5000);  // bounded: 600 s
+      test::wait_for_signal_file(fsize_until, 600, k_program);  // the limit goes back even past the bound
       if (::setrlimit(RLIMIT_FSIZE, &fsize_before) != 0) std::fprintf(stderr, "oversub_worker: setrlimit(RLIMIT_FSIZE) back failed\n");
     });
   }
@@ -115,7 +116,7 @@ int main(int argc, char** argv) {
     grown.size = std::strtoull(grow, nullptr, 10);
     const std::string grow_file = std::strchr(grow, ':') + 1;
     grower = std::thread([&, grow_file] {
-      for (int i = 0; i < 120000 && ::access(grow_file.c_str(), F_OK) != 0; ++i) ::usleep(5000);  // bounded: 600 s
+      test::wait_for_signal_file(grow_file.c_str(), 600, k_program);
       check(session->memory().malloc(grown.size, &grown.ptr), "malloc (growing)");
       grown_pool_bytes = static_cast<int64_t>(session->pool_bytes_of(grown.ptr, grown.size));
     });
