@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 
+import switch_trace
+
 
 def mlp(torch, state_gib, width):
     # 16 bytes of state per parameter (fp32 weights, gradients, Adam's two moments). Made on
@@ -78,13 +80,14 @@ def job(args):
         before = vramswap.stats(0)
         with vramswap.gpu_lock(0):
             c0 = time.time()
+            granted_ns = time.monotonic_ns()  # the trace's clock: its bring-in began before this
             steps(count)
             c1 = time.time()
         after = vramswap.stats(0)
         wait = after["lock_wait_seconds"] - before["lock_wait_seconds"]
         bursts.append({
             "job": args.seed, "period": k, "arrival": arrival, "compute_s": c1 - c0,
-            "done": c1, "wait_s": wait,
+            "done": c1, "wait_s": wait, "granted_ns": granted_ns,
             "switch_s": (after["acquire_seconds"] - before["acquire_seconds"]) - wait,
             "bytes_in": after["bytes_in"] - before["bytes_in"], "bytes_out": after["bytes_out"] - before["bytes_out"],
             # Frames other jobs were asked to evict for this burst: ahead of it (since the last
@@ -143,11 +146,12 @@ def run(args, n, rate):
         p.stdin.write(f"{start} {count}\n")
         p.stdin.flush()
     bursts = []
-    for p in procs:
-        out, _ = p.communicate()
-        if p.returncode != 0:
-            sys.exit(f"bench_online: a job of {n} failed (exit {p.returncode})")
-        bursts += json.loads(out.strip().splitlines()[-1])["bursts"]
+    with switch_trace.recording(env) as trace:
+        for p in procs:
+            out, _ = p.communicate()
+            if p.returncode != 0:
+                sys.exit(f"bench_online: a job of {n} failed (exit {p.returncode})")
+            bursts += json.loads(out.strip().splitlines()[-1])["bursts"]
     exclusive = statistics.median(b["compute_s"] for b in bursts)
     wall = max(b["done"] for b in bursts) - start
     useful = sum(b["compute_s"] for b in bursts) / wall
@@ -171,8 +175,12 @@ def run(args, n, rate):
             "at_acquire": statistics.mean(b["at_acquire"] for b in moved) if moved else 0.0,
             "slowest": None if slowest is None else dict(slowest[1], ratio=slowest[0]),
         }
+        if slowest is not None:
+            b = slowest[1]
+            rows[name]["slowest"]["trace"] = trace.breakdown(procs[b["job"]].pid, b["granted_ns"])
+    jobs = {p.pid: f"job {i}" for i, p in enumerate(procs)}
     return {"n": n, "count": count, "exclusive": exclusive, "useful": useful, "offered": offered, "rows": rows,
-            "wait_mean": statistics.mean(b["wait_s"] for b in bursts)}
+            "wait_mean": statistics.mean(b["wait_s"] for b in bursts), "jobs": jobs, "trace_error": trace.error}
 
 
 def main():
@@ -223,6 +231,10 @@ def main():
                   f"period {b['period']}: {b['bytes_in'] / 2**30:.1f} GiB in, {b['switch_s'] * 1e3:.0f} ms from the grant, "
                   f"after {b['wait_s'] * 1e3:.0f} ms waiting for the lock; frames asked ahead {b['ahead']}, at the acquire "
                   f"{b['at_acquire']}")
+            if b.get("trace"):
+                print(f"  - from the trace: {switch_trace.describe(b['trace'], lambda pid: r['jobs'].get(pid, f'pid {pid}'))}")
+            else:
+                print(f"  - no breakdown: {r['trace_error'] or 'the trace holds no bring-in of that switch'}")
 
 
 if __name__ == "__main__":
