@@ -47,12 +47,15 @@ class member_observer {
   }
   // acquire() called (not a re-entry). The gap since the last release updates the moving
   // mean of idle gaps (weight 1/2: a job whose rhythm changes is followed within a few turns).
+  // The first gap follows the member's first turn, which is most often its setup (building a
+  // model, loading data) rather than its rhythm: the second gap replaces it instead of being
+  // averaged with it.
   void asked(lock_priority priority, uint64_t ns) noexcept {
     const uint64_t released = slot_.released_ns.load(std::memory_order_relaxed);
     if (released != 0 && ns >= released) {
       const uint64_t gap = ns - released;
       const uint32_t gaps = slot_.idle_gaps.load(std::memory_order_relaxed);
-      const uint64_t mean = gaps == 0 ? gap : (slot_.idle_gap_ns.load(std::memory_order_relaxed) + gap) / 2;
+      const uint64_t mean = gaps < 2 ? gap : (slot_.idle_gap_ns.load(std::memory_order_relaxed) + gap) / 2;
       slot_.idle_gap_ns.store(mean, std::memory_order_relaxed);
       if (gaps < UINT32_MAX) slot_.idle_gaps.store(gaps + 1, std::memory_order_relaxed);
     }

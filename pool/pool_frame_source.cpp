@@ -69,16 +69,17 @@ uint32_t pool_frame_source::ask_in_order(const std::vector<uint32_t>& frames, ui
 
 uint32_t pool_frame_source::ask_ahead(size_t need, uint64_t now_ns) {
   if (need == 0) return 0;
-  const uint64_t fallback = victim_order::mean_gap(pool_);
-  const victim_order::prediction mine = victim_order::predict(pool_, me_, now_ns, fallback);
-  // Without a gap of our own (we acquired once), predicted by the others' mean gap, or at our
-  // release while nobody has one: in the first turns of jobs that take turns this is their
-  // order (the one that released first comes back first). It is trusted for one gap only: a
-  // member overdue by more than the mean gap is not keeping the others' rhythm (a job that
-  // has finished its work but lives on), and its asks would evict the live jobs' memory on
-  // every turn. While nobody has a gap the rule holds until one does, after a turn or two.
+  const victim_order::mean_gap_of_members others = victim_order::mean_gap(pool_);
+  const victim_order::prediction mine = victim_order::predict(pool_, me_, now_ns, others);
+  // Predicted by the others' mean gap (we have no gap of our own, or one while another member
+  // has a rhythm), or at our release while nobody has a gap: in the first turns of jobs that
+  // take turns this is their order (the one that released first comes back first). It is trusted for
+  // one gap only: a member overdue by more than the mean gap is not keeping the others'
+  // rhythm (a job that has finished its work but lives on), and its asks would evict the
+  // live jobs' memory on every turn. While nobody has a gap the rule holds until one does,
+  // after a turn or two.
   const bool by_fallback = !mine.at_lock && !mine.from_history;
-  const bool overdue = fallback > 0 && now_ns > mine.next_ns + fallback;
+  const bool overdue = others.ns > 0 && now_ns > mine.next_ns + others.ns;
   if (by_fallback && (mine.released_ns == 0 || overdue)) return 0;
   // Are we next? Nobody else may be bringing memory in (a holder that still needs frames has
   // them first), and every other member must be predicted to acquire after us.
@@ -89,7 +90,7 @@ uint32_t pool_frame_source::ask_ahead(size_t need, uint64_t now_ns) {
     const uint32_t phase = s.phase.load(std::memory_order_relaxed);
     if (phase == phase_restoring) return 0;
     if (phase == phase_running) continue;  // the holder, its memory in: it needs no more
-    const victim_order::prediction p = victim_order::predict(pool_, m, now_ns, fallback);
+    const victim_order::prediction p = victim_order::predict(pool_, m, now_ns, others);
     // Waiting for the lock, we come before every member not at it, which would queue behind
     // us; without history an idle member is predicted back at its release, which would
     // otherwise keep a queued member from asking ahead until the jobs have a rhythm.

@@ -5,18 +5,21 @@
 namespace vramswap::detail::victim_order {
 using namespace pool_layout;
 
-uint64_t mean_gap(const pool_segment& pool) noexcept {
-  uint64_t sum = 0, n = 0;
+mean_gap_of_members mean_gap(const pool_segment& pool) noexcept {
+  uint64_t sum[2] = {0, 0}, n[2] = {0, 0};  // [0]: members with one gap, [1]: with a rhythm
   for (uint32_t m = 0; m < k_member_count; ++m) {
     const member_slot& s = pool.member(m);
-    if (s.state.load(std::memory_order_acquire) != member_live || s.idle_gaps.load(std::memory_order_relaxed) == 0) continue;
-    sum += s.idle_gap_ns.load(std::memory_order_relaxed);
-    ++n;
+    const uint32_t gaps = s.idle_gaps.load(std::memory_order_relaxed);
+    if (s.state.load(std::memory_order_acquire) != member_live || gaps == 0) continue;
+    const int k = gaps >= 2 ? 1 : 0;
+    sum[k] += s.idle_gap_ns.load(std::memory_order_relaxed);
+    ++n[k];
   }
-  return n == 0 ? 0 : sum / n;
+  if (n[1] > 0) return {sum[1] / n[1], true};
+  return {n[0] == 0 ? 0 : sum[0] / n[0], false};
 }
 
-prediction predict(const pool_segment& pool, uint32_t member, uint64_t now_ns, uint64_t fallback_gap_ns) noexcept {
+prediction predict(const pool_segment& pool, uint32_t member, uint64_t now_ns, const mean_gap_of_members& others) noexcept {
   const member_slot& s = pool.member(member);
   prediction p;
   p.released_ns = s.released_ns.load(std::memory_order_relaxed);
@@ -31,14 +34,16 @@ prediction predict(const pool_segment& pool, uint32_t member, uint64_t now_ns, u
     p.next_ns = now_ns;
     return p;
   }
-  const bool own = s.idle_gaps.load(std::memory_order_relaxed) > 0;
+  // One gap, the one after the first turn, says less than another member's rhythm does.
+  const uint32_t gaps = s.idle_gaps.load(std::memory_order_relaxed);
+  const bool own = gaps >= 2 || (gaps == 1 && !others.settled);
   p.from_history = own;
-  p.next_ns = p.released_ns + (own ? s.idle_gap_ns.load(std::memory_order_relaxed) : fallback_gap_ns);
+  p.next_ns = p.released_ns + (own ? s.idle_gap_ns.load(std::memory_order_relaxed) : others.ns);
   return p;
 }
 
 std::vector<uint32_t> order(const pool_segment& pool, uint64_t now_ns, const options& o) {
-  const uint64_t fallback = mean_gap(pool);
+  const mean_gap_of_members others = mean_gap(pool);
   struct owner_key {
     bool known = false;
     bool eligible = false;
@@ -62,7 +67,7 @@ std::vector<uint32_t> order(const pool_segment& pool, uint64_t now_ns, const opt
     owner_key& k = owners[w.owner];
     if (!k.known) {
       k.known = true;
-      k.p = predict(pool, w.owner, now_ns, fallback);
+      k.p = predict(pool, w.owner, now_ns, others);
       k.eligible = o.only_after_ns == 0 || (!k.p.at_lock && (o.asker_queued || k.p.next_ns > o.only_after_ns));
     }
     if (k.eligible) found.push_back({f, w.owner, false});

@@ -8,8 +8,12 @@
 //     acquire() call, which is in the past, so it sorts before everyone;
 //   - a member that never released: now (it is allocating before its first turn, or about
 //     to take it);
-//   - otherwise its last release plus its idle gap, or, before it has one (it acquired only
-//     once), plus the mean of the others' gaps, or plus 0 when nobody has one yet.
+//   - otherwise its last release plus its idle gap once it has measured two (its rhythm:
+//     the first gap follows its first turn, most often its setup);
+//   - with one gap of its own, plus the others' mean rhythm where some member has one, else
+//     plus its one gap;
+//   - before it has a gap (it acquired only once), plus the others' mean gap, or plus 0 when
+//     nobody has one yet.
 // The last rule makes the order most-recently-released-first (MRU) when there is no history
 // at all, which is right for jobs that take turns in a cycle or periodically: the one that
 // released last comes back last. Least recently used is the worst choice there.
@@ -36,12 +40,18 @@ struct prediction {
   uint64_t next_ns = 0;      // predicted CLOCK_MONOTONIC of its next acquire() call
   uint64_t released_ns = 0;  // its last release (0: none), for ties
   bool at_lock = false;      // waiting for the lock, restoring or holding it now
-  bool from_history = false; // next_ns from its own idle gaps (false: a fallback rule)
+  bool from_history = false; // next_ns from its own idle gaps (false: the others' mean gap, or none)
 };
 
-// The mean idle gap of the live members that have one; 0 when none has.
-uint64_t mean_gap(const pool_segment& pool) noexcept;
-prediction predict(const pool_segment& pool, uint32_t member, uint64_t now_ns, uint64_t fallback_gap_ns) noexcept;
+// The live members' mean idle gap: of those with a rhythm (two gaps or more) where any has
+// one (settled), else of those with one gap; 0 when none has a gap.
+struct mean_gap_of_members {
+  uint64_t ns = 0;
+  bool settled = false;
+};
+mean_gap_of_members mean_gap(const pool_segment& pool) noexcept;
+// `others`: mean_gap(pool), read once by a caller that predicts several members.
+prediction predict(const pool_segment& pool, uint32_t member, uint64_t now_ns, const mean_gap_of_members& others) noexcept;
 
 struct options {
   uint32_t me = pool_layout::k_no_member;  // never its own frames

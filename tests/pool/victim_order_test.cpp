@@ -13,6 +13,7 @@
 
 #include "core/options.hpp"
 #include "core/status.hpp"
+#include "pool/member_observer.hpp"
 #include "pool/pool_frame_source.hpp"
 #include "pool/pool_segment.hpp"
 #include "pool/victim_order.hpp"
@@ -151,11 +152,62 @@ TEST_F(VictimOrder, AMemberWithoutItsOwnGapsIsPredictedWithTheOthersMean) {
   frames(0, 1, 1);
   frames(1, 1, 2);
   frames(2, 1, 3);
-  EXPECT_EQ(victim_order::mean_gap(*pool_), 40 * k_s);
+  EXPECT_EQ(victim_order::mean_gap(*pool_).ns, 40 * k_s);
+  EXPECT_TRUE(victim_order::mean_gap(*pool_).settled);
   EXPECT_EQ(owners(), (std::vector<uint32_t>{2, 3, 1}));
   const victim_order::prediction p = victim_order::predict(*pool_, 3, k_now, victim_order::mean_gap(*pool_));
   EXPECT_FALSE(p.from_history);
   EXPECT_EQ(p.next_ns, k_now + 20 * k_s);
+}
+
+TEST_F(VictimOrder, AMemberWithOneGapIsPredictedByTheOthersRhythm) {
+  // Member 2's one gap, 100 s, followed its first turn (its setup); member 1 has a rhythm of
+  // 10 s. Member 2 released 5 s ago, so by that rhythm it is due at k_now + 5 s, before
+  // member 3 (a rhythm of 10 s, released 2 s ago: due at k_now + 8 s). By its one gap it
+  // would be due at k_now + 95 s, the furthest, and lose its frames first.
+  member(1, k_now - 1 * k_s, 10 * k_s, 4);
+  member(2, k_now - 5 * k_s, 100 * k_s, 1);
+  member(3, k_now - 2 * k_s, 10 * k_s, 4);
+  frames(0, 1, 2);
+  frames(1, 1, 3);
+  frames(2, 1, 1);
+  const victim_order::mean_gap_of_members others = victim_order::mean_gap(*pool_);
+  EXPECT_EQ(others.ns, 10 * k_s) << "the rhythm of the members that have one, not member 2's one gap";
+  EXPECT_TRUE(others.settled);
+  const victim_order::prediction p = victim_order::predict(*pool_, 2, k_now, others);
+  EXPECT_FALSE(p.from_history);
+  EXPECT_EQ(p.next_ns, k_now + 5 * k_s);
+  EXPECT_EQ(owners(), (std::vector<uint32_t>{1, 3, 2}));
+}
+
+TEST_F(VictimOrder, WhileNobodyHasARhythmAMemberIsPredictedByItsOneGap) {
+  member(1, k_now - 5 * k_s, 100 * k_s, 1);  // due at k_now + 95 s
+  member(2, k_now - 5 * k_s, 20 * k_s, 1);   // due at k_now + 15 s
+  const victim_order::mean_gap_of_members others = victim_order::mean_gap(*pool_);
+  EXPECT_EQ(others.ns, 60 * k_s);
+  EXPECT_FALSE(others.settled);
+  const victim_order::prediction p = victim_order::predict(*pool_, 1, k_now, others);
+  EXPECT_TRUE(p.from_history);
+  EXPECT_EQ(p.next_ns, k_now + 95 * k_s);
+}
+
+TEST_F(VictimOrder, TheSecondIdleGapReplacesTheFirstAndLaterOnesAreAveraged) {
+  // member_observer measures the gaps (release to the next acquire() call) that predict().
+  member(k_me, 0);
+  member_observer observer(*pool_, k_me);
+  auto turn = [&](uint64_t asked_ns, uint64_t released_ns) {
+    observer.asked(lock_priority::normal, asked_ns);
+    pool_->member(k_me).released_ns.store(released_ns);  // what released() records, without its trace
+  };
+  turn(k_s, 2 * k_s);  // the first turn: no gap before it
+  EXPECT_EQ(pool_->member(k_me).idle_gaps.load(), 0u);
+  turn(102 * k_s, 103 * k_s);  // 100 s after its setup
+  EXPECT_EQ(pool_->member(k_me).idle_gap_ns.load(), 100 * k_s);
+  turn(113 * k_s, 114 * k_s);  // then a rhythm of 10 s
+  EXPECT_EQ(pool_->member(k_me).idle_gap_ns.load(), 10 * k_s) << "the setup's gap is not averaged in";
+  turn(134 * k_s, 135 * k_s);  // a gap of 20 s: averaged with the rhythm, weight 1/2
+  EXPECT_EQ(pool_->member(k_me).idle_gap_ns.load(), 15 * k_s);
+  EXPECT_EQ(pool_->member(k_me).idle_gaps.load(), 3u);
 }
 
 TEST_F(VictimOrder, OnlyAfterKeepsTheOwnersDueLaterAndNeverOneAtTheLock) {
