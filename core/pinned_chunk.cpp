@@ -31,6 +31,10 @@ namespace {
 constexpr unsigned k_max_fault_threads = 8;
 constexpr size_t k_min_fault_piece = size_t{64} << 20;
 constexpr size_t k_huge_page = size_t{2} << 20;
+// With a pause point, each thread faults its piece in steps of this much (huge pages
+// whole), so that whatever waits for the pause waits for a few milliseconds of faulting at
+// most.
+constexpr size_t k_pause_step = size_t{16} << 20;
 
 unsigned usable_cpus() noexcept {
   cpu_set_t set;
@@ -66,17 +70,26 @@ int fault_in_piece(char* base, size_t bytes, populate_fallback fallback) noexcep
 
 }  // namespace
 
-int fault_in_writable(void* base, size_t bytes, populate_fallback fallback) noexcept {
+int fault_in_writable(void* base, size_t bytes, populate_fallback fallback, const std::function<void()>& pause_point) noexcept {
   char* const p = static_cast<char*>(base);
+  // [lo, hi) in steps, the pause point before each step but the first.
+  auto fault_in_range = [&](size_t lo, size_t hi) {
+    if (!pause_point) return fault_in_piece(p + lo, hi - lo, fallback);
+    for (size_t at = lo; at < hi; at += k_pause_step) {
+      if (at != lo) pause_point();
+      if (const int e = fault_in_piece(p + at, std::min(hi - at, k_pause_step), fallback); e != 0) return e;
+    }
+    return 0;
+  };
   const unsigned threads = static_cast<unsigned>(
       std::min<size_t>({k_max_fault_threads, usable_cpus(), std::max<size_t>(1, bytes / k_min_fault_piece)}));
-  if (threads <= 1) return fault_in_piece(p, bytes, fallback);
+  if (threads <= 1) return fault_in_range(0, bytes);
   // Pieces on huge-page boundaries, so that no huge page is split between two threads.
   const size_t piece = (bytes / threads + k_huge_page - 1) / k_huge_page * k_huge_page;
   std::array<int, k_max_fault_threads> errors{};
   auto fault_in_nth = [&](unsigned t) {
     const size_t lo = std::min(bytes, size_t{t} * piece), hi = std::min(bytes, lo + piece);
-    errors[t] = fault_in_piece(p + lo, hi - lo, fallback);
+    errors[t] = fault_in_range(lo, hi);
   };
   std::array<std::thread, k_max_fault_threads> helpers;
   for (unsigned t = 1; t < threads; ++t) {
@@ -99,14 +112,14 @@ int fault_in_writable(void* base, size_t bytes, populate_fallback fallback) noex
 }
 
 int pinned_chunk::pin(backend& be, void* p, size_t bytes, populate_fallback fallback, const char* what, pinned_chunk* out,
-                      const std::function<void()>& before_register) noexcept {
+                      const std::function<void()>& pause_point) noexcept {
   ::madvise(p, bytes, MADV_HUGEPAGE);  // best effort: fewer pages to fault in and to pin
-  if (const int e = fault_in_writable(p, bytes, fallback); e != 0) {
+  if (const int e = fault_in_writable(p, bytes, fallback, pause_point); e != 0) {
     ::munmap(p, bytes);
     return fail(err_out_of_memory, "%s: cannot fault in %zu bytes of host memory (%s); free host memory or use less", what, bytes,
                 std::strerror(e));
   }
-  if (before_register) before_register();
+  if (pause_point) pause_point();
   if (const int rc = be.host_register(p, bytes); rc != ok) {
     ::munmap(p, bytes);
     return add_context(rc, "%s: pinning %zu bytes of host memory: ", what, bytes);
@@ -119,10 +132,10 @@ int pinned_chunk::pin(backend& be, void* p, size_t bytes, populate_fallback fall
 }
 
 int pinned_chunk::make_anonymous(backend& be, size_t bytes, const char* what, pinned_chunk* out,
-                                 const std::function<void()>& before_register) noexcept {
+                                 const std::function<void()>& pause_point) noexcept {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return fail_errno(errno, "%s: cannot map %zu more bytes of host memory", what, bytes);
-  return pin(be, p, bytes, populate_fallback::touch, what, out, before_register);
+  return pin(be, p, bytes, populate_fallback::touch, what, out, pause_point);
 }
 
 int pinned_chunk::map_shared(backend& be, int fd, size_t bytes, const char* what, pinned_chunk* out) noexcept {

@@ -27,17 +27,23 @@ bool kernel_populates() noexcept;
 // before anyone counts on it. 0, or the errno of the failure (ENOMEM: no room). A large
 // range is faulted in by up to eight threads at once, pieces of it each (this thread one of
 // them): the kernel's zeroing of the pages, not the copy that needs them, sets the rate.
-int fault_in_writable(void* base, size_t bytes, populate_fallback fallback) noexcept;
+// `pause_point` (optional; called from those threads at once) runs between steps of a few
+// MiB of each thread's piece: a caller that must not fault memory in while something else
+// runs waits there. A store's maker does while its owner maps device memory, because the
+// driver's mapping calls run many times slower beside faulting in.
+int fault_in_writable(void* base, size_t bytes, populate_fallback fallback,
+                      const std::function<void()>& pause_point = {}) noexcept;
 
 class pinned_chunk {
  public:
   pinned_chunk() = default;
   // Fresh anonymous memory (private, zero-filled), faulted in and registered. `what` names
   // the memory for the error ("tiered store for device 0", say).
-  // `before_register` (optional) runs between faulting in and registering (a maker holds
-  // its registration back there while its owner maps device memory).
+  // `pause_point` (optional) runs between the steps of faulting in (as fault_in_writable's,
+  // from several threads at once) and before registering: a maker holds its faulting in and
+  // its registration back there while its owner maps device memory.
   static int make_anonymous(backend& be, size_t bytes, const char* what, pinned_chunk* out,
-                            const std::function<void()>& before_register = {}) noexcept;
+                            const std::function<void()>& pause_point = {}) noexcept;
   // A MAP_SHARED mapping of `fd` (a memfd), faulted in without writing and registered.
   static int map_shared(backend& be, int fd, size_t bytes, const char* what, pinned_chunk* out) noexcept;
   ~pinned_chunk();  // unregisters and unmaps
@@ -51,7 +57,7 @@ class pinned_chunk {
 
  private:
   static int pin(backend& be, void* p, size_t bytes, populate_fallback fallback, const char* what, pinned_chunk* out,
-                 const std::function<void()>& before_register) noexcept;
+                 const std::function<void()>& pause_point) noexcept;
   void reset() noexcept;
 
   backend* be_ = nullptr;

@@ -17,7 +17,8 @@
 // of them rather than making another. If a maker fails (no host memory), it logs once and
 // making ahead stops: slots are then made as they are taken, as without it. While the owner
 // maps device memory (owner_mapping), which pinning beside it slows many times over, the
-// makers start no chunk and no registration, for up to k_max_hold_back_ms at a time.
+// makers start no chunk, pause the chunk in the making between steps of its faulting in, and
+// start no registration, for up to k_max_hold_back_ms at a time.
 #pragma once
 
 #include <sys/types.h>
@@ -56,8 +57,8 @@ class pinned_slots final : public slot_provider {
   void owner_mapping(bool mapping) override;
   void stop_making_ahead() override;
 
-  // The longest a maker waits, before a chunk and before registering it, for the owner's
-  // mapping to end.
+  // The longest a maker waits, before a chunk, between steps of faulting it in and before
+  // registering it, for the owner's mapping to end.
   static constexpr uint64_t k_max_hold_back_ms = 50;
 
   // Make sure at least `slots` slots exist (handed out or free), past the limit if need be.

@@ -1,15 +1,21 @@
 // fault_in_writable, which every pinned chunk and the daemon's shared host pool go through:
 // a range large enough to be faulted in by several threads ends with every page committed,
 // private memory zeroed, shared memory's bytes as they were, and a piece that cannot be
-// faulted in reported whichever thread met it.
+// faulted in reported whichever thread met it; a pause point that waits holds every thread
+// within a step of where it was.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "core/fd_guard.hpp"
@@ -79,6 +85,47 @@ TEST(FaultInWritable, APieceThatCannotBeFaultedInFailsTheWholeRange) {
   ASSERT_NE(p, MAP_FAILED);
   ASSERT_EQ(::mprotect(p, 2 * MiB, PROT_READ), 0);
   EXPECT_NE(fault_in_writable(p, k_range, populate_fallback::touch), 0);
+  ::munmap(p, k_range);
+}
+
+TEST(FaultInWritable, APausePointThatWaitsHoldsEveryThreadWithinAStep) {
+  char* p = static_cast<char*>(::mmap(nullptr, k_range, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  ASSERT_NE(p, MAP_FAILED);
+  std::mutex m;
+  std::condition_variable cv;
+  bool open = false;
+  std::atomic<int> pauses{0}, waiting{0};
+  auto pause_point = [&] {
+    ++pauses;
+    std::unique_lock<std::mutex> lock(m);
+    ++waiting;
+    cv.wait(lock, [&] { return open; });
+    --waiting;
+  };
+  std::atomic<bool> done{false};
+  int rc = -1;
+  std::thread faulting([&] {
+    rc = fault_in_writable(p, k_range, populate_fallback::touch, pause_point);
+    done = true;
+  });
+  for (int i = 0; i < 10000 && waiting.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_GT(waiting.load(), 0) << "no thread reached a pause point in 10 s";
+  // Whatever the number of threads (at most eight), none goes past its second step while
+  // the pause waits: at most eight steps of 16 MiB are committed, of 290 MiB.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(done.load()) << "faulting in finished while its pause point waited";
+  EXPECT_LE(resident_pages(p, k_range), 8 * 16 * MiB / 4096);
+  {
+    std::lock_guard<std::mutex> lock(m);
+    open = true;
+  }
+  cv.notify_all();
+  faulting.join();
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(resident_pages(p, k_range), k_range / 4096);
+  // A step is 16 MiB: a thread's piece of n steps pauses n - 1 times, and the pieces of at
+  // most eight threads cover 290 MiB in at least 19 steps.
+  EXPECT_GE(pauses.load(), 19 - 8);
   ::munmap(p, k_range);
 }
 
