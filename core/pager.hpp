@@ -142,6 +142,8 @@ class pager {
     double drain_s = 0;       // waiting for this process's work queued before (synchronize)
     double new_frames_s = 0;  // in new_frame()
     double fill_s = 0;        // mapping old frames at scratch slots and the pages' addresses to new frames, granting access, queueing the copies
+    double fill_map_s = 0;    // of fill_s: the driver's map and unmap calls (scratch slots, the pages' addresses)
+    double fill_grant_s = 0;  // of fill_s: granting access (to the scratch slots, to the pages' new frames)
     double copy_wait_s = 0;   // waiting for the copies
     double switch_s = 0;      // the copied pages' new frames recorded, the old frames' scrubs queued
     double scrub_wait_s = 0;  // waiting for the scrubs, unmapping, giving old frames back
@@ -149,6 +151,8 @@ class pager {
       drain_s += o.drain_s;
       new_frames_s += o.new_frames_s;
       fill_s += o.fill_s;
+      fill_map_s += o.fill_map_s;
+      fill_grant_s += o.fill_grant_s;
       copy_wait_s += o.copy_wait_s;
       switch_s += o.switch_s;
       scrub_wait_s += o.scrub_wait_s;

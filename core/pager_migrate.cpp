@@ -58,6 +58,13 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     *into += std::chrono::duration<double>(now - last).count();
     last = now;
   };
+  // A driver call's time, added to `into` (a part of the lap it runs in).
+  auto timed = [](double* into, auto&& call) {
+    const auto start = std::chrono::steady_clock::now();
+    const int rc = call();
+    *into += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return rc;
+  };
   size_t done = 0;
   if (moved != nullptr) *moved = 0;
   // One pass over the page table, each resident page's frame looked up among the old ones
@@ -201,7 +208,8 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
           break;
         }
         const size_t slot = (first_slot + g) % batch;
-        if (const int rc = be_.map(slot_address(slot), frame_size_, table_[p].frame, 0); rc != ok) {
+        if (const int rc = timed(&spent.fill_map_s, [&] { return be_.map(slot_address(slot), frame_size_, table_[p].frame, 0); });
+            rc != ok) {
           note(rc);
           frames_.give_back(nf);
           break;
@@ -213,7 +221,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
         std::vector<device_ptr> at;
         for (size_t slot : group) at.push_back(slot_address(slot));
         size_t failed_from = 0;
-        if (const int rc = grant_runs(at, &failed_from); rc != ok) {
+        if (const int rc = timed(&spent.fill_grant_s, [&] { return grant_runs(at, &failed_from); }); rc != ok) {
           note(rc);
           for (size_t slot : group) undo(slot, /*at_va=*/false, /*written=*/false);
           break;
@@ -224,8 +232,8 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
         const size_t slot = group[k];
         move& m = moves[slot];
         const device_ptr va = arena_.page_address(m.page);
-        int rc = be_.unmap(va, frame_size_);
-        if (rc == ok && (rc = be_.map(va, frame_size_, m.to, 0)) != ok) {
+        int rc = timed(&spent.fill_map_s, [&] { return be_.unmap(va, frame_size_); });
+        if (rc == ok && (rc = timed(&spent.fill_map_s, [&] { return be_.map(va, frame_size_, m.to, 0); })) != ok) {
           const std::string why = last_error();
           restore_old(m, /*new_mapped=*/false);
           fail(rc, "%s", why.c_str());
@@ -242,7 +250,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
         std::vector<device_ptr> at;
         for (size_t slot : at_va) at.push_back(arena_.page_address(moves[slot].page));
         size_t failed_from = 0;
-        if (const int rc = grant_runs(at, &failed_from); rc != ok) {
+        if (const int rc = timed(&spent.fill_grant_s, [&] { return grant_runs(at, &failed_from); }); rc != ok) {
           // The pages of the failing run and after it go back to their old frames (the runs
           // before it have access: their copies are queued).
           note(rc);

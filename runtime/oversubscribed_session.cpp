@@ -292,11 +292,12 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
       "device %d: reclaim: %zu page(s) (%" PRIu64 " MiB) for %u request(s) moved to host frames in %.1f ms: host frames "
       "ready ahead in %.1f ms (%zu, %zu of them spares; %" PRIu64 " created while the lock holder waited); gate closed %.1f ms (closing it %.1f, running work %.1f, new frames %.1f, "
       "filling %.1f, copies %.1f, remapping %.1f, scrubbing %.1f, waiting for more requests %.1f); waits for a next request "
-      "%u (%u ended by one), %u skipped; began %.1f ms after the previous burst ended (-1: none before)",
+      "%u (%u ended by one), %u skipped; began %.1f ms after the previous burst ended (-1: none before); of the filling, "
+      "mapping %.1f ms and granting access %.1f ms",
       device_, moved, bytes >> 20, requests, s * 1e3, ready_s * 1e3, made_ahead, spares, created,
       closed_s * 1e3, close_s * 1e3, spent.drain_s * 1e3, spent.new_frames_s * 1e3, spent.fill_s * 1e3,
       spent.copy_wait_s * 1e3, spent.switch_s * 1e3, spent.scrub_wait_s * 1e3, linger_s * 1e3, lingers, caught, skipped,
-      gap_ms);
+      gap_ms, spent.fill_map_s * 1e3, spent.fill_grant_s * 1e3);
   return failure;
 }
 

@@ -207,7 +207,8 @@ RECLAIM_LINE = re.compile(
     r"in ([\d.]+) ms \((\d+), (\d+) of them spares; (\d+) created while the lock holder waited\); gate closed ([\d.]+) ms "
     r"\(closing it ([\d.]+), running work ([\d.]+), new frames ([\d.]+), filling ([\d.]+), copies ([\d.]+), remapping ([\d.]+), "
     r"scrubbing ([\d.]+), waiting for more requests ([\d.]+)\)(?:; waits for a next request (\d+) \((\d+) ended by one\), "
-    r"(\d+) skipped; began ([-\d.]+) ms after the previous burst ended)?")
+    r"(\d+) skipped; began ([-\d.]+) ms after the previous burst ended)?"
+    r"(?: \(-1: none before\); of the filling, mapping ([\d.]+) ms and granting access ([\d.]+) ms)?")
 READY_LINE = re.compile(r"(\d+) host frame\(s\) \((\d+) MiB\) ready ahead for reclaims")
 
 
@@ -375,6 +376,8 @@ def reclaim(pool):
         n = sum(int(g[1]) for g in j["bursts"])
         if n:
             cols = {"filling": 11, "copies": 12, "remapping": 13, "scrubbing": 14, "waiting for more requests": 15}
+            if all(g[20] for g in j["bursts"]):
+                cols.update({"of the filling, mapping": 20, "of the filling, granting access": 21})
             per = ", ".join(f"{k} {sum(float(g[c]) for g in j['bursts']) / n:.1f}" for k, c in cols.items())
             print(f"\n{name}: per request ({n} requests), ms: {per}")
     print()
