@@ -268,7 +268,24 @@ int main(int argc, char** argv) {
   }
   stop_steps = true;
   if (stepper.joinable()) stepper.join();
-  const oversubscribed_stats st = session->stats();
+  // The numbers once the service thread's moves have settled: a placement round counts its
+  // moves when it ends, while the frame bytes change as it goes, so a snapshot taken during
+  // one would show pages moved out and not yet in. Settled: the same numbers for 1 s.
+  const oversubscribed_stats st = [&] {
+    auto same = [](const oversubscribed_stats& a, const oversubscribed_stats& b) {
+      return a.placement_rounds == b.placement_rounds && a.pages_placed_in == b.pages_placed_in &&
+             a.pages_placed_out == b.pages_placed_out && a.pages_promoted == b.pages_promoted &&
+             a.pool_frame_bytes == b.pool_frame_bytes && a.host_frame_bytes == b.host_frame_bytes;
+    };
+    oversubscribed_stats last = session->stats();
+    for (int calm = 0, tries = 0; calm < 4 && tries < 40; ++tries) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      const oversubscribed_stats now = session->stats();
+      calm = same(now, last) ? calm + 1 : 0;
+      last = now;
+    }
+    return last;
+  }();
   uint64_t cold_pool = 0;
   for (size_t t = 0; t < std::min<size_t>(4, tensors.size()); ++t) cold_pool += session->pool_bytes_of(tensors[t].ptr, tensors[t].size);
   const int hot_end = hot_block();
