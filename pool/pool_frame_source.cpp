@@ -73,11 +73,11 @@ uint32_t pool_frame_source::ask_ahead(size_t need, uint64_t now_ns) {
   const victim_order::prediction mine = victim_order::predict(pool_, me_, now_ns, others);
   // Predicted by the others' mean gap (we have no gap of our own, or one while another member
   // has a rhythm), or at our release while nobody has a gap: in the first turns of jobs that
-  // take turns this is their order (the one that released first comes back first). It is trusted for
-  // one gap only: a member overdue by more than the mean gap is not keeping the others'
-  // rhythm (a job that has finished its work but lives on), and its asks would evict the
-  // live jobs' memory on every turn. While nobody has a gap the rule holds until one does,
-  // after a turn or two.
+  // take turns this is their order (the one that released first comes back first). It is
+  // trusted for one gap only: a member overdue by more than the mean gap is not keeping the
+  // others' rhythm (a job that has finished its work but lives on), and its asks would evict
+  // the live jobs' memory on every turn. While nobody has a gap the rule holds until one
+  // does, after a turn or two.
   const bool by_fallback = !mine.at_lock && !mine.from_history;
   const bool overdue = others.ns > 0 && now_ns > mine.next_ns + others.ns;
   if (by_fallback && (mine.released_ns == 0 || overdue)) return 0;

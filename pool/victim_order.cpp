@@ -6,17 +6,19 @@ namespace vramswap::detail::victim_order {
 using namespace pool_layout;
 
 mean_gap_of_members mean_gap(const pool_segment& pool) noexcept {
-  uint64_t sum[2] = {0, 0}, n[2] = {0, 0};  // [0]: members with one gap, [1]: with a rhythm
+  struct mean {
+    uint64_t sum = 0, n = 0;
+  } one_gap, rhythm;  // members with one gap, and with two or more
   for (uint32_t m = 0; m < k_member_count; ++m) {
     const member_slot& s = pool.member(m);
     const uint32_t gaps = s.idle_gaps.load(std::memory_order_relaxed);
     if (s.state.load(std::memory_order_acquire) != member_live || gaps == 0) continue;
-    const int k = gaps >= 2 ? 1 : 0;
-    sum[k] += s.idle_gap_ns.load(std::memory_order_relaxed);
-    ++n[k];
+    mean& into = gaps >= 2 ? rhythm : one_gap;
+    into.sum += s.idle_gap_ns.load(std::memory_order_relaxed);
+    ++into.n;
   }
-  if (n[1] > 0) return {sum[1] / n[1], true};
-  return {n[0] == 0 ? 0 : sum[0] / n[0], false};
+  if (rhythm.n > 0) return {rhythm.sum / rhythm.n, true};
+  return {one_gap.n == 0 ? 0 : one_gap.sum / one_gap.n, false};
 }
 
 prediction predict(const pool_segment& pool, uint32_t member, uint64_t now_ns, const mean_gap_of_members& others) noexcept {
