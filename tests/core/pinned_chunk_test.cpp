@@ -88,6 +88,25 @@ TEST(FaultInWritable, APieceThatCannotBeFaultedInFailsTheWholeRange) {
   ::munmap(p, k_range);
 }
 
+TEST(FaultInWritable, WithAPausePointAStepThatCannotBeFaultedInFailsTheWholeRange) {
+  if (!kernel_populates()) GTEST_SKIP() << "this kernel lacks MADV_POPULATE_WRITE (Linux < 5.14): failures are the touch's";
+  // The same failures as above, met in a later step of a thread's piece rather than its
+  // first: the steps after it are not faulted in, and the range fails.
+  std::atomic<int> pauses{0};
+  auto pause_point = [&] { ++pauses; };
+  char* p = static_cast<char*>(::mmap(nullptr, k_range, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  ASSERT_NE(p, MAP_FAILED);
+  ASSERT_EQ(::mprotect(p + k_range - 2 * MiB, 2 * MiB, PROT_READ), 0);
+  EXPECT_NE(fault_in_writable(p, k_range, populate_fallback::touch, pause_point), 0) << "the failure of one step is the range's";
+  EXPECT_GT(pauses.load(), 0);
+  ::munmap(p, k_range);
+  p = static_cast<char*>(::mmap(nullptr, k_range, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  ASSERT_NE(p, MAP_FAILED);
+  ASSERT_EQ(::mprotect(p + 40 * MiB, 2 * MiB, PROT_READ), 0);  // the third step of the first piece
+  EXPECT_NE(fault_in_writable(p, k_range, populate_fallback::touch, pause_point), 0);
+  ::munmap(p, k_range);
+}
+
 TEST(FaultInWritable, APausePointThatWaitsHoldsEveryThreadWithinAStep) {
   char* p = static_cast<char*>(::mmap(nullptr, k_range, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
   ASSERT_NE(p, MAP_FAILED);
