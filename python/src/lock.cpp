@@ -4,10 +4,12 @@
 // Waits are interruptible as threading.Lock's are: while waiting, the lock asks Python
 // (PyErr_CheckSignals, with the GIL taken briefly) whether a signal handler raised, when a
 // signal woke the wait and at least every 50 ms; if one did, the wait leaves the queue and
-// the exception (KeyboardInterrupt for Ctrl-C) propagates. gpu_lock.__enter__ is this
-// file's C++ function, not Python code, so that no signal handler can run between the
-// grant and the with-block that releases it: a KeyboardInterrupt either cancels the wait
-// (nothing held) or arrives inside the block (__exit__ releases).
+// the exception (KeyboardInterrupt for Ctrl-C) propagates. gpu_lock.__enter__ and __exit__
+// are this file's C++ functions, not Python code: Python runs signal handlers between its
+// own bytecodes, so a handler that raised between the grant and the with-block, or at the
+// start of a Python __exit__ (before its release), would leave the lock held with nothing
+// to release it. With both in C++ a KeyboardInterrupt either cancels the wait (nothing
+// held), arrives inside the block (__exit__ releases), or after __exit__ has released.
 #include <pybind11/stl.h>
 
 #include <cmath>
@@ -110,6 +112,18 @@ py::object gpu_lock_enter(py::object self) {
   return self;
 }
 
+// gpu_lock.__exit__: the release, whatever left the block (an exception is not swallowed).
+py::object gpu_lock_exit(py::object self, py::object, py::object, py::object) {
+  const std::vector<int> devices = self.attr("devices").cast<std::vector<int>>();
+  int rc = 0;
+  {
+    py::gil_scoped_release nogil;
+    rc = devices.size() == 1 ? rt::unlock(devices[0]) : rt::unlock_gang(devices.data(), devices.size());
+  }
+  if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
+  return py::bool_(false);
+}
+
 }  // namespace
 
 void init_lock(py::module_& m) {
@@ -170,12 +184,16 @@ vramswap.Error and nothing is released.)doc");
       py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("device"),
       "vramswap.join_gang's C++ side (python/vramswap/_lock.py); job None leaves the gang.");
   m.def(
-      "_install_gpu_lock_enter",
+      "_install_gpu_lock_methods",
       [](py::object cls) {
         cls.attr("__enter__") = py::cpp_function(&gpu_lock_enter, py::name("__enter__"), py::is_method(cls),
                                                  "Wait for the lock (interruptibly); TimeoutError when not had in time.");
+        cls.attr("__exit__") = py::cpp_function(&gpu_lock_exit, py::name("__exit__"), py::is_method(cls),
+                                                "Release the lock (every device of a gang); an exception leaving the block "
+                                                "goes on.");
       },
-      "Makes cls.__enter__ the C++ one, so a signal cannot land between the grant and the with-block.");
+      "Makes cls.__enter__ and __exit__ the C++ ones, so a signal handler cannot raise between the grant and the "
+      "with-block, nor between the block's end and the release.");
   m.def(
       "release",
       [](int device) {

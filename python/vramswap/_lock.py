@@ -4,7 +4,7 @@ import functools
 
 import os
 
-from ._vramswap import _install_gpu_lock_enter, _join_gang, release, release_devices
+from ._vramswap import _install_gpu_lock_methods, _join_gang
 
 
 def join_gang(job=None, rank=None, world_size=None, device=None):
@@ -80,7 +80,9 @@ class gpu_lock:
     Interruptible like threading.Lock: Ctrl-C (any signal whose handler raises) while
     waiting leaves the queue and raises KeyboardInterrupt, holding nothing. Once the lock
     is granted, the block has begun: an interrupt from then on is raised inside the block
-    and __exit__ releases the lock. (__enter__ is C++, so nothing runs in between.)
+    and __exit__ releases the lock, or after the release. (__enter__ and __exit__ are C++:
+    Python runs signal handlers only between its own bytecodes, so none can run between
+    the grant and the block, nor between the block's end and the release.)
 
     The object keeps no state between uses: one instance may be entered by several threads
     (each waits for the lock in turn), re-entered by the holding thread (counted), and used
@@ -127,14 +129,7 @@ class gpu_lock:
         self.priority = priority
         self.timeout = timeout
 
-    # __enter__: installed below, from C++ (vramswap._vramswap._install_gpu_lock_enter).
-
-    def __exit__(self, exc_type, exc, tb):
-        if len(self.devices) == 1:
-            release(self.device)
-        else:
-            release_devices(list(self.devices))
-        return False
+    # __enter__ and __exit__: installed below, from C++ (vramswap._vramswap._install_gpu_lock_methods).
 
     def __call__(self, func):
         @functools.wraps(func)
@@ -150,4 +145,4 @@ class gpu_lock:
         return f"vramswap.gpu_lock(device={self.device}, priority={self.priority!r}, timeout={self.timeout!r})"
 
 
-_install_gpu_lock_enter(gpu_lock)
+_install_gpu_lock_methods(gpu_lock)

@@ -574,6 +574,62 @@ def test_interrupts_at_random_moments_around_the_grant_never_keep_the_lock():
                 p.kill()
                 p.wait()
 
+INTERRUPTED_AT_THE_BLOCKS_END = r"""
+import os, signal, sys, threading, time, vramswap
+stop = False
+go = threading.Event()
+def pester():
+    go.wait()
+    while not stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.00005)
+leaked = interrupted = turns = 0
+threading.Thread(target=pester, daemon=True).start()
+go.set()
+deadline = time.monotonic() + float(sys.argv[1])
+while True:
+    try:
+        while time.monotonic() < deadline:
+            try:
+                with vramswap.gpu_lock(0):
+                    pass
+                turns += 1
+            except KeyboardInterrupt:
+                interrupted += 1
+                if vramswap.held(0) != 0:
+                    leaked += 1
+                    while vramswap.held(0) > 0:
+                        vramswap.release(0)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop = True
+        break
+    except KeyboardInterrupt:
+        interrupted += 1
+print(turns, interrupted, leaked, vramswap.held(0), flush=True)
+"""
+
+
+def test_interrupts_as_the_block_ends_never_keep_the_lock():
+    """A signal every 50 us at an empty block: the interrupts land at its end too (Jupyter's
+    "interrupt kernel" as a cell's block finishes). A Python __exit__ let a handler raise
+    before its release, leaving the lock held thousands of times a second; every interrupt
+    must find it released."""
+    victim = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_AT_THE_BLOCKS_END, "1.5"], stdout=subprocess.PIPE, text=True,
+        env=os.environ.copy(), preexec_fn=default_sigint,
+    )
+    try:
+        out, _ = victim.communicate(timeout=60)
+        turns, interrupted, leaked, held = (int(x) for x in out.split())
+        assert leaked == 0, f"{leaked} of {interrupted} interrupts left the lock held ({turns} turns)"
+        assert held == 0
+        assert interrupted > 100 and turns > 0, f"the interrupts did not meet the blocks ({turns} turns, {interrupted} interrupts)"
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+
+
 FILLER = r"""
 import sys, vramswap
 with vramswap.gpu_lock(0):
