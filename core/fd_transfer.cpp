@@ -1,5 +1,6 @@
 #include "core/fd_transfer.hpp"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -69,10 +70,25 @@ int recv_fds(int socket, int* fds, size_t cap, size_t* count, void* payload, siz
       }
     }
   }
-  *count = got;
   if (n == 0 && got == 0) return fail(err_system, "recv_fds: the peer on socket %d hung up", socket);
-  if (msg.msg_flags & MSG_CTRUNC) return fail(err_system, "recv_fds: descriptors truncated on socket %d (file descriptor limit?)", socket);
-  if (too_many) return fail(err_system, "recv_fds: more than %zu descriptors arrived on socket %d; the extra were closed", cap, socket);
+  // A message that failed gives its caller no descriptor to own: those that came are closed
+  // here, so that no caller's error path (a peer's malformed message) leaks one.
+  auto close_received = [&] {
+    for (size_t i = 0; i < got; ++i) ::close(fds[i]);
+  };
+  if (msg.msg_flags & MSG_CTRUNC) {
+    close_received();
+    rlimit lim{};
+    ::getrlimit(RLIMIT_NOFILE, &lim);
+    return fail(err_system, "recv_fds: descriptors sent on socket %d did not all arrive: this process (pid %d) is probably at its "
+                "file descriptor limit (RLIMIT_NOFILE %llu); the message's descriptors were closed", socket,
+                static_cast<int>(::getpid()), static_cast<unsigned long long>(lim.rlim_cur));
+  }
+  if (too_many) {
+    close_received();
+    return fail(err_system, "recv_fds: more than %zu descriptor(s) arrived on socket %d; all were closed", cap, socket);
+  }
+  *count = got;
   *len = static_cast<size_t>(n);
   return ok;
 }

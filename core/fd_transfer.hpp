@@ -18,7 +18,8 @@ int recv_fd(int socket, int* fd, void* payload, size_t cap, size_t* len) noexcep
 constexpr size_t k_max_fds_per_message = 250;  // the kernel's SCM_MAX_FD is 253
 int send_fds(int socket, const int* fds, size_t count, const void* payload, size_t len) noexcept;
 // Receive one message with up to `cap` descriptors (close-on-exec) into fds, *count set to
-// how many came. More descriptors than `cap` is an error (the extra ones are closed).
+// how many came. More descriptors than `cap` is an error; on any error none is left open
+// (*count 0: those that came are closed).
 int recv_fds(int socket, int* fds, size_t cap, size_t* count, void* payload, size_t payload_cap, size_t* len) noexcept;
 
 }  // namespace vramswap::detail

@@ -760,6 +760,56 @@ TEST_F(PoolServer, ServerOfAnotherUserIsNotUsed) {
   reap(child);
 }
 
+// A hello with more descriptors than the one (the pidfd) a client sends is refused, and the
+// server keeps none of them: a peer that sent such hellos over and over would otherwise
+// leak the server's descriptors until every client was refused.
+TEST_F(PoolServer, AHelloWithExtraDescriptorsIsRefusedAndLeavesNoneOpen) {
+  const pid_t server = start_server();
+  ASSERT_GT(server, 0);
+  auto open_fds = [&] {
+    size_t n = 0;
+    if (DIR* d = ::opendir(("/proc/" + std::to_string(server) + "/fd").c_str())) {
+      while (::readdir(d) != nullptr) ++n;
+      ::closedir(d);
+    }
+    return n;
+  };
+  process_identity me{};
+  ASSERT_EQ(current_process(&me), ok);
+  const pool_protocol::hello h{pool_protocol::k_magic, pool_protocol::k_version, me.pid, 0, me.start_time, me.pid_ns};
+  auto refused_hello = [&](std::string* message) {
+    const int fd = connect_to_server();
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    const int two[2] = {::open("/dev/null", O_RDONLY | O_CLOEXEC), ::open("/dev/null", O_RDONLY | O_CLOEXEC)};
+    EXPECT_EQ(send_fds(fd, two, 2, &h, sizeof h), ok) << last_error();
+    ::close(two[0]);
+    ::close(two[1]);
+    pool_protocol::welcome w{};
+    size_t got = 0, nfds = 0;
+    EXPECT_EQ(recv_fds(fd, nullptr, 0, &nfds, &w, sizeof w, &got), ok) << last_error();
+    EXPECT_EQ(w.status, err_invalid_argument);
+    *message = w.message;
+    ::close(fd);
+  };
+  std::string message;
+  refused_hello(&message);  // the first: whatever the server opens once is open now
+  EXPECT_NE(message.find("more than 1 descriptor(s) arrived"), std::string::npos) << message;
+  const size_t before = open_fds();
+  ASSERT_GT(before, 0u);
+  for (int i = 0; i < 20; ++i) refused_hello(&message);
+  // The refusals close their connections at once; give the server's loop a moment.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (open_fds() > before && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_LE(open_fds(), before) << "the server kept descriptors of refused hellos";
+  // A real client still joins.
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  std::unique_ptr<pool_connection> c;
+  EXPECT_EQ(pool_connection::connect(*be, 0, false, &c), ok) << last_error();
+}
+
 TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
   ASSERT_GT(start_server(), 0);
   // `attached`: a descriptor sent with the message (-1: none), where a client's pidfd goes.
