@@ -108,6 +108,13 @@ pager::~pager() {
     if (table_[p].state == page_state::resident) unback_page(p, page_state::unbacked);
     drop_saved_copy(p);
   }
+  // Frames a remap held back: given back now if they can be made fit; the others stay this
+  // process's until it exits (its pool server scrubs a member's frames then).
+  release_held_back();
+  if (!held_back_.empty()) {
+    log(log_level::warn, "pager: %zu frame(s) held back by a remap are still not fit to go back (%s); they go when this process exits",
+        held_back_.size(), held_back_why_.c_str());
+  }
   for (event_id e : events_) {
     if (e != 0) be_.event_destroy(e);
   }

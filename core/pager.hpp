@@ -47,6 +47,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/arena.hpp"
@@ -161,6 +162,11 @@ class pager {
   };
   int remap_pages(const std::vector<frame_id>& old_frames, const std::function<int(frame_id*)>& new_frame, size_t* moved = nullptr,
                   remap_timing* timing = nullptr);
+  // Old frames a remap could not make fit to go back (their scrub failed or was not
+  // confirmed, or a second mapping could not be removed): they hold this process's bytes,
+  // so they are kept, never handed to anyone, and tried again at each remap_pages, which
+  // fails while any is kept.
+  size_t frames_held_back() const;
   // The frames backing resident pages now.
   std::vector<frame_id> resident_frames() const;
   // What placement by use decides from (runtime/use_tracker.hpp): the live allocations in
@@ -230,6 +236,19 @@ class pager {
   std::vector<event_id> scrub_events_;  // ring for the scrubs queued behind them
   device_ptr scratch_ = 0;        // remap_pages: where new frames are filled before they swap in
   size_t scratch_size_ = 0;
+  // remap_pages' old frames that could not go back (frames_held_back()).
+  struct held_frame {
+    frame_id frame = 0;
+    device_ptr mapped_at = 0;  // an abandoned scratch slot it is still mapped at (0: none)
+    bool scrubbed = false;     // zeroed already (only its mapping kept it)
+  };
+  std::vector<held_frame> held_back_;
+  int held_back_status_ = 0;  // why the first of them was kept
+  std::string held_back_why_;
+  void hold_back(frame_id frame, device_ptr mapped_at, bool scrubbed);  // the current error says why
+  // Make each held-back frame fit and give it back: unmap its slot, scrub it at a scratch
+  // slot (when the source asks for scrubs), give it back. Those that fail stay.
+  void release_held_back();
   pager_stats stats_;
 };
 

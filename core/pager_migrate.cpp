@@ -28,7 +28,11 @@
 // slot, B at the page's address. The driver takes one range over several mappings, so
 // each is made once per run of addresses.
 // A is only read until B is the page's home, and scrubbed after, so a failure at any step
-// leaves every page with its bytes in a frame mapped at its address.
+// leaves every page with its bytes in a frame mapped at its address. An A whose scrub fails
+// (or is not confirmed), or whose slot cannot be unmapped, still holds the page's old bytes:
+// it is held back (never given back) and tried again at the next remap, which fails while
+// any is held, so that the process that asked for it hears why instead of waiting on a
+// request its owner takes as served.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -49,9 +53,73 @@ std::vector<frame_id> pager::resident_frames() const {
   return out;
 }
 
+size_t pager::frames_held_back() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return held_back_.size();
+}
+
+void pager::hold_back(frame_id frame, device_ptr mapped_at, bool scrubbed) {
+  if (held_back_.empty()) {
+    held_back_status_ = err_cuda;
+    held_back_why_ = last_error();
+  }
+  held_back_.push_back({frame, mapped_at, scrubbed});
+}
+
+void pager::release_held_back() {
+  for (size_t i = 0; i < held_back_.size();) {
+    held_frame& h = held_back_[i];
+    int rc = ok;
+    if (h.mapped_at != 0) {
+      rc = be_.unmap(h.mapped_at, frame_size_);
+      if (rc == ok) h.mapped_at = 0;
+    }
+    if (rc == ok && !h.scrubbed && frames_.scrub_before_give_back(h.frame)) {
+      if (scratch_ == 0) {
+        rc = add_context(be_.reserve(device_, copies_in_flight_ * frame_size_, 0, &scratch_), "a scratch range: ");
+        if (rc == ok) scratch_size_ = copies_in_flight_ * frame_size_;
+      }
+      if (rc == ok && (rc = be_.map(scratch_, frame_size_, h.frame, 0)) == ok) {
+        rc = be_.set_access(scratch_, frame_size_, access_flags::read_write);
+        if (rc == ok) rc = be_.memset_d8(scratch_, 0, frame_size_, out_stream_);
+        if (rc == ok) rc = be_.stream_synchronize(out_stream_);
+        const std::string why = last_error();
+        if (be_.unmap(scratch_, frame_size_) != ok) {
+          // Left mapped at the slot: the range is abandoned with it (as in remap_pages).
+          h.mapped_at = scratch_;
+          scratch_ = 0;
+          scratch_size_ = 0;
+          if (rc == ok) rc = err_cuda;
+        } else if (rc != ok) {
+          fail(rc, "%s", why.c_str());
+        }
+        if (rc == ok) h.scrubbed = true;
+      }
+    }
+    if (rc != ok) {
+      held_back_status_ = rc;
+      held_back_why_ = last_error();
+      ++i;
+      continue;
+    }
+    if (frames_.give_back(h.frame) != ok) log(log_level::warn, "remap_pages: giving back a frame held back before: %s", last_error());
+    held_back_.erase(held_back_.begin() + static_cast<ptrdiff_t>(i));
+  }
+}
+
 int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::function<int(frame_id*)>& new_frame, size_t* moved,
                        remap_timing* timing) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!held_back_.empty()) release_held_back();
+  // While old frames are held back the remap fails (after moving what it can): the process
+  // that asked for them waits for them, and must hear why.
+  auto held_back_failure = [&](size_t done_now, size_t asked) {
+    return fail(held_back_status_,
+                "remap_pages: %zu of %zu page(s) moved, but %zu old frame(s) of this process could not be made fit to go back "
+                "(%s): they hold its bytes, so it keeps them and tries again at each request; the process that asked for them "
+                "waits for them until its VRAMSWAP_EVICT_TIMEOUT",
+                done_now, asked, held_back_.size(), held_back_why_.c_str());
+  };
   remap_timing spent;
   auto lap = [last = std::chrono::steady_clock::now()](double* into) mutable {
     const auto now = std::chrono::steady_clock::now();
@@ -77,7 +145,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
       pages.push_back(p);
     }
   }
-  if (pages.empty()) return ok;
+  if (pages.empty()) return held_back_.empty() ? ok : held_back_failure(0, 0);
   const size_t batch = copies_in_flight_;
   // New frames are granted and their copies queued in groups of a quarter of the batch.
   const size_t fill_group = (batch + 3) / 4;
@@ -132,17 +200,20 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   // Put page m's old frame back at its address (its bytes were never touched: it was only
   // read), after its new frame could not become its home there (`new_mapped`: the new frame
   // is mapped at the address, without access or with it).
+  // False (logged, the error set) when the page's address could not be led back.
   auto restore_old = [&](move& m, bool new_mapped) {
     const device_ptr va = arena_.page_address(m.page);
     if (new_mapped && be_.unmap(va, frame_size_) != ok) {
       log(log_level::error, "remap_pages: page %" PRIu64 " (0x%" PRIxPTR ") could not be unmapped from its new frame to go back to "
           "its old one: %s", m.page, va, last_error());
-      return;
+      return false;
     }
     if (be_.map(va, frame_size_, m.from, 0) != ok || be_.set_access(va, frame_size_, access_flags::read_write) != ok) {
       log(log_level::error, "remap_pages: page %" PRIu64 " (0x%" PRIxPTR ") could not be mapped again: %s", m.page, va,
           last_error());
+      return false;
     }
+    return true;
   };
   // A page that does not move after its old frame was mapped at its slot: the old frame's
   // second mapping goes, and the new frame goes back. `written`: the new frame is mapped at
@@ -161,9 +232,20 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
             last_error());
       }
     }
-    if (at_va) restore_old(m, /*new_mapped=*/true);
+    if (at_va && !restore_old(m, /*new_mapped=*/true)) {
+      // The page's bytes are in its old frame, mapped only at the slot now, and its address
+      // may still lead to the new frame: neither goes back, and the slot stays as it is (the
+      // range is left behind, as for a slot that cannot be unmapped).
+      if (!scratch_lost) scratch_why = "page " + std::to_string(m.page) + " could not be put back in its old frame: " + last_error();
+      scratch_lost = true;
+      return;
+    }
     unmap_slot(slot_address(slot));  // the old frame stays mapped at the page's address
-    if (give) frames_.give_back(m.to);
+    if (give) {
+      frames_.give_back(m.to);
+    } else {
+      hold_back(m.to, 0, /*scrubbed=*/false);  // it may hold part of the page's bytes
+    }
   };
   copy_pipeline::handlers on;
   on.copied = [&](uint64_t, size_t slot, bool) {
@@ -286,9 +368,13 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
       ++done;
       if (frames_.scrub_before_give_back(m.from)) {
         if (be_.memset_d8(slot_address(slot), 0, frame_size_, out_stream_) != ok) {
-          log(log_level::error, "remap_pages: scrubbing the old frame of page %" PRIu64 " failed (%s); the frame is kept", m.page,
+          log(log_level::error, "remap_pages: scrubbing the old frame of page %" PRIu64 " failed (%s); the frame is held back", m.page,
               last_error());
-          unmap_slot(slot_address(slot));  // kept out of the pool rather than hand our bytes to someone else
+          // Kept out of the pool rather than hand our bytes to someone else.
+          const std::string why = last_error();
+          const bool unmapped = unmap_slot(slot_address(slot));
+          fail(err_cuda, "scrubbing the old frame of page %" PRIu64 ": %s", m.page, why.c_str());
+          hold_back(m.from, unmapped ? 0 : slot_address(slot), /*scrubbed=*/false);
           continue;
         }
       }
@@ -297,12 +383,20 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     lap(&spent.switch_s);
     // 4. Scrubs done: unmap the slots, give the old frames back.
     const int scrubbed = be_.stream_synchronize(out_stream_);
+    const std::string scrub_why = scrubbed != ok ? last_error() : "";
     copies.note_failure(scrubbed);
     for (size_t slot : to_give) {
       const move& m = moves[slot];
-      if (!unmap_slot(slot_address(slot))) continue;  // mapped there still: kept
-      if (scrubbed != ok && frames_.scrub_before_give_back(m.from)) {
-        log(log_level::error, "remap_pages: the scrub of page %" PRIu64 "'s old frame may not have completed; the frame is kept", m.page);
+      const bool unscrubbed = scrubbed != ok && frames_.scrub_before_give_back(m.from);
+      if (!unmap_slot(slot_address(slot))) {  // mapped there still: held back
+        fail(err_cuda, "unmapping the old frame of page %" PRIu64 " from its scratch slot: %s", m.page, scratch_why.c_str());
+        hold_back(m.from, slot_address(slot), !unscrubbed);
+        continue;
+      }
+      if (unscrubbed) {
+        log(log_level::error, "remap_pages: the scrub of page %" PRIu64 "'s old frame may not have completed; the frame is held back", m.page);
+        fail(err_cuda, "the scrub of page %" PRIu64 "'s old frame may not have completed: %s", m.page, scrub_why.c_str());
+        hold_back(m.from, 0, /*scrubbed=*/false);
       } else if (const int rc = frames_.give_back(m.from); rc != ok) {
         log(log_level::warn, "remap_pages: giving back a frame: %s", last_error());
       }
@@ -311,9 +405,9 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     if (scratch_lost) break;
   }
   if (scratch_lost) {
-    log(log_level::error, "remap_pages: a scratch slot could not be unmapped (%s); its range is left behind, with the frame mapped there, and the next remap reserves another",
+    log(log_level::error, "remap_pages: a scratch slot is left in use (%s); its range is left behind, with the frame mapped there, and the next remap reserves another",
         scratch_why.c_str());
-    copies.note_failure(fail(err_cuda, "remap_pages: a scratch slot could not be unmapped: %s", scratch_why.c_str()));
+    copies.note_failure(fail(err_cuda, "remap_pages: a scratch slot is left in use: %s", scratch_why.c_str()));
     scratch_ = 0;
     scratch_size_ = 0;
   }
@@ -324,6 +418,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     return fail(copies.failure(), "remap_pages: %zu of %zu page(s) moved; the others stay in their frames: %s", done, pages.size(),
                 copies.failure_detail().c_str());
   }
+  if (!held_back_.empty()) return held_back_failure(done, pages.size());
   return ok;
 }
 

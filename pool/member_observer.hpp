@@ -118,7 +118,21 @@ class member_observer {
   void evict_failed(int status, const char* detail, uint64_t ns) noexcept {
     slot_.evict_status.store(0, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
-    std::snprintf(slot_.evict_error, sizeof slot_.evict_error, "%s", detail);
+    // Too long for the slot: the start says what failed and the end why (the innermost
+    // cause, with what to do): both are kept, the middle cut.
+    constexpr size_t cap = sizeof slot_.evict_error;
+    constexpr size_t head = 60;
+    constexpr char cut[] = " ... ";
+    const size_t n = std::strlen(detail);
+    if (n < cap) {
+      std::memcpy(slot_.evict_error, detail, n + 1);
+    } else {
+      const size_t tail = cap - 1 - head - (sizeof cut - 1);
+      std::memcpy(slot_.evict_error, detail, head);
+      std::memcpy(slot_.evict_error + head, cut, sizeof cut - 1);
+      std::memcpy(slot_.evict_error + head + sizeof cut - 1, detail + n - tail, tail);
+      slot_.evict_error[cap - 1] = '\0';
+    }
     slot_.evict_failed_ns.store(ns, std::memory_order_relaxed);
     slot_.evict_status.store(status, std::memory_order_release);
   }

@@ -182,14 +182,6 @@ int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
       // Only a low-priority member holds lent frames, and it never holds idle or active ones.
       const bool low_priority = pool_.count(frame_lent, w.owner) > 0 ||
                                 pool_.count(frame_idle, w.owner) + pool_.count(frame_active, w.owner) == 0;
-      if (low_priority && host_pool.empty()) {
-        return fail(err_timeout,
-                    "pool: process %d (pool member %u), a low-priority job (VRAMSWAP_OVERSUBSCRIBE=1), did not move the pages "
-                    "of frame %u to host memory within %.1f s (VRAMSWAP_EVICT_TIMEOUT); its frames were not taken. It is "
-                    "probably at its VRAMSWAP_OVERSUBSCRIBE_LIMIT or out of host memory (its log says which): raise its limit, "
-                    "or run this job when it has ended",
-                    owner.pid, w.owner, f, waited_ns / 1e9);
-      }
       // An owner whose eviction failed says why in its slot.
       const int32_t failed = owner.evict_status.load(std::memory_order_acquire);
       if (failed != ok) {
@@ -198,13 +190,33 @@ int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
         why[sizeof why - 1] = '\0';
         const uint64_t at = owner.evict_failed_ns.load(std::memory_order_relaxed);
         const uint64_t now = monotonic_ns();
+        const double ago = now > at ? (now - at) / 1e9 : 0.0;
+        if (low_priority) {
+          return fail(err_timeout,
+                      "pool: process %d (pool member %u), a low-priority job (VRAMSWAP_OVERSUBSCRIBE=1), could not move the "
+                      "pages of frame %u to host memory: its last try failed %.1f s ago (%s: %s); it runs on with them and tries "
+                      "again every second, and no frame of it was taken in %.1f s (VRAMSWAP_EVICT_TIMEOUT). Fix what its error "
+                      "names (at its VRAMSWAP_OVERSUBSCRIBE_LIMIT: raise it), or run this job when it has ended; its log has "
+                      "the whole error",
+                      owner.pid, w.owner, f, ago, status_name(failed), why, waited_ns / 1e9);
+        }
         return fail(err_timeout,
                     "pool: process %d (pool member %u) could not evict frame %u: its eviction failed %.1f s ago (%s: %s); it "
                     "keeps its pages resident and tries again every second, and no frame of it was taken in %.1f s "
                     "(VRAMSWAP_EVICT_TIMEOUT). Fix what its error names (for a full swap disk: free space in its "
                     "VRAMSWAP_SWAP_DIR, or give it more VRAMSWAP_HOST_LIMIT), or ask again when it has exited; its log has the "
                     "whole error",
-                    owner.pid, w.owner, f, now > at ? (now - at) / 1e9 : 0.0, status_name(failed), why, waited_ns / 1e9);
+                    owner.pid, w.owner, f, ago, status_name(failed), why, waited_ns / 1e9);
+      }
+      // Without a published failure (none yet, or one the job could not publish), its limit
+      // is the likely cause.
+      if (low_priority && host_pool.empty()) {
+        return fail(err_timeout,
+                    "pool: process %d (pool member %u), a low-priority job (VRAMSWAP_OVERSUBSCRIBE=1), did not move the pages "
+                    "of frame %u to host memory within %.1f s (VRAMSWAP_EVICT_TIMEOUT); its frames were not taken. It is "
+                    "probably at its VRAMSWAP_OVERSUBSCRIBE_LIMIT or out of host memory (its log says which): raise its limit, "
+                    "or run this job when it has ended",
+                    owner.pid, w.owner, f, waited_ns / 1e9);
       }
       // An owner that exited while processes it forked hold its connection (and its GPU
       // context) keeps its frames until they exit; its pool server names them.

@@ -248,7 +248,18 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
       if (member().stopping()) break;
       const auto t_linger = std::chrono::steady_clock::now();
       const uint32_t seen = member().requests_seen();
+      const std::vector<frame_id> served = std::move(wanted);
       wanted = frames_->frames().requested_of_me();
+      // A frame still asked for after a remap that moved nothing backs no page of ours (kept
+      // after a failure elsewhere, which logged it): serving it again would move nothing, with
+      // the gate closed, for as long as it is asked for.
+      if (n == 0 && std::any_of(wanted.begin(), wanted.end(),
+                                [&](frame_id f) { return std::find(served.begin(), served.end(), f) != served.end(); })) {
+        failure = fail(err_busy, "giving back %zu pool frame(s) a lock holder asked for: they back no page of this process and "
+                       "could not be given back (kept after an earlier failure of this process's, which its log names)",
+                       served.size());
+        break;
+      }
       if (wanted.empty()) {
         if (!linger_pays(gap_ns)) {
           ++skipped;
@@ -389,11 +400,14 @@ void oversubscribed_session::serve(uint32_t seen) {
     const int rc = serve_requests(std::move(wanted));
     last_request_ns_ = monotonic_ns();
     if (rc != ok) {
+      // In the member slot too: the lock holder's timeout error quotes it.
+      member().observe().evict_failed(rc, last_error(), last_request_ns_);
       log(failing_ ? log_level::debug : log_level::error, "device %d: %s%s", device_, last_error(),
           failing_ ? "" : "; the lock holder waits until VRAMSWAP_EVICT_TIMEOUT (tried again every second)");
       retry_at_ns_ = last_request_ns_ + k_retry_after_failure_ns;
       failed_at_requests_ = seen;
     } else if (failing_) {
+      member().observe().evict_succeeded();
       log(log_level::info, "device %d: pool frames given back again", device_);
     }
     failing_ = rc != ok;

@@ -182,6 +182,69 @@ TEST_P(PagerRemap, ANewFrameThatCannotBeHadLeavesThePagesNotYetMovedInPlace) {
   }
 }
 
+// An old frame whose scrub fails still holds its page's old bytes: it is held back, never
+// given back, and the remap fails (so that the lock holder that asked for it hears why,
+// instead of its owner taking the request as served and serving it again and again). The
+// next remap, with the fault gone, scrubs it and gives it back.
+TEST_P(PagerRemap, AnOldFrameWhoseScrubFailsIsHeldBackUntilAScrubSucceeds) {
+  for (const fault_op op : {fault_op::memset_d8, fault_op::stream_synchronize}) {
+    write_all(90 + static_cast<unsigned>(op));
+    frame_maker maker{frames.get(), frame_location::host};
+    size_t moved = 99;
+    // The first scrub of an old frame, or the wait for the first batch's scrubs (the copies
+    // are waited for on events: a remap's first stream synchronize is that wait).
+    const uint64_t nth = 0;
+    const std::vector<frame_id> now_before = page_frames();
+    const size_t returned_now = frames->given_back().size();
+    be->fail_at(op, nth);
+    clear_error();
+    const int rc = remap(frames_of(moving), maker, &moved);
+    be->disarm();
+    ASSERT_TRUE(be->fired()) << test::fault_op_name(op);
+    const std::string why = last_error();
+    EXPECT_NE(rc, ok) << test::fault_op_name(op);
+    EXPECT_NE(why.find("injected fault"), std::string::npos) << why;
+    // A failed scrub call stops nothing else (every page moves); a failed wait for the scrubs
+    // ends the remap after that batch, as any failed wait does.
+    if (op == fault_op::memset_d8) {
+      EXPECT_NE(why.find("could not be made fit to go back"), std::string::npos) << why;
+      EXPECT_EQ(moved, moving.size());
+    } else {
+      EXPECT_NE(why.find("the others stay in their frames"), std::string::npos) << why;
+      EXPECT_GE(moved, 1u);
+    }
+    const size_t held = pg->frames_held_back();
+    EXPECT_GE(held, 1u);
+    const std::vector<frame_id> back = given_back_since(returned_now);
+    const std::vector<frame_id> after = page_frames();
+    size_t old_kept = 0, moved_pages = 0;
+    for (uint64_t i : moving) {
+      if (after[i] == now_before[i]) continue;
+      ++moved_pages;
+      if (std::find(back.begin(), back.end(), now_before[i]) == back.end()) ++old_kept;
+    }
+    EXPECT_EQ(moved_pages, moved);
+    EXPECT_EQ(old_kept, held) << "the held frames are old frames of moved pages, not given back";
+    EXPECT_EQ(back.size() + held, moved);
+    for (frame_id f : back) EXPECT_TRUE(zeroed(f));
+    ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+    EXPECT_TRUE(all_hold(90 + static_cast<unsigned>(op)));
+    // Fault gone: asked again for the same frames (the held ones back no page now), the held
+    // frames go back, zeroed, and the pages not moved before move.
+    const size_t moved_before = moved;
+    const size_t returned_retry = frames->given_back().size();
+    std::vector<frame_id> asked_again;
+    for (uint64_t i : moving) asked_again.push_back(now_before[i]);
+    ASSERT_EQ(remap(asked_again, maker, &moved), ok) << last_error();
+    EXPECT_EQ(moved, moving.size() - moved_before);
+    EXPECT_EQ(pg->frames_held_back(), 0u);
+    const std::vector<frame_id> released = given_back_since(returned_retry);
+    EXPECT_EQ(released.size(), held + moved);
+    for (frame_id f : released) EXPECT_TRUE(zeroed(f)) << "a held frame went back unscrubbed";
+    EXPECT_TRUE(all_hold(90 + static_cast<unsigned>(op)));
+  }
+}
+
 // Every operation a remap makes fails once, at every position a clean run reaches.
 TEST_P(PagerRemap, AFailureAtAnyStepLeavesEveryPageWholeInItsOldOrItsNewFrame) {
   std::vector<uint64_t> counts;
@@ -212,6 +275,7 @@ TEST_P(PagerRemap, AFailureAtAnyStepLeavesEveryPageWholeInItsOldOrItsNewFrame) {
         ++failures;
         const std::string why = last_error();
         EXPECT_TRUE(why.find("the others stay in their frames") != std::string::npos ||
+                    why.find("could not be made fit to go back") != std::string::npos ||
                     why.find("remap_pages: synchronizing device") != std::string::npos)
             << where << ": " << why;
       }

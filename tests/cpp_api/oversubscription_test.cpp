@@ -288,6 +288,9 @@ TEST_F(Oversubscription, LockUserFacingAJobAtItsHostLimitFailsClearlyAndTheJobRu
   const std::string said = slurp(user_err);
   EXPECT_NE(said.find("a low-priority job (VRAMSWAP_OVERSUBSCRIBE=1)"), std::string::npos) << said;
   EXPECT_NE(said.find("VRAMSWAP_OVERSUBSCRIBE_LIMIT"), std::string::npos) << said;
+  // The job's own error, published in its member slot, not a guess.
+  EXPECT_NE(said.find("its last try failed"), std::string::npos) << said;
+  EXPECT_NE(said.find("more would pass VRAMSWAP_OVERSUBSCRIBE_LIMIT"), std::string::npos) << said;
   EXPECT_NE(said.find(std::to_string(job)), std::string::npos) << "the error should name the job's pid: " << said;
   // The user is gone: its requests are withdrawn (the frames are the job's again).
   uint32_t requested = 0;
