@@ -182,10 +182,15 @@ int tiered_store::take_slot_locked(std::unique_lock<std::mutex>& lock, bool for_
   for (;;) {
     VS_TRY(reap_locked(false));
     const uint32_t given_back = slots_->give_back_count();  // before take: a give-back after it ends the wait
+    bool cannot_grow = false;
     if (slots_used_ < limit) {
       const int rc = slots_->take(false, out);
       if (rc == ok) break;
-      if (rc != err_busy) return rc;
+      // A slot that cannot be made (host memory that cannot be mapped or pinned) is a full
+      // host tier for now: with a disk behind it, the oldest pages go there and their slots
+      // are taken instead. Without one, that is the error.
+      if (rc != err_busy && !file_) return rc;
+      cannot_grow = rc != err_busy;
     }
     bool dropped = false;
     int spill_rc = ok;
@@ -199,7 +204,9 @@ int tiered_store::take_slot_locked(std::unique_lock<std::mutex>& lock, bool for_
         dropped = true;
         break;
       }
-      if (!for_write || writes_in_flight_ >= spill_ahead_) continue;  // reads never cause writes
+      // Reads cause no writes while the tier may grow past its budget instead (below); when
+      // it cannot grow at all, a page written out is the only room a read can have.
+      if ((!for_write && !cannot_grow) || writes_in_flight_ >= spill_ahead_) continue;
       if ((spill_rc = start_spill_locked(key, e)) != ok) break;
     }
     if (dropped) continue;

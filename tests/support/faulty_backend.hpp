@@ -33,13 +33,15 @@ enum class fault_op : unsigned {
   event_query,
   device_synchronize,
   copy_d2d,
+  host_register,
   count_
 };
 
 inline const char* fault_op_name(fault_op op) {
   static const char* const names[] = {"map",          "unmap",           "set_access",        "stream_synchronize",
                                       "copy_d2h",     "copy_h2d",        "memset_d8",         "event_record",
-                                      "event_synchronize", "event_query", "device_synchronize", "copy_d2d"};
+                                      "event_synchronize", "event_query", "device_synchronize", "copy_d2d",
+                                      "host_register"};
   return names[static_cast<unsigned>(op)];
 }
 
@@ -53,9 +55,18 @@ class faulty_backend final : public backend {
     armed_op_ = op;
     armed_n_ = n;
     armed_ = true;
+    every_ = false;
     fired_ = false;
   }
-  void disarm() { armed_ = false; }
+  // Fail every call of `op` from the n-th on (host memory that stays unpinnable).
+  void fail_from(fault_op op, uint64_t n) {
+    fail_at(op, n);
+    every_ = true;
+  }
+  void disarm() {
+    armed_ = false;
+    every_ = false;
+  }
   // The host backend captures no CUDA graph: from now on, application stream `app_stream`
   // is reported as being captured (0: none), as cuStreamIsCapturing would during a capture.
   void set_capturing(uintptr_t app_stream) { capturing_.store(app_stream); }
@@ -75,7 +86,7 @@ class faulty_backend final : public backend {
   // The fault, or ok: every wrapped entry point asks first.
   int inject(fault_op op) {
     const uint64_t nth = calls_[static_cast<unsigned>(op)].fetch_add(1);
-    if (!armed_ || op != armed_op_ || nth != armed_n_) return ok;
+    if (!armed_ || op != armed_op_ || nth < armed_n_ || (!every_ && nth != armed_n_)) return ok;
     fired_ = true;
     return fail(err_cuda, "injected fault: %s call #%llu failed", fault_op_name(op), static_cast<unsigned long long>(nth));
   }
@@ -106,7 +117,10 @@ class faulty_backend final : public backend {
   }
   int do_host_alloc(size_t size, void** out) override { return real_.host_alloc(size, out); }
   int do_host_free(void* ptr, size_t) override { return real_.host_free(ptr); }
-  int do_host_register(void* ptr, size_t size) override { return real_.host_register(ptr, size); }
+  int do_host_register(void* ptr, size_t size) override {
+    VS_TRY(inject(fault_op::host_register));
+    return real_.host_register(ptr, size);
+  }
   int do_host_unregister(void* ptr, size_t) override { return real_.host_unregister(ptr); }
   int do_stream_create(int device, stream_id* out) override { return real_.stream_create(device, out); }
   int do_stream_destroy(stream_id stream) override { return real_.stream_destroy(stream); }
@@ -159,6 +173,7 @@ class faulty_backend final : public backend {
   std::array<std::atomic<uint64_t>, static_cast<size_t>(fault_op::count_)> calls_{};
   std::atomic<uint64_t> granted_bytes_{0};
   bool armed_ = false;
+  bool every_ = false;  // every call of the op from armed_n_ on, not only that one
   fault_op armed_op_ = fault_op::map;
   uint64_t armed_n_ = 0;
   bool fired_ = false;

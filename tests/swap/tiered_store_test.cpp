@@ -37,6 +37,7 @@
 #include "core/pager.hpp"
 #include "core/status.hpp"
 #include "support/backends.hpp"
+#include "support/faulty_backend.hpp"
 #include "support/random_bytes.hpp"
 #include "support/scratch_fs.hpp"
 #include "support/store_pages.hpp"
@@ -172,6 +173,27 @@ TEST_P(TieredStore, WithoutReadDoneTheCallersSlotsStayValidUntilRelease) {
   for (uint64_t k = 0; k < n; ++k) EXPECT_EQ(test::first_mismatch(slots[k], k_page, 50 + k), k_page) << "page " << k;
   EXPECT_GT(s->stats().budget_overruns, 0u) << "it had to go past the budget, and says so";
   for (uint64_t k = 0; k < n; ++k) ASSERT_EQ(s->release(k), ok);
+}
+
+// Host memory that cannot be pinned (strict overcommit, a memory cgroup, a driver that
+// refuses the registration) after the first two chunks: the host tier cannot grow, so it
+// acts as full, and the oldest pages go to disk to make room, every byte coming back. (The
+// write window's newest 4 pages stay in host memory: two chunks leave 4 slots for others.)
+TEST_P(TieredStore, AHostTierThatCannotGrowSendsPagesToDisk) {
+  test::faulty_backend pinning(*be);
+  pinning.fail_from(test::fault_op::host_register, 2);
+  std::unique_ptr<tiered_store> s;
+  ASSERT_EQ(make_store(pinning, 12, dir, nullptr, &s), ok) << last_error();
+  constexpr uint64_t n = 24;
+  for (uint64_t k = 0; k < n; ++k) ASSERT_EQ(put(*s, k, 400 + k), ok) << "page " << k << ": " << last_error();
+  ASSERT_EQ(s->flush(), ok) << last_error();
+  EXPECT_TRUE(pinning.fired()) << "the host tier never tried to grow past its first chunk";
+  const tiered_stats st = s->stats();
+  EXPECT_LE(st.pinned_bytes, 8 * k_page) << "two chunks of 4 slots: nothing else could be pinned";
+  EXPECT_GE(st.disk_bytes, (n - 8) * k_page);
+  for (uint64_t k = 0; k < n; ++k) ASSERT_TRUE(read_back(*s, k, 400 + k)) << "page " << k;
+  for (uint64_t k = n; k-- > 0;) ASSERT_TRUE(read_back(*s, k, 400 + k)) << "page " << k;
+  pinning.disarm();
 }
 
 TEST_P(TieredStore, EioOnASpillKeepsThePageInHostMemory) {
