@@ -101,11 +101,11 @@ int check_owned(const struct stat& st, mode_t kind, const std::string& path, con
       return fail(err_not_owner,
                   "%s %s is open to other users (%s; at most %s%s): %s; it is left "
                   "alone. Remove it (%s %s) and start again%s%s",
-                  what, path.c_str(), owner.c_str(), want,
+                  what, path.c_str(), owner.c_str(), want, s.group ? (", group bits for " + describe_gid(s.gid)).c_str() : "",
                   (mode & 0022) != 0 || ((mode & 0020) != 0 && !groups) ? "anyone could have written into it"
                   : dir                                                   ? "others could read or enter it (tighten it: chmod)"
                                                                           : "others could read it (tighten it: chmod)",
-                  s.group ? (", group bits for " + describe_gid(s.gid)).c_str() : "", rm, path.c_str(),
+                  rm, path.c_str(),
                   *remedy != '\0' ? ", " : "", remedy);
     }
     return ok;

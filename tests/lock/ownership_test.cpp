@@ -93,6 +93,7 @@ TEST_F(Ownership, OwnLockSegmentOpenToOthersIsRefused) {
   const std::string said = last_error();
   EXPECT_NE(said.find(segment_path() + " is open to other users"), std::string::npos) << said;
   EXPECT_NE(said.find("mode 0666"), std::string::npos) << said;
+  EXPECT_NE(said.find("at most 0600): anyone could have written into it; it is left alone"), std::string::npos) << said;
 }
 
 TEST_F(Ownership, AnotherUsersPoolSegmentIsRefused) {
