@@ -41,6 +41,14 @@ int64_t timeout_ns(const char* fn, std::optional<double> timeout) {
     throw vramswap::invalid_argument(VRAMSWAP_ERR_INVALID_ARGUMENT, std::string(fn) + ": timeout must be None (wait) or a "
                                      "finite number of seconds >= 0, not " + std::to_string(*timeout));
   }
+  // Nanoseconds in an int64_t: about 292 years. Past that the conversion is undefined.
+  constexpr double k_max_s = 9.0e9;
+  if (*timeout > k_max_s) {
+    char text[160];
+    std::snprintf(text, sizeof text, "%s: timeout %g s is longer than the longest a wait can be told (%g s); use None to wait "
+                  "as long as it takes", fn, *timeout, k_max_s);
+    throw vramswap::invalid_argument(VRAMSWAP_ERR_INVALID_ARGUMENT, text);
+  }
   return static_cast<int64_t>(*timeout * 1e9);
 }
 
@@ -178,7 +186,13 @@ vramswap.Error and nothing is released.)doc");
   m.def(
       "_join_gang",
       [](std::optional<std::string> job, int rank, int world_size, int device) {
-        const int rc = rt::join_gang(job ? job->c_str() : nullptr, rank, world_size, device);
+        int rc = 0;
+        {
+          // It may open the device's session first: dial (or start) the pool server and
+          // wait for its welcome, which other threads must not wait for with us.
+          py::gil_scoped_release nogil;
+          rc = rt::join_gang(job ? job->c_str() : nullptr, rank, world_size, device);
+        }
         if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
       },
       py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("device"),

@@ -1,7 +1,7 @@
 """vramswap.gpu_lock: the device lock as a context manager and a decorator."""
 
 import functools
-
+import math
 import os
 
 from ._vramswap import _install_gpu_lock_methods, _join_gang
@@ -124,6 +124,11 @@ class gpu_lock:
             if len(set(devices)) != len(devices):
                 raise ValueError(f"gpu_lock: devices {list(devices)} lists a device twice")
             devices = tuple(sorted(devices))
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise ValueError(f"gpu_lock: timeout must be None (wait) or a number of seconds, not {timeout!r}")
+            if not math.isfinite(timeout) or timeout < 0:
+                raise ValueError(f"gpu_lock: timeout must be None (wait) or a finite number of seconds >= 0, not {timeout!r}")
         self.devices = devices
         self.device = devices[0]
         self.priority = priority

@@ -113,6 +113,18 @@ def test_bad_arguments_raise_value_error():
         vramswap.gpu_lock(device="0")
     with pytest.raises(ValueError, match="timeout"):
         vramswap.acquire(0, timeout=-1)
+    # Told at construction, as the other arguments are, not when the block is entered.
+    with pytest.raises(ValueError, match="gpu_lock: timeout must be None .* not '5'"):
+        vramswap.gpu_lock(timeout="5")
+    with pytest.raises(ValueError, match="gpu_lock: timeout must be None .* not nan"):
+        vramswap.gpu_lock(timeout=float("nan"))
+    # Longer than nanoseconds in 64 bits can count: refused, not wrapped into a negative time.
+    with pytest.raises(ValueError, match="timeout 1e\\+10 s is longer than .* use None"):
+        vramswap.acquire(0, timeout=1e10)
+    with pytest.raises(ValueError, match="use None to wait"):
+        with vramswap.gpu_lock(timeout=1e300):
+            pass
+    assert vramswap.held(0) == 0
     with pytest.raises(ValueError, match="size 0"):
         vramswap.malloc(0)
     with pytest.raises(ValueError, match="advice must be"):
