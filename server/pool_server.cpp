@@ -222,7 +222,8 @@ int pool_server::run() noexcept {
     bool pending = false;
     fds.clear();
     fds.push_back({stop_pipe_[0], POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
+    const bool accept_paused = monotonic_ns() < accept_paused_until_ns_;
+    fds.push_back({listen_fd_, static_cast<short>(accept_paused ? 0 : POLLIN), 0});
     const size_t first_client = 2;
     for (const client& c : clients_) {
       if (c.fd >= 0) {
@@ -272,6 +273,8 @@ int pool_server::run() noexcept {
       const uint64_t now = monotonic_ns();
       timeout_ms = now >= limit ? 0 : static_cast<int>((limit - now) / 1'000'000) + 1;
     }
+    constexpr int k_accept_pause_ms = static_cast<int>(k_accept_pause_ns / 1'000'000);
+    if (accept_paused && (timeout_ms < 0 || timeout_ms > k_accept_pause_ms)) timeout_ms = k_accept_pause_ms;  // to poll it again
     // Watched by the metrics endpoint (/healthz): beat at every turn, and turn at least every
     // k_beat_ms even when idle, so that a silent loop means a stuck one.
     if (metrics_ != nullptr) {

@@ -271,6 +271,14 @@ class pool_server {
     uint64_t since_ns = 0;
   };
   std::vector<greeting> greeting_;
+  // accept() out of descriptors (EMFILE, ENFILE): the connection stays in the backlog, so the
+  // listener is not polled again until this time (else poll returns at once, every turn),
+  // and the warning comes once per k_accept_warn_interval_ns with how many failed since.
+  static constexpr uint64_t k_accept_pause_ns = 100'000'000;
+  static constexpr uint64_t k_accept_warn_interval_ns = 10'000'000'000;
+  uint64_t accept_paused_until_ns_ = 0;
+  uint64_t accept_warned_ns_ = 0;
+  uint64_t accept_failures_ = 0;
   uint64_t frames_repaired_ = 0;
   bool adopted_ = false;
   uint64_t adopted_ns_ = 0;  // when this server adopted the pool

@@ -252,8 +252,10 @@ class PoolServer : public ::testing::Test {
     ::close(p.out);
     if (line.rfind("ready ", 0) != 0) {
       ADD_FAILURE() << "vramswapd did not report ready: \"" << line << "\"";
-      ::kill(p.pid, SIGKILL);
-      reap(p.pid);
+      if (p.pid > 0) {  // never kill(-1): a failed spawn has no pid
+        ::kill(p.pid, SIGKILL);
+        reap(p.pid);
+      }
       return -1;
     }
     servers_.push_back(p.pid);
@@ -808,6 +810,112 @@ TEST_F(PoolServer, AHelloWithExtraDescriptorsIsRefusedAndLeavesNoneOpen) {
   ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
   std::unique_ptr<pool_connection> c;
   EXPECT_EQ(pool_connection::connect(*be, 0, false, &c), ok) << last_error();
+}
+
+// At its descriptor limit the server cannot accept: the connection stays in the backlog,
+// and a listener polled again at once would turn the loop into a spin that floods the log.
+// It pauses the listener instead, warns once, and accepts again when descriptors are free.
+TEST_F(PoolServer, AtItsDescriptorLimitTheServerNeitherSpinsNorFloodsItsLog) {
+  const std::string err_file = dir_ + "-server.err";  // beside the runtime dir, which the server makes
+  const pid_t server = start_server({}, err_file);
+  ASSERT_GT(server, 0);
+  auto open_fds = [&] {
+    size_t n = 0;
+    if (DIR* d = ::opendir(("/proc/" + std::to_string(server) + "/fd").c_str())) {
+      while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+      ::closedir(d);
+    }
+    return n;
+  };
+  auto cpu_ticks = [&] {
+    std::ifstream in("/proc/" + std::to_string(server) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+    std::string f;
+    unsigned long long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && fields >> f; ++i) {
+      if (i == 14) utime = std::stoull(f);
+      if (i == 15) stime = std::stoull(f);
+    }
+    return utime + stime;
+  };
+  // Two descriptors to spare, then five silent connections: two are accepted, three wait.
+  rlimit lim{};
+  ASSERT_EQ(::prlimit(server, RLIMIT_NOFILE, nullptr, &lim), 0) << std::strerror(errno);
+  rlimit low = lim;
+  low.rlim_cur = open_fds() + 2;
+  ASSERT_EQ(::prlimit(server, RLIMIT_NOFILE, &low, nullptr), 0) << std::strerror(errno);
+  std::vector<int> silent;
+  for (int i = 0; i < 5; ++i) {
+    const int fd = connect_to_server();
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    silent.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const unsigned long long before = cpu_ticks();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const unsigned long long spent = cpu_ticks() - before;
+  const long per_second = ::sysconf(_SC_CLK_TCK);
+  EXPECT_LT(spent, static_cast<unsigned long long>(per_second / 5)) << "the server's loop spun at its descriptor limit";
+  std::ifstream log_in(err_file);
+  size_t warnings = 0, told_what_to_do = 0;
+  for (std::string line; std::getline(log_in, line);) {
+    if (line.find("vramswapd: accept: Too many open files") == std::string::npos) continue;
+    ++warnings;
+    told_what_to_do += line.find("raise the server's descriptor limit") != std::string::npos;
+  }
+  EXPECT_GE(warnings, 1u) << "the limit was never hit";
+  EXPECT_LE(warnings, 1u) << "the warning repeats";
+  EXPECT_EQ(told_what_to_do, warnings) << "the warning should say what to do";
+  // Descriptors free again: the silent connections go, the limit comes back, and a client joins.
+  for (int fd : silent) ::close(fd);
+  ASSERT_EQ(::prlimit(server, RLIMIT_NOFILE, &lim, nullptr), 0) << std::strerror(errno);
+  std::unique_ptr<backend> be;
+  ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
+  std::unique_ptr<pool_connection> c;
+  EXPECT_EQ(pool_connection::connect(*be, 0, false, &c), ok) << last_error();
+  ::unlink(err_file.c_str());
+}
+
+// A stopped server (SIGSTOP, a debugger) whose queue of new connections is full: a
+// client's connect would sleep until the server accepts, however long that takes, with
+// nothing said. It gives up after its patience with an error that says why.
+TEST_F(PoolServer, ConnectingToAStoppedServerWithAFullQueueFailsInTimeAndSaysWhy) {
+  const pid_t server = start_server();
+  ASSERT_GT(server, 0);
+  const std::string path = dir_ + "/" + prefix_ + "host-0.sock";
+  ASSERT_EQ(::kill(server, SIGSTOP), 0);
+  std::vector<int> queued;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  for (int i = 0; i < 1000; ++i) {  // the listen backlog (128) and one more
+    const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      EXPECT_EQ(errno, EAGAIN) << std::strerror(errno);
+      ::close(fd);
+      break;
+    }
+    queued.push_back(fd);
+  }
+  ASSERT_LT(queued.size(), 1000u) << "the queue never filled";
+  const auto t0 = std::chrono::steady_clock::now();
+  int fd = -1;
+  clear_error();
+  EXPECT_EQ(dial_server(path, &fd, 500), err_timeout);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 0.4);
+  EXPECT_LT(waited, 5.0) << "the connect should give up after its patience";
+  const std::string why = last_error();
+  EXPECT_NE(why.find("took no new connection for 0.5 s"), std::string::npos) << why;
+  EXPECT_NE(why.find("stopped (SIGSTOP"), std::string::npos) << why;
+  // Resumed, with its queue drained, the server takes connections again.
+  for (int q : queued) ::close(q);
+  ASSERT_EQ(::kill(server, SIGCONT), 0);
+  fd = -1;
+  EXPECT_EQ(dial_server(path, &fd), ok) << last_error();
+  if (fd >= 0) ::close(fd);
 }
 
 TEST_F(PoolServer, BadHelloGetsAnErrorWelcome) {
