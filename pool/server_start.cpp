@@ -40,24 +40,43 @@ extern char** environ;
 
 namespace vramswap::detail {
 
-int dial_server(const std::string& path, int* fd_out) noexcept {
+int dial_server(const std::string& path, int* fd_out, int patience_ms) noexcept {
   sockaddr_un addr{};
   socklen_t addr_len = 0;
   if (unix_address(path, /*allow_abstract=*/false, &addr, &addr_len) != ok) {
     const std::string why = last_error();
     return fail(err_invalid_argument, "pool: %s; use a shorter VRAMSWAP_RUNTIME_DIR", why.c_str());
   }
-  fd_guard fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  // Non-blocking for the connect alone: a Unix socket's connect to a full queue of new
+  // connections says EAGAIN at once, where a blocking one would sleep until the server
+  // accepts, however long that takes.
+  fd_guard fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (fd.fd < 0) return fail_errno(errno, "pool: socket(AF_UNIX, SOCK_SEQPACKET)");
+  const uint64_t deadline = monotonic_ns() + uint64_t(std::max(patience_ms, 0)) * 1'000'000;
   int rc;
-  do {
+  for (;;) {
     rc = ::connect(fd.fd, reinterpret_cast<sockaddr*>(&addr), addr_len);
-  } while (rc != 0 && errno == EINTR);
+    if (rc == 0 || errno == EINTR) {
+      if (rc == 0) break;
+      continue;
+    }
+    if (errno != EAGAIN || monotonic_ns() >= deadline) break;
+    ::usleep(10'000);
+  }
   if (rc != 0) {
     const int e = errno;
     if (e == ENOENT || e == ECONNREFUSED) return fail(err_unavailable, "pool: no pool server listens on %s", path.c_str());
+    if (e == EAGAIN) {
+      return fail(err_timeout,
+                  "pool: the pool server listening on %s took no new connection for %.1f s (its queue of them is full): it is "
+                  "stopped (SIGSTOP, a debugger), stuck (in a driver call: `vramswap status` and its /healthz say), or "
+                  "swamped by connections; its log is beside that socket. Resume or restart it, then try again",
+                  path.c_str(), patience_ms / 1e3);
+    }
     return fail_errno(e, "pool: connect to %s", path.c_str());
   }
+  const int flags = ::fcntl(fd.fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd.fd, F_SETFL, flags & ~O_NONBLOCK) != 0) return fail_errno(errno, "pool: fcntl(F_SETFL) on %s", path.c_str());
   *fd_out = fd.release();
   return ok;
 }

@@ -27,9 +27,15 @@ inline constexpr int k_server_build_limit_s = 600;
 // the one of its stop) is found so; generous for a loaded machine.
 inline constexpr int k_server_listen_grace_s = 10;
 
-// Connects to the server's SOCK_SEQPACKET socket at `socket_path`: *fd, or err_unavailable
-// when nobody listens there (no such file, or a stale file of a dead server).
-int dial_server(const std::string& socket_path, int* fd) noexcept;
+// How long a connect waits while the server's queue of new connections is full (a server
+// that is stopped, stuck in a driver call, or swamped): a blocking connect would wait for
+// as long as that lasts, with nothing said.
+inline constexpr int k_server_connect_patience_ms = 10'000;
+
+// Connects to the server's SOCK_SEQPACKET socket at `socket_path`: *fd, err_unavailable
+// when nobody listens there (no such file, or a stale file of a dead server), err_timeout
+// when the server took no connection within `patience_ms`.
+int dial_server(const std::string& socket_path, int* fd, int patience_ms = k_server_connect_patience_ms) noexcept;
 
 // After dial_server found nobody: starts the device's server, or waits for the client that
 // is starting one, then connects (*fd). err_unavailable (no binary found, or it could not
