@@ -100,7 +100,9 @@ int send_fd(int socket, int fd, const void* payload, size_t len) noexcept {
 int recv_fd(int socket, int* fd, void* payload, size_t cap, size_t* len) noexcept {
   *fd = -1;
   size_t count = 0;
-  return recv_fds(socket, fd, 1, &count, payload, cap, len);
+  const int rc = recv_fds(socket, fd, 1, &count, payload, cap, len);
+  if (count == 0) *fd = -1;  // none came, or recv_fds closed it: no number to close twice
+  return rc;
 }
 
 }  // namespace vramswap::detail

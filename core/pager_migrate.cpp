@@ -114,10 +114,10 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   // While old frames are held back the remap fails (after moving what it can): the process
   // that asked for them waits for them, and must hear why.
   auto held_back_failure = [&](size_t done_now, size_t asked) {
+    // The cause last: a member slot keeps the start and the end of a long error.
     return fail(held_back_status_,
-                "remap_pages: %zu of %zu page(s) moved, but %zu old frame(s) of this process could not be made fit to go back "
-                "(%s): they hold its bytes, so it keeps them and tries again at each request; the process that asked for them "
-                "waits for them until its VRAMSWAP_EVICT_TIMEOUT",
+                "remap_pages: %zu of %zu page(s) moved; %zu old frame(s) held back (they hold this process's bytes; tried again "
+                "at each request, the asker waits until its VRAMSWAP_EVICT_TIMEOUT): they could not be made fit to go back: %s",
                 done_now, asked, held_back_.size(), held_back_why_.c_str());
   };
   remap_timing spent;
@@ -200,20 +200,21 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   // Put page m's old frame back at its address (its bytes were never touched: it was only
   // read), after its new frame could not become its home there (`new_mapped`: the new frame
   // is mapped at the address, without access or with it).
-  // False (logged, the error set) when the page's address could not be led back.
+  // How far it got (logged, the error set, when not all the way).
+  enum class restored { yes, new_frame_still_there, address_left_unmapped };
   auto restore_old = [&](move& m, bool new_mapped) {
     const device_ptr va = arena_.page_address(m.page);
     if (new_mapped && be_.unmap(va, frame_size_) != ok) {
       log(log_level::error, "remap_pages: page %" PRIu64 " (0x%" PRIxPTR ") could not be unmapped from its new frame to go back to "
           "its old one: %s", m.page, va, last_error());
-      return false;
+      return restored::new_frame_still_there;
     }
     if (be_.map(va, frame_size_, m.from, 0) != ok || be_.set_access(va, frame_size_, access_flags::read_write) != ok) {
       log(log_level::error, "remap_pages: page %" PRIu64 " (0x%" PRIxPTR ") could not be mapped again: %s", m.page, va,
           last_error());
-      return false;
+      return restored::address_left_unmapped;
     }
-    return true;
+    return restored::yes;
   };
   // A page that does not move after its old frame was mapped at its slot: the old frame's
   // second mapping goes, and the new frame goes back. `written`: the new frame is mapped at
@@ -232,12 +233,39 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
             last_error());
       }
     }
-    if (at_va && !restore_old(m, /*new_mapped=*/true)) {
-      // The page's bytes are in its old frame, mapped only at the slot now, and its address
-      // may still lead to the new frame: neither goes back, and the slot stays as it is (the
-      // range is left behind, as for a slot that cannot be unmapped).
+    const restored r = at_va ? restore_old(m, /*new_mapped=*/true) : restored::yes;
+    if (r != restored::yes) {
+      // The old frame stays mapped at its slot, so the slot's range is left behind (as for a
+      // slot that cannot be unmapped).
       if (!scratch_lost) scratch_why = "page " + std::to_string(m.page) + " could not be put back in its old frame: " + last_error();
       scratch_lost = true;
+    }
+    if (r == restored::new_frame_still_there) {
+      // The page's address still leads to the new frame (with access): copy the old frame's
+      // bytes there once more, from the slot, and the new frame is the page's home after
+      // all. The old frame backs nothing then: held back, still mapped at its slot.
+      const device_ptr va = arena_.page_address(m.page);
+      int rc = be_.copy_d2d(va, slot_address(slot), frame_size_, out_stream_);
+      if (rc == ok) rc = be_.stream_synchronize(out_stream_);
+      if (rc != ok) {
+        log(log_level::error, "remap_pages: page %" PRIu64 " (0x%" PRIxPTR ") stays in a frame its bytes may not have fully reached: "
+            "%s", m.page, va, last_error());
+      }
+      table_[m.page].frame = m.to;
+      ++done;
+      fail(err_cuda, "page %" PRIu64 "'s old frame, left at a scratch slot: %s", m.page, scratch_why.c_str());
+      hold_back(m.from, slot_address(slot), /*scrubbed=*/false);
+      return;
+    }
+    if (r == restored::address_left_unmapped) {
+      // The page's bytes are in its old frame, mapped only at the slot: it stays the page's
+      // frame (a later scrub through the unmapped address fails, so it is never given back
+      // unscrubbed). The new frame is at no address: it goes back (zeroed) or is held.
+      if (give) {
+        frames_.give_back(m.to);
+      } else {
+        hold_back(m.to, 0, /*scrubbed=*/false);
+      }
       return;
     }
     unmap_slot(slot_address(slot));  // the old frame stays mapped at the page's address
@@ -389,7 +417,8 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
       const move& m = moves[slot];
       const bool unscrubbed = scrubbed != ok && frames_.scrub_before_give_back(m.from);
       if (!unmap_slot(slot_address(slot))) {  // mapped there still: held back
-        fail(err_cuda, "unmapping the old frame of page %" PRIu64 " from its scratch slot: %s", m.page, scratch_why.c_str());
+        const std::string why = last_error();
+        fail(err_cuda, "unmapping the old frame of page %" PRIu64 " from its scratch slot: %s", m.page, why.c_str());
         hold_back(m.from, slot_address(slot), !unscrubbed);
         continue;
       }

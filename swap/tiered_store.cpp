@@ -182,15 +182,22 @@ int tiered_store::take_slot_locked(std::unique_lock<std::mutex>& lock, bool for_
   for (;;) {
     VS_TRY(reap_locked(false));
     const uint32_t given_back = slots_->give_back_count();  // before take: a give-back after it ends the wait
-    bool cannot_grow = false;
-    if (slots_used_ < limit) {
+    // A slot that cannot be made (host memory that cannot be mapped or pinned) is a full
+    // host tier for now: with a disk behind it, the oldest pages go there and their slots
+    // are taken instead. Without one, that is the error. After such a failure the tier is
+    // not grown again for k_grow_retry_ns while it has no free slot: each try maps and
+    // faults in a whole chunk (under a memory cgroup, up to its limit) only to fail again.
+    const bool no_free_slot = slots_used_ * slot_size_ >= slots_->bytes_pinned();
+    bool cannot_grow = grow_failed_ns_ != 0 && now_ns() - grow_failed_ns_ < k_grow_retry_ns && no_free_slot;
+    if (slots_used_ < limit && !cannot_grow) {
       const int rc = slots_->take(false, out);
       if (rc == ok) break;
-      // A slot that cannot be made (host memory that cannot be mapped or pinned) is a full
-      // host tier for now: with a disk behind it, the oldest pages go there and their slots
-      // are taken instead. Without one, that is the error.
       if (rc != err_busy && !file_) return rc;
-      cannot_grow = rc != err_busy;
+      if (rc != err_busy) {
+        cannot_grow = true;
+        if (grow_failed_ns_ == 0) log(log_level::warn, "tiered store: %s; saved pages go to the swap file instead", last_error());
+        grow_failed_ns_ = now_ns();
+      }
     }
     bool dropped = false;
     int spill_rc = ok;

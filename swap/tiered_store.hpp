@@ -229,6 +229,10 @@ class tiered_store : public page_store {
   uint64_t write_seq_ = 0;
   size_t writes_in_flight_ = 0;
   size_t reads_in_flight_ = 0;
+  // When the host tier last failed to grow (0: never): it is not grown again for this long
+  // while it has no free slot (take_slot_locked).
+  static constexpr uint64_t k_grow_retry_ns = 1'000'000'000;
+  uint64_t grow_failed_ns_ = 0;
   int pending_error_ = 0;               // first failure of a write that ran ahead
   std::string pending_detail_;
   bool overrun_logged_ = false;

@@ -125,9 +125,17 @@ class gpu_lock:
                 raise ValueError(f"gpu_lock: devices {list(devices)} lists a device twice")
             devices = tuple(sorted(devices))
         if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            # Anything float() takes (numpy scalars, Decimal, Fraction), as acquire() does.
+            try:
+                seconds = None if isinstance(timeout, (bool, str, bytes)) else float(timeout)
+            except OverflowError:
+                raise ValueError(f"gpu_lock: timeout {timeout!r} s is longer than a wait can be told; use None to wait "
+                                 "as long as it takes") from None
+            except (TypeError, ValueError):
+                seconds = None
+            if seconds is None:
                 raise ValueError(f"gpu_lock: timeout must be None (wait) or a number of seconds, not {timeout!r}")
-            if not math.isfinite(timeout) or timeout < 0:
+            if not math.isfinite(seconds) or seconds < 0:
                 raise ValueError(f"gpu_lock: timeout must be None (wait) or a finite number of seconds >= 0, not {timeout!r}")
         self.devices = devices
         self.device = devices[0]

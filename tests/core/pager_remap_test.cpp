@@ -245,6 +245,56 @@ TEST_P(PagerRemap, AnOldFrameWhoseScrubFailsIsHeldBackUntilAScrubSucceeds) {
   }
 }
 
+// A copy that is not confirmed sends its page back to its old frame; when that fails too,
+// nothing is lost and no frame goes back while it holds the page's bytes or is still mapped.
+// Its address still leading to the new frame: the bytes are copied there again and the new
+// frame is the page's home. Its address left unmapped: the old frame stays the page's, and
+// is never given back (a free cannot scrub it through the address).
+TEST_P(PagerRemap, ACopyNotConfirmedAndAPageThatCannotGoBackLoseNoByteAndGiveBackNoLiveFrame) {
+  for (const fault_op second : {fault_op::unmap, fault_op::map}) {
+    const uint64_t seed = 120 + static_cast<unsigned>(second);
+    write_all(seed);
+    const std::vector<frame_id> before = page_frames();
+    const size_t returned_before = frames->given_back().size();
+    frame_maker maker{frames.get(), frame_location::host};
+    size_t moved = 99;
+    be->fail_at(fault_op::event_synchronize, 0);  // the first copy's wait: it ran, but is not confirmed
+    be->then_fail(second);                        // and the way back fails
+    clear_error();
+    const int rc = remap(frames_of(moving), maker, &moved);
+    const bool both = be->fired() && be->second_fired();
+    be->disarm();
+    ASSERT_TRUE(both) << test::fault_op_name(second) << ": the faults did not both fire";
+    EXPECT_NE(rc, ok);
+    const std::vector<frame_id> now = page_frames();
+    const uint64_t first = moving[0];  // the page whose copy was not confirmed
+    if (second == fault_op::unmap) {
+      // Its address kept the new frame, which got the bytes again: every page reads back whole.
+      EXPECT_NE(now[first], before[first]) << "the new frame should be the page's home";
+      EXPECT_TRUE(all_hold(seed));
+      EXPECT_GE(pg->frames_held_back(), 1u) << "its old frame, mapped at an abandoned slot, is held";
+    }
+    EXPECT_EQ(now[first] == before[first], second == fault_op::map);
+    // No frame of a page went back, and every frame given back was zeroed.
+    for (frame_id f : given_back_since(returned_before)) {
+      EXPECT_TRUE(std::find(now.begin(), now.end(), f) == now.end()) << "a frame given back still backs a page";
+      EXPECT_TRUE(zeroed(f));
+    }
+    if (second == fault_op::map) {
+      // The old frame holds the page's bytes though its address leads nowhere: read them there.
+      EXPECT_EQ(now[first], before[first]);
+      for (uint64_t i = 0; i < k_pages; ++i) {
+        if (i == first) continue;
+        std::memset(staging, 0x5A, k_fixture_page);
+        ASSERT_EQ(real->copy_d2h(staging, page_address(i), k_fixture_page, stream), ok) << last_error();
+        ASSERT_EQ(real->stream_synchronize(stream), ok);
+        EXPECT_EQ(test::first_mismatch(staging, k_fixture_page, page_seed(seed, i)), k_fixture_page) << "page " << i;
+      }
+      break;  // the page's address is left unmapped: this pager is not fit for another round
+    }
+  }
+}
+
 // Every operation a remap makes fails once, at every position a clean run reaches.
 TEST_P(PagerRemap, AFailureAtAnyStepLeavesEveryPageWholeInItsOldOrItsNewFrame) {
   std::vector<uint64_t> counts;

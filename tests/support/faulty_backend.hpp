@@ -56,21 +56,31 @@ class faulty_backend final : public backend {
     armed_n_ = n;
     armed_ = true;
     every_ = false;
+    second_ = false;
     fired_ = false;
+    second_fired_ = false;
   }
   // Fail every call of `op` from the n-th on (host memory that stays unpinnable).
   void fail_from(fault_op op, uint64_t n) {
     fail_at(op, n);
     every_ = true;
   }
+  // With fail_at, a second fault: the first call of `op` after the first fault fired fails
+  // too (a failure met while undoing the first).
+  void then_fail(fault_op op) {
+    second_op_ = op;
+    second_ = true;
+  }
   void disarm() {
     armed_ = false;
     every_ = false;
+    second_ = false;
   }
   // The host backend captures no CUDA graph: from now on, application stream `app_stream`
   // is reported as being captured (0: none), as cuStreamIsCapturing would during a capture.
   void set_capturing(uintptr_t app_stream) { capturing_.store(app_stream); }
   bool fired() const { return fired_; }
+  bool second_fired() const { return second_fired_; }
   // Calls of `op` since the last fail_at() (or count_calls()).
   uint64_t calls(fault_op op) const { return calls_[static_cast<unsigned>(op)].load(); }
   void count_calls() {
@@ -86,6 +96,10 @@ class faulty_backend final : public backend {
   // The fault, or ok: every wrapped entry point asks first.
   int inject(fault_op op) {
     const uint64_t nth = calls_[static_cast<unsigned>(op)].fetch_add(1);
+    if (armed_ && second_ && fired_ && !second_fired_ && op == second_op_) {
+      second_fired_ = true;
+      return fail(err_cuda, "injected second fault: %s call #%llu failed", fault_op_name(op), static_cast<unsigned long long>(nth));
+    }
     if (!armed_ || op != armed_op_ || nth < armed_n_ || (!every_ && nth != armed_n_)) return ok;
     fired_ = true;
     return fail(err_cuda, "injected fault: %s call #%llu failed", fault_op_name(op), static_cast<unsigned long long>(nth));
@@ -177,6 +191,9 @@ class faulty_backend final : public backend {
   fault_op armed_op_ = fault_op::map;
   uint64_t armed_n_ = 0;
   bool fired_ = false;
+  bool second_ = false;
+  fault_op second_op_ = fault_op::map;
+  bool second_fired_ = false;
   std::atomic<uintptr_t> capturing_{0};
 };
 
