@@ -179,6 +179,7 @@ int tiered_store::take_slot_locked(std::unique_lock<std::mutex>& lock, bool for_
   // Saved pages may fill the budget less the staging slots; reads back may use those too.
   const size_t limit = budget_slots_ == 0 ? SIZE_MAX : for_write ? budget_slots_ - staging_slots_ : budget_slots_;
   const uint64_t start_ns = now_ns();
+  bool waited_with_error = false;  // for the writes in flight, with a write's failure pending
   for (;;) {
     VS_TRY(reap_locked(false));
     const uint32_t given_back = slots_->give_back_count();  // before take: a give-back after it ends the wait
@@ -217,14 +218,19 @@ int tiered_store::take_slot_locked(std::unique_lock<std::mutex>& lock, bool for_
       if ((spill_rc = start_spill_locked(key, e)) != ok) break;
     }
     if (dropped) continue;
-    if (for_write && pending_error_ != ok) {
+    // A write that failed: the writes in flight (its page's rewrite among them, which ends the
+    // failure when it succeeds) are waited for once; a failure that outlasts them is the
+    // caller's, so that writes that keep failing are not retried without end.
+    const bool report = for_write && pending_error_ != ok && (waited_with_error || (writes_in_flight_ == 0 && reads_in_flight_ == 0));
+    if (!report && (writes_in_flight_ > 0 || reads_in_flight_ > 0)) {
+      waited_with_error = waited_with_error || pending_error_ != ok;
+      VS_TRY(reap_locked(true));
+      continue;
+    }
+    if (report) {
       const int rc = pending_error_;
       pending_error_ = ok;
       return fail(rc, "%s", pending_detail_.c_str());
-    }
-    if (writes_in_flight_ > 0 || reads_in_flight_ > 0) {
-      VS_TRY(reap_locked(true));
-      continue;
     }
     if (spill_rc != ok) return spill_rc;  // e.g. err_no_space, with its detail
     // Nothing may go to disk: every slot is lent out, may still be being copied into, or
@@ -316,10 +322,14 @@ void tiered_store::on_complete(const swap_file::completion& c) {
       e.disk_valid = true;
       stats_.bytes_written += slot_size_;
       if (!e.lent && !protected_locked(e)) drop_slot_locked(e);
+      // The page whose write failed is on disk after all: that failure no longer stands, and
+      // its detail ("stays in host memory") would no longer be true.
+      if (pending_error_ != ok && c.tag == pending_key_) pending_error_ = ok;
     } else {
       drop_extent_locked(e);
       if (pending_error_ == ok) {
         pending_error_ = c.status;
+        pending_key_ = c.tag;
         pending_detail_ = c.detail + "; the page stays in host memory, nothing lost";
       }
       log(log_level::warn, "tiered store: %s", c.detail.c_str());
@@ -443,6 +453,7 @@ int tiered_store::release(uint64_t key) {
   drop_slot_locked(it->second);
   drop_extent_locked(it->second);
   pages_.erase(it);
+  if (pending_error_ != ok && key == pending_key_) pending_error_ = ok;  // the page whose write failed is gone
   return ok;
 }
 

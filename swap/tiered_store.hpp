@@ -233,7 +233,10 @@ class tiered_store : public page_store {
   // while it has no free slot (take_slot_locked).
   static constexpr uint64_t k_grow_retry_ns = 1'000'000'000;
   uint64_t grow_failed_ns_ = 0;
-  int pending_error_ = 0;               // first failure of a write that ran ahead
+  // The first failure of a write that ran ahead, for the caller that needs the room it
+  // would have made; it lapses when that page is written after all, or released.
+  int pending_error_ = 0;
+  uint64_t pending_key_ = 0;
   std::string pending_detail_;
   bool overrun_logged_ = false;
   tiered_stats stats_;

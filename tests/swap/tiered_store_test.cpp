@@ -196,9 +196,25 @@ TEST_P(TieredStore, AHostTierThatCannotGrowSendsPagesToDisk) {
   pinning.disarm();
 }
 
-TEST_P(TieredStore, EioOnASpillKeepsThePageInHostMemory) {
+// A write that fails once is tried again: the page stays in host memory meanwhile, and once
+// its rewrite is on disk the failure is over, not reported to a later save that needs room
+// (where its "stays in host memory" would no longer be true).
+TEST_P(TieredStore, AnEioOnOneSpillIsRetriedAndFailsNoSave) {
   scripted_faults faults;
   faults.on = [](bool write, uint64_t nth, unsigned, int res) { return write && nth == 5 ? -EIO : res; };
+  std::unique_ptr<tiered_store> s;
+  ASSERT_EQ(make_store(*be, 8, dir, &faults, &s), ok) << last_error();
+  for (uint64_t k = 0; k < 30; ++k) ASSERT_EQ(put(*s, k, 300 + k), ok) << "page " << k << ": " << last_error();
+  ASSERT_EQ(s->flush(), ok) << last_error();
+  for (uint64_t k = 0; k < 30; ++k) EXPECT_TRUE(read_back(*s, k, 300 + k));
+}
+
+// Writes that keep failing leave no room: the save that needs it fails with the write's
+// error, saying the page stays in host memory; once the disk works again, so do saves.
+TEST_P(TieredStore, EioOnEverySpillKeepsThePageInHostMemory) {
+  scripted_faults faults;
+  bool failing = true;
+  faults.on = [&](bool write, uint64_t nth, unsigned, int res) { return write && nth >= 5 && failing ? -EIO : res; };
   std::unique_ptr<tiered_store> s;
   ASSERT_EQ(make_store(*be, 8, dir, &faults, &s), ok) << last_error();
   int failed_at = -1;
@@ -213,9 +229,10 @@ TEST_P(TieredStore, EioOnASpillKeepsThePageInHostMemory) {
       break;
     }
   }
-  ASSERT_GE(failed_at, 0) << "the injected EIO never reached a caller";
+  ASSERT_GE(failed_at, 0) << "the failing writes never reached a caller";
   // Every page saved before the failure is intact, wherever it is; later spills work again.
   for (uint64_t k = 0; k < static_cast<uint64_t>(failed_at); ++k) EXPECT_TRUE(read_back(*s, k, 300 + k));
+  failing = false;
   for (uint64_t k = failed_at; k < 30; ++k) ASSERT_EQ(put(*s, k, 300 + k), ok) << last_error();
   ASSERT_EQ(s->flush(), ok) << last_error();
   for (uint64_t k = 0; k < 30; ++k) EXPECT_TRUE(read_back(*s, k, 300 + k));
@@ -561,10 +578,12 @@ TEST_P(PagerOverDisk, RandomBytesSurviveDeviceHostDiskHostDevice) {
   }
 }
 
+// Writes that fail from the 8th on (a write that fails once is retried and fails nothing:
+// TieredStore.AnEioOnOneSpillIsRetriedAndFailsNoSave).
 TEST_P(PagerOverDisk, EioDuringEvictionLeavesEveryPageIntact) {
   scripted_faults faults;
   bool armed = true;
-  faults.on = [&](bool write, uint64_t nth, unsigned, int res) { return armed && write && nth == 7 ? -EIO : res; };
+  faults.on = [&](bool write, uint64_t nth, unsigned, int res) { return armed && write && nth >= 7 ? -EIO : res; };
   make(10, &faults);
   device_ptr a = 0;
   constexpr uint64_t size = 48 * MiB;
