@@ -246,6 +246,8 @@ class pager {
   int held_back_status_ = 0;  // why the first of them was kept
   std::string held_back_why_;
   void hold_back(frame_id frame, device_ptr mapped_at, bool scrubbed);  // the current error says why
+  int reserve_scratch();   // scratch_ (one slot per copy in flight), unless there is one
+  void abandon_scratch();  // a slot of it stays mapped: the range is left behind, the next remap reserves another
   // Make each held-back frame fit and give it back: unmap its slot, scrub it at a scratch
   // slot (when the source asks for scrubs), give it back. Those that fail stay.
   void release_held_back();

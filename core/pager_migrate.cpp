@@ -66,6 +66,19 @@ void pager::hold_back(frame_id frame, device_ptr mapped_at, bool scrubbed) {
   held_back_.push_back({frame, mapped_at, scrubbed});
 }
 
+int pager::reserve_scratch() {
+  if (scratch_ != 0) return ok;
+  VS_TRY(add_context(be_.reserve(device_, copies_in_flight_ * frame_size_, 0, &scratch_),
+                     "remap_pages: a scratch range of %u frames: ", copies_in_flight_));
+  scratch_size_ = copies_in_flight_ * frame_size_;
+  return ok;
+}
+
+void pager::abandon_scratch() {
+  scratch_ = 0;
+  scratch_size_ = 0;
+}
+
 void pager::release_held_back() {
   for (size_t i = 0; i < held_back_.size();) {
     held_frame& h = held_back_[i];
@@ -75,10 +88,7 @@ void pager::release_held_back() {
       if (rc == ok) h.mapped_at = 0;
     }
     if (rc == ok && !h.scrubbed && frames_.scrub_before_give_back(h.frame)) {
-      if (scratch_ == 0) {
-        rc = add_context(be_.reserve(device_, copies_in_flight_ * frame_size_, 0, &scratch_), "a scratch range: ");
-        if (rc == ok) scratch_size_ = copies_in_flight_ * frame_size_;
-      }
+      rc = reserve_scratch();
       if (rc == ok && (rc = be_.map(scratch_, frame_size_, h.frame, 0)) == ok) {
         rc = be_.set_access(scratch_, frame_size_, access_flags::read_write);
         if (rc == ok) rc = be_.memset_d8(scratch_, 0, frame_size_, out_stream_);
@@ -87,8 +97,7 @@ void pager::release_held_back() {
         if (be_.unmap(scratch_, frame_size_) != ok) {
           // Left mapped at the slot: the range is abandoned with it (as in remap_pages).
           h.mapped_at = scratch_;
-          scratch_ = 0;
-          scratch_size_ = 0;
+          abandon_scratch();
           if (rc == ok) rc = err_cuda;
         } else if (rc != ok) {
           fail(rc, "%s", why.c_str());
@@ -149,10 +158,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
   const size_t batch = copies_in_flight_;
   // New frames are granted and their copies queued in groups of a quarter of the batch.
   const size_t fill_group = (batch + 3) / 4;
-  if (scratch_ == 0) {
-    VS_TRY(add_context(be_.reserve(device_, batch * frame_size_, 0, &scratch_), "remap_pages: a scratch range of %zu frames: ", batch));
-    scratch_size_ = batch * frame_size_;
-  }
+  VS_TRY(reserve_scratch());  // one slot per page of the batch
   // Work queued earlier by this process may still be writing these pages.
   lap(&spent.fill_s);  // the scratch reservation, once per pager
   VS_TRY(add_context(be_.device_synchronize(device_), "remap_pages: synchronizing device %d: ", device_));
@@ -257,18 +263,12 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
       hold_back(m.from, slot_address(slot), /*scrubbed=*/false);
       return;
     }
-    if (r == restored::address_left_unmapped) {
-      // The page's bytes are in its old frame, mapped only at the slot: it stays the page's
-      // frame (a later scrub through the unmapped address fails, so it is never given back
-      // unscrubbed). The new frame is at no address: it goes back (zeroed) or is held.
-      if (give) {
-        frames_.give_back(m.to);
-      } else {
-        hold_back(m.to, 0, /*scrubbed=*/false);
-      }
-      return;
-    }
-    unmap_slot(slot_address(slot));  // the old frame stays mapped at the page's address
+    // The address left unmapped: the page's bytes are in its old frame, mapped only at the
+    // slot, which stays; it remains the page's frame (a later scrub through the unmapped
+    // address fails, so it is never given back unscrubbed). Otherwise the old frame is mapped
+    // at the page's address, and its slot mapping goes. The new frame is at no address either
+    // way: it goes back (zeroed) or is held.
+    if (r == restored::yes) unmap_slot(slot_address(slot));
     if (give) {
       frames_.give_back(m.to);
     } else {
@@ -437,8 +437,7 @@ int pager::remap_pages(const std::vector<frame_id>& old_frames, const std::funct
     log(log_level::error, "remap_pages: a scratch slot is left in use (%s); its range is left behind, with the frame mapped there, and the next remap reserves another",
         scratch_why.c_str());
     copies.note_failure(fail(err_cuda, "remap_pages: a scratch slot is left in use: %s", scratch_why.c_str()));
-    scratch_ = 0;
-    scratch_size_ = 0;
+    abandon_scratch();
   }
   if (timing != nullptr) *timing = spent;
   stats_.pages_remapped += done;
