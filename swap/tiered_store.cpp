@@ -221,16 +221,13 @@ int tiered_store::take_slot_locked(std::unique_lock<std::mutex>& lock, bool for_
     // A write that failed: the writes in flight (its page's rewrite among them, which ends the
     // failure when it succeeds) are waited for once; a failure that outlasts them is the
     // caller's, so that writes that keep failing are not retried without end.
-    const bool report = for_write && pending_error_ != ok && (waited_with_error || (writes_in_flight_ == 0 && reads_in_flight_ == 0));
-    if (!report && (writes_in_flight_ > 0 || reads_in_flight_ > 0)) {
+    const bool in_flight = writes_in_flight_ > 0 || reads_in_flight_ > 0;
+    const bool report = for_write && pending_error_ != ok && (waited_with_error || !in_flight);
+    if (report) return take_pending_error_locked();
+    if (in_flight) {
       waited_with_error = waited_with_error || pending_error_ != ok;
       VS_TRY(reap_locked(true));
       continue;
-    }
-    if (report) {
-      const int rc = pending_error_;
-      pending_error_ = ok;
-      return fail(rc, "%s", pending_detail_.c_str());
     }
     if (spill_rc != ok) return spill_rc;  // e.g. err_no_space, with its detail
     // Nothing may go to disk: every slot is lent out, may still be being copied into, or
@@ -303,6 +300,12 @@ void tiered_store::read_ahead_locked(uint64_t after) {
     ++reads_in_flight_;
     file_->submit(false, static_cast<uint64_t>(e.extent), e.slot, it->first);
   }
+}
+
+int tiered_store::take_pending_error_locked() {
+  const int rc = pending_error_;
+  pending_error_ = ok;
+  return fail(rc, "%s", pending_detail_.c_str());
 }
 
 int tiered_store::reap_locked(bool wait) {
@@ -496,12 +499,7 @@ int tiered_store::flush() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!file_) return ok;
   while (writes_in_flight_ > 0 || reads_in_flight_ > 0) VS_TRY(reap_locked(true));
-  if (pending_error_ != ok) {
-    const int rc = pending_error_;
-    pending_error_ = ok;
-    return fail(rc, "%s", pending_detail_.c_str());
-  }
-  return ok;
+  return pending_error_ != ok ? take_pending_error_locked() : ok;
 }
 
 void tiered_store::may_save(uint64_t pages) {

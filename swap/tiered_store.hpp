@@ -238,6 +238,7 @@ class tiered_store : public page_store {
   int pending_error_ = 0;
   uint64_t pending_key_ = 0;
   std::string pending_detail_;
+  int take_pending_error_locked();  // the pending error (set: caller checked), cleared, as this call's
   bool overrun_logged_ = false;
   tiered_stats stats_;
 };
