@@ -125,14 +125,15 @@ void pool_server::accept_one() noexcept {
     if (e == EAGAIN || e == EINTR || e == ECONNABORTED) return;
     const uint64_t now = monotonic_ns();
     ++accept_failures_;
-    if (e == EMFILE || e == ENFILE) accept_paused_until_ns_ = now + k_accept_pause_ns;
+    const bool out_of_descriptors = e == EMFILE || e == ENFILE;
+    if (out_of_descriptors) accept_paused_until_ns_ = now + k_accept_pause_ns;
     if (accept_warned_ns_ == 0 || now - accept_warned_ns_ >= k_accept_warn_interval_ns) {
       rlimit lim{};
       ::getrlimit(RLIMIT_NOFILE, &lim);
       log(log_level::warn, "vramswapd: accept: %s (%" PRIu64 " time(s) since the last warning; %zu clients, %zu connections "
           "waiting for their hello, RLIMIT_NOFILE %llu)%s", std::strerror(e), accept_failures_, clients_.size(), greeting_.size(),
           static_cast<unsigned long long>(lim.rlim_cur),
-          e == EMFILE || e == ENFILE ? "; new clients wait in the backlog until descriptors are free: raise the server's "
+          out_of_descriptors ? "; new clients wait in the backlog until descriptors are free: raise the server's "
                                        "descriptor limit (LimitNOFILE= in its unit, ulimit -n)" : "");
       accept_warned_ns_ = now;
       accept_failures_ = 0;
