@@ -53,6 +53,7 @@
 #include "pool/server_start.hpp"
 #include "lock/process_identity.hpp"
 #include "support/loopback.hpp"
+#include "support/open_descriptors.hpp"
 #include "support/own_children.hpp"
 #include "lock/runtime_dir.hpp"
 #include "lock/shared_segment.hpp"
@@ -768,14 +769,6 @@ TEST_F(PoolServer, ServerOfAnotherUserIsNotUsed) {
 TEST_F(PoolServer, AHelloWithExtraDescriptorsIsRefusedAndLeavesNoneOpen) {
   const pid_t server = start_server();
   ASSERT_GT(server, 0);
-  auto open_fds = [&] {
-    size_t n = 0;
-    if (DIR* d = ::opendir(("/proc/" + std::to_string(server) + "/fd").c_str())) {
-      while (::readdir(d) != nullptr) ++n;
-      ::closedir(d);
-    }
-    return n;
-  };
   process_identity me{};
   ASSERT_EQ(current_process(&me), ok);
   const pool_protocol::hello h{pool_protocol::k_magic, pool_protocol::k_version, me.pid, 0, me.start_time, me.pid_ns};
@@ -796,15 +789,15 @@ TEST_F(PoolServer, AHelloWithExtraDescriptorsIsRefusedAndLeavesNoneOpen) {
   std::string message;
   refused_hello(&message);  // the first: whatever the server opens once is open now
   EXPECT_NE(message.find("more than 1 descriptor(s) arrived"), std::string::npos) << message;
-  const size_t before = open_fds();
-  ASSERT_GT(before, 0u);
+  const long before = test::open_descriptors(server);
+  ASSERT_GT(before, 0);
   for (int i = 0; i < 20; ++i) refused_hello(&message);
   // The refusals close their connections at once; give the server's loop a moment.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (open_fds() > before && std::chrono::steady_clock::now() < deadline) {
+  while (test::open_descriptors(server) > before && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_LE(open_fds(), before) << "the server kept descriptors of refused hellos";
+  EXPECT_LE(test::open_descriptors(server), before) << "the server kept descriptors of refused hellos";
   // A real client still joins.
   std::unique_ptr<backend> be;
   ASSERT_EQ(make_backend(backend_kind::host, &be), ok);
@@ -819,14 +812,6 @@ TEST_F(PoolServer, AtItsDescriptorLimitTheServerNeitherSpinsNorFloodsItsLog) {
   const std::string err_file = dir_ + "-server.err";  // beside the runtime dir, which the server makes
   const pid_t server = start_server({}, err_file);
   ASSERT_GT(server, 0);
-  auto open_fds = [&] {
-    size_t n = 0;
-    if (DIR* d = ::opendir(("/proc/" + std::to_string(server) + "/fd").c_str())) {
-      while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
-      ::closedir(d);
-    }
-    return n;
-  };
   auto cpu_ticks = [&] {
     std::ifstream in("/proc/" + std::to_string(server) + "/stat");
     std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -843,7 +828,7 @@ TEST_F(PoolServer, AtItsDescriptorLimitTheServerNeitherSpinsNorFloodsItsLog) {
   rlimit lim{};
   ASSERT_EQ(::prlimit(server, RLIMIT_NOFILE, nullptr, &lim), 0) << std::strerror(errno);
   rlimit low = lim;
-  low.rlim_cur = open_fds() + 2;
+  low.rlim_cur = test::open_descriptors(server) + 2;
   ASSERT_EQ(::prlimit(server, RLIMIT_NOFILE, &low, nullptr), 0) << std::strerror(errno);
   std::vector<int> silent;
   for (int i = 0; i < 5; ++i) {

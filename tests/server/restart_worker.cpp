@@ -11,7 +11,6 @@
 // (pool/kept_descriptors.hpp), as under a low RLIMIT_NOFILE.
 // Prints "rounds <n>" at the end. Exit: 0 ok, 2 an API call failed (the message says which
 // and why), 3 data differed (the message says where).
-#include <dirent.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,6 +27,7 @@
 
 #include "core/status.hpp"
 #include "runtime/device_session.hpp"
+#include "support/open_descriptors.hpp"
 #include "support/random_bytes.hpp"
 #include "support/worker_exit.hpp"
 
@@ -43,15 +43,6 @@ struct block {
   device_ptr ptr;
   uint64_t size;
 };
-
-int open_descriptors() {
-  DIR* d = ::opendir("/proc/self/fd");
-  if (d == nullptr) return -1;
-  int n = 0;
-  while (::readdir(d) != nullptr) ++n;
-  ::closedir(d);
-  return n - 3;  // ".", ".." and the directory's own
-}
 
 uint64_t seed_of(uint64_t seed, int round, size_t i) { return seed * 1000003 + static_cast<uint64_t>(round) * 101 + i; }
 
@@ -70,7 +61,8 @@ int main(int argc, char** argv) {
     // The host backend holds a descriptor per imported frame; 40 more cover the rest (the
     // socket, segments, the host pool, the swap file) but not a second one per frame.
     const rlim_t frames = std::strtoull(argv[4] + 8, nullptr, 10);
-    const rlimit lim{static_cast<rlim_t>(open_descriptors()) + frames + 40, static_cast<rlim_t>(open_descriptors()) + frames + 40};
+    const rlim_t enough = static_cast<rlim_t>(test::open_descriptors()) + frames + 40;
+    const rlimit lim{enough, enough};
     if (frames == 0 || ::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
       std::fprintf(stderr, "%s: few-fds: setrlimit: %s\n", k_program, std::strerror(errno));
       return 64;
