@@ -120,15 +120,34 @@ py::object gpu_lock_enter(py::object self) {
   return self;
 }
 
-// gpu_lock.__exit__: the release, whatever left the block (an exception is not swallowed).
-py::object gpu_lock_exit(py::object self, py::object, py::object, py::object) {
-  const std::vector<int> devices = self.attr("devices").cast<std::vector<int>>();
+// release() and release_devices(): the unlock without the GIL (the last one waits for the
+// process's device work), its error raised.
+void release_one(int device) {
   int rc = 0;
   {
     py::gil_scoped_release nogil;
-    rc = devices.size() == 1 ? rt::unlock(devices[0]) : rt::unlock_gang(devices.data(), devices.size());
+    rc = rt::unlock(device);
   }
   if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
+}
+
+void release_gang(const std::vector<int>& devices) {
+  int rc = 0;
+  {
+    py::gil_scoped_release nogil;
+    rc = rt::unlock_gang(devices.data(), devices.size());
+  }
+  if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
+}
+
+// gpu_lock.__exit__: the release, whatever left the block (an exception is not swallowed).
+py::object gpu_lock_exit(py::object self, py::object, py::object, py::object) {
+  const std::vector<int> devices = self.attr("devices").cast<std::vector<int>>();
+  if (devices.size() == 1) {
+    release_one(devices[0]);
+  } else {
+    release_gang(devices);
+  }
   return py::bool_(false);
 }
 
@@ -171,15 +190,7 @@ with release_devices() (or release() each). Device order: a gang takes all its d
 lowest one. Raises ValueError (an empty list, a device twice, no such device, holding a device
 above the gang's lowest or only some of its devices), vramswap.Error.)doc");
   m.def(
-      "release_devices",
-      [](const std::vector<int>& devices) {
-        int rc = 0;
-        {
-          py::gil_scoped_release nogil;
-          rc = rt::unlock_gang(devices.data(), devices.size());
-        }
-        if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
-      },
+      "release_devices", &release_gang,
       py::arg("devices"),
       R"doc(release() of each of the devices, highest first. When this thread does not hold one of them,
 vramswap.Error and nothing is released.)doc");
@@ -198,6 +209,10 @@ vramswap.Error and nothing is released.)doc");
       py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("device"),
       "vramswap.join_gang's C++ side (python/vramswap/_lock.py); job None leaves the gang.");
   m.def(
+      "_check_timeout", [](const std::string& fn, double seconds) { timeout_ns(fn.c_str(), seconds); }, py::arg("fn"),
+      py::arg("seconds"),
+      "The rule of a lock's timeout in seconds (finite, >= 0, within 64-bit nanoseconds): ValueError naming fn when broken.");
+  m.def(
       "_install_gpu_lock_methods",
       [](py::object cls) {
         cls.attr("__enter__") = py::cpp_function(&gpu_lock_enter, py::name("__enter__"), py::is_method(cls),
@@ -209,16 +224,7 @@ vramswap.Error and nothing is released.)doc");
       "Makes cls.__enter__ and __exit__ the C++ ones, so a signal handler cannot raise between the grant and the "
       "with-block, nor between the block's end and the release.");
   m.def(
-      "release",
-      [](int device) {
-        int rc = 0;
-        {
-          py::gil_scoped_release nogil;
-          rc = rt::unlock(device);
-        }
-        if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
-      },
-      py::arg("device") = 0,
+      "release", &release_one, py::arg("device") = 0,
       R"doc(Undo one acquire() of this thread; the last one waits for this process's device work and
 hands the lock on. Raises vramswap.Error when this thread does not hold the lock.)doc");
   m.def(

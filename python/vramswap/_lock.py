@@ -1,10 +1,9 @@
 """vramswap.gpu_lock: the device lock as a context manager and a decorator."""
 
 import functools
-import math
 import os
 
-from ._vramswap import _install_gpu_lock_methods, _join_gang
+from ._vramswap import _check_timeout, _install_gpu_lock_methods, _join_gang
 
 
 def join_gang(job=None, rank=None, world_size=None, device=None):
@@ -125,7 +124,8 @@ class gpu_lock:
                 raise ValueError(f"gpu_lock: devices {list(devices)} lists a device twice")
             devices = tuple(sorted(devices))
         if timeout is not None:
-            # Anything float() takes (numpy scalars, Decimal, Fraction), as acquire() does.
+            # Anything float() takes (numpy scalars, Decimal, Fraction), as acquire() does; its
+            # range is acquire()'s rule (_check_timeout), told here rather than at the block.
             try:
                 seconds = None if isinstance(timeout, (bool, str, bytes)) else float(timeout)
             except OverflowError:
@@ -135,8 +135,7 @@ class gpu_lock:
                 seconds = None
             if seconds is None:
                 raise ValueError(f"gpu_lock: timeout must be None (wait) or a number of seconds, not {timeout!r}")
-            if not math.isfinite(seconds) or seconds < 0:
-                raise ValueError(f"gpu_lock: timeout must be None (wait) or a finite number of seconds >= 0, not {timeout!r}")
+            _check_timeout("gpu_lock", seconds)
         self.devices = devices
         self.device = devices[0]
         self.priority = priority
