@@ -10,7 +10,11 @@
 //
 // Flags: host_copy_valid says a resident page's saved copy in the store still equals its
 // device bytes (read_mostly pages keep it after restore), so evicting it again copies
-// nothing. Not thread-safe: the pager serializes calls.
+// nothing. frame_stale says a resident page's frame does not hold its bytes: a scrub or a
+// partial copy in reached the frame, and neither leaving it nor copying the saved bytes
+// back worked. Its saved copy is then its only home: the pager copies it in again before
+// the page is used (restore_all, a malloc on the page) and evicts it without copying the
+// frame out. Not thread-safe: the pager serializes calls.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +30,7 @@ const char* page_state_name(page_state s) noexcept;
 struct page_entry {
   page_state state = page_state::unbacked;
   bool host_copy_valid = false;
+  bool frame_stale = false;  // resident, and only the saved copy holds the bytes
   frame_id frame = 0;  // valid when resident
   uint32_t frees = 0;  // times the last allocation on this page was freed (placement by use's hint)
 };

@@ -160,13 +160,65 @@ int pager::unback_page(uint64_t page, page_state now, bool scrubbed) {
   e.frame = 0;
   e.state = now;
   --resident_pages_;
+  if (e.frame_stale) {  // the frame's bytes were not the page's: nothing of them is missed
+    e.frame_stale = false;
+    --stale_pages_;
+  }
   if (rc != ok) log(log_level::warn, "pager: giving back the frame of page %" PRIu64 " failed: %s", page, last_error());
   return ok;
 }
 
 void pager::drop_saved_copy(uint64_t page) {
   store_.release(page);
-  table_[page].host_copy_valid = false;
+  page_entry& e = table_[page];
+  e.host_copy_valid = false;
+  if (e.frame_stale) {  // the page's bytes are given up (freed, discardable): its frame's do
+    e.frame_stale = false;
+    --stale_pages_;
+  }
+}
+
+void pager::settle_copied_in(uint64_t page) {
+  page_entry& e = table_[page];
+  if (arena_.page_advice(page) == advice::read_mostly) {
+    store_.read_done(page);
+    e.host_copy_valid = true;  // the caller promised not to write: keep the copy
+  } else {
+    store_.release(page);
+    e.host_copy_valid = false;
+  }
+  if (e.frame_stale) {
+    e.frame_stale = false;
+    --stale_pages_;
+  }
+}
+
+int pager::copy_saved_copy_in(uint64_t page) {
+  void* host = nullptr;
+  VS_TRY(store_.slot_for_read(page, &host));
+  VS_TRY(be_.copy_h2d(arena_.page_address(page), host, frame_size_, in_stream_));
+  return be_.stream_synchronize(in_stream_);
+}
+
+void pager::mark_stale(uint64_t page) {
+  page_entry& e = table_[page];
+  e.host_copy_valid = false;  // not a spare of the frame's bytes: their only home
+  if (!e.frame_stale) {
+    e.frame_stale = true;
+    ++stale_pages_;
+  }
+}
+
+int pager::repair_stale_page(uint64_t page) {
+  const int rc = copy_saved_copy_in(page);
+  if (rc != ok) {
+    return fail(rc, "page %" PRIu64 " (0x%" PRIxPTR ") does not hold its bytes in its frame (an earlier move could neither leave the "
+                "frame nor copy them back), and copying its saved copy in again failed: %s; nothing lost, the saved copy is kept "
+                "and tried again at the next restore",
+                page, arena_.page_address(page), last_error());
+  }
+  settle_copied_in(page);
+  return ok;
 }
 
 void pager::invalidate_saved_copies(page_range pages) {
@@ -182,6 +234,19 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
   std::vector<page_range> fresh;
   device_ptr ptr = 0;
   VS_TRY(arena_.allocate(size, &ptr, &fresh));
+  // A page of the new range whose frame does not hold its bytes gets them now, before the
+  // caller writes the new allocation's part of it (a repair later would overwrite that).
+  if (stale_pages_ > 0) {
+    const page_range pages = arena_.pages_of(ptr, size);
+    for (uint64_t p = pages.first; p < pages.first + pages.count; ++p) {
+      if (!table_[p].frame_stale) continue;
+      const int rc = repair_stale_page(p);
+      if (rc == ok) continue;
+      const std::string why = last_error();
+      arena_.deallocate(ptr, nullptr);
+      return fail(rc, "malloc(%" PRIu64 "): it shares a page with older memory, and %s", size, why.c_str());
+    }
+  }
   // New bytes on a page make a kept copy of it stale.
   invalidate_saved_copies(arena_.pages_of(ptr, size));
   for (const page_range& r : fresh) live_pages_ += r.count;
@@ -342,7 +407,9 @@ int pager::back_not_resident(page_range pages) {
     for (size_t i = 0; i < pending.size(); ++i) {
       const todo& t = pending[i];
       if (i < mapped && table_[t.page].state == page_state::resident) {
-        unback_page(t.page, t.was);
+        // A page that cannot leave its frame may hold part of its copy in: its saved copy
+        // stays its home, repaired before use.
+        if (unback_page(t.page, t.was) != ok && t.was == page_state::host) mark_stale(t.page);
       } else if (i >= mapped && t.frame != 0) {
         frames_.give_back(t.frame);
       }
@@ -351,12 +418,7 @@ int pager::back_not_resident(page_range pages) {
   }
   for (const todo& t : pending) {
     if (t.was != page_state::host) continue;
-    if (arena_.page_advice(t.page) == advice::read_mostly) {
-      store_.read_done(t.page);
-      table_[t.page].host_copy_valid = true;
-    } else {
-      store_.release(t.page);
-    }
+    settle_copied_in(t.page);
     stats_.bytes_in += frame_size_;
     ++stats_.pages_restored;
   }
@@ -461,7 +523,7 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     const page_entry& e = table_[p];
     if (e.state != page_state::resident || (chosen != nullptr && !(*chosen)[p])) continue;
     const advice adv = arena_.page_advice(p);
-    to_save += adv == advice::discardable || (e.host_copy_valid && adv == advice::read_mostly) ? 0 : 1;
+    to_save += adv == advice::discardable || e.frame_stale || (e.host_copy_valid && adv == advice::read_mostly) ? 0 : 1;
   }
   if (to_save > 0 && store_.expect_saves(to_save) != ok) clear_error();
 
@@ -477,6 +539,16 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
         break;
       }
       ++stats_.pages_discarded;
+      ++stats_.pages_evicted;
+      continue;
+    }
+    if (e.frame_stale) {
+      // Its saved copy holds its bytes, its frame does not: the frame goes without a copy out.
+      const int rc = unback_page(p, page_state::host);
+      if (rc != ok) {
+        copies.note_failure(rc);
+        break;
+      }
       ++stats_.pages_evicted;
       continue;
     }
@@ -535,24 +607,16 @@ int pager::unback_saved_page(uint64_t page, bool scrubbed) {
   // saved copy holds the only sure bytes. Copy them back so that the page is
   // whole where it is, then drop the copy (a read_mostly copy stays, as it was).
   const std::string why = last_error();
-  void* host = nullptr;
   const device_ptr va = arena_.page_address(page);
-  int back = store_.slot_for_read(page, &host);
-  if (back == ok) back = be_.copy_h2d(va, host, frame_size_, in_stream_);
-  if (back == ok) back = be_.stream_synchronize(in_stream_);
-  if (back != ok) {
-    // Both the frame and the way back failed: keep the saved copy, the page's only sure
-    // bytes, marked valid so that nothing drops it before the page is saved again.
-    log(log_level::error, "pager: page %" PRIu64 " (0x%" PRIxPTR ") could not leave its frame (%s) nor get its bytes back (%s); its saved copy is kept",
-        page, va, why.c_str(), last_error());
-    table_[page].host_copy_valid = true;
+  if (copy_saved_copy_in(page) != ok) {
+    // Both the frame and the way back failed: the saved copy holds the page's only sure
+    // bytes; the page is marked so that nothing drops it, and it is copied in before use.
+    log(log_level::error, "pager: page %" PRIu64 " (0x%" PRIxPTR ") could not leave its frame (%s) nor get its bytes back (%s); its saved "
+        "copy is kept and copied in again at the next restore", page, va, why.c_str(), last_error());
+    mark_stale(page);
     return fail(rc, "page %" PRIu64 " (0x%" PRIxPTR "): %s; putting its saved bytes back failed too: %s", page, va, why.c_str(), last_error());
   }
-  if (table_[page].host_copy_valid && arena_.page_advice(page) == advice::read_mostly) {
-    store_.read_done(page);
-  } else {
-    drop_saved_copy(page);
-  }
+  settle_copied_in(page);
   return fail(rc, "page %" PRIu64 " (0x%" PRIxPTR ") stays resident, its bytes put back from its saved copy: %s", page, va, why.c_str());
 }
 
@@ -564,7 +628,7 @@ int pager::restore_all() {
   // Every live page is resident exactly when the two counts agree (a resident page is
   // always live: freeing the last allocation on a page unbacks it).
   const size_t needed = live_pages_ - resident_pages_;
-  if (needed == 0) {
+  if (needed == 0 && stale_pages_ == 0) {
     resident_ = true;
     stats_.restore_seconds += since(t0);
     return ok;
@@ -574,12 +638,7 @@ int pager::restore_all() {
   // read_mostly pages), so that a store shared with other processes can hand the slot to a
   // process evicting during this same handoff, and a store with a budget reuses it.
   auto copied_in = [&](uint64_t p) {
-    if (arena_.page_advice(p) == advice::read_mostly) {
-      store_.read_done(p);
-      table_[p].host_copy_valid = true;  // the caller promised not to write: keep the copy
-    } else {
-      store_.release(p);
-    }
+    settle_copied_in(p);
     stats_.bytes_in += frame_size_;
     ++stats_.pages_restored;
   };
@@ -588,16 +647,12 @@ int pager::restore_all() {
     if (table_[p].state != page_state::resident || unback_page(p, page_state::host) == ok) return;
     // The frame could not be left (and its scrub may have run): complete the copy in
     // instead, so that the page is whole where it is.
-    void* host = nullptr;
-    int back = store_.slot_for_read(p, &host);
-    if (back == ok) back = be_.copy_h2d(arena_.page_address(p), host, frame_size_, in_stream_);
-    if (back == ok) back = be_.stream_synchronize(in_stream_);
-    if (back == ok) {
+    if (copy_saved_copy_in(p) == ok) {
       copied_in(p);
     } else {
-      log(log_level::error, "pager: page %" PRIu64 " could neither leave its frame nor get its bytes in (%s); its saved copy is kept", p,
-          last_error());
-      table_[p].host_copy_valid = true;
+      log(log_level::error, "pager: page %" PRIu64 " could neither leave its frame nor get its bytes in (%s); its saved copy is kept "
+          "and copied in again at the next restore", p, last_error());
+      mark_stale(p);
     }
   };
   copy_pipeline::handlers on;
@@ -609,7 +664,11 @@ int pager::restore_all() {
   copy_pipeline copies(be_, in_stream_, events_, {}, std::move(on));
   stats_.last_restore_waited_ns = stats_.last_restore_frame_after_wait_ns = 0;
   stats_.last_restore_last_frame_ns = stats_.last_restore_queued_ns = 0;
-  copies.note_failure(frames_.prepare(device_, needed));
+  // Pages whose frames do not hold their bytes first: they need no frame.
+  for (uint64_t p = 0; p < table_.size() && stale_pages_ > 0 && !copies.failed(); ++p) {
+    if (table_[p].frame_stale) copies.note_failure(repair_stale_page(p));
+  }
+  if (needed > 0 && !copies.failed()) copies.note_failure(frames_.prepare(device_, needed));
   for (uint64_t p = 0; p < table_.size() && !copies.failed(); ++p) {
     page_entry& e = table_[p];
     if (e.state == page_state::resident || arena_.page_live_count(p) == 0) continue;
@@ -713,6 +772,11 @@ int pager::check_invariants() const {
   VS_TRY(arena_.allocator().check_invariants());
   uint64_t live_count = 0;
   for (uint64_t p = 0; p < table_.size(); ++p) live_count += arena_.page_live_count(p) > 0;
+  uint64_t stale_count = 0;
+  for (uint64_t p = 0; p < table_.size(); ++p) stale_count += table_[p].frame_stale;
+  if (stale_count != stale_pages_) {
+    return fail(err_internal, "pager: counted %" PRIu64 " pages with stale frames, the table has %" PRIu64, stale_pages_, stale_count);
+  }
   if (live_count != live_pages_ || table_.count(page_state::resident) != resident_pages_) {
     return fail(err_internal, "pager: counted %" PRIu64 " live / %" PRIu64 " resident pages, the table has %" PRIu64 " / %" PRIu64,
                 live_pages_, resident_pages_, live_count, table_.count(page_state::resident));
@@ -729,7 +793,10 @@ int pager::check_invariants() const {
     if ((e.state == page_state::resident) != (e.frame != 0)) return broken("frame and state disagree");
     if (e.state == page_state::host && !saved) return broken("saved page has no copy in the store");
     if (e.host_copy_valid && !(e.state == page_state::resident && saved)) return broken("copy marked valid but not kept");
-    if (e.state == page_state::resident && saved && !e.host_copy_valid) return broken("resident page holds a stale copy");
+    if (e.frame_stale && !(e.state == page_state::resident && saved)) return broken("frame marked stale, but no saved copy to repair it from");
+    if (e.frame_stale && e.host_copy_valid) return broken("frame marked stale, and its copy marked as equal to it");
+    if (e.state == page_state::resident && saved && !e.host_copy_valid && !e.frame_stale) return broken("resident page holds a stale copy");
+    if (resident_ && e.frame_stale) return broken("pager is resident but a page's frame does not hold its bytes");
     if (resident_ && live && e.state != page_state::resident) return broken("pager is resident but a live page is not");
   }
   return ok;

@@ -211,6 +211,15 @@ class pager {
   // page is where it was.
   int back_not_resident(page_range pages);
   void drop_saved_copy(uint64_t page);            // release the store's copy, if any
+  // The saved copy of a page mapped at its address has been copied into its frame: the copy
+  // is released (read_mostly pages keep it, valid); the frame holds the bytes.
+  void settle_copied_in(uint64_t page);
+  // Copy a mapped page's saved bytes into its frame and wait for them.
+  int copy_saved_copy_in(uint64_t page);
+  // Neither leaving the frame nor copying the saved bytes back worked: the saved copy is the
+  // page's only home until repair_stale_page() or an eviction.
+  void mark_stale(uint64_t page);
+  int repair_stale_page(uint64_t page);  // copy_saved_copy_in, then settle; the error says what was kept
   void invalidate_saved_copies(page_range pages);
   // Evict the resident pages for which `chosen(page)` is true (all when it is null).
   int evict_locked(const std::vector<bool>* chosen);
@@ -229,6 +238,7 @@ class pager {
   // cost O(1) instead of a walk over the page table (thousands of pages).
   uint64_t live_pages_ = 0;      // pages some live allocation touches
   uint64_t resident_pages_ = 0;  // pages mapped in a frame
+  uint64_t stale_pages_ = 0;     // resident pages whose frame does not hold their bytes (page_entry::frame_stale)
   stream_id out_stream_ = 0;
   stream_id in_stream_ = 0;
   stream_id scrub_stream_ = 0;  // scrubs made on their own (unback_page), never behind queued copies

@@ -300,6 +300,122 @@ TEST_P(PagerFaults, AStoreThatFillsUpMidEvictionKeepsThePagesInFlightWhole) {
   }
 }
 
+// Two failures on one page: its frame cannot be left (unmap fails after its scrub ran),
+// and copying its saved bytes back fails too. The page stays mapped over a frame that
+// does not hold its bytes; its saved copy is their only home. Whichever comes next, a
+// restore or another eviction, brings every byte back: the restore copies the saved copy
+// in again, the eviction leaves the frame without copying it over the saved copy.
+TEST_P(PagerFaults, APageThatCanNeitherLeaveItsFrameNorGetItsBytesBackLosesNoByte) {
+  const std::vector<uint64_t> evicting = clean_counts(/*restore=*/false);
+  const std::vector<uint64_t> restoring = clean_counts(/*restore=*/true);
+  struct double_fault {
+    bool restore;
+    fault_op first;  // failing at call #n
+    bool first_every;
+    fault_op second;  // its first call after that
+    uint64_t calls;
+  };
+  const double_fault faults[] = {
+      // Eviction: the unmap after a page's copy out and scrub, then the copy back.
+      {false, fault_op::unmap, false, fault_op::copy_h2d, evicting[static_cast<size_t>(fault_op::unmap)]},
+      {false, fault_op::unmap, false, fault_op::stream_synchronize, evicting[static_cast<size_t>(fault_op::unmap)]},
+      // Restore: a copy in, then the unmap that would put the page back, then (every copy
+      // in failing) the copy in that would complete it where it is.
+      {true, fault_op::copy_h2d, true, fault_op::unmap, restoring[static_cast<size_t>(fault_op::copy_h2d)]},
+  };
+  uint64_t doubled = 0;
+  for (const double_fault& f : faults) {
+    for (uint64_t n = 0; n < f.calls; ++n) {
+      for (const bool evict_next : {false, true}) {
+        const std::string where = std::string(f.restore ? "restore" : "eviction") + ", " + test::fault_op_name(f.first) + " call #" +
+                                  std::to_string(n) + " then " + test::fault_op_name(f.second) + " failing, then " +
+                                  (evict_next ? "an eviction" : "a restore");
+        const uint64_t seed = 300 + ++round_;
+        write(normal, k_normal_pages, seed);
+        if (f.restore) {
+          ASSERT_EQ(pg->evict_all(), ok) << where << ": " << last_error();
+        }
+        if (f.first_every) {
+          be->fail_from(f.first, n);
+        } else {
+          be->fail_at(f.first, n);
+        }
+        be->then_fail(f.second);
+        clear_error();
+        EXPECT_NE(f.restore ? pg->restore_all() : pg->evict_all(), ok) << where;
+        doubled += be->second_fired();
+        be->disarm();
+        ASSERT_TRUE(every_page_in_one_place()) << where;
+        if (evict_next) {
+          ASSERT_EQ(pg->evict_all(), ok) << where << ": " << last_error();
+        }
+        recover_and_verify(seed, where);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  EXPECT_GT(doubled, 10u) << "the second fault must have fired";
+}
+
+// A malloc on a page whose frame does not hold its bytes copies them in first, so the new
+// allocation's bytes are not overwritten by a later repair; when that copy fails, the
+// malloc fails, and nothing is lost.
+TEST_P(PagerFaults, AMallocOnAPageWhoseFrameLostItsBytesRepairsItFirst) {
+  device_ptr first_half = 0;
+  ASSERT_EQ(pg->malloc(k_page / 2, &first_half), ok) << last_error();
+  const uint64_t evict_unmaps = clean_counts(/*restore=*/false)[static_cast<size_t>(fault_op::unmap)];
+  uint64_t shared = 0;
+  for (uint64_t n = 0; n < evict_unmaps; ++n) {
+    const std::string where = "eviction, unmap call #" + std::to_string(n) + " then copy_h2d failing";
+    const uint64_t seed = 600 + ++round_;
+    write(normal, k_normal_pages, seed);
+    test::fill_random(staging, k_page / 2, seed * 1000 + 99);
+    ASSERT_EQ(be->copy_h2d(first_half, staging, k_page / 2, stream), ok) << last_error();
+    ASSERT_EQ(be->stream_synchronize(stream), ok) << last_error();
+    be->fail_at(fault_op::unmap, n);
+    be->then_fail(fault_op::copy_h2d);
+    EXPECT_NE(pg->evict_all(), ok) << where;
+    be->disarm();
+    // Copying in fails: so does a malloc on that page, which changes nothing.
+    be->fail_from(fault_op::copy_h2d, 0);
+    device_ptr second_half = 0;
+    const int refused = pg->malloc(k_page / 2, &second_half);
+    be->disarm();
+    const bool repair_refused = refused != ok && std::string(last_error()).find("shares a page with older memory") != std::string::npos;
+    if (repair_refused) {
+      EXPECT_NE(std::string(last_error()).find("nothing lost"), std::string::npos) << where << ": " << last_error();
+      EXPECT_EQ(pg->stats().allocations, 3u) << where;
+    } else if (refused == ok) {
+      ASSERT_EQ(pg->free(second_half), ok) << last_error();
+    }
+    ASSERT_TRUE(every_page_in_one_place()) << where;
+    shared += repair_refused;
+    ASSERT_EQ(pg->malloc(k_page / 2, &second_half), ok) << where << ": " << last_error();
+    ASSERT_EQ((second_half - pg->arena_base()) / k_page, (first_half - pg->arena_base()) / k_page)
+        << where << ": the test needs both halves on one page";
+    // The new allocation is written where it is: at once when its page is mapped (a page
+    // whose frame lost its bytes is), after the restore otherwise.
+    if (pg->state_of(second_half) != page_state::resident) {
+      ASSERT_EQ(pg->restore_all(), ok) << where << ": " << last_error();
+    }
+    test::fill_random(staging, k_page / 2, seed * 1000 + 98);
+    ASSERT_EQ(be->copy_h2d(second_half, staging, k_page / 2, stream), ok) << last_error();
+    ASSERT_EQ(be->stream_synchronize(stream), ok) << last_error();
+    ASSERT_EQ(pg->restore_all(), ok) << where << ": " << last_error();
+    ASSERT_TRUE(holds(normal, k_normal_pages, seed)) << where;
+    for (const auto& [ptr, salt] : {std::pair{first_half, 99}, std::pair{second_half, 98}}) {
+      std::memset(staging, 0x5A, k_page / 2);
+      ASSERT_EQ(be->copy_d2h(staging, ptr, k_page / 2, stream), ok) << last_error();
+      ASSERT_EQ(be->stream_synchronize(stream), ok) << last_error();
+      EXPECT_EQ(test::first_mismatch(staging, k_page / 2, seed * 1000 + salt), k_page / 2)
+          << where << ": the " << (ptr == first_half ? "older" : "new") << " allocation's bytes";
+    }
+    ASSERT_EQ(pg->free(second_half), ok) << last_error();
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_EQ(shared, 1u) << "exactly one of the sweep's faults leaves the shared page without its bytes";
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PagerFaults, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
 
 }  // namespace
