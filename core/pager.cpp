@@ -231,6 +231,8 @@ void pager::invalidate_saved_copies(page_range pages) {
 
 int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A frame a free could not leave may still be mapped where the new pages go.
+  if (!held_back_.empty()) release_held_back();
   std::vector<page_range> fresh;
   device_ptr ptr = 0;
   VS_TRY(arena_.allocate(size, &ptr, &fresh));
@@ -432,7 +434,17 @@ int pager::free(device_ptr ptr) {
   for (const page_range& r : dead) {
     live_pages_ -= r.count;
     for (uint64_t p = r.first; p < r.first + r.count; ++p) {
-      if (table_[p].state == page_state::resident) unback_page(p, page_state::unbacked);
+      page_entry& e = table_[p];
+      if (e.state == page_state::resident && unback_page(p, page_state::unbacked) != ok) {
+        // Its frame could not be left (perhaps not scrubbed): held back, still mapped here,
+        // and given back once it can be unmapped and scrubbed (release_held_back: before
+        // the next malloc maps pages, at the next remap, at the end).
+        log(log_level::warn, "pager: free(0x%" PRIxPTR "): page %" PRIu64 " could not leave its frame (%s); the frame is held back until it can",
+            ptr, p, last_error());
+        hold_back(e.frame, arena_.page_address(p), /*scrubbed=*/false);
+        e.frame = 0;
+        --resident_pages_;
+      }
       drop_saved_copy(p);
       table_[p].state = page_state::unbacked;
       ++table_[p].frees;

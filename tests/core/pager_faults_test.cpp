@@ -416,6 +416,38 @@ TEST_P(PagerFaults, AMallocOnAPageWhoseFrameLostItsBytesRepairsItFirst) {
   EXPECT_EQ(shared, 1u) << "exactly one of the sweep's faults leaves the shared page without its bytes";
 }
 
+// A free whose page cannot leave its frame (the scrub or the unmap fails) holds the frame
+// back, still mapped, instead of losing track of it; the next malloc gives it back first
+// and can use the address again. No frame is leaked, no other byte changes.
+TEST_P(PagerFaults, AFreeWhosePageCannotLeaveItsFrameHoldsTheFrameBackUntilItCan) {
+  for (const fault_op o : {fault_op::unmap, fault_op::memset_d8, fault_op::stream_synchronize}) {
+    const std::string where = std::string(test::fault_op_name(o)) + " failing in free";
+    device_info before;
+    ASSERT_EQ(be->get_device_info(0, &before), ok) << last_error();
+    write(normal, k_normal_pages, 71);
+    device_ptr extra = 0;
+    ASSERT_EQ(pg->malloc(2 * k_page, &extra), ok) << last_error();
+    be->fail_at(o, 0);
+    EXPECT_EQ(pg->free(extra), ok) << where << ": " << last_error();
+    EXPECT_TRUE(be->fired()) << where;
+    be->disarm();
+    EXPECT_EQ(pg->frames_held_back(), 1u) << where;
+    ASSERT_TRUE(every_page_in_one_place()) << where;
+    device_ptr again = 0;
+    ASSERT_EQ(pg->malloc(2 * k_page, &again), ok) << where << ": " << last_error();
+    EXPECT_EQ(pg->frames_held_back(), 0u) << where << ": the malloc gave the held-back frame back first";
+    write(again, 2, 72);
+    ASSERT_TRUE(holds(again, 2, 72)) << where;
+    ASSERT_TRUE(holds(normal, k_normal_pages, 71)) << where;
+    ASSERT_EQ(pg->free(again), ok) << last_error();
+    device_info after;
+    ASSERT_EQ(be->get_device_info(0, &after), ok) << last_error();
+    if (GetParam() == backend_kind::host) {
+      EXPECT_EQ(after.free_bytes, before.free_bytes) << where << ": every frame is given back";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PagerFaults, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
 
 }  // namespace
