@@ -83,6 +83,15 @@ int dial_server(const std::string& path, int* fd_out, int patience_ms) noexcept 
 
 namespace {
 
+// A variable the service manager (systemd, podman --sdnotify) set for this process alone:
+// its readiness socket, its watchdog, the sockets it passed.
+bool for_the_service_manager_of_this_process(const char* entry) {
+  for (const char* name : {"NOTIFY_SOCKET=", "WATCHDOG_PID=", "WATCHDOG_USEC=", "LISTEN_PID=", "LISTEN_FDS=", "LISTEN_FDNAMES="}) {
+    if (std::strncmp(entry, name, std::strlen(name)) == 0) return true;
+  }
+  return false;
+}
+
 std::string directory_of(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -212,10 +221,13 @@ int spawn_server(const pool_paths& paths, const std::string& key, int device, in
   if (write_end.fd < 0) return fail_errno(errno, "pool: fcntl(F_DUPFD_CLOEXEC)");
 
   // The server's environment: ours, plus every option set programmatically in this process
-  // (option_set), so that it serves the pool this process expects.
+  // (option_set), so that it serves the pool this process expects. Less what a service
+  // manager gave this process for itself: a server we start is not that manager's service,
+  // and told NOTIFY_SOCKET it would report to it as if it were (its main pid, its stop).
   std::vector<std::string> env_text;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (std::strncmp(*e, "VRAMSWAP_", 9) == 0) continue;
+    if (for_the_service_manager_of_this_process(*e)) continue;
     if (std::strncmp(*e, "LD_PRELOAD=", 11) == 0) {
       const std::string rest = without_preload_shim(*e + 11);
       if (!rest.empty()) env_text.push_back("LD_PRELOAD=" + rest);
@@ -242,6 +254,9 @@ int spawn_server(const pool_paths& paths, const std::string& key, int device, in
   posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, write_end.fd, 3);
+  // Not in our working directory: it would keep that file system busy (a job's scratch
+  // directory that its epilog unmounts) for as long as it serves.
+  posix_spawn_file_actions_addchdir_np(&actions, "/");
   // Its own session: no terminal signals from ours. Default signal dispositions and mask.
   sigset_t none;
   sigset_t all;

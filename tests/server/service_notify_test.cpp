@@ -110,5 +110,46 @@ TEST_F(ServiceNotify, AnAbstractNotifySocketWorksToo) {
   expect_ready_then_stopping();
 }
 
+// A client that runs under a service manager (a Type=notify unit, podman --sdnotify) and
+// starts a server: the server is not that manager's service. It must not tell it READY=1
+// with its own MAINPID (which would make the manager take the server for the unit's main
+// process) nor STOPPING=1, and it does not keep the client's working directory busy.
+TEST_F(ServiceNotify, AServerAClientStartsTellsTheClientsServiceManagerNothing) {
+  listen_at(dir_ + "/notify");
+  const std::string work = dir_ + "/job-scratch";
+  ASSERT_EQ(::mkdir(work.c_str(), 0700), 0);
+  const std::string command = "cd " + work + " && env NOTIFY_SOCKET=" + notify_socket_ + " WATCHDOG_USEC=1000000 VRAMSWAP_RUNTIME_DIR=" +
+                              dir_ + "/run VRAMSWAP_BACKEND=host VRAMSWAP_HOST_DEVICE_MEMORY=256MiB VRAMSWAP_FRAME_SIZE=2MiB "
+                              "VRAMSWAP_LOG=warn " VRAMSWAP_POOL_CLIENT " connect ready";
+  FILE* client = ::popen(command.c_str(), "r");
+  ASSERT_NE(client, nullptr);
+  char line[256] = {};
+  const bool got = std::fgets(line, sizeof line, client) != nullptr;
+  EXPECT_EQ(::pclose(client), 0) << line;
+  ASSERT_TRUE(got) << "the client printed nothing";
+  unsigned member = 0, frames = 0;
+  int pid = 0;
+  ASSERT_EQ(std::sscanf(line, "ready %u %u %d", &member, &frames, &pid), 3) << line;
+  server_ = pid;  // killed by TearDown
+  EXPECT_EQ(next_message(3), "") << "the client's service manager heard from the server it started";
+  std::string environ_text;
+  {
+    FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/environ").c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    for (int c; (c = std::fgetc(f)) != EOF;) environ_text.push_back(c == '\0' ? '\n' : static_cast<char>(c));
+    std::fclose(f);
+  }
+  EXPECT_EQ(environ_text.find("NOTIFY_SOCKET="), std::string::npos) << environ_text;
+  EXPECT_EQ(environ_text.find("WATCHDOG_USEC="), std::string::npos) << environ_text;
+  char cwd[256] = {};
+  const ssize_t n = ::readlink(("/proc/" + std::to_string(pid) + "/cwd").c_str(), cwd, sizeof cwd - 1);
+  ASSERT_GT(n, 0);
+  EXPECT_STREQ(cwd, "/") << "the server keeps the client's working directory busy";
+  // Not our child: TearDown's waitpid does not reap it, so wait for it to go here.
+  ::kill(pid, SIGKILL);
+  for (int i = 0; i < 500 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  server_ = -1;
+}
+
 }  // namespace
 }  // namespace vramswap::detail
