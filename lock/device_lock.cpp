@@ -18,7 +18,7 @@
 #include "lock/ownership.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/queue_order.hpp"
-#include "lock/robust_mutex.hpp"
+#include "lock/lease_mutex.hpp"
 #include "lock/segment_layout.hpp"
 #include "lock/shared_segment.hpp"
 
@@ -239,18 +239,16 @@ uint64_t device_lock::recoveries() const noexcept {
 // --- the internal mutex and the one recovery function ------------------------------------
 
 int device_lock::lock_mutex(uint64_t deadline_ns, bool interruptible) noexcept {
+  // A forked child locks with a token of its own (its parent's is its parent's).
+  VS_TRY(reopen_if_forked());
   lock_state* st = lock_state_of(segment_->base());
   const uint64_t started = monotonic_ns();
   for (;;) {
     // An interruptible take waits in slices, asking the thread's wait_interrupt between them.
     const uint64_t slice_end =
         interruptible ? std::min(deadline_ns, monotonic_ns() + static_cast<uint64_t>(k_liveness_poll_ns)) : deadline_ns;
-    const int rc = slice_end == k_forever ? lock_robust(&st->mutex, &device_lock::recover_after_owner_death, this)
-                                          : lock_robust_until(&st->mutex, slice_end, &device_lock::recover_after_owner_death, this);
-    if (rc == ok) {
-      st->mutex_owner_pid_ns.store(current_pid_namespace(), std::memory_order_relaxed);
-      break;
-    }
+    const int rc = lease_mutex_lock(&st->mutex, segment_->mutex_owner(), slice_end, &device_lock::recover_after_owner_death, this);
+    if (rc == ok) break;
     if (rc != err_timeout) return rc;
     if (slice_end >= deadline_ns) return mutex_timeout(monotonic_ns() - started);
     if (interrupted(false)) {
@@ -268,12 +266,12 @@ int device_lock::lock_mutex(uint64_t deadline_ns, bool interruptible) noexcept {
   return ok;
 }
 
-void device_lock::unlock_mutex() noexcept { unlock_robust(&lock_state_of(segment_->base())->mutex); }
+void device_lock::unlock_mutex() noexcept { lease_mutex_unlock(&lock_state_of(segment_->base())->mutex); }
 
 int device_lock::mutex_timeout(uint64_t waited_ns) const noexcept {
   const lock_state* st = lock_state_of(segment_->base());
-  const pid_t tid = robust_mutex_owner(&st->mutex);
-  const uint64_t owner_ns = st->mutex_owner_pid_ns.load(std::memory_order_relaxed);
+  const pid_t tid = lease_mutex_locked(&st->mutex) ? st->mutex.owner_tid.load(std::memory_order_relaxed) : 0;
+  const uint64_t owner_ns = st->mutex.owner_pid_ns.load(std::memory_order_relaxed);
   if (tid != 0 && !visible_here(owner_ns)) {
     return fail(err_timeout,
                 "lock: the internal mutex of %s has been held for over %.3f s by thread %d of a process in another PID "
@@ -359,8 +357,8 @@ void device_lock::describe_queue(uint32_t priority, uint64_t ticket, char* buf, 
     if (ahead > 4) appendf(buf, size, &used, " and %u more", ahead - 4);
     if (ahead == 0) appendf(buf, size, &used, "; no waiter ahead");
   }
-  const pid_t tid = robust_mutex_owner(&st->mutex);
-  if (tid != 0 && visible_here(st->mutex_owner_pid_ns.load(std::memory_order_relaxed)) && is_stopped_state(process_state(tid))) {
+  const pid_t tid = lease_mutex_locked(&st->mutex) ? st->mutex.owner_tid.load(std::memory_order_relaxed) : 0;
+  if (tid != 0 && visible_here(st->mutex.owner_pid_ns.load(std::memory_order_relaxed)) && is_stopped_state(process_state(tid))) {
     describe_process(process_of_thread(tid), who, sizeof who);
     appendf(buf, size, &used, "; its internal mutex is held by thread %d of %s", static_cast<int>(tid), who);
   }

@@ -18,7 +18,7 @@
 #include "lock/gang_waiter.hpp"
 #include "lock/liveness_lease.hpp"
 #include "lock/process_identity.hpp"
-#include "lock/robust_mutex.hpp"
+#include "lock/lease_mutex.hpp"
 #include "lock/segment_layout.hpp"
 #include "lock/shared_segment.hpp"
 
@@ -104,9 +104,9 @@ int rank_gang::recover(void* self) noexcept {
 
 int rank_gang::lock_gang(uint64_t deadline_ns) noexcept {
   lock_state* st = gang_state_of(segment_.get());
-  const int rc = lock_robust_until(&st->mutex, deadline_ns, &rank_gang::recover, this);
+  const int rc = lease_mutex_lock(&st->mutex, segment_->mutex_owner(), deadline_ns, &rank_gang::recover, this);
   if (rc == err_timeout) {
-    const pid_t tid = robust_mutex_owner(&st->mutex);
+    const pid_t tid = st->mutex.owner_tid.load(std::memory_order_relaxed);
     return fail(err_timeout,
                 "gang %s: its internal mutex stayed taken (by thread %d) past the deadline; it is held for microseconds by "
                 "a running process: a stopped one (kill -CONT) or a debugger holds it",
@@ -115,7 +115,7 @@ int rank_gang::lock_gang(uint64_t deadline_ns) noexcept {
   return rc;
 }
 
-void rank_gang::unlock_gang() noexcept { unlock_robust(&gang_state_of(segment_.get())->mutex); }
+void rank_gang::unlock_gang() noexcept { lease_mutex_unlock(&gang_state_of(segment_.get())->mutex); }
 
 void rank_gang::check_ranks_locked() noexcept {
   gang_record* g = record_of(segment_.get());

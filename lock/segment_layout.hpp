@@ -9,7 +9,7 @@
 //
 // Offsets (k_segment_size bytes in all):
 //   0                      segment_header      (one cache line)
-//   64                     lock_state          (robust mutex, counters, hints)
+//   64                     lock_state          (internal mutex, counters, hints)
 //   k_slots_offset         waiter_slot[k_slot_count]
 //   k_turns_offset         turn_histograms     (lock/turn_histograms.hpp), then zeros to the end
 //
@@ -29,13 +29,13 @@
 // say which, and in what order a writer publishes it.
 #pragma once
 
-#include <pthread.h>
 #include <sys/types.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 
+#include "lock/lease_mutex.hpp"
 #include "lock/turn_histograms.hpp"
 
 namespace vramswap::detail::lock_layout {
@@ -53,7 +53,9 @@ constexpr uint64_t k_magic = 0x4B434F4C57535256ull;  // "VRSWLOCK" in little-end
 // 7: lock_state's compute_watchers (low-priority jobs asleep on holder_slot); gangs
 //    (docs/lock.md, "Gangs"): the priority word carries gang bits above the class, a slot
 //    may be `granting`, and the fair-turns line records a gang slot's gang id.
-constexpr uint64_t k_layout_version = 7;
+// 8: the internal mutex is a lease_mutex (lock/lease_mutex.hpp), its owner named by a lease,
+//    no longer a robust pthread mutex named by a thread id; its owner hints are in it.
+constexpr uint64_t k_layout_version = 8;
 
 constexpr size_t k_cache_line = 64;
 constexpr uint32_t k_slot_count = 256;  // participant threads per device, waiting or holding
@@ -138,7 +140,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 // The lock's shared state besides the slots.
 struct alignas(k_cache_line) lock_state {
-  pthread_mutex_t mutex;  // robust + process-shared; guards everything below and the slots
+  lease_mutex mutex;  // guards everything below and the slots (lock/lease_mutex.hpp)
   // Authoritative: the next ticket to hand out. A single 64-bit store; a death after the
   // increment but before the slot publish only skips a number, which keeps FIFO order.
   uint64_t next_ticket;
@@ -164,9 +166,6 @@ struct alignas(k_cache_line) lock_state {
   // before it reads holder_slot for its wait).
   std::atomic<uint32_t> compute_watchers;
   uint64_t dead_holder_pid_ns;  // with dead_holder_pid
-  // A hint for messages: the PID namespace of the internal mutex's latest owner (the mutex
-  // word holds its thread id, which means something only in that namespace).
-  std::atomic<uint64_t> mutex_owner_pid_ns;
   // CLOCK_MONOTONIC time of the last liveness scan; rate-limits scans across all waiters.
   uint64_t last_liveness_scan_ns;
   uint64_t recoveries;  // how many times the recovery function repaired something
@@ -198,10 +197,10 @@ constexpr size_t k_turns_offset = k_slots_offset + k_slot_count * sizeof(waiter_
 static_assert(k_turns_offset % alignof(turn_histograms) == 0);
 static_assert(k_turns_offset + sizeof(turn_histograms) <= k_segment_size);
 
-// version:16 | sizeof(pthread_mutex_t):8 | sizeof(lock_state):12 | sizeof(waiter_slot):8 |
+// version:16 | sizeof(lease_mutex):8 | sizeof(lock_state):12 | sizeof(waiter_slot):8 |
 // k_slot_count:12 | k_segment_size/4096:8
 constexpr uint64_t format_word() {
-  return (k_layout_version << 48) | (uint64_t{sizeof(pthread_mutex_t)} << 40) | (uint64_t{sizeof(lock_state)} << 28) |
+  return (k_layout_version << 48) | (uint64_t{sizeof(lease_mutex)} << 40) | (uint64_t{sizeof(lock_state)} << 28) |
          (uint64_t{sizeof(waiter_slot)} << 20) | (uint64_t{k_slot_count} << 8) | (k_segment_size / 4096);
 }
 constexpr uint64_t format_version(uint64_t format) { return format >> 48; }

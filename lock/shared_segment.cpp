@@ -20,7 +20,7 @@
 #include "lock/liveness_lease.hpp"
 #include "lock/ownership.hpp"
 #include "lock/process_identity.hpp"
-#include "lock/robust_mutex.hpp"
+#include "lock/lease_mutex.hpp"
 #include "lock/runtime_dir.hpp"
 #include "lock/segment_layout.hpp"
 
@@ -66,12 +66,7 @@ int initialize(int fd, const std::string& name, void** base_out) {
   // A creator may have died half-way: start from zeros, whatever it left.
   std::memset(base, 0, k_segment_size);
   lock_state* state = lock_state_of(base);
-  new (state) lock_state{};
-  int rc = robust_mutex_init(&state->mutex);
-  if (rc != 0) {
-    ::munmap(base, k_segment_size);
-    return rc;
-  }
+  new (state) lock_state{};  // the internal mutex unlocked (a zero word)
   state->holder_slot = k_no_slot;
   waiter_slot* slots = slots_of(base);
   for (uint32_t i = 0; i < k_slot_count; ++i) new (&slots[i]) waiter_slot{};
@@ -257,7 +252,10 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
   int lease_fd = -1;
   int lrc = open_lease_description(fd, segment->name_.c_str(), &lease_fd);
   if (lrc == ok) lrc = register_lease_fd(lease_fd);
+  uint32_t token = 0;
+  if (lrc == ok) lrc = take_mutex_token(&lock_state_of(base)->mutex, lease_fd, segment->name_.c_str(), &token);
   if (lrc != ok) {
+    if (lease_fd >= 0) unregister_lease_fd(lease_fd);
     if (lease_fd >= 0) ::close(lease_fd);
     ::close(fd);
     ::munmap(base, size);
@@ -267,6 +265,7 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
   segment->size_ = size;
   segment->fd_ = fd;
   segment->lease_fd_ = lease_fd;
+  segment->mutex_token_ = token;
   segment->forks_at_open_ = forks;
   segment->opened_in_generation_ = fork_generation();
   *out = std::move(segment);

@@ -86,6 +86,11 @@ class shared_segment {
   // False in a forked child of the process that opened it (its leases are not the child's);
   // true in the process that opened it, however often it forked since.
   bool opened_in_this_process() const noexcept;
+  // Who locks the segment's internal mutex through this object: its lease description and
+  // the token it took at open (none in a forked child: the token is its parent's).
+  lease_mutex_owner mutex_owner() const noexcept {
+    return {lease_fd_, opened_in_this_process() ? mutex_token_ : 0};
+  }
 
  private:
   shared_segment() = default;
@@ -95,6 +100,7 @@ class shared_segment {
   size_t size_ = 0;
   int fd_ = -1;                 // kept open with a read lock on byte 0: "in use"
   int lease_fd_ = -1;           // the description the slot leases are taken on
+  uint32_t mutex_token_ = 0;    // leased on lease_fd_ (lock/lease_mutex.hpp)
   uint64_t forks_at_open_ = 0;  // forks of this process before it opened the segment
   uint64_t opened_in_generation_ = 0;  // fork_generation() of the process that opened it
   std::string name_;

@@ -6,6 +6,9 @@
 //                                     plus one, release. Exact only under mutual exclusion.
 //   pod_worker hold                   take the lock, say "holding" on stdout, wait forever
 //   pod_worker wait                   take the lock, say "granted <CLOCK_MONOTONIC ns>"
+//   pod_worker stall-inside           as wait, but stop inside the lock's internal critical
+//                                     section (at enqueue_published), say "inside", and go on
+//                                     when a line arrives on stdin
 //
 // Exit 0 when done; 1, with the reason on stderr, when the lock refuses.
 #include <fcntl.h>
@@ -20,6 +23,7 @@
 #include <string>
 
 #include "core/status.hpp"
+#include "lock/crash_points.hpp"
 #include "lock/device_lock.hpp"
 #include "lock/process_identity.hpp"
 
@@ -78,6 +82,16 @@ int wait_for_it() {
   return lock.release() == ok ? 0 : refused("release");
 }
 
+void stall_once(crash_point point) {
+  static bool stalled = false;
+  if (point != crash_point::enqueue_published || stalled) return;
+  stalled = true;
+  std::printf("inside\n");
+  std::fflush(stdout);
+  char line[8];
+  (void)!::read(0, line, sizeof line);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,6 +99,10 @@ int main(int argc, char** argv) {
   if (mode == "count" && argc == 4) return count(argv[2], std::strtol(argv[3], nullptr, 10));
   if (mode == "hold" && argc == 2) return hold();
   if (mode == "wait" && argc == 2) return wait_for_it();
-  std::fprintf(stderr, "usage: pod_worker count COUNTER_FILE N | hold | wait\n");
+  if (mode == "stall-inside" && argc == 2) {
+    set_crash_hook(&stall_once);
+    return wait_for_it();
+  }
+  std::fprintf(stderr, "usage: pod_worker count COUNTER_FILE N | hold | wait | stall-inside\n");
   return 2;
 }

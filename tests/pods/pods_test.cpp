@@ -257,6 +257,44 @@ TEST_F(Pods, AHolderKilledInOnePodLetsAWaiterInAnotherProceedWithin100ms) {
   EXPECT_NE(finish(holder), 0) << "the holder was killed";
 }
 
+// Thread ids repeat across pods (each pod's worker is pid 1, its main thread tid 1). One pod's
+// thread is inside the lock's internal critical section; another pod's, blocked on entering
+// it, is killed. Nothing may take that death for the first one's: a third pod's thread stays
+// outside until the first leaves, and no repair runs. (A robust pthread mutex, whose owner is
+// a thread id, took it for the owner's death: the kernel compares ids from each thread's own
+// namespace, and the third pod repaired the state while the first was still inside.)
+TEST_F(Pods, AWaiterKilledInOnePodIsNotTakenForTheInternalMutexsOwnerInAnother) {
+  pod& holder = start(4701, {worker_, "hold"});
+  ASSERT_EQ(line_of(holder), "holding") << errors_of(holder);
+  pod& inside = start(4702, {worker_, "stall-inside"});
+  ASSERT_EQ(line_of(inside), "waiting") << errors_of(inside);
+  ASSERT_EQ(line_of(inside), "inside") << errors_of(inside);
+  pod& doomed = start(4703, {worker_, "wait"});
+  ASSERT_EQ(line_of(doomed), "waiting") << errors_of(doomed);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // blocked on the internal mutex by now
+  const pid_t doomed_worker = worker_of(doomed);
+  ASSERT_GT(doomed_worker, 0) << errors_of(doomed);
+  ASSERT_EQ(::kill(doomed_worker, SIGKILL), 0);
+  EXPECT_NE(finish(doomed), 0);
+  pod& next = start(4704, {worker_, "wait"});
+  ASSERT_EQ(line_of(next), "waiting") << errors_of(next);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(errors_of(next).find("died inside"), std::string::npos)
+      << "a waiter's death was taken for the death of the live owner of the internal mutex: " << errors_of(next);
+  // The first pod goes on; the holder dies, the first pod is granted, then the last.
+  ASSERT_EQ(::write(inside.in, "\n", 1), 1);
+  const pid_t holder_worker = worker_of(holder);
+  ASSERT_GT(holder_worker, 0);
+  ASSERT_EQ(::kill(holder_worker, SIGKILL), 0);
+  EXPECT_EQ(line_of(inside).rfind("granted ", 0), 0u) << errors_of(inside);
+  EXPECT_EQ(line_of(next).rfind("granted ", 0), 0u) << errors_of(next);
+  std::string errors;
+  EXPECT_EQ(finish(inside, &errors), 0) << errors;
+  EXPECT_EQ(finish(next, &errors), 0) << errors;
+  EXPECT_EQ(errors.find("died inside"), std::string::npos) << errors;
+  EXPECT_NE(finish(holder), 0) << "the holder was killed";
+}
+
 TEST_F(Pods, TwoPodsTakeTurnsOnTheDeviceWithEveryByteIntact) {
   // The node's pool server, as a DaemonSet runs it: outside the pods, in the runtime dir.
   std::vector<std::string> e = env();
