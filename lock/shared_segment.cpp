@@ -109,6 +109,31 @@ int validate(const void* base, size_t size, const std::string& name) {
   return ok;
 }
 
+// Does another open file description hold the "in use" read lock (below) of `fd`'s file?
+// Where the kernel cannot say, yes.
+bool used_elsewhere(int fd) {
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = 0;
+  fl.l_len = 1;
+  return ::fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK;
+}
+
+// A segment that `validate` refused (`refused`, its detail set). Left by processes of
+// another build (or a corrupted one) that all died without removing it (a SIGKILL, an OOM
+// kill, a pod's end) and used by nobody now: nothing in it means anything to anyone, and
+// refusing it would stop every job on the device after an upgrade. Built anew then, under
+// the init flock (nobody is opening it meanwhile); while any process uses it, refused, saying so.
+int initialize_if_unused(int fd, const std::string& name, int refused, void** base) {
+  if (used_elsewhere(fd)) {
+    return fail(refused, "%s; a process uses it now (it is left alone while any does)", last_error());
+  }
+  log(log_level::warn, "%s; no process uses it: initializing it anew", last_error());
+  clear_error();
+  return initialize(fd, name, base);
+}
+
 // Users and removal. Every open segment keeps its descriptor and a read lock (an OFD byte
 // lock on byte 0, separate from the init flock) for as long as it is mapped. The last user
 // to close it removes the name: it takes the init flock (nobody is opening it) and turns its
@@ -212,6 +237,8 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
                 "lock: %s is only %lld bytes, too small for a vramswap header: corrupt; stop the processes "
                 "using it and remove it",
                 name.c_str(), static_cast<long long>(st.st_size));
+      rc = initialize_if_unused(fd, name, rc, &base);
+      if (rc == ok) size = k_segment_size;
     } else {
       size = static_cast<size_t>(st.st_size);
       base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -226,8 +253,11 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
         log(log_level::warn, "lock: %s was left half-initialized by a dead process; initializing it again",
             name.c_str());
         rc = initialize(fd, name, &base);
-      } else {
-        rc = validate(base, size, name);
+      } else if ((rc = validate(base, size, name)) != ok) {
+        ::munmap(base, size);
+        base = nullptr;
+        rc = initialize_if_unused(fd, name, rc, &base);
+        if (rc == ok) size = k_segment_size;
       }
     }
     // A user from now on (under the init flock, so that no last user removes it between).

@@ -4,9 +4,12 @@
 #include "lock/device_lock.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -300,6 +303,48 @@ TEST_F(DeviceLock, OldVersionIsRefusedWithBothVersions) {
   EXPECT_NE(std::string(last_error()).find("version 0"), std::string::npos) << last_error();
   const std::string ours = "version " + std::to_string(lock_layout::k_layout_version);
   EXPECT_NE(std::string(last_error()).find(ours), std::string::npos) << last_error();
+  EXPECT_NE(std::string(last_error()).find("a process uses it now"), std::string::npos) << last_error();
+}
+
+// The segment of an older build whose every user died (SIGKILL at a pod's end, then an
+// upgrade): nobody uses it, so the new build makes it anew instead of refusing every job on
+// the device. The same for one that is corrupt or cut short.
+TEST_F(DeviceLock, ASegmentOfAnotherBuildThatNobodyUsesIsMadeAnew) {
+  const uint64_t old_format = (lock_layout::format_word() & ((1ull << 48) - 1)) | (0ull << 48);
+  const struct {
+    const char* what;
+    size_t offset;  // of a header word poked (SIZE_MAX: the file is cut to 16 bytes instead)
+    uint64_t value;
+  } leftovers[] = {
+      {"an older layout version", offsetof(lock_layout::segment_header, format), old_format},
+      {"a corrupt magic number", offsetof(lock_layout::segment_header, magic), 0x1234567812345678ull},
+      {"a file cut short", SIZE_MAX, 0},
+  };
+  for (const auto& left : leftovers) {
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    const pid_t user = spawn([&] {  // the old build's last user, killed while it has it open
+      device_lock lock;
+      if (device_lock::open(key_, &lock) != ok) return 1;
+      if (::write(ready[1], "r", 1) != 1) return 2;
+      for (;;) ::pause();
+    });
+    char c = 0;
+    ASSERT_EQ(::read(ready[0], &c, 1), 1) << left.what;
+    ::close(ready[0]);
+    ::close(ready[1]);
+    if (left.offset == SIZE_MAX) {
+      ASSERT_EQ(::truncate(segment_path().c_str(), 16), 0);
+    } else {
+      poke_header(segment_path(), left.offset, left.value);
+    }
+    ::kill(user, SIGKILL);
+    reap(user);
+    device_lock lock;
+    ASSERT_EQ(device_lock::open(key_, &lock), ok) << left.what << ": " << last_error();
+    ASSERT_EQ(lock.acquire(), ok) << left.what << ": " << last_error();
+    ASSERT_EQ(lock.release(), ok) << left.what << ": " << last_error();
+  }
 }
 
 TEST_F(DeviceLock, TruncatedSegmentIsRefused) {
