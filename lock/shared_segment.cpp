@@ -52,14 +52,27 @@ int initialize(int fd, const std::string& name, void** base_out) {
   gid_t gid = 0;
   bool shared_with_group = false;
   VS_TRY(configured_group(&gid, &shared_with_group));
-  if (shared_with_group && ::fchown(fd, static_cast<uid_t>(-1), gid) != 0) {
+  // Group and mode only where they are not right yet: a member of the group building anew
+  // a segment another member made (and left unbuilt, dying) may not change either, and
+  // need not (open_owned checked both).
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return fail_errno(errno, "lock: fstat %s", name.c_str());
+  if (shared_with_group && st.st_gid != gid && ::fchown(fd, static_cast<uid_t>(-1), gid) != 0) {
     return fail_errno(errno, "lock: cannot give %s to group %u (VRAMSWAP_GROUP); are you a member of it?",
                       name.c_str(), static_cast<unsigned>(gid));
   }
   // Set the mode explicitly: the creating open's mode was filtered by the umask.
-  if (::fchmod(fd, shared_with_group ? 0660 : 0600) != 0) return fail_errno(errno, "lock: fchmod %s", name.c_str());
+  const mode_t mode = shared_with_group ? 0660 : 0600;
+  if ((st.st_mode & 07777) != mode && ::fchmod(fd, mode) != 0) return fail_errno(errno, "lock: fchmod %s", name.c_str());
   if (::ftruncate(fd, static_cast<off_t>(k_segment_size)) != 0) {
     return fail_errno(errno, "lock: cannot size %s to %zu bytes (is the runtime dir's file system full?)", name.c_str(), k_segment_size);
+  }
+  // Its pages now: a tmpfs (a container's /dev/shm is often 64 MB) gives them only as they
+  // are touched, and a full one answers a touch of a shared mapping with SIGBUS.
+  if (const int e = ::posix_fallocate(fd, 0, static_cast<off_t>(k_segment_size)); e != 0 && e != EOPNOTSUPP && e != EINVAL) {
+    return fail_errno(e, "lock: cannot make room for %s (%zu bytes): its file system is full; free space there (a container's "
+                      "/dev/shm is often only 64 MB) or set VRAMSWAP_RUNTIME_DIR to a directory with room",
+                      name.c_str(), k_segment_size);
   }
   void* base = ::mmap(nullptr, k_segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) return fail_errno(errno, "lock: mmap %s", name.c_str());

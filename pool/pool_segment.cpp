@@ -309,9 +309,12 @@ int pool_segment::claim(const std::string& device_key, const server_identity& wh
       // Empty and ours: say who we are before anything else.
       const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
       void* base = MAP_FAILED;
-      if (::ftruncate(fd, static_cast<off_t>(size)) == 0) base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      int e = ::ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : errno;
+      // Its pages now: a full tmpfs answers a touch of a shared mapping with SIGBUS.
+      if (e == 0 && (e = ::posix_fallocate(fd, 0, static_cast<off_t>(size))) == EOPNOTSUPP) e = 0;
+      if (e == 0) base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (base == MAP_FAILED) {
-        const int e = errno;
+        if (e == 0) e = errno;
         ::unlink(path.c_str());
         ::close(fd);
         return fail_errno(e, "pool: sizing and mapping %s (is the runtime dir's file system full?)", path.c_str());
@@ -338,6 +341,11 @@ int pool_segment::initialize(uint32_t frame_count, uint64_t frame_size, uint32_t
   const size_t size = segment_size_for(frame_count, host_slots);
   if (::ftruncate(claim_fd_, static_cast<off_t>(size)) != 0) {
     return fail_errno(errno, "pool: sizing %s to %zu bytes (is the runtime dir's file system full?)", path_.c_str(), size);
+  }
+  // Its pages now: a full tmpfs answers a touch of a shared mapping with SIGBUS.
+  if (const int e = ::posix_fallocate(claim_fd_, 0, static_cast<off_t>(size)); e != 0 && e != EOPNOTSUPP) {
+    return fail_errno(e, "pool: cannot make room for %s (%zu bytes): the runtime dir's file system is full; free space there or set "
+                      "VRAMSWAP_RUNTIME_DIR to a directory with room", path_.c_str(), size);
   }
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, claim_fd_, 0);
   if (base == MAP_FAILED) return fail_errno(errno, "pool: mmap %s", path_.c_str());

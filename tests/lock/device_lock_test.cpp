@@ -4,16 +4,21 @@
 #include "lock/device_lock.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <thread>
 
+#include "core/options.hpp"
 #include "lock/segment_layout.hpp"
 #include "lock/shared_segment.hpp"
 #include "lock_test_support.hpp"
@@ -354,6 +359,35 @@ TEST_F(DeviceLock, TruncatedSegmentIsRefused) {
   device_lock lock;
   EXPECT_EQ(device_lock::open(key_, &lock), err_version_mismatch);
   EXPECT_NE(std::string(last_error()).find("too small"), std::string::npos) << last_error();
+}
+
+// The runtime dir's file system is full (a container's 64 MB /dev/shm that a data loader's
+// workers filled): the open fails, naming the segment and saying what to do, instead of
+// the process dying of SIGBUS on the segment's first page (a tmpfs gives pages as they are
+// touched). A tmpfs of 64 KiB, filled, in a mount namespace of the child's own.
+TEST_F(DeviceLock, AFullRuntimeDirFailsTheOpenClearlyInsteadOfKillingTheProcess) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: mounting a small tmpfs needs root";
+  const pid_t child = spawn([&] {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 10;
+    const std::string dir = "/tmp/vramswap-full-" + std::to_string(::getpid());
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return 11;
+    if (::mount("full", dir.c_str(), "tmpfs", 0, "size=64k,mode=0700") != 0) return 12;
+    const int fill = ::open((dir + "/filler").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    if (fill < 0) return 13;
+    static char block[4096];
+    while (::write(fill, block, sizeof block) > 0) {
+    }
+    ::close(fill);
+    option_set(option_id::runtime_dir, (dir + "/rt").c_str());
+    device_lock lock;
+    const int rc = device_lock::open(key_, &lock);
+    if (rc == ok) return 14;
+    const std::string why = last_error();
+    std::fprintf(stderr, "%s\n", why.c_str());
+    return why.find("file system is full") != std::string::npos && why.find("VRAMSWAP_RUNTIME_DIR") != std::string::npos ? 0 : 15;
+  });
+  EXPECT_EQ(reap(child), 0) << "0: refused, saying why; 135 or 128 + 7: killed by SIGBUS";
+  ::rmdir(("/tmp/vramswap-full-" + std::to_string(child)).c_str());  // the mount point (the mount went with the child)
 }
 
 // Truncated below its size with the header intact (a stray `truncate`): refused by name on

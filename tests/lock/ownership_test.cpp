@@ -11,13 +11,17 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <cstring>
+#include <functional>
 #include <string>
 
+#include "lock/device_lock.hpp"
 #include "lock/ownership.hpp"
 #include "lock/runtime_dir.hpp"
+#include "lock/shared_segment.hpp"
 #include "pool/pool_segment.hpp"
 #include "lock_test_support.hpp"
 
@@ -197,6 +201,47 @@ TEST_F(Ownership, UsersOfTheGroupCreatingAFileAtOnceAllOpenIt) {
   EXPECT_EQ(files, k_rounds);
   std::filesystem::remove_all(dir);
   free_shared_object(b);
+}
+
+// Group mode: a member dies between making the device's lock segment and building it. The
+// next member builds it, although it may change neither the file's group nor its mode
+// (they are right already); it used to be refused as if it were not in the group.
+TEST_F(Ownership, AMemberBuildsTheSegmentAnotherMemberMadeAndDidNotBuild) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to run processes as other users";
+  constexpr gid_t k_group = 4790;
+  char dir_template[] = "/tmp/vsgroupXXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr) << std::strerror(errno);
+  const std::string dir = dir_template;
+  ASSERT_EQ(::chown(dir.c_str(), 0, k_group), 0) << std::strerror(errno);
+  ASSERT_EQ(::chmod(dir.c_str(), 02770), 0);
+  auto as_member = [&](uid_t uid, const std::function<int()>& body) {
+    return reap(spawn([&] {
+      const gid_t groups[] = {k_group};
+      if (::setgroups(1, groups) != 0 || ::setresgid(uid, uid, uid) != 0 || ::setresuid(uid, uid, uid) != 0) return 2;
+      option_set(option_id::group, std::to_string(k_group).c_str());
+      option_set(option_id::runtime_dir, dir.c_str());
+      return body();
+    }));
+  };
+  // The first member makes the file, as open does before it builds it, and dies.
+  EXPECT_EQ(as_member(4791, [&] {
+              std::string path;
+              int fd = -1;
+              if (shared_segment::path_for(key_, /*create_dir=*/true, &path) != ok) return 3;
+              if (open_owned(path, O_RDWR | O_CREAT, "the lock segment", "", &fd) != ok) return 4;
+              ::_exit(0);
+            }),
+            0);
+  EXPECT_EQ(as_member(4792, [&] {
+              device_lock lock;
+              if (device_lock::open(key_, &lock) != ok) {
+                std::fprintf(stderr, "%s\n", last_error());
+                return 5;
+              }
+              return lock.acquire() == ok && lock.release() == ok ? 0 : 6;
+            }),
+            0);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
