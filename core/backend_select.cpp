@@ -1,6 +1,8 @@
 // Which backend a process uses: VRAMSWAP_BACKEND=host|cuda|auto, decided once.
+#include <pthread.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -49,10 +51,22 @@ int make_backend(backend_kind kind, std::unique_ptr<backend>* out) {
 
 namespace {
 
+// Set in a child made by fork(): the process's backend is its parent's copy, whose threads
+// (the host backend's stream workers) and driver objects (the CUDA backend's streams and
+// mappings) are not the child's. Destroying it at the child's exit would join threads that
+// do not exist here (a hang) or release the parent's objects: the child leaves it alone.
+std::atomic<bool> g_backend_forked{false};
+void mark_backend_forked() noexcept { g_backend_forked.store(true, std::memory_order_relaxed); }
+
 struct chosen {
   std::unique_ptr<backend> instance;
   int status = ok;
   std::string detail;
+  chosen() = default;
+  chosen(chosen&&) = default;
+  ~chosen() {
+    if (g_backend_forked.load(std::memory_order_relaxed)) (void)instance.release();
+  }
 };
 
 }  // namespace
@@ -82,6 +96,7 @@ int select_backend(const std::string& text, std::unique_ptr<backend>* out) {
 namespace {
 
 chosen choose() {
+  ::pthread_atfork(nullptr, nullptr, mark_backend_forked);
   chosen c;
   c.status = select_backend(option_text(option_id::backend), &c.instance);
   if (c.status != ok) c.detail = last_error();

@@ -7,7 +7,28 @@
 namespace vramswap::detail {
 namespace {
 // One buffer per thread: a failure on one thread never overwrites another's detail.
-thread_local std::string t_detail;
+//
+// Reached through a pointer that is trivially destructible: a thread's thread_local objects
+// are destroyed before its atexit handlers and static destructors run (the main thread's at
+// exit()), and those still report failures here (vramswap's own teardown at exit among
+// them). A std::string thread_local would be written after its destruction then; the
+// pointer is only nulled, and a failure after that gets a new buffer, left to the exit.
+thread_local std::string* t_detail = nullptr;
+struct detail_owner {
+  ~detail_owner() {
+    delete t_detail;
+    t_detail = nullptr;
+  }
+};
+thread_local detail_owner t_detail_owner;
+
+std::string& detail() {
+  if (t_detail == nullptr) {
+    (void)&t_detail_owner;  // constructed with the first buffer of the thread, so that it frees it
+    t_detail = new std::string;
+  }
+  return *t_detail;
+}
 }  // namespace
 
 const char* status_name(int code) noexcept {
@@ -33,13 +54,13 @@ const char* status_name(int code) noexcept {
   }
 }
 
-const char* last_error() noexcept { return t_detail.c_str(); }
+const char* last_error() noexcept { return t_detail != nullptr ? t_detail->c_str() : ""; }
 
 int vfail(int code, const char* fmt, va_list ap) noexcept {
   char buf[1024];
   std::vsnprintf(buf, sizeof buf, fmt, ap);
   try {
-    t_detail.assign(buf);
+    detail().assign(buf);
   } catch (...) {  // out of memory while reporting: keep the code, lose the text
   }
   return code;
@@ -72,12 +93,14 @@ int add_context(int code, const char* fmt, ...) noexcept {
   std::vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
   try {
-    t_detail.insert(0, buf);
+    detail().insert(0, buf);
   } catch (...) {
   }
   return code;
 }
 
-void clear_error() noexcept { t_detail.clear(); }
+void clear_error() noexcept {
+  if (t_detail != nullptr) t_detail->clear();
+}
 
 }  // namespace vramswap::detail

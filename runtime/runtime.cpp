@@ -57,7 +57,29 @@ void mark_forked() noexcept { g_forked.store(true, std::memory_order_relaxed); }
 // Locks held by this thread, by device: the re-entry depth (the sessions count the same).
 thread_local std::vector<uint32_t> t_held;
 
+// Set by close_all (at exit): the sessions are gone, and so, soon, is the backend. A call
+// after it (from an atexit handler or a static destructor that runs after vramswap's own)
+// opens nothing: it would reopen a session over a backend already destroyed. The arenas the
+// sessions had are kept (under g_mutex), so that a free of their memory then succeeds: the
+// memory went with the session.
+std::atomic<bool> g_closed{false};
+struct closed_arena {
+  int device;
+  uintptr_t base;
+  uint64_t size;
+};
+std::vector<closed_arena> g_closed_arenas;
+
+bool in_closed_arena(int device, uintptr_t ptr) {
+  std::lock_guard<std::mutex> guard(g_mutex);
+  for (const closed_arena& a : g_closed_arenas) {
+    if (a.device == device && ptr >= a.base && ptr - a.base < a.size) return true;
+  }
+  return false;
+}
+
 void close_all() {
+  g_closed.store(true);
   if (forked_child()) {
     // The copies of the sessions in a forked child have no threads to join (and g_mutex may
     // have been held by a thread that does not exist here): leave them.
@@ -66,6 +88,14 @@ void close_all() {
   }
   std::lock_guard<std::mutex> guard(g_mutex);
   clear_fast();
+  for (size_t d = 0; d < g_devices.size(); ++d) {
+    if (!g_devices[d] || !g_devices[d]->policy) continue;
+    const pager& p = g_devices[d]->policy->memory();
+    try {
+      g_closed_arenas.push_back({static_cast<int>(d), p.arena_base(), p.arena_size()});
+    } catch (const std::bad_alloc&) {
+    }
+  }
   g_devices.clear();  // releases a lock the exiting thread holds, leaves the pool
 }
 
@@ -83,6 +113,13 @@ int check_process(const char* fn, int device) {
 // The session of `device`, opened on first use.
 int state_for(const char* fn, int device, device_state** out) {
   VS_TRY(check_process(fn, device));
+  if (g_closed.load()) {
+    return fail(err_unavailable,
+                "%s(device %d): vramswap has shut down, this process is exiting: the call came from an atexit handler or a "
+                "static destructor that runs after vramswap's own teardown (its sessions, and the memory they held, are "
+                "gone); make such calls before exit, or register the handler after vramswap's first use",
+                fn, device);
+  }
   if (device >= 0 && static_cast<size_t>(device) < k_fast_devices) {
     if (device_state* st = g_fast[device].load(std::memory_order_acquire); st != nullptr) {
       *out = st;
@@ -421,7 +458,7 @@ int malloc(int device, size_t size, uintptr_t* out) noexcept {
 }
 
 int free(int device, uintptr_t ptr) noexcept {
-  if (ptr == 0) return ok;
+  if (ptr == 0 || (g_closed.load() && in_closed_arena(device, ptr))) return ok;  // after exit's teardown: gone with its session
   device_state* st = nullptr;
   VS_TRY(state_for("free", device, &st));
   if (st->async->owns(ptr)) {
@@ -447,7 +484,7 @@ int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noex
 }
 
 int free_async(int device, uintptr_t ptr, uintptr_t stream) noexcept {
-  if (ptr == 0) return ok;
+  if (ptr == 0 || (g_closed.load() && in_closed_arena(device, ptr))) return ok;  // after exit's teardown: gone with its session
   try {
     device_state* st = nullptr;
     VS_TRY(state_for("free_async", device, &st));
@@ -484,6 +521,7 @@ bool release_requested(int device) noexcept {
 
 bool owns(int device, uintptr_t ptr) noexcept {
   if (forked_child() || device < 0) return false;
+  if (g_closed.load()) return in_closed_arena(device, ptr);
   std::lock_guard<std::mutex> guard(g_mutex);
   if (static_cast<size_t>(device) >= g_devices.size() || !g_devices[device]) return false;
   pager& p = g_devices[device]->policy->memory();

@@ -30,11 +30,22 @@
 //   holds (a round counter per rank in <shared-file>, after the devices' counters), change
 //   the memory, release. It creates <shared-file>.joined<rank> once it joined. Exit 8 when a lock failed with VRAMSWAP_ERR_OWNER_DIED (printed), 9
 //   when the ranks were not granted together.
+// usage: api_worker after-teardown <device>
+//   register an atexit handler before vramswap's first use, allocate on <device> and return
+//   from main; the handler, which runs after vramswap's own teardown, frees the memory
+//   (must succeed: it went with the session) and allocates (must fail, saying vramswap shut
+//   down). Exit 20-22 when it did not.
+// usage: api_worker fork-exit <device>
+//   allocate on <device>, fork a child that calls exit(0) (atexit handlers and static
+//   destructors run in it, over the parent's copies); exit 0 when the child exited 0 within
+//   10 s, 30 + its signal when it was killed, 40 when it hung.
 // Exit: 0 ok, 2 a vramswap::error (printed), 3 bytes differed, 4 a file never appeared,
 // 64 bad usage.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -178,10 +189,52 @@ int rank_rounds(const char* job, int rank, int world, int rounds, size_t bytes, 
 
 }  // namespace
 
+void* g_kept = nullptr;
+int g_kept_device = 0;
+
+void after_teardown() {
+  if (vramswap_free(g_kept, g_kept_device) != VRAMSWAP_OK) {
+    std::fprintf(stderr, "free after teardown: %s\n", vramswap_last_error());
+    ::_exit(20);
+  }
+  void* p = nullptr;
+  if (vramswap_malloc(&p, 4096, g_kept_device) != VRAMSWAP_ERR_UNAVAILABLE) ::_exit(21);
+  if (std::strstr(vramswap_last_error(), "shut down") == nullptr) {
+    std::fprintf(stderr, "malloc after teardown: %s\n", vramswap_last_error());
+    ::_exit(22);
+  }
+}
+
+int fork_exit(int device) {
+  void* p = nullptr;
+  if (vramswap_malloc(&p, 1 << 20, device) != VRAMSWAP_OK) return 2;
+  const pid_t child = ::fork();
+  if (child < 0) return 2;
+  if (child == 0) std::exit(0);
+  for (int i = 0; i < 1000; ++i) {
+    int status = 0;
+    if (::waitpid(child, &status, WNOHANG) == child) {
+      if (WIFSIGNALED(status)) return 30 + WTERMSIG(status);
+      return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 41;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  return 40;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) return usage(argv[0]);
   const std::string mode = argv[1];
   try {
+    if (mode == "after-teardown" && argc == 3) {
+      std::atexit(after_teardown);  // before vramswap's first use: it runs after vramswap's teardown
+      g_kept_device = std::atoi(argv[2]);
+      if (vramswap_malloc(&g_kept, 1 << 20, g_kept_device) != VRAMSWAP_OK) return 2;
+      return 0;
+    }
+    if (mode == "fork-exit" && argc == 3) return fork_exit(std::atoi(argv[2]));
     if (mode == "hold" && argc == 5) {
       vramswap::gpu_lock lock(std::atoi(argv[2]));
       create(argv[4]);

@@ -649,6 +649,25 @@ TEST_F(PublicApi, RanksOfAJobTakeTheirTurnsTogether) {
   EXPECT_EQ(vramswap_join_gang("bad/job", 0, 2, 0), VRAMSWAP_ERR_INVALID_ARGUMENT);
 }
 
+// At exit vramswap closes its sessions; a handler or static destructor that runs after that
+// (one registered before vramswap's first use) may still free its memory (it is gone with
+// the session: success) and is told that vramswap shut down if it allocates. It used to
+// reopen a session over the backend that exit had already destroyed, and crash.
+TEST_F(PublicApi, CallsAfterTheTeardownAtExitAreAnsweredNotCrashedOn) {
+  std::string err;
+  EXPECT_EQ(run_worker({"after-teardown", "0"}, {"VRAMSWAP_LOG=warn"}, &err), 0) << err;
+}
+
+// A child forked after vramswap was used that calls exit(): its atexit handlers and static
+// destructors run over the parent's copies (the sessions, the backend's threads, a failure's
+// detail). It exits 0; it used to abort (a double free) or hang joining the parent's threads.
+TEST_F(PublicApi, AForkedChildThatCallsExitEndsCleanly) {
+  for (int round = 0; round < 5; ++round) {
+    std::string err;
+    EXPECT_EQ(run_worker({"fork-exit", "0"}, {"VRAMSWAP_LOG=warn"}, &err), 0) << "round " << round << ": " << err;
+  }
+}
+
 TEST_F(PublicApi, AMalformedSettingStopsAProcessAtItsFirstCall) {
   // Each of these used to run with a warning ("no disk tier") and no pinned-memory limit.
   for (const char* setting : {"VRAMSWAP_HOST_LIMIT=abc", "VRAMSWAP_SWAP_BLOCK=1.5", "VRAMSWAP_SWAP_EXTENT=1GiB ",
