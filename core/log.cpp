@@ -97,6 +97,47 @@ void log_set_device(int device) noexcept {
 
 bool log_enabled(log_level level) noexcept { return level <= current_level(); }
 
+namespace {
+// Trivially destructible: a thread's lines may be deferred while its thread_local objects
+// are being destroyed.
+thread_local int t_defer_depth = 0;
+thread_local char t_deferred[4096];
+thread_local size_t t_deferred_len = 0;
+thread_local unsigned t_deferred_dropped = 0;
+
+void write_line(const char* line, size_t len) {
+  if (t_defer_depth > 0) {
+    if (len <= sizeof t_deferred - t_deferred_len) {
+      std::memcpy(t_deferred + t_deferred_len, line, len);
+      t_deferred_len += len;
+    } else {
+      ++t_deferred_dropped;
+    }
+    return;
+  }
+  // One write(2) per line so that lines from several processes do not interleave.
+  [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, line, len);
+}
+}  // namespace
+
+void log_defer_begin() noexcept { ++t_defer_depth; }
+
+void log_defer_end() noexcept {
+  if (t_defer_depth == 0 || --t_defer_depth > 0) return;
+  if (t_deferred_len > 0) {
+    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, t_deferred, t_deferred_len);
+    t_deferred_len = 0;
+  }
+  if (t_deferred_dropped > 0) {
+    char line[160];
+    int n = prefix(line, sizeof line);
+    n += std::snprintf(line + n, sizeof line - static_cast<size_t>(n), "warn: %u more log line(s) of a critical section dropped\n",
+                       t_deferred_dropped);
+    t_deferred_dropped = 0;
+    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, line, static_cast<size_t>(n));
+  }
+}
+
 void log(log_level level, const char* fmt, ...) noexcept {
   if (!log_enabled(level)) return;
   char line[1200];
@@ -108,8 +149,7 @@ void log(log_level level, const char* fmt, ...) noexcept {
   va_end(ap);
   const size_t len = std::strlen(line);
   line[len] = '\n';
-  // One write(2) per line so that lines from several processes do not interleave.
-  [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, line, len + 1);
+  write_line(line, len + 1);
 }
 
 }  // namespace vramswap::detail

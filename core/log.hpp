@@ -23,4 +23,12 @@ void log_set_default_level(log_level level) noexcept;
 void log_set_device(int device) noexcept;
 void log(log_level level, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
 
+// While a thread holds a mutex other processes wait on (the lock segment's internal mutex),
+// a line to a stderr nobody drains (a pipe a parent does not read, a stalled log driver)
+// would block it there, and everyone with it. Between log_defer_begin() and the matching
+// log_defer_end() this thread's lines are kept (up to 4 KiB, then counted) and written at
+// the end. Calls nest.
+void log_defer_begin() noexcept;
+void log_defer_end() noexcept;
+
 }  // namespace vramswap::detail

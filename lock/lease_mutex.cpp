@@ -4,6 +4,7 @@
 
 #include <cerrno>
 
+#include "core/log.hpp"
 #include "core/status.hpp"
 #include "lock/futex.hpp"
 #include "lock/liveness_lease.hpp"
@@ -19,7 +20,10 @@ constexpr uint64_t k_owner_check_ns = 10'000'000;
 
 uint32_t lease_of(uint32_t token) { return k_mutex_lease_first + token - 1; }
 
+// Every way into the critical section: stamps the owner, and holds this thread's log lines
+// until it leaves (core/log.hpp: a blocked stderr must not keep everyone out).
 void stamp_owner(lease_mutex* m) noexcept {
+  log_defer_begin();
   m->owner_pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
   m->owner_tid.store(static_cast<int32_t>(current_tid()), std::memory_order_relaxed);
   m->owner_uid.store(static_cast<uint32_t>(::geteuid()), std::memory_order_relaxed);
@@ -116,6 +120,7 @@ int lease_mutex_lock(lease_mutex* m, const lease_mutex_owner& me, uint64_t deadl
 
 void lease_mutex_unlock(lease_mutex* m) noexcept {
   if ((m->word.exchange(0, std::memory_order_release) & k_waiters) != 0) futex_wake_one(&m->word);
+  log_defer_end();
 }
 
 bool lease_mutex_locked(const lease_mutex* m) noexcept { return m->word.load(std::memory_order_relaxed) != 0; }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/log.hpp"
 #include "lock/crash_points.hpp"
 #include "lock_test_support.hpp"
 
@@ -151,6 +152,50 @@ TEST_F(LockProcesses, HolderKilledPassesTheLockOnWithin100ms) {
   // The lock is free and the queue empty again.
   ASSERT_EQ(lock.try_acquire(), ok) << last_error();
   ASSERT_EQ(lock.release(), ok);
+  free_shared_object(report);
+}
+
+// The waiter that repairs after a holder's death logs it ("holder ... died holding the
+// lock"), and its stderr is a pipe nobody reads (a parent that reads only stdout): the write
+// blocks. It must not block inside the internal mutex, or nobody could take, hand on or
+// look at the lock again. The lines of a critical section are written after it.
+TEST_F(LockProcesses, AWaiterWhoseStderrIsStuckDoesNotKeepTheInternalMutex) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  auto* report = shared_object<death_report>();
+  int stuck[2];
+  ASSERT_EQ(::pipe2(stuck, O_CLOEXEC), 0);
+  ASSERT_EQ(::fcntl(stuck[1], F_SETFL, O_NONBLOCK), 0);
+  static char fill[4096];
+  while (::write(stuck[1], fill, sizeof fill) > 0) {
+  }
+  ASSERT_EQ(::fcntl(stuck[1], F_SETFL, 0), 0);  // full, and blocking from now on
+  const pid_t holder = spawn([&] {
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok || mine.acquire() != ok) return 10;
+    report->holding.store(1);
+    for (;;) ::pause();
+  });
+  while (report->holding.load() == 0) std::this_thread::sleep_for(100us);
+  const pid_t waiter = spawn([&] {
+    if (::dup2(stuck[1], STDERR_FILENO) < 0) return 12;
+    ::setenv("VRAMSWAP_LOG", "warn", 1);
+    log_set_default_level(log_level::warn);  // read VRAMSWAP_LOG again
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok || mine.acquire() != ok) return 10;
+    return mine.release() == ok ? 0 : 11;
+  });
+  ASSERT_TRUE(wait_for_queue(lock, [](const auto& q) { return queue_has_waiters(q, 1); }));
+  std::this_thread::sleep_for(20ms);
+  ASSERT_EQ(::kill(holder, SIGKILL), 0);
+  EXPECT_EQ(reap(holder), 128 + SIGKILL);
+  std::this_thread::sleep_for(200ms);  // the waiter repairs, logs, and is stuck on its stderr
+  std::vector<lock_queue_entry> queue;
+  EXPECT_EQ(lock.snapshot(&queue, 1'000'000'000), ok) << "the internal mutex stayed taken: " << last_error();
+  ::kill(waiter, SIGKILL);
+  reap(waiter);
+  ::close(stuck[0]);
+  ::close(stuck[1]);
   free_shared_object(report);
 }
 
