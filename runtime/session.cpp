@@ -40,6 +40,13 @@ void session::close() noexcept {
   // A pager watched for faults (the time-sharing policy on the host backend) stops being
   // watched before it goes; for one that never was, this does nothing.
   if (pager_) fault_unwatch(*pager_);
+  // Work this process queued may still run (an exception left a step unsynchronized): it
+  // would write into a frame after the pager zeroed it, and the frame would go back to the
+  // pool, to another tenant, holding our bytes. The pager synchronizes only its own streams.
+  if (pager_ && be_ != nullptr && be_->device_synchronize(device_) != ok) {
+    log(log_level::warn, "session: device %d: waiting for this process's device work before giving its frames back failed: %s",
+        device_, last_error());
+  }
   pager_.reset();  // unmaps every page; its pool frames are zeroed and given back
 }
 
