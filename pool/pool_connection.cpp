@@ -150,14 +150,24 @@ int pool_connection::connect(backend& be, int device, bool autostart, std::uniqu
       // A server that has claimed the pool and builds it listens once it has: wait for it.
       if (rc == err_unavailable) rc = wait_for_starting_server(paths, info.uuid, device, &c->fd_);
       if (rc == err_unavailable && autostart && restart_expected(info.uuid)) {
-        // The pool's server answers to a service manager that restarts it: give it the time
-        // (pool_member does the same), rather than race the manager's start with ours.
+        // The pool's server is the node's service: give it the time to come back (its
+        // manager restarts it), and never start one of ours instead. Ours would run in this
+        // job's cgroup and die with it, and while it lived the service could not start.
         const uint64_t until = monotonic_ns() + k_managed_restart_wait_ns;
         while (rc == err_unavailable && monotonic_ns() < until) {
           ::usleep(50'000);
           rc = dial_server(paths.socket, &c->fd_);
         }
         if (rc == ok) log(log_level::debug, "pool: the service manager restarted the pool server of %s", info.uuid.c_str());
+        if (rc == err_unavailable) {
+          return fail(err_unavailable,
+                      "pool: the pool of device %d (%s) is served by the node's service (vramswapd under systemd, or "
+                      "--service: a DaemonSet's), which has not listened on %s for %.0f s; this process starts no server of "
+                      "its own for it. Start the service (systemctl start vramswapd@%d; the DaemonSet's pod), or, if this "
+                      "node has no such service any more, remove the pool segment in the runtime dir so that jobs start "
+                      "servers on demand",
+                      device, info.uuid.c_str(), paths.socket.c_str(), k_managed_restart_wait_ns / 1e9, device);
+        }
       }
       if (rc == err_unavailable && autostart) rc = start_or_join_server(paths, info.uuid, device, &c->fd_);
       if (rc != ok) {

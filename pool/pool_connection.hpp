@@ -66,15 +66,16 @@ class pool_connection {
   // How long a client that finds no server waits for one: for the start lock, for the
   // server it starts to report ready.
   static constexpr int k_start_timeout_s = k_server_start_timeout_s;
-  // How long a process gives a server run by a service manager (pool_header::server_flags)
-  // to come back before it starts one itself: the manager restarts it, and two starts race.
+  // How long a connecting process waits for the node's service (pool_header::server_flags: a
+  // server under a service manager, or --service) to come back before it gives up; it never
+  // starts one itself for such a pool.
   static constexpr uint64_t k_managed_restart_wait_ns = 10'000'000'000;
 
   // Connect to `device`'s pool server (starting one when `autostart` and none runs),
   // import every frame of the pool into `be` and map the pool segment. A server that ends
   // during the handshake (a restart) is followed to the next one, twice at most; while the
-  // pool's last server answered to a service manager, the manager gets
-  // k_managed_restart_wait_ns to start the next one before this process does.
+  // pool's last server was the node's service, this process waits k_managed_restart_wait_ns
+  // for it and then fails (err_unavailable, saying how to start it), never starting one.
   // Returns 0; err_unavailable (no server and !autostart; or vramswapd not found: the
   // detail lists the places tried; or the server could not start or died before it was
   // ready: the detail names its log); err_timeout (no server was ready within

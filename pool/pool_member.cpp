@@ -80,11 +80,13 @@ bool pool_member::rejoin() noexcept {
   const bool managed = (segment().header()->server_flags.load(std::memory_order_relaxed) & pool_layout::k_server_managed) != 0;
   log(log_level::info, "pool: the pool server (pid %d) of %s ended; this process goes on, and rejoins the pool through the next server%s",
       static_cast<int>(old), conn_->device_key().c_str(),
-      managed ? " (its service manager restarts it; this process starts one itself if it has not in 10 s)" : "");
+      managed ? " (it is the node's service: this process waits for it to come back, and starts no server of its own)" : "");
   int pause_ms = 10;
   bool told = false;
   for (;;) {
-    const bool autostart = !managed || monotonic_ns() - since >= k_managed_restart_wait_ns;
+    // Never for the node's service: a server of ours would die with this job, and while it
+    // lived the service could not start.
+    const bool autostart = !managed;
     const int rc = conn_->rejoin(autostart);
     if (rc == ok) {
       log(log_level::info, "pool: rejoined the pool of %s through the pool server pid %d, %.2f s after pid %d ended",

@@ -20,9 +20,9 @@
 // The keeper: a second thread, from join() on, that waits for the server's hang-up and then
 // rejoins the pool through the next server (pool_connection::rejoin): at once, and again
 // with a growing pause (up to k_rejoin_pause_max_ms) until a server takes it back. The first
-// tries only dial: a server that answers to a service manager (pool_header::server_flags) is
-// given k_managed_restart_wait_ns to come back, any other is started by whichever member
-// gets the start lock first (pool/server_start.hpp), the others joining it. Nothing else
+// tries only dial: the node's service (pool_header::server_flags: a server under a service
+// manager, or --service) is only ever waited for, never replaced by a server of a member;
+// any other is started by whichever member gets the start lock first (pool/server_start.hpp), the others joining it. Nothing else
 // waits for it: the frame table, the host slots and the lock work without a server, so the
 // process goes on meanwhile (only repairs of members that die wait for the next server).
 // A rejoin refused for good ends the keeper, and pool_alive() says so to the frame sources.
@@ -54,7 +54,6 @@ class pool_member {
   static constexpr uint64_t k_service_poll_ns = 50'000'000;
   // How long members give a server run by a service manager to come back before one of them
   // starts a server itself.
-  static constexpr uint64_t k_managed_restart_wait_ns = pool_connection::k_managed_restart_wait_ns;
   static constexpr int k_rejoin_pause_max_ms = 250;
 
   // Join `device`'s pool: connect to its server (starting vramswapd when none runs), take

@@ -1,6 +1,6 @@
 // vramswapd: the per-device pool server (server/pool_server.hpp; docs/pool_server.md).
 //
-//   vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE] [--host-pool SIZE]
+//   vramswapd [--device N] [--foreground] [--service] [--idle-exit SECONDS] [--pool-size SIZE] [--host-pool SIZE]
 //             [--metrics-port PORT] [--metrics-address ADDR]
 //
 // Two ways to run it:
@@ -21,6 +21,9 @@
 //
 // Under a service manager that set NOTIFY_SOCKET (systemd, Type=notify: deploy/systemd), the
 // server says READY=1 once it serves and STOPPING=1 at SIGTERM (server/service_notify.hpp).
+// Such a server, or one given --service (a Kubernetes DaemonSet's), is the node's service
+// for its pool: while it is down, clients wait for it and never start a server of their own,
+// which would run in a job's cgroup, die with the job, and keep the service from starting.
 //
 // The metrics endpoint (--metrics-port) also answers /healthz and /readyz for a container
 // runtime's probes (server/metrics_endpoint.hpp); --metrics-address moves it off loopback so
@@ -59,7 +62,8 @@ void on_stop_signal(int) {
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "usage: vramswapd [--device N] [--foreground] [--idle-exit SECONDS] [--pool-size SIZE] [--host-pool SIZE]\n"
+               "usage: vramswapd [--device N] [--foreground] [--service] [--idle-exit SECONDS] [--pool-size SIZE]\n"
+               "                 [--host-pool SIZE]\n"
                "                 [--metrics-port PORT] [--metrics-address ADDR]\n"
                "\n"
                "The pool server of one device: creates the device's pool of frames and hands them to the\n"
@@ -71,6 +75,10 @@ void usage(FILE* out) {
                "                       exit unless --idle-exit is given. Without it, the server detaches,\n"
                "                       logs to <runtime dir>/<device key>.log and exits after\n"
                "                       VRAMSWAP_POOL_IDLE_EXIT seconds without a client (how clients start it)\n"
+               "  --service            the node's service for this pool (implied under NOTIFY_SOCKET: systemd):\n"
+               "                       while it is down its clients wait for it to come back and never\n"
+               "                       start a server of their own (one in a job's cgroup would die with\n"
+               "                       the job and keep the service from starting); a DaemonSet's gives it\n"
                "  --idle-exit SECONDS  exit after SECONDS without a client (0: never)\n"
                "  --pool-size SIZE     pool size: bytes (K/M/G suffixes) or a percentage of the device's\n"
                "                       memory; default VRAMSWAP_POOL_SIZE, else free memory less a reserve\n"
@@ -133,6 +141,7 @@ int main(int argc, char** argv) {
   }
   pool_server_options options;
   bool foreground = false;
+  bool service = false;
   bool idle_given = false;
   long long ready_fd = -1;
   for (int i = 1; i < argc; ++i) {
@@ -147,6 +156,8 @@ int main(int argc, char** argv) {
       return 0;
     } else if (arg == "--foreground") {
       foreground = true;
+    } else if (arg == "--service") {
+      service = true;
     } else if (arg == "--device" && value != nullptr && parse_int(value, 0, &v) && v < 1 << 20) {
       options.device = static_cast<int>(v);
       ++i;
@@ -207,10 +218,10 @@ int main(int argc, char** argv) {
     report(static_cast<int>(ready_fd), "started " + std::to_string(::getpid()), false);
     options.log_to_file = true;
   }
-  // Under a service manager that restarts it: its clients wait a while for it to come back
-  // before starting a server of their own.
+  // The node's service (under a service manager, or said so): its clients wait for it to come
+  // back instead of starting a server of their own.
   const char* notify = std::getenv("NOTIFY_SOCKET");
-  options.managed = notify != nullptr && *notify != '\0';
+  options.managed = service || (notify != nullptr && *notify != '\0');
   ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGHUP, foreground ? SIG_DFL : SIG_IGN);
   struct sigaction sa {};

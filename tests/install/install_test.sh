@@ -65,7 +65,7 @@ install)
   # The systemd unit template, naming the daemon where this prefix holds it.
   unit=$prefix/lib/systemd/system/vramswapd@.service
   [[ -f $unit ]] || fail "no $unit"
-  grep -qxF "ExecStart=$prefix/bin/vramswapd --foreground --device %i" "$unit" ||
+  grep -qxF "ExecStart=$prefix/bin/vramswapd --foreground --service --device %i" "$unit" ||
     fail "$unit does not start $prefix/bin/vramswapd: $(grep ExecStart "$unit")"
   grep -qx "Type=notify" "$unit" || fail "$unit is not Type=notify"
   doc=$(sed -n 's|^Documentation=file://||p' "$unit")

@@ -295,6 +295,45 @@ TEST_F(Restart, JobsGoOnThroughASigtermAndAKillOfTheServerWithEveryByteIntact) {
   EXPECT_NE(server_log().find("stopped; pool released"), std::string::npos) << server_log();
 }
 
+// The node's service (--service: a DaemonSet's server) stops with a job attached, for
+// maintenance. The job goes on and never starts a server in its place: one would run in the
+// job's cgroup, die with it, and while it lived the service could not start. A job that
+// starts meanwhile waits for the service, then fails saying to start it. The service starts
+// again (nothing holds the device) and the job rejoins it.
+TEST_F(Restart, JobsNeverStartAServerInPlaceOfTheNodesService) {
+  auto start_service = [&](const std::string& tag) {
+    const pid_t pid = deploy_.spawn({VRAMSWAP_SERVER_BINARY, "--foreground", "--service", "--ready-fd", "1"}, {}, file(tag + ".out"),
+                                    file(tag + ".log"));
+    servers_.push_back(pid);
+    EXPECT_TRUE(eventually([&] { return test::slurp(file(tag + ".out")).rfind("ready ", 0) == 0; }, 30s))
+        << tag << " did not get ready: " << test::slurp(file(tag + ".log"));
+    return pid;
+  };
+  const pid_t first = start_service("server1");
+  ASSERT_TRUE(deploy_.open_pool(&pool_, 5000, /*read_only=*/true));
+  const pid_t member = deploy_.spawn({VRAMSWAP_POOL_CLIENT, "join", "own", "0", "write", "0", "31", "ready", "wait-rejoined", "90",
+                                      "check", "0", "31", "ready", "sleep", "120"},
+                                     {}, file("member.out"), file("member.err"));
+  jobs_.push_back(member);
+  ASSERT_TRUE(eventually([&] { return test::slurp(file("member.out")).find("ready") != std::string::npos; })) << test::slurp(file("member.err"));
+  EXPECT_EQ(stop_server(first, SIGTERM), 0);
+  EXPECT_EQ(::access(segment_path().c_str(), F_OK), 0) << "the pool stays for the service's next start";
+
+  const pid_t late = deploy_.spawn({VRAMSWAP_POOL_CLIENT, "connect"}, {}, file("late.out"), file("late.err"));
+  int status = 0;
+  ASSERT_EQ(::waitpid(late, &status, 0), late);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << ": " << test::slurp(file("late.err"));
+  EXPECT_NE(test::slurp(file("late.err")).find("served by the node's service"), std::string::npos) << test::slurp(file("late.err"));
+  EXPECT_NE(test::slurp(file("late.err")).find("starts no server of its own"), std::string::npos) << test::slurp(file("late.err"));
+  EXPECT_NE(::access(server_log().c_str(), F_OK), 0) << "a job started a server of its own: " << server_log();
+
+  const pid_t second = start_service("server2");
+  EXPECT_EQ(test::slurp(file("server2.log")).find("already serves"), std::string::npos) << test::slurp(file("server2.log"));
+  EXPECT_TRUE(eventually([&] { return count_of(test::slurp(file("member.out")), "ready") == 2; }, 30s)) << test::slurp(file("member.err"));
+  EXPECT_NE(test::slurp(file("member.out")).find("rejoined " + std::to_string(second)), std::string::npos) << test::slurp(file("member.out"));
+  EXPECT_NE(::access(server_log().c_str(), F_OK), 0) << "a job started a server of its own: " << server_log();
+}
+
 // A job whose descriptor limit does not let it keep the frames' descriptors works and rejoins
 // a next server all the same; the frames come from a job that kept them, and a newcomer
 // joins through them.
