@@ -39,16 +39,28 @@ conf=${conf%/*}/vramswap-slurm.conf
 # Nothing to do outside a job (a TaskProlog always has SLURM_JOB_ID; this guards a hand run).
 [ -n "$SLURM_JOB_ID" ] || exit 0
 
-job=$(scontrol show job -o "$SLURM_JOB_ID" 2>&1) || {
-  # Not fatal to the job: it runs without vramswap's node settings, and says why.
-  echo "print vramswap TaskProlog: 'scontrol show job $SLURM_JOB_ID' failed on $(hostname): $job; the job's tasks get no vramswap settings (ask the cluster's admins)"
-  exit 0
+# The job's record, read from slurmctld only when needed (a GRES request, a QOS), once. A job
+# with shards needs none: a slurmctld that does not answer must not leave it without its
+# settings, in a pool of its own beside the node's.
+job=
+job_read=0
+read_job() {
+  [ "$job_read" = 1 ] && return 0
+  job=$(scontrol show job -o "$SLURM_JOB_ID" 2>&1) || return 1
+  job_read=1
 }
 asked=0
 [ "$shards" = 1 ] && [ "${SLURM_SHARDS_ON_NODE:-0}" -gt 0 ] 2>/dev/null && asked=1
-# TresPerNode=gres:vramswap:1 (or TresPerJob/PerSocket/PerTask): the job asked for the GRES.
-echo "$job" | tr ' ' '\n' | grep -E '^Tres(PerNode|PerJob|PerSocket|PerTask)=' | tr ',' '\n' |
-  grep -Eq "(^|=)gres[:/]$gres(:|\$)" && asked=1
+if [ "$asked" = 0 ]; then
+  read_job || {
+    # Not fatal to the job: it runs without vramswap's node settings, and says why.
+    echo "print vramswap TaskProlog: 'scontrol show job $SLURM_JOB_ID' failed on $(hostname): $job; the job's tasks get no vramswap settings (ask the cluster's admins)"
+    exit 0
+  }
+  # TresPerNode=gres:vramswap:1 (or TresPerJob/PerSocket/PerTask): the job asked for the GRES.
+  echo "$job" | tr ' ' '\n' | grep -E '^Tres(PerNode|PerJob|PerSocket|PerTask)=' | tr ',' '\n' |
+    grep -Eq "(^|=)gres[:/]$gres(:|\$)" && asked=1
+fi
 [ "$asked" = 1 ] || exit 0
 
 echo "export VRAMSWAP_RUNTIME_DIR=$runtime_dir"
@@ -63,10 +75,16 @@ low=0
 for p in $(echo "$low_partitions" | tr ',' ' '); do
   [ "$p" = "$SLURM_JOB_PARTITION" ] && low=1
 done
-qos=$(echo "$job" | tr ' ' '\n' | sed -n 's/^QOS=//p')
-for q in $(echo "$low_qos" | tr ',' ' '); do
-  [ "$q" = "$qos" ] && low=1
-done
+if [ -n "$low_qos" ]; then
+  if read_job; then
+    qos=$(echo "$job" | tr ' ' '\n' | sed -n 's/^QOS=//p')
+    for q in $(echo "$low_qos" | tr ',' ' '); do
+      [ "$q" = "$qos" ] && low=1
+    done
+  else
+    echo "print vramswap TaskProlog: 'scontrol show job $SLURM_JOB_ID' failed on $(hostname): $job; its QOS is unknown, so its tasks run at normal priority"
+  fi
+fi
 [ "$low" = 1 ] && echo "export VRAMSWAP_OVERSUBSCRIBE=1"
 
 for kv in $extra; do

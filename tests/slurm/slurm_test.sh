@@ -154,7 +154,7 @@ pids+=($!)
 
 # The node's pool server as a node service (docs/deploy.md, "Slurm", says why not on demand).
 VRAMSWAP_BACKEND=host VRAMSWAP_SHM_PREFIX=$prefix VRAMSWAP_RUNTIME_DIR=$tmp/vramswap VRAMSWAP_FRAME_SIZE=2MiB \
-  VRAMSWAP_LOG=warn "$vramswapd" --device 0 --foreground --pool-size 64MiB >"$tmp/log/vramswapd.log" 2>&1 &
+  VRAMSWAP_LOG=warn "$vramswapd" --device 0 --foreground --service --pool-size 64MiB >"$tmp/log/vramswapd.log" 2>&1 &
 pids+=($!)
 
 state=""
