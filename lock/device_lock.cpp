@@ -641,6 +641,20 @@ int device_lock::acquire(lock_priority priority, int64_t timeout_ns, acquire_inf
   const uint64_t penalty = penalty_behind_.load(std::memory_order_relaxed);
   publish_slot_locked(mine, static_cast<uint32_t>(priority), me, tid, start_ns, penalty <= st->next_ticket ? penalty : 0, 0);
   waiter_slot& slot = slots[mine];
+  // A try, or a wait shorter than a waiter's liveness scan, would never see a dead holder go
+  // (with no other waiter and no pool server to repair it, it would be refused for good):
+  // it asks the holder's lease itself, and repairs (which grants the best waiter) when it is gone.
+  const uint32_t holder = st->holder_slot.load(std::memory_order_relaxed);
+  if (holder != k_no_slot && timeout_ns >= 0 && timeout_ns < k_liveness_poll_ns && holder < k_slot_count &&
+      !slot_owner_alive(holder)) {
+    if (const int rrc = repair_locked(); rrc != ok) {
+      slot.state.store(slot_free, std::memory_order_release);
+      --st->waiter_count;
+      unlock_mutex();
+      let_go_of_lease(mine);
+      return rrc;
+    }
+  }
   if (st->holder_slot == k_no_slot) dispatch_locked(mine);
   const uint64_t my_ticket = slot.ticket;
 

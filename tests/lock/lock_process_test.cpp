@@ -199,6 +199,33 @@ TEST_F(LockProcesses, AWaiterWhoseStderrIsStuckDoesNotKeepTheInternalMutex) {
   free_shared_object(report);
 }
 
+// A holder killed while nobody waits (no waiter's liveness scan, no pool server to repair):
+// a try, and an acquire shorter than a scan, find it dead themselves and get the lock, instead
+// of being refused for good.
+TEST_F(LockProcesses, ATryFindsADeadHolderGoneAndTakesTheLock) {
+  for (const int64_t timeout_ns : {int64_t{0}, int64_t{2'000'000}}) {
+    auto* report = shared_object<death_report>();
+    const pid_t holder = spawn([&] {
+      device_lock mine;
+      if (device_lock::open(key_, &mine) != ok || mine.acquire() != ok) return 10;
+      report->holding.store(1);
+      for (;;) ::pause();
+    });
+    while (report->holding.load() == 0) std::this_thread::sleep_for(100us);
+    ASSERT_EQ(::kill(holder, SIGKILL), 0);
+    EXPECT_EQ(reap(holder), 128 + SIGKILL);
+    device_lock lock;
+    ASSERT_EQ(device_lock::open(key_, &lock), ok);
+    acquire_info info;
+    EXPECT_EQ(lock.acquire(lock_priority::normal, timeout_ns, &info), ok) << "timeout " << timeout_ns << " ns: " << last_error();
+    EXPECT_TRUE(info.previous_holder_died);
+    if (lock.held()) {
+      EXPECT_EQ(lock.release(), ok);
+    }
+    free_shared_object(report);
+  }
+}
+
 TEST_F(LockProcesses, KilledWaiterLeavesTheQueueAndOrderHolds) {
   device_lock lock;
   ASSERT_EQ(device_lock::open(key_, &lock), ok);
