@@ -214,11 +214,12 @@ void build_table() {
   };
   // Not cuGetProcAddress itself: own_lookup hands it out by the version asked for.
   for (cuuint64_t flags : {cuuint64_t{CU_GET_PROC_ADDRESS_DEFAULT}, cuuint64_t{CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM}}) {
+    const bool per_thread = flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
     add("cuMemAlloc", CUDA_VERSION, flags, as_void(&mem_alloc));
     add("cuMemFree", CUDA_VERSION, flags, as_void(&mem_free));
     add("cuMemGetInfo", CUDA_VERSION, flags, as_void(&mem_get_info));
-    add("cuMemAllocAsync", CUDA_VERSION, flags, as_void(&mem_alloc_async));
-    add("cuMemFreeAsync", CUDA_VERSION, flags, as_void(&mem_free_async));
+    add("cuMemAllocAsync", CUDA_VERSION, flags, per_thread ? as_void(&mem_alloc_async_ptsz) : as_void(&mem_alloc_async));
+    add("cuMemFreeAsync", CUDA_VERSION, flags, per_thread ? as_void(&mem_free_async_ptsz) : as_void(&mem_free_async));
   }
 #define VRAMSWAP_GATED_ADD(name)                                                                                       \
   gated<decltype(&name), gated_##name * 2>::real = reinterpret_cast<decltype(&name)>(                                  \
@@ -321,8 +322,8 @@ void* replacement_by_name(const char* symbol) {
       {"cuGetProcAddress_v2", as_void(&hook_get_proc_v2)}, {"cuGetProcAddress", as_void(&hook_get_proc_v1)},
       {"cuMemAlloc_v2", as_void(&mem_alloc)},              {"cuMemFree_v2", as_void(&mem_free)},
       {"cuMemGetInfo_v2", as_void(&mem_get_info)},         {"cuMemAllocAsync", as_void(&mem_alloc_async)},
-      {"cuMemFreeAsync", as_void(&mem_free_async)},        {"cuMemAllocAsync_ptsz", as_void(&mem_alloc_async)},
-      {"cuMemFreeAsync_ptsz", as_void(&mem_free_async)},
+      {"cuMemFreeAsync", as_void(&mem_free_async)},        {"cuMemAllocAsync_ptsz", as_void(&mem_alloc_async_ptsz)},
+      {"cuMemFreeAsync_ptsz", as_void(&mem_free_async_ptsz)},
   };
   for (const entry& e : table) {
     if (std::strcmp(symbol, e.name) == 0) return e.fn;

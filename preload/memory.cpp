@@ -23,6 +23,7 @@
 #include "core/log.hpp"
 #include "core/status.hpp"
 #include "runtime/runtime.hpp"
+#include "runtime/stream_allocator.hpp"
 #include "shim.hpp"
 
 namespace vramswap::detail::preload {
@@ -129,6 +130,18 @@ CUresult mem_alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
   *dptr = static_cast<CUdeviceptr>(p);
   return CUDA_SUCCESS;
 }
+
+namespace {
+CUstream per_thread_if_default(CUstream stream) {
+  return stream == nullptr ? reinterpret_cast<CUstream>(stream_allocator::k_per_thread_stream) : stream;
+}
+}  // namespace
+
+CUresult mem_alloc_async_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  return mem_alloc_async(dptr, bytes, per_thread_if_default(stream));
+}
+
+CUresult mem_free_async_ptsz(CUdeviceptr dptr, CUstream stream) { return mem_free_async(dptr, per_thread_if_default(stream)); }
 
 CUresult mem_free_async(CUdeviceptr dptr, CUstream stream) {
   if (dptr == 0) return CUDA_SUCCESS;

@@ -54,5 +54,9 @@ CUresult mem_free(CUdeviceptr dptr);
 CUresult mem_get_info(size_t* free_bytes, size_t* total_bytes);
 CUresult mem_alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream);
 CUresult mem_free_async(CUdeviceptr dptr, CUstream stream);
+// The _ptsz entry points (a program built with --default-stream per-thread): there stream 0
+// is the calling thread's default stream, not the legacy one.
+CUresult mem_alloc_async_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream stream);
+CUresult mem_free_async_ptsz(CUdeviceptr dptr, CUstream stream);
 
 }  // namespace vramswap::detail::preload

@@ -1,5 +1,6 @@
 #include "runtime/stream_allocator.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cinttypes>
 #if defined(__x86_64__) || defined(__i386__)
@@ -87,7 +88,33 @@ uint64_t stream_allocator::segment_size(uint64_t want, bool small) const noexcep
   return round_up(want < medium_request ? medium_segment : want, unit);
 }
 
-int stream_allocator::capturing(uintptr_t stream, bool* out) {
+namespace {
+
+// Keys of per-thread default streams: (a number of the thread's own) << 2 | 3. Stream
+// handles are pointers (aligned: low bits 00) or the constants 1 (legacy) and 2 (per-thread),
+// so no key is ever a handle.
+constexpr uintptr_t k_thread_key_bits = 3;
+std::atomic<uintptr_t> g_next_thread_key{1};
+
+uintptr_t stream_key(uintptr_t stream) noexcept {
+  if (stream != stream_allocator::k_per_thread_stream) return stream;
+  thread_local const uintptr_t key = (g_next_thread_key.fetch_add(1, std::memory_order_relaxed) << 2) | k_thread_key_bits;
+  return key;
+}
+
+// The stream a key stands for, as the driver knows it on the calling thread.
+uintptr_t stream_of_key(uintptr_t key) noexcept {
+  return (key & k_thread_key_bits) == k_thread_key_bits ? stream_allocator::k_per_thread_stream : key;
+}
+
+}  // namespace
+
+int stream_allocator::capturing(uintptr_t key, bool* out) {
+  if ((key & k_thread_key_bits) == k_thread_key_bits && key != stream_key(k_per_thread_stream)) {
+    *out = false;  // another thread's default stream: the driver answers only about the caller's
+    return ok;
+  }
+  const uintptr_t stream = stream_of_key(key);
   // A capture may begin on any stream at any time (cudaStreamBeginCapture tells no
   // allocator), so the answer is asked for on every call, never remembered.
   const int rc = be_.app_stream_capturing(device_, stream, out);
@@ -255,7 +282,8 @@ int stream_allocator::new_segment(uint64_t want, uint64_t seg_size, uintptr_t st
   return take(b, want, stream, graph, out);  // resident or backed, never advised: cannot fail
 }
 
-int stream_allocator::allocate(uint64_t size, uintptr_t stream, device_ptr* out) {
+int stream_allocator::allocate(uint64_t size, uintptr_t app_stream, device_ptr* out) {
+  const uintptr_t stream = stream_key(app_stream);
   if (size == 0) return fail(err_invalid_argument, "malloc_async(device %d): size 0", device_);
   if (out == nullptr) return fail(err_invalid_argument, "malloc_async(device %d): out is null", device_);
   const uint64_t want = round_size(size);
@@ -354,7 +382,8 @@ void stream_allocator::insert_free(block* b) {
   pool_insert(pool, b);
 }
 
-int stream_allocator::deallocate(device_ptr ptr, uintptr_t stream) {
+int stream_allocator::deallocate(device_ptr ptr, uintptr_t app_stream) {
+  const uintptr_t stream = stream_key(app_stream);
   const uint64_t start = busy_clock();
   std::lock_guard<std::mutex> lock(mutex_);
   const busy_time busy(busy_ticks_, start);

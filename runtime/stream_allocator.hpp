@@ -97,6 +97,14 @@ class stream_allocator {
 
   // `stream`: the application's CUstream / cudaStream_t as a number (0: the legacy default
   // stream). err_out_of_memory after a trim did not make room; nothing changes then.
+  //
+  // The per-thread default stream (k_per_thread_stream: CU_STREAM_PER_THREAD,
+  // cudaStreamPerThread) is one handle for a different stream on every thread. Its blocks
+  // are kept under a key of the calling thread's own (never reused by another thread, even
+  // after this one ends), so that a block freed on one thread's stream never serves another
+  // thread's without the synchronize that reuse across streams takes; asked whether it is
+  // being captured, the driver is asked about the calling thread's.
+  static constexpr uintptr_t k_per_thread_stream = 0x2;
   int allocate(uint64_t size, uintptr_t stream, device_ptr* out);
   // A pointer allocate() returned; err_invalid_argument for anything else (nothing changes).
   int deallocate(device_ptr ptr, uintptr_t stream);

@@ -35,6 +35,43 @@ class StreamAllocator : public ::testing::Test {
   vramswap::detail::test::api_test_env env_;
 };
 
+// cudaStreamPerThread (0x2) is a different stream on every thread: a block one thread frees
+// on it never serves another thread's allocation on it (its kernels may still use the block:
+// nothing orders the two streams), while the thread itself gets it back at once. The legacy
+// default stream is one stream for all threads: its block is shared.
+TEST_F(StreamAllocator, ThePerThreadDefaultStreamIsEachThreadsOwn) {
+  void* const per_thread = reinterpret_cast<void*>(0x2);
+  void* freed_by_a = nullptr;
+  void* again_in_a = nullptr;
+  std::thread a([&] {
+    freed_by_a = vramswap::malloc_async(4 * MiB, per_thread);
+    vramswap::free_async(freed_by_a, per_thread);
+    again_in_a = vramswap::malloc_async(4 * MiB, per_thread);
+    vramswap::free_async(again_in_a, per_thread);
+  });
+  a.join();
+  EXPECT_EQ(again_in_a, freed_by_a) << "a thread reuses its own stream's block at once";
+  void* in_b = nullptr;
+  std::thread b([&] {
+    in_b = vramswap::malloc_async(4 * MiB, per_thread);
+    vramswap::free_async(in_b, per_thread);
+  });
+  b.join();
+  EXPECT_NE(in_b, freed_by_a) << "another thread's per-thread stream got a block with no ordering against the first's";
+  void* legacy = nullptr;
+  std::thread c([&] {
+    legacy = vramswap::malloc_async(4 * MiB, nullptr);
+    vramswap::free_async(legacy, nullptr);
+  });
+  c.join();
+  std::thread d([&] {
+    void* p = vramswap::malloc_async(4 * MiB, nullptr);
+    EXPECT_EQ(p, legacy) << "the legacy default stream is one stream for every thread";
+    vramswap::free_async(p, nullptr);
+  });
+  d.join();
+}
+
 // Sizes round to 512 B; requests up to 1 MiB come from 2 MiB segments, larger ones from
 // 20 MiB segments (below 10 MiB) or segments of 16 frames shared by the large requests,
 // split into blocks.
