@@ -17,6 +17,7 @@
 #include "core/pinned_chunk.hpp"
 #include "core/status.hpp"
 #include "pool/pool_segment.hpp"
+#include "server/cgroup_memory.hpp"
 #include "server/human_size.hpp"
 
 namespace vramswap::detail {
@@ -107,6 +108,15 @@ int pool_server::build_host_pool(uint64_t bytes) noexcept {
                 "vramswapd: a shared host pool of %s (VRAMSWAP_HOST_POOL) does not fit this host's available memory (%s of %s "
                 "RAM); set a smaller VRAMSWAP_HOST_POOL, or 0 for per-process host tiers",
                 human_size(bytes).c_str(), human_size(avail).c_str(), human_size(physical_ram()).c_str());
+  }
+  // Its pages are charged to this server's memory cgroup (a container's limit, a job's), which
+  // the OOM killer enforces silently in the middle of faulting them in.
+  if (cgroup_memory cg; read_cgroup_memory(&cg) && bytes > cg.limit - std::min(cg.limit, cg.used)) {
+    return fail(err_out_of_memory,
+                "vramswapd: a shared host pool of %s (VRAMSWAP_HOST_POOL) does not fit this server's memory cgroup: its limit is "
+                "%s (%s), %s of it in use; its pages are charged there. Raise the limit (a DaemonSet's resources.limits.memory: "
+                "the host pool plus about 1 GiB), set a smaller VRAMSWAP_HOST_POOL, or 0 for per-process host tiers",
+                human_size(bytes).c_str(), human_size(cg.limit).c_str(), cg.where.c_str(), human_size(cg.used).c_str());
   }
   host_pool_fd_ = ::memfd_create("vramswap-host-pool", MFD_CLOEXEC);
   if (host_pool_fd_ < 0) return fail_errno(errno, "vramswapd: memfd_create for the shared host pool");
