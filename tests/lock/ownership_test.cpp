@@ -203,6 +203,58 @@ TEST_F(Ownership, UsersOfTheGroupCreatingAFileAtOnceAllOpenIt) {
   free_shared_object(b);
 }
 
+// Group mode: members starting at once on a node where the runtime dir does not exist yet
+// all get it, whole (group and mode right): it is never seen half-made.
+TEST_F(Ownership, MembersMakingTheRuntimeDirAtOnceAllGetItWhole) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to run processes as other users";
+  constexpr gid_t k_group = 4790;
+  constexpr int k_users = 4, k_rounds = 3000;
+  char dir_template[] = "/tmp/vsrtXXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr) << std::strerror(errno);
+  const std::string base = dir_template;
+  ASSERT_EQ(::chmod(base.c_str(), 01777), 0);  // like /dev/shm
+  struct barrier {
+    std::atomic<int> arrived{0};
+    std::atomic<int> failures{0};
+    char first_failure[512];
+  };
+  barrier* b = shared_object<barrier>();
+  std::vector<pid_t> users;
+  for (int u = 0; u < k_users; ++u) {
+    users.push_back(spawn([&, u] {
+      const gid_t groups[] = {k_group};
+      if (::setgroups(1, groups) != 0 || ::setresgid(4791 + u, 4791 + u, 4791 + u) != 0 || ::setresuid(4791 + u, 4791 + u, 4791 + u) != 0) {
+        return 2;
+      }
+      option_set(option_id::group, std::to_string(k_group).c_str());
+      for (int round = 0; round < k_rounds; ++round) {
+        b->arrived.fetch_add(1);
+        while (b->arrived.load() < (round + 1) * k_users) sched_yield();
+        option_set(option_id::runtime_dir, (base + "/rt-" + std::to_string(round)).c_str());
+        std::string dir;
+        if (runtime_dir(/*create=*/true, &dir) != ok && b->failures.fetch_add(1) == 0) {
+          std::snprintf(b->first_failure, sizeof b->first_failure, "uid %d, round %d: %s", 4791 + u, round, last_error());
+        }
+      }
+      return 0;
+    }));
+  }
+  for (pid_t p : users) EXPECT_EQ(reap(p), 0);
+  EXPECT_EQ(b->failures.load(), 0) << "members refused; the first: " << b->first_failure;
+  int dirs = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(base)) {
+    EXPECT_EQ(entry.path().filename().string().find(".new-"), std::string::npos) << "a temporary name left behind: " << entry.path();
+    struct stat st {};
+    ASSERT_EQ(::stat(entry.path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_gid, k_group) << entry.path();
+    EXPECT_EQ(st.st_mode & 07777, 02770u) << entry.path();
+    ++dirs;
+  }
+  EXPECT_EQ(dirs, k_rounds);
+  std::filesystem::remove_all(base);
+  free_shared_object(b);
+}
+
 // Group mode: a member dies between making the device's lock segment and building it. The
 // next member builds it, although it may change neither the file's group nor its mode
 // (they are right already); it used to be refused as if it were not in the group.
