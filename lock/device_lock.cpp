@@ -702,6 +702,7 @@ void device_lock::became_holder(uint32_t mine, uint64_t my_ticket, pid_t pid, pi
     info->waited_ns = waited_ns;
     info->previous_holder_died = slot.dead_holder_pid != 0;
     info->dead_holder_pid = slot.dead_holder_pid;
+    info->dead_holder_pid_ns = slot.dead_holder_pid_ns;
   }
   if (slot.dead_holder_pid != 0) {
     char who[192];

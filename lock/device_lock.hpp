@@ -116,7 +116,8 @@ enum class lock_priority : uint32_t { normal = 1, high = 2 };
 // What an acquire learned, for callers that care.
 struct acquire_info {
   bool previous_holder_died = false;  // the lock was taken from a holder that died holding it
-  pid_t dead_holder_pid = 0;          // that holder, when previous_holder_died
+  pid_t dead_holder_pid = 0;          // that holder, when previous_holder_died (a pid of its PID namespace)
+  uint64_t dead_holder_pid_ns = 0;    // that namespace (process_identity.hpp: describe_process_in)
   uint64_t waited_ns = 0;             // from the call to the grant
   bool reentered = false;             // this thread already held it: the count went up
 };

@@ -17,6 +17,7 @@
 #include "core/log.hpp"
 #include "core/status.hpp"
 #include "core/options.hpp"
+#include "lock/process_identity.hpp"
 #include "runtime/device_session.hpp"
 #include "runtime/oversubscribed_session.hpp"
 #include "runtime/session.hpp"
@@ -258,8 +259,9 @@ int lock(int device, uint32_t priority, int64_t timeout_ns, bool* holder_died) n
     ++held_slot(device);
     if (info.previous_holder_died) {
       st->holder_deaths.fetch_add(1);
-      log(log_level::warn, "device %d: the lock was taken over from process %d, which died holding it; the lock was repaired",
-          device, static_cast<int>(info.dead_holder_pid));
+      char who[192];
+      describe_process_in(info.dead_holder_pid, info.dead_holder_pid_ns, who, sizeof who);
+      log(log_level::warn, "device %d: the lock was taken over from %s, which died holding it; the lock was repaired", device, who);
       if (holder_died != nullptr) *holder_died = true;
     }
     return ok;
@@ -352,8 +354,9 @@ int lock_gang(const int* devices, size_t count, uint32_t priority, int64_t timeo
       ++held_slot(devs[i]);
       if (infos[i].previous_holder_died) {
         states[i]->holder_deaths.fetch_add(1);
-        log(log_level::warn, "device %d: the lock was taken over from process %d, which died holding it; the lock was repaired",
-            devs[i], static_cast<int>(infos[i].dead_holder_pid));
+        char who[192];
+        describe_process_in(infos[i].dead_holder_pid, infos[i].dead_holder_pid_ns, who, sizeof who);
+        log(log_level::warn, "device %d: the lock was taken over from %s, which died holding it; the lock was repaired", devs[i], who);
         if (holder_died != nullptr) *holder_died = true;
       }
     }

@@ -77,7 +77,8 @@ int wait_for_it() {
   std::fflush(stdout);
   acquire_info info;
   if (lock.acquire(lock_priority::normal, -1, &info) != ok) return refused("acquire");
-  std::printf("granted %" PRIu64 " previous_holder_died=%d\n", monotonic_ns(), info.previous_holder_died ? 1 : 0);
+  std::printf("granted %" PRIu64 " previous_holder_died=%d dead_holder_pid_ns=%" PRIu64 "\n", monotonic_ns(),
+              info.previous_holder_died ? 1 : 0, info.dead_holder_pid_ns);
   std::fflush(stdout);
   return lock.release() == ok ? 0 : refused("release");
 }

@@ -245,12 +245,17 @@ TEST_F(Pods, AHolderKilledInOnePodLetsAWaiterInAnotherProceedWithin100ms) {
   EXPECT_EQ(::poll(&none, 1, 0), 0) << "the waiter was granted while the holder lived: " << line_of(waiter);
   const pid_t worker = worker_of(holder);
   ASSERT_GT(worker, 0) << "the holder pod's process is gone: " << errors_of(holder);
+  struct stat holder_ns {};
+  ASSERT_EQ(::stat(("/proc/" + std::to_string(worker) + "/ns/pid").c_str(), &holder_ns), 0);
   const uint64_t killed = monotonic_ns();
   ASSERT_EQ(::kill(worker, SIGKILL), 0);
   const std::string granted = line_of(waiter);
   uint64_t at = 0;
   int died = 0;
-  ASSERT_EQ(std::sscanf(granted.c_str(), "granted %" SCNu64 " previous_holder_died=%d", &at, &died), 2) << granted << errors_of(waiter);
+  uint64_t dead_ns = 0;
+  ASSERT_EQ(std::sscanf(granted.c_str(), "granted %" SCNu64 " previous_holder_died=%d dead_holder_pid_ns=%" SCNu64, &at, &died, &dead_ns), 3)
+      << granted << errors_of(waiter);
+  EXPECT_EQ(dead_ns, static_cast<uint64_t>(holder_ns.st_ino)) << "the dead holder's pid is named with its PID namespace";
   EXPECT_LT(at - killed, 100'000'000u) << "granted " << (at - killed) / 1e6 << " ms after the holder's SIGKILL";
   EXPECT_EQ(died, 1) << "the waiter learns that its predecessor died holding the lock";
   EXPECT_EQ(finish(waiter), 0) << errors_of(waiter);
