@@ -23,6 +23,10 @@ namespace {
 constexpr unsigned k_sparse_buffers = 4096;     // fixed-buffer table entries (one per host chunk)
 constexpr size_t k_max_fixed_buffer = 1u << 30;  // the kernel's limit per registered buffer
 constexpr unsigned k_max_stalls = 8;            // completions in a row without progress
+// Completions in a row that ask to be tried again (-EAGAIN, -EINTR) before the transfer fails:
+// a device that answers so for good would otherwise be retried for ever, and the save or the
+// restore waiting for it with it.
+constexpr unsigned k_max_retries = 256;
 constexpr double k_wait_slice_s = 0.1;          // longest wait before the ring's SQEs are submitted again
 constexpr double k_first_pause_s = 0.001;       // before retrying a submission, doubling up to a slice
 
@@ -250,12 +254,12 @@ void swap_file::account_depth() {
 
 void swap_file::submit(bool write, uint64_t extent, void* buf, uint64_t tag) {
   const unsigned nblocks = static_cast<unsigned>((cfg_.extent_size + cfg_.block_size - 1) / cfg_.block_size);
-  auto* req = new request{tag, write, extent, nblocks, 0, 0, false, {}};
+  auto* req = new request{tag, write, extent, nblocks, 0, 0, false, false, {}};
   if (write) ++(written_[extent] ? stats_.overwrites : stats_.fresh_writes);
   for (unsigned i = 0; i < nblocks; ++i) {
     const uint64_t off = static_cast<uint64_t>(i) * cfg_.block_size;
     const size_t len = std::min(cfg_.block_size, cfg_.extent_size - off);
-    queued_.push_back(new block{req, extent * cfg_.extent_size + off, static_cast<char*>(buf) + off, static_cast<unsigned>(len), 0});
+    queued_.push_back(new block{req, extent * cfg_.extent_size + off, static_cast<char*>(buf) + off, static_cast<unsigned>(len), 0, 0});
   }
   ++requests_;
   pump();
@@ -425,9 +429,10 @@ void swap_file::handle(struct io_uring_cqe* cqe) {
   request* r = b->req;
   if (cfg_.faults != nullptr) res = cfg_.faults->on_complete(r->write, nth_[r->write ? 1 : 0]++, b->offset, b->len, res);
   bool finished = false;
-  if (res == -EAGAIN || res == -EINTR) {
+  if ((res == -EAGAIN || res == -EINTR) && ++b->retries < k_max_retries) {
     queued_.push_front(b);  // try again
   } else if (res < 0) {
+    if (res == -EAGAIN || res == -EINTR) r->retried_out = true;
     if (r->error == 0) {
       r->error = res;
       r->error_offset = b->offset;
@@ -444,7 +449,7 @@ void swap_file::handle(struct io_uring_cqe* cqe) {
     finished = true;
   } else {
     // Short: resubmit the remainder (O_DIRECT short transfers end on a block boundary).
-    if (res > 0) b->stalls = 0;
+    if (res > 0) b->stalls = b->retries = 0;
     b->offset += static_cast<unsigned>(res);
     b->buf += res;
     b->len -= static_cast<unsigned>(res);
@@ -469,6 +474,11 @@ void swap_file::complete(request* r) {
     if (!r->not_submitted.empty()) {
       std::snprintf(buf, sizeof buf, "swap file in %s for %s: %s at offset %" PRIu64 " (page extent %" PRIu64 ") not submitted: %s",
                     cfg_.dir.c_str(), cfg_.label.c_str(), dir, r->error_offset, r->extent, r->not_submitted.c_str());
+    } else if (r->retried_out) {
+      std::snprintf(buf, sizeof buf,
+                    "swap file in %s for %s: %s at offset %" PRIu64 " (page extent %" PRIu64 ") failed: the kernel answered %s "
+                    "%u times in a row",
+                    cfg_.dir.c_str(), cfg_.label.c_str(), dir, r->error_offset, r->extent, std::strerror(e), k_max_retries);
     } else if (r->short_transfer) {
       std::snprintf(buf, sizeof buf,
                     "swap file in %s for %s: short %s at offset %" PRIu64 " (page extent %" PRIu64

@@ -190,7 +190,8 @@ class swap_file {
     uint64_t offset;  // in the file
     char* buf;
     unsigned len;     // bytes still to move
-    unsigned stalls;  // completions in a row without progress
+    unsigned stalls;   // completions in a row without progress
+    unsigned retries;  // completions in a row that asked to be tried again (EAGAIN, EINTR)
   };
   struct request {
     uint64_t tag;
@@ -200,6 +201,7 @@ class swap_file {
     int error;  // first -errno (or -EIO for short), 0 if none
     uint64_t error_offset;
     bool short_transfer;
+    bool retried_out;  // error: EAGAIN or EINTR k_max_retries times in a row
     std::string not_submitted;  // why a block of it never reached the kernel ("" if none)
   };
 

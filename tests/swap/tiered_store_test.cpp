@@ -283,6 +283,26 @@ TEST_P(TieredStore, ATransferThatMakesNoProgressFailsAsShort) {
   EXPECT_TRUE(read_back(*s, 0, 70));
 }
 
+// A device whose completions answer EAGAIN for good: the read fails, saying so, instead of
+// being resubmitted for ever (the restore waiting on it would hang); once the device answers
+// again the page's bytes come back.
+TEST_P(TieredStore, ACompletionThatAnswersEagainForGoodFailsTheTransfer) {
+  scripted_faults faults;
+  bool eagain = false;
+  faults.on = [&](bool write, uint64_t, unsigned, int res) { return eagain && !write ? -EAGAIN : res; };
+  std::unique_ptr<tiered_store> s;
+  ASSERT_EQ(make_store(*be, 8, dir, &faults, &s), ok) << last_error();
+  for (uint64_t k = 0; k < 12; ++k) ASSERT_EQ(put(*s, k, 90 + k), ok);
+  ASSERT_EQ(s->spill_all(), ok) << last_error();
+  eagain = true;
+  within(std::chrono::seconds(60), "a read whose completions answer EAGAIN for good", [&] {
+    void* slot = nullptr;
+    EXPECT_FAILS(s->slot_for_read(0, &slot), err_io, "times in a row");
+  });
+  eagain = false;
+  EXPECT_TRUE(read_back(*s, 0, 90));
+}
+
 TEST_P(TieredStore, EagainAndEbusyOnSubmitAreRetriedAndLoseNothing) {
   scripted_faults faults;
   unsigned injected = 0;
