@@ -118,17 +118,24 @@ struct death_report {
   std::atomic<int> dead_holder_pid{0};
 };
 
+// A process that takes the lock of `key`, says so in `report`, and holds it until it is
+// killed; returns once it holds.
+pid_t start_holder(const std::string& key, death_report* report) {
+  const pid_t holder = spawn([&] {
+    device_lock mine;
+    if (device_lock::open(key, &mine) != ok || mine.acquire() != ok) return 10;
+    report->holding.store(1);
+    for (;;) ::pause();
+  });
+  while (report->holding.load() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  return holder;
+}
+
 TEST_F(LockProcesses, HolderKilledPassesTheLockOnWithin100ms) {
   device_lock lock;
   ASSERT_EQ(device_lock::open(key_, &lock), ok);
   auto* report = shared_object<death_report>();
-  const pid_t holder = spawn([&] {
-    device_lock mine;
-    if (device_lock::open(key_, &mine) != ok || mine.acquire() != ok) return 10;
-    report->holding.store(1);
-    for (;;) ::pause();
-  });
-  while (report->holding.load() == 0) std::this_thread::sleep_for(100us);
+  const pid_t holder = start_holder(key_, report);
   const pid_t waiter = spawn([&] {
     device_lock mine;
     acquire_info info;
@@ -170,13 +177,7 @@ TEST_F(LockProcesses, AWaiterWhoseStderrIsStuckDoesNotKeepTheInternalMutex) {
   while (::write(stuck[1], fill, sizeof fill) > 0) {
   }
   ASSERT_EQ(::fcntl(stuck[1], F_SETFL, 0), 0);  // full, and blocking from now on
-  const pid_t holder = spawn([&] {
-    device_lock mine;
-    if (device_lock::open(key_, &mine) != ok || mine.acquire() != ok) return 10;
-    report->holding.store(1);
-    for (;;) ::pause();
-  });
-  while (report->holding.load() == 0) std::this_thread::sleep_for(100us);
+  const pid_t holder = start_holder(key_, report);
   const pid_t waiter = spawn([&] {
     if (::dup2(stuck[1], STDERR_FILENO) < 0) return 12;
     ::setenv("VRAMSWAP_LOG", "warn", 1);
@@ -205,13 +206,7 @@ TEST_F(LockProcesses, AWaiterWhoseStderrIsStuckDoesNotKeepTheInternalMutex) {
 TEST_F(LockProcesses, ATryFindsADeadHolderGoneAndTakesTheLock) {
   for (const int64_t timeout_ns : {int64_t{0}, int64_t{2'000'000}}) {
     auto* report = shared_object<death_report>();
-    const pid_t holder = spawn([&] {
-      device_lock mine;
-      if (device_lock::open(key_, &mine) != ok || mine.acquire() != ok) return 10;
-      report->holding.store(1);
-      for (;;) ::pause();
-    });
-    while (report->holding.load() == 0) std::this_thread::sleep_for(100us);
+    const pid_t holder = start_holder(key_, report);
     ASSERT_EQ(::kill(holder, SIGKILL), 0);
     EXPECT_EQ(reap(holder), 128 + SIGKILL);
     device_lock lock;

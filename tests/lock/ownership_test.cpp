@@ -151,6 +151,49 @@ TEST_F(Ownership, LivePoolSegmentIsNeverRemovedOrReplaced) {
 // Users of one group (VRAMSWAP_GROUP) who create the same file at the same moment, as pods
 // starting together do with the device lock's segment: each one opens it, none meets it
 // half made (its creator's, mode 0600, before the group and mode are set).
+// In a child: become uid `uid`, primary group `primary`, supplementary group `group`, and
+// set VRAMSWAP_GROUP to it. False when the kernel refuses.
+bool become_member(uid_t uid, gid_t primary, gid_t group) {
+  const gid_t groups[] = {group};
+  if (::setgroups(1, groups) != 0 || ::setresgid(primary, primary, primary) != 0 || ::setresuid(uid, uid, uid) != 0) return false;
+  option_set(option_id::group, std::to_string(group).c_str());
+  return true;
+}
+
+// `users` members of `group` (uids 4791 on), each in a process of its own, run `step` for
+// `rounds` rounds, all released together each round (the start line of a race). Their
+// primary group is `group`, or their own with `own_primary_group`. Returns how many steps
+// failed; *first: the first failure's detail.
+int race_members(gid_t group, bool own_primary_group, int users, int rounds, const std::function<bool(int round)>& step,
+                 std::string* first) {
+  struct barrier {
+    std::atomic<int> arrived{0};
+    std::atomic<int> failures{0};
+    char first_failure[512];
+  };
+  barrier* b = shared_object<barrier>();
+  std::vector<pid_t> children;
+  for (int u = 0; u < users; ++u) {
+    children.push_back(spawn([&, u] {
+      const uid_t uid = 4791 + u;
+      if (!become_member(uid, own_primary_group ? uid : group, group)) return 2;
+      for (int round = 0; round < rounds; ++round) {
+        b->arrived.fetch_add(1);
+        while (b->arrived.load() < (round + 1) * users) sched_yield();
+        if (!step(round) && b->failures.fetch_add(1) == 0) {
+          std::snprintf(b->first_failure, sizeof b->first_failure, "uid %d, round %d: %s", static_cast<int>(uid), round, last_error());
+        }
+      }
+      return 0;
+    }));
+  }
+  for (pid_t p : children) EXPECT_EQ(reap(p), 0);
+  const int failures = b->failures.load();
+  *first = b->first_failure;
+  free_shared_object(b);
+  return failures;
+}
+
 TEST_F(Ownership, UsersOfTheGroupCreatingAFileAtOnceAllOpenIt) {
   if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to run processes as other users";
   constexpr gid_t k_group = 4790;
@@ -160,38 +203,14 @@ TEST_F(Ownership, UsersOfTheGroupCreatingAFileAtOnceAllOpenIt) {
   const std::string dir = dir_template;
   ASSERT_EQ(::chown(dir.c_str(), 0, k_group), 0) << std::strerror(errno);
   ASSERT_EQ(::chmod(dir.c_str(), 02770), 0);
-  struct barrier {
-    std::atomic<int> arrived{0};
-    std::atomic<int> failures{0};
-    char first_failure[512];
-  };
-  barrier* b = shared_object<barrier>();
-  std::vector<pid_t> users;
-  for (int u = 0; u < k_users; ++u) {
-    users.push_back(spawn([&, u] {
-      const gid_t groups[] = {k_group};
-      if (::setgroups(1, groups) != 0 || ::setresgid(k_group, k_group, k_group) != 0 ||
-          ::setresuid(4791 + u, 4791 + u, 4791 + u) != 0) {
-        return 2;
-      }
-      option_set(option_id::group, std::to_string(k_group).c_str());
-      for (int round = 0; round < k_rounds; ++round) {
-        // Everyone at the start line, then all at once.
-        b->arrived.fetch_add(1);
-        while (b->arrived.load() < (round + 1) * k_users) sched_yield();
-        int fd = -1;
-        const std::string path = dir + "/segment-" + std::to_string(round);
-        if (open_owned(path, O_RDWR | O_CREAT, "the test file", "", &fd) == ok) {
-          ::close(fd);
-        } else if (b->failures.fetch_add(1) == 0) {
-          std::snprintf(b->first_failure, sizeof b->first_failure, "uid %d, round %d: %s", 4791 + u, round, last_error());
-        }
-      }
-      return 0;
-    }));
-  }
-  for (pid_t p : users) EXPECT_EQ(reap(p), 0);
-  EXPECT_EQ(b->failures.load(), 0) << "opens that failed; the first: " << b->first_failure;
+  std::string first;
+  const int failures = race_members(k_group, /*own_primary_group=*/false, k_users, k_rounds, [&](int round) {
+    int fd = -1;
+    if (open_owned(dir + "/segment-" + std::to_string(round), O_RDWR | O_CREAT, "the test file", "", &fd) != ok) return false;
+    ::close(fd);
+    return true;
+  }, &first);
+  EXPECT_EQ(failures, 0) << "opens that failed; the first: " << first;
   // Nothing left behind but the files themselves.
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
@@ -200,7 +219,6 @@ TEST_F(Ownership, UsersOfTheGroupCreatingAFileAtOnceAllOpenIt) {
   }
   EXPECT_EQ(files, k_rounds);
   std::filesystem::remove_all(dir);
-  free_shared_object(b);
 }
 
 // Group mode: members starting at once on a node where the runtime dir does not exist yet
@@ -213,34 +231,13 @@ TEST_F(Ownership, MembersMakingTheRuntimeDirAtOnceAllGetItWhole) {
   ASSERT_NE(::mkdtemp(dir_template), nullptr) << std::strerror(errno);
   const std::string base = dir_template;
   ASSERT_EQ(::chmod(base.c_str(), 01777), 0);  // like /dev/shm
-  struct barrier {
-    std::atomic<int> arrived{0};
-    std::atomic<int> failures{0};
-    char first_failure[512];
-  };
-  barrier* b = shared_object<barrier>();
-  std::vector<pid_t> users;
-  for (int u = 0; u < k_users; ++u) {
-    users.push_back(spawn([&, u] {
-      const gid_t groups[] = {k_group};
-      if (::setgroups(1, groups) != 0 || ::setresgid(4791 + u, 4791 + u, 4791 + u) != 0 || ::setresuid(4791 + u, 4791 + u, 4791 + u) != 0) {
-        return 2;
-      }
-      option_set(option_id::group, std::to_string(k_group).c_str());
-      for (int round = 0; round < k_rounds; ++round) {
-        b->arrived.fetch_add(1);
-        while (b->arrived.load() < (round + 1) * k_users) sched_yield();
-        option_set(option_id::runtime_dir, (base + "/rt-" + std::to_string(round)).c_str());
-        std::string dir;
-        if (runtime_dir(/*create=*/true, &dir) != ok && b->failures.fetch_add(1) == 0) {
-          std::snprintf(b->first_failure, sizeof b->first_failure, "uid %d, round %d: %s", 4791 + u, round, last_error());
-        }
-      }
-      return 0;
-    }));
-  }
-  for (pid_t p : users) EXPECT_EQ(reap(p), 0);
-  EXPECT_EQ(b->failures.load(), 0) << "members refused; the first: " << b->first_failure;
+  std::string first;
+  const int failures = race_members(k_group, /*own_primary_group=*/true, k_users, k_rounds, [&](int round) {
+    option_set(option_id::runtime_dir, (base + "/rt-" + std::to_string(round)).c_str());
+    std::string dir;
+    return runtime_dir(/*create=*/true, &dir) == ok;
+  }, &first);
+  EXPECT_EQ(failures, 0) << "members refused; the first: " << first;
   int dirs = 0;
   for (const auto& entry : std::filesystem::directory_iterator(base)) {
     EXPECT_EQ(entry.path().filename().string().find(".new-"), std::string::npos) << "a temporary name left behind: " << entry.path();
@@ -252,7 +249,6 @@ TEST_F(Ownership, MembersMakingTheRuntimeDirAtOnceAllGetItWhole) {
   }
   EXPECT_EQ(dirs, k_rounds);
   std::filesystem::remove_all(base);
-  free_shared_object(b);
 }
 
 // Group mode: a member dies between making the device's lock segment and building it. The
@@ -268,9 +264,7 @@ TEST_F(Ownership, AMemberBuildsTheSegmentAnotherMemberMadeAndDidNotBuild) {
   ASSERT_EQ(::chmod(dir.c_str(), 02770), 0);
   auto as_member = [&](uid_t uid, const std::function<int()>& body) {
     return reap(spawn([&] {
-      const gid_t groups[] = {k_group};
-      if (::setgroups(1, groups) != 0 || ::setresgid(uid, uid, uid) != 0 || ::setresuid(uid, uid, uid) != 0) return 2;
-      option_set(option_id::group, std::to_string(k_group).c_str());
+      if (!become_member(uid, uid, k_group)) return 2;
       option_set(option_id::runtime_dir, dir.c_str());
       return body();
     }));
