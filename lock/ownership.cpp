@@ -68,9 +68,29 @@ bool socket_peer_in_group(int fd, gid_t gid) {
   return false;
 }
 
+namespace {
+// Is `gid` this process's group (effective or supplementary)?
+bool a_group_of_mine(gid_t gid) {
+  if (gid == ::getegid()) return true;
+  std::vector<gid_t> groups(static_cast<size_t>(std::max(0, ::getgroups(0, nullptr))));
+  const int n = ::getgroups(static_cast<int>(groups.size()), groups.data());
+  return n > 0 && std::find(groups.begin(), groups.begin() + n, gid) != groups.begin() + n;
+}
+}  // namespace
+
 int check_owned(const struct stat& st, mode_t kind, const std::string& path, const char* what, const sharing& s,
                 const char* remedy) noexcept {
   try {
+    // Shared with a group of ours (a node's pool: 2770 / 0660, that group), and this process
+    // runs without VRAMSWAP_GROUP: it is not another user's to remove, it is ours to join.
+    if (!s.group && (st.st_mode & 0070) != 0 && st.st_gid != 0 && a_group_of_mine(st.st_gid)) {
+      const std::string name = group_name(st.st_gid);
+      return fail(err_not_owner,
+                  "%s %s is shared with group %s (%s, mode %04o), of which this process is a member, and this process runs "
+                  "without VRAMSWAP_GROUP: set VRAMSWAP_GROUP=%s to share it",
+                  what, path.c_str(), describe_gid(st.st_gid).c_str(), describe_uid(st.st_uid).c_str(),
+                  static_cast<unsigned>(st.st_mode & 07777), (name.empty() ? std::to_string(st.st_gid) : name).c_str());
+    }
     const bool dir = kind == S_IFDIR;
     const mode_t mode = st.st_mode & 07777;
     // A group's directory may be set-group-ID: files made in it then get the group.

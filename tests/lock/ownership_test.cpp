@@ -251,6 +251,38 @@ TEST_F(Ownership, MembersMakingTheRuntimeDirAtOnceAllGetItWhole) {
   std::filesystem::remove_all(base);
 }
 
+// A member of the node's pool group that runs without VRAMSWAP_GROUP, pointed at the shared
+// runtime dir: it is told to set VRAMSWAP_GROUP, not that another user made the dir and to
+// have it removed (the node's live pool).
+TEST_F(Ownership, AMemberWithoutVramswapGroupIsToldToSetIt) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to run processes as other users";
+  constexpr gid_t k_group = 4790;
+  char dir_template[] = "/tmp/vsgroupXXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr) << std::strerror(errno);
+  const std::string dir = dir_template;
+  ASSERT_EQ(::chown(dir.c_str(), 0, k_group), 0) << std::strerror(errno);
+  ASSERT_EQ(::chmod(dir.c_str(), 02770), 0);
+  struct shared_text {
+    char why[1024];
+  };
+  shared_text* said = shared_object<shared_text>();
+  EXPECT_EQ(reap(spawn([&] {
+              const gid_t groups[] = {k_group};
+              if (::setgroups(1, groups) != 0 || ::setresgid(4791, 4791, 4791) != 0 || ::setresuid(4791, 4791, 4791) != 0) return 2;
+              option_set(option_id::runtime_dir, dir.c_str());  // and no VRAMSWAP_GROUP
+              std::string out;
+              if (runtime_dir(/*create=*/true, &out) == ok) return 3;
+              std::snprintf(said->why, sizeof said->why, "%s", last_error());
+              return 0;
+            })),
+            0);
+  const std::string why = said->why;
+  EXPECT_NE(why.find("set VRAMSWAP_GROUP=4790"), std::string::npos) << why;
+  EXPECT_EQ(why.find("rm -r"), std::string::npos) << why;
+  free_shared_object(said);
+  std::filesystem::remove_all(dir);
+}
+
 // Group mode: a member dies between making the device's lock segment and building it. The
 // next member builds it, although it may change neither the file's group nor its mode
 // (they are right already); it used to be refused as if it were not in the group.
