@@ -114,12 +114,8 @@ uint64_t record_hold(lock_state* st, uint64_t now) {
   return static_cast<uint64_t>(hold);
 }
 
-thread_local wait_interrupt t_interrupt;
-
 // Should this thread's wait stop? (device_lock.hpp, Interruption)
-bool interrupted(bool signal_ran) noexcept {
-  return t_interrupt.should_stop != nullptr && t_interrupt.should_stop(t_interrupt.context, signal_ran);
-}
+bool interrupted(bool signal_ran) noexcept { return interrupted_now(signal_ran); }
 
 constexpr uint64_t k_forever = std::numeric_limits<uint64_t>::max();
 
@@ -139,11 +135,6 @@ void appendf(char* buf, size_t size, size_t* used, const char* fmt, ...) {
 }
 
 }  // namespace
-
-bool interrupted_now(bool signal_ran) noexcept { return interrupted(signal_ran); }
-
-scoped_wait_interrupt::scoped_wait_interrupt(wait_interrupt check) noexcept : previous_(t_interrupt) { t_interrupt = check; }
-scoped_wait_interrupt::~scoped_wait_interrupt() { t_interrupt = previous_; }
 
 device_lock::device_lock() noexcept = default;
 

@@ -101,6 +101,8 @@
 #include <string>
 #include <vector>
 
+#include "lock/wait_bounds.hpp"
+
 namespace vramswap::detail {
 
 class shared_segment;
@@ -166,28 +168,6 @@ struct hold_check {
   bool release_requested = false;    // an operator asked this process to release the lock
 };
 
-// Asked by a waiting acquire whether to give up (see Interruption, above). signal_ran: a
-// signal handler ran on this thread since the previous call. Return true to stop waiting.
-struct wait_interrupt {
-  bool (*should_stop)(void* context, bool signal_ran) = nullptr;
-  void* context = nullptr;
-};
-
-// Install `check` for this thread's acquires until the scope ends (restoring the previous).
-class scoped_wait_interrupt {
- public:
-  explicit scoped_wait_interrupt(wait_interrupt check) noexcept;
-  ~scoped_wait_interrupt();
-  scoped_wait_interrupt(const scoped_wait_interrupt&) = delete;
-  scoped_wait_interrupt& operator=(const scoped_wait_interrupt&) = delete;
-
- private:
-  wait_interrupt previous_;
-};
-
-// Does this thread's installed wait_interrupt (if any) say stop? For waits outside
-// device_lock::acquire that follow its Interruption rules (the gang acquire).
-bool interrupted_now(bool signal_ran) noexcept;
 
 class device_lock {
  public:

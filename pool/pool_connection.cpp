@@ -28,6 +28,7 @@
 #include "pool/pool_segment.hpp"
 #include "lock/process_identity.hpp"
 #include "lock/shared_segment.hpp"
+#include "lock/wait_bounds.hpp"
 
 namespace vramswap::detail {
 namespace {
@@ -52,6 +53,13 @@ int check_server_peer(int fd, const std::string& path) {
               who.group ? (" and is not in group " + describe_gid(who.gid) + " (VRAMSWAP_GROUP)").c_str() : "");
 }
 
+// The peer's pid as this process sees it (0 in another PID namespace, or unknown).
+pid_t peer_pid(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  return ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred.pid : 0;
+}
+
 int set_timeouts(int fd, int seconds) {
   timeval tv{seconds, 0};
   if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
@@ -59,6 +67,28 @@ int set_timeouts(int fd, int seconds) {
     return fail_errno(errno, "pool: setsockopt(SO_RCVTIMEO/SO_SNDTIMEO)");
   }
   return ok;
+}
+
+// Wait until the pool server's first answer can be read, at most `seconds`, in slices that
+// let this thread's wait bounds (Ctrl-C, the acquire's timeout) end the wait: a server that
+// accepted and then stopped answering (SIGSTOP, stuck in a driver call) would otherwise hold
+// the caller in a blocking receive for all of that time.
+int wait_for_answer(int fd, int seconds, pid_t server) {
+  const uint64_t until = monotonic_ns() + static_cast<uint64_t>(seconds) * 1'000'000'000;
+  const std::string waiting_for = "the pool server (pid " + std::to_string(server) + ") to answer this process's hello";
+  for (;;) {
+    const uint64_t now = monotonic_ns();
+    if (now >= until) {
+      return fail(err_timeout, "pool: the pool server (pid %d) accepted this process's connection and did not answer its hello "
+                  "in %d s: it is stopped (SIGSTOP, a debugger) or stuck (`vramswap status`, its log); resume or restart it",
+                  static_cast<int>(server), seconds);
+    }
+    pollfd p{fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, wait_slice_ms(static_cast<int>((until - now) / 1'000'000) + 1));
+    if (n > 0) return ok;  // an answer, or the end of the connection: the receive says which
+    if (n < 0 && errno != EINTR) return fail_errno(errno, "pool: poll on the pool socket");
+    VS_TRY(wait_may_go_on(n < 0, waiting_for.c_str()));
+  }
 }
 
 // A descriptor limit high enough for `frames` imported frames, twice (the descriptors kept
@@ -154,8 +184,9 @@ int pool_connection::connect(backend& be, int device, bool autostart, std::uniqu
         // manager restarts it), and never start one of ours instead. Ours would run in this
         // job's cgroup and die with it, and while it lived the service could not start.
         const uint64_t until = monotonic_ns() + k_managed_restart_wait_ns;
+        const std::string waiting_for = "the node's service to serve device " + std::to_string(device) + " again on " + paths.socket;
         while (rc == err_unavailable && monotonic_ns() < until) {
-          ::usleep(50'000);
+          VS_TRY(wait_may_go_on(sleep_in_wait(50'000'000), waiting_for.c_str()));
           rc = dial_server(paths.socket, &c->fd_);
         }
         if (rc == ok) log(log_level::debug, "pool: the service manager restarted the pool server of %s", info.uuid.c_str());
@@ -210,6 +241,7 @@ int pool_connection::handshake() noexcept {
   size_t len = 0;
   size_t nfds = 0;
   int fds[k_max_fds_per_message];
+  VS_TRY(wait_for_answer(fd_, k_start_timeout_s, peer_pid(fd_)));
   const int got = recv_fds(fd_, fds, 0, &nfds, &w, sizeof w, &len);
   if (sent != ok && (got != ok || len != sizeof w || w.status == 0)) {
     return fail(sent, "pool: sending hello to the pool server: %s", send_error.c_str());

@@ -28,6 +28,7 @@
 #include "core/status.hpp"
 #include "lock/ownership.hpp"
 #include "lock/process_identity.hpp"
+#include "lock/wait_bounds.hpp"
 
 #include "core/code_location.hpp"
 #include "core/fd_guard.hpp"
@@ -61,7 +62,11 @@ int dial_server(const std::string& path, int* fd_out, int patience_ms) noexcept 
       continue;
     }
     if (errno != EAGAIN || monotonic_ns() >= deadline) break;
-    ::usleep(10'000);
+    const bool signalled = sleep_in_wait(10'000'000);
+    if (const int stop = wait_may_go_on(signalled, ("the pool server listening on " + path + " to take a new connection").c_str());
+        stop != ok) {
+      return stop;
+    }
   }
   if (rc != 0) {
     const int e = errno;
@@ -180,7 +185,12 @@ int wait_for_start_lock(int lock_fd, const pool_paths& paths, const std::string&
                   pid.c_str(), paths.log.c_str(), r.server_pid > 0 ? (" (kill " + std::to_string(r.server_pid) + ")").c_str() : "",
                   device);
     }
-    ::usleep(10'000);
+    const bool signalled = sleep_in_wait(10'000'000);
+    if (const int stop = wait_may_go_on(signalled, ("another process to start the pool server of device " + std::to_string(device) +
+                                                    " (it holds the start lock " + paths.start_lock + ")").c_str());
+        stop != ok) {
+      return stop;
+    }
   }
   start_record r;
   if (waited && read_start_record(lock_fd, &r) && r.state == "failed" && r.client != ::getpid()) {
@@ -197,8 +207,11 @@ int wait_for_start_lock(int lock_fd, const pool_paths& paths, const std::string&
 // most until `deadline`; a server still not ready then is killed (and our child reaped), so
 // that nothing is left behind and the start lock passes on. `lock_fd`: the start lock, ours.
 // *server_out and *server_pid_out say what was started (for the start lock's record).
+// *abandoned: this thread's wait bounds (lock/wait_bounds.hpp) ended the wait, and the
+// server was left to start (not a failed start).
 int spawn_server(const pool_paths& paths, const std::string& key, int device, int lock_fd, uint64_t deadline,
-                 uint64_t build_limit, std::string* server_out, pid_t* server_pid_out) {
+                 uint64_t build_limit, std::string* server_out, pid_t* server_pid_out, bool* abandoned) {
+  *abandoned = false;
   std::string server;
   std::string tried;
   VS_TRY(find_server(&server, &tried));
@@ -308,9 +321,23 @@ int spawn_server(const pool_paths& paths, const std::string& key, int device, in
     const uint64_t until = now >= deadline ? now + 100'000'000 : deadline;
     const int left_ms = static_cast<int>((until - now) / 1'000'000) + 1;
     pollfd p{read_end.fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, reaped ? left_ms : std::min(left_ms, 10));
+    const int n = ::poll(&p, 1, wait_slice_ms(reaped ? left_ms : std::min(left_ms, 10)));
     if (n < 0 && errno != EINTR) return fail_errno(errno, "pool: poll on vramswapd's ready pipe");
-    if (n <= 0) continue;
+    if (n <= 0) {
+      // The caller gives up (Ctrl-C, its timeout): the server is left to start. It claims the
+      // pool and serves whoever dials it next (the start lock passes on with our descriptor,
+      // and its next holder waits for a server that builds); our reader of its report goes,
+      // and it ignores SIGPIPE.
+      const int stop = wait_may_go_on(n < 0, ("the pool server " + server + " of device " + std::to_string(device) + " to start").c_str());
+      if (stop != ok) {
+        if (!reaped) reap_within(pid, 200);
+        *abandoned = true;
+        const std::string why = last_error();
+        return fail(stop, "pool: %s; the server (pid %d) was left to start, and serves later calls once ready (its log: %s)",
+                    why.c_str(), static_cast<int>(server_pid > 0 ? server_pid : pid), paths.log.c_str());
+      }
+      continue;
+    }
     char buf[512];
     const ssize_t got = ::read(read_end.fd, buf, sizeof buf);
     if (got < 0 && errno == EINTR) continue;
@@ -374,6 +401,7 @@ int wait_for_starting_server(const pool_paths& paths, const std::string& key, in
     pool_segment::server_identity who;
     bool told = false;
     uint64_t listen_since = 0;  // when the pool was first seen built with nobody listening
+    const std::string waiting_for = "the pool server of device " + std::to_string(device) + " to listen on " + paths.socket;
     for (;;) {
       pool_segment::server_identity now_who;
       const pool_segment::claim_state claim = pool_segment::claim_of(key, &now_who);
@@ -394,7 +422,7 @@ int wait_for_starting_server(const pool_paths& paths, const std::string& key, in
           const uint64_t t = monotonic_ns();
           if (listen_since == 0) listen_since = t;
           if (t - listen_since < uint64_t{k_server_listen_grace_s} * 1'000'000'000) {
-            ::usleep(20'000);
+            VS_TRY(wait_may_go_on(sleep_in_wait(20'000'000), waiting_for.c_str()));
             continue;
           }
         }
@@ -419,7 +447,7 @@ int wait_for_starting_server(const pool_paths& paths, const std::string& key, in
                     static_cast<int>(who.pid), device, k_server_build_limit_s, paths.socket.c_str(), paths.log.c_str(),
                     static_cast<int>(who.pid), device);
       }
-      ::usleep(20'000);
+      VS_TRY(wait_may_go_on(sleep_in_wait(20'000'000), waiting_for.c_str()));
     }
   } catch (const std::bad_alloc&) {
     return fail(err_out_of_memory, "pool: out of host memory");
@@ -446,7 +474,10 @@ int start_or_join_server(const pool_paths& paths, const std::string& key, int de
       const int waited = wait_for_starting_server(paths, key, device, fd);
       if (waited != err_unavailable) return waited;
       clear_error();
-      const int spawned = spawn_server(paths, key, device, lock.fd, deadline, build_limit, &server, &server_pid);
+      bool abandoned = false;
+      const int spawned = spawn_server(paths, key, device, lock.fd, deadline, build_limit, &server, &server_pid, &abandoned);
+      // Left to start: the start lock's record still says "starting", which is true.
+      if (abandoned) return spawned;
       const std::string spawn_error = spawned == ok ? "" : last_error();
       rc = dial_server(paths.socket, fd);
       // A server that lost a race with one started by hand reports an error, yet one

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "core/status.hpp"
 #include "core/options.hpp"
 #include "lock/process_identity.hpp"
+#include "lock/wait_bounds.hpp"
 #include "runtime/device_session.hpp"
 #include "runtime/oversubscribed_session.hpp"
 #include "runtime/session.hpp"
@@ -179,6 +181,31 @@ int state_for(const char* fn, int device, device_state** out) {
   return ok;
 }
 
+// An acquire's timeout bounds the whole call: the first acquire of a device opens its session,
+// which may wait for the pool server (to answer, to start, or, the node's service, to come
+// back), under a deadline at the timeout (lock/wait_bounds.hpp); the wait in the lock's queue
+// gets what is left, at least a moment (a timed wait, never a try). A try (0) or an unbounded
+// acquire (-1) opens the session without a deadline: a try does not wait in the queue, but the
+// session it needs is made once, whatever that takes.
+class acquire_timeout {
+ public:
+  explicit acquire_timeout(int64_t timeout_ns) : timeout_ns_(timeout_ns), start_ns_(monotonic_ns()) {}
+  // Install the deadline for the opening, until the scope of the returned object ends.
+  std::optional<scoped_wait_deadline> bound_opening() const {
+    if (timeout_ns_ <= 0) return std::nullopt;
+    return std::optional<scoped_wait_deadline>(std::in_place, start_ns_ + static_cast<uint64_t>(timeout_ns_));
+  }
+  int64_t left_for_the_queue() const {
+    if (timeout_ns_ <= 0) return timeout_ns_;
+    const int64_t spent = static_cast<int64_t>(monotonic_ns() - start_ns_);
+    return std::max<int64_t>(1, timeout_ns_ - spent);
+  }
+
+ private:
+  int64_t timeout_ns_;
+  uint64_t start_ns_;
+};
+
 uint32_t& held_slot(int device) {
   if (t_held.size() <= static_cast<size_t>(device)) t_held.resize(device + 1, 0);
   return t_held[device];
@@ -218,6 +245,23 @@ int stop_pool_server(int device) noexcept {
   }
 }
 
+int pool_server_pid(int device, pid_t* out) noexcept {
+  try {
+    *out = 0;
+    backend* be = nullptr;
+    VS_TRY(default_backend(&be));
+    device_info info;
+    VS_TRY(be->get_device_info(device, &info));
+    std::string name;
+    std::unique_ptr<pool_segment> pool;
+    if (pool_segment::name_for(info.uuid, &name) == ok && pool_segment::open(name, &pool) == ok) *out = pool->header()->server_pid;
+    clear_error();
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "pool_server_pid: out of host memory");
+  }
+}
+
 bool forked_child() noexcept {
   // fork() and every libc wrapper that copies the process run the atfork handlers; a child
   // made with a raw clone system call (which runs no handler) is not told apart.
@@ -251,10 +295,14 @@ int lock(int device, uint32_t priority, int64_t timeout_ns, bool* holder_died) n
         }
       }
     }
+    const acquire_timeout timeout(timeout_ns);
     device_state* st = nullptr;
-    VS_TRY(state_for("lock", device, &st));
+    {
+      const auto bound = timeout.bound_opening();
+      VS_TRY(state_for("lock", device, &st));
+    }
     acquire_info info;
-    const int rc = st->policy->acquire(static_cast<lock_priority>(priority), timeout_ns, &info);
+    const int rc = st->policy->acquire(static_cast<lock_priority>(priority), timeout.left_for_the_queue(), &info);
     if (rc != ok) return rc;
     ++held_slot(device);
     if (info.previous_holder_died) {
@@ -310,10 +358,14 @@ int lock_gang(const int* devices, size_t count, uint32_t priority, int64_t timeo
         }
       }
     }
+    const acquire_timeout timeout(timeout_ns);
     std::vector<device_state*> states(devs.size(), nullptr);
     std::vector<device_lock*> locks(devs.size(), nullptr);
     for (size_t i = 0; i < devs.size(); ++i) {
-      VS_TRY(state_for("lock_gang", devs[i], &states[i]));
+      {
+        const auto bound = timeout.bound_opening();
+        VS_TRY(state_for("lock_gang", devs[i], &states[i]));
+      }
       locks[i] = states[i]->policy->gang_lock();
       if (locks[i] == nullptr && states[i]->policy->joined_gang() != nullptr) {
         return fail(err_invalid_argument,
@@ -332,7 +384,7 @@ int lock_gang(const int* devices, size_t count, uint32_t priority, int64_t timeo
     std::vector<acquire_info> infos(devs.size());
     const auto prio = static_cast<lock_priority>(priority);
     for (size_t i = 0; i < devs.size(); ++i) states[i]->policy->asking(prio, &starts[i]);
-    if (const int rc = device_lock::acquire_gang(locks.data(), locks.size(), prio, timeout_ns, infos.data()); rc != ok) {
+    if (const int rc = device_lock::acquire_gang(locks.data(), locks.size(), prio, timeout.left_for_the_queue(), infos.data()); rc != ok) {
       for (size_t i = 0; i < devs.size(); ++i) states[i]->policy->gave_up(starts[i]);
       return add_context(rc, "lock_gang(devices %s): ", listed.c_str());
     }

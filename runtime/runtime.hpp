@@ -15,6 +15,8 @@
 //     above d is err_invalid_argument. Tries (timeout 0) may go in any order.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -88,6 +90,9 @@ void reset() noexcept;
 // Tests: stop `device`'s pool server (SIGTERM to the pid in its pool segment, waiting up to
 // 2 s for it to exit) and remove the device's segment names. Call after reset().
 int stop_pool_server(int device) noexcept;
+
+// Tests: the pid of `device`'s pool server, from its pool segment (0 when none is there).
+int pool_server_pid(int device, pid_t* out) noexcept;
 
 // True in a process forked after this one's first session was opened.
 bool forked_child() noexcept;

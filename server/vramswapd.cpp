@@ -128,6 +128,10 @@ int main(int argc, char** argv) {
   // The server's log is a file of its own (or a service manager's journal): it says what it
   // does at info unless VRAMSWAP_LOG says otherwise, where the library's clients say warn.
   log_set_default_level(log_level::info);
+  // Before any report on --ready-fd: a client that started this server may have stopped
+  // waiting for it (Ctrl-C, its timeout) and closed that pipe; the server starts all the same.
+  // And a client that goes away mid-message must not end the server.
+  ::signal(SIGPIPE, SIG_IGN);
   // Before anything else: under the preload shim, our own driver calls would be taken for a
   // program's, and the shim would open a session against this very server.
   if (const char* preload = std::getenv("LD_PRELOAD");
@@ -222,7 +226,6 @@ int main(int argc, char** argv) {
   // back instead of starting a server of their own.
   const char* notify = std::getenv("NOTIFY_SOCKET");
   options.managed = service || (notify != nullptr && *notify != '\0');
-  ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGHUP, foreground ? SIG_DFL : SIG_IGN);
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;

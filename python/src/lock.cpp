@@ -4,7 +4,9 @@
 // Waits are interruptible as threading.Lock's are: while waiting, the lock asks Python
 // (PyErr_CheckSignals, with the GIL taken briefly) whether a signal handler raised, when a
 // signal woke the wait and at least every 50 ms; if one did, the wait leaves the queue and
-// the exception (KeyboardInterrupt for Ctrl-C) propagates. gpu_lock.__enter__ and __exit__
+// the exception (KeyboardInterrupt for Ctrl-C) propagates. That holds for the first acquire's
+// wait for the pool server too (opening the device's session: lock/wait_bounds.hpp), which
+// the acquire's timeout also bounds. gpu_lock.__enter__ and __exit__
 // are this file's C++ functions, not Python code: Python runs signal handlers between its
 // own bytecodes, so a handler that raised between the grant and the with-block, or at the
 // start of a Python __exit__ (before its release), would leave the lock held with nothing
@@ -198,12 +200,16 @@ vramswap.Error and nothing is released.)doc");
       "_join_gang",
       [](std::optional<std::string> job, int rank, int world_size, int device) {
         int rc = 0;
+        python_signals signals;
         {
           // It may open the device's session first: dial (or start) the pool server and
-          // wait for its welcome, which other threads must not wait for with us.
+          // wait for its welcome, which other threads must not wait for with us, and which
+          // Ctrl-C ends (the session is not opened).
           py::gil_scoped_release nogil;
+          const scoped_wait_interrupt interruptible({&python_signals::should_stop, &signals});
           rc = rt::join_gang(job ? job->c_str() : nullptr, rank, world_size, device);
         }
+        if (signals.raised) throw py::error_already_set();
         if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
       },
       py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("device"),

@@ -83,6 +83,19 @@ void init_testing(py::module_& m) {
       },
       py::arg("device") = 0, "Stop the device's pool server and remove its segment names (after reset()).");
   t.def(
+      "pool_server_pid",
+      [](int device) {
+        pid_t pid = 0;
+        int rc = 0;
+        {
+          py::gil_scoped_release nogil;
+          rc = rt::pool_server_pid(device, &pid);
+        }
+        if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
+        return static_cast<int>(pid);
+      },
+      py::arg("device") = 0, "The pid of the device's pool server, from its pool segment (0 when none is there).");
+  t.def(
       "reread_options", [] { options_reread_for_testing(); },
       "Read the VRAMSWAP_* environment again (it is read once per process otherwise): after a test changes os.environ.");
 }

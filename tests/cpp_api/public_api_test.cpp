@@ -232,6 +232,61 @@ TEST_F(PublicApi, InterruptibleCLockEndsOnASignalThePlainOneWaitsThroughIt) {
   ::sigaction(SIGUSR1, &previous, nullptr);
 }
 
+// The first acquire of a device opens its session, which waits for the pool server to answer
+// its hello. A server that took the connection and then stopped answering (SIGSTOP, stuck in
+// a driver call) held that acquire for the server start timeout (30 s), past the acquire's
+// own timeout and through every signal. The timeout now bounds the whole call, and an
+// interruptible acquire ends on a signal there too; neither leaves anything behind, and the
+// lock is taken once the server answers again.
+TEST_F(PublicApi, AnAcquiresTimeoutAndSignalsEndItsWaitForAPoolServerThatDoesNotAnswer) {
+  EXPECT_EQ(wait_exit(spawn_holder(0, 1)), 0);  // it started the device's pool server
+  pid_t server = 0;
+  ASSERT_EQ(vramswap::detail::rt::pool_server_pid(0, &server), 0);
+  ASSERT_GT(server, 0);
+  ASSERT_EQ(::kill(server, SIGSTOP), 0);
+  struct resume_at_end {
+    pid_t pid;
+    ~resume_at_end() { ::kill(pid, SIGCONT); }
+  } resume{server};
+
+  auto t0 = clock_type::now();
+  EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 300'000'000), VRAMSWAP_ERR_TIMEOUT) << vramswap_last_error();
+  EXPECT_LT(clock_type::now() - t0, 5s) << "the acquire's timeout (0.3 s) should bound its wait for the server";
+  const std::string timed_out = vramswap_last_error();
+  EXPECT_NE(timed_out.find("timeout ran out while waiting for the pool server (pid " + std::to_string(server) + ") to answer"),
+            std::string::npos) << timed_out;
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
+
+  struct sigaction sa {}, previous{};
+  sa.sa_handler = on_usr1;
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &previous), 0);
+  const pthread_t waiting = ::pthread_self();
+  std::atomic<bool> returned{false};
+  std::thread pester([&] {
+    std::this_thread::sleep_for(200ms);
+    while (!returned.load()) {
+      ::pthread_kill(waiting, SIGUSR1);
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  t0 = clock_type::now();
+  const int interrupted = vramswap_lock_interruptible(0, VRAMSWAP_PRIORITY_NORMAL, -1);
+  const auto waited = clock_type::now() - t0;
+  returned.store(true);
+  pester.join();
+  ::sigaction(SIGUSR1, &previous, nullptr);
+  EXPECT_EQ(interrupted, VRAMSWAP_ERR_INTERRUPTED) << vramswap_last_error();
+  EXPECT_LT(waited, 5s) << "a signal should end the wait for the server";
+  EXPECT_NE(std::string(vramswap_last_error()).find("interrupted while waiting for the pool server"), std::string::npos)
+      << vramswap_last_error();
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
+
+  ASSERT_EQ(::kill(server, SIGCONT), 0);
+  EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 20'000'000'000), VRAMSWAP_OK) << vramswap_last_error();
+  EXPECT_EQ(vramswap_unlock(0), VRAMSWAP_OK) << vramswap_last_error();
+}
+
 TEST_F(PublicApi, TryAndTimeoutAgainstAnotherProcess) {
   const pid_t holder = spawn_holder(0, 2500);
   vramswap::gpu_lock t(0, std::try_to_lock);

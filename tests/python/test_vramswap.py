@@ -521,6 +521,42 @@ def test_ctrl_c_while_waiting_leaves_the_queue_at_once_and_raises():
             finish(waiter)
 
 
+def test_a_pool_server_that_does_not_answer_is_waited_for_within_the_timeout_and_until_ctrl_c():
+    # The first lock of a device opens its session: it waits for the pool server to answer its
+    # hello. A server stopped after taking the connection (SIGSTOP, stuck in a driver call)
+    # held that wait for 30 s, past timeout= and through Ctrl-C.
+    holder = spawn_script(HOLD_UNTIL_EOF)
+    try:
+        assert read_line(holder) == "holding"  # it started the device's pool server
+    finally:
+        finish(holder)
+    server = vramswap._testing.pool_server_pid(0)
+    assert server > 0
+    os.kill(server, signal.SIGSTOP)
+    waiter = None
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"not acquired within 0.3 s: .*to answer this process's hello"):
+            with vramswap.gpu_lock(0, timeout=0.3):
+                pass
+        assert time.monotonic() - t0 < 5, "timeout= should bound the wait for the server"
+        assert vramswap.held(0) == 0
+        waiter = spawn_script(WAIT_THEN_REPORT)
+        assert read_line(waiter) == "ready"
+        time.sleep(0.5)  # it waits for the server's answer now
+        t0 = time.monotonic()
+        waiter.send_signal(signal.SIGINT)
+        line = read_line(waiter, timeout=10)
+        assert line == "interrupted 0", f"after SIGINT the waiter said {line!r}"
+        assert time.monotonic() - t0 < 5
+    finally:
+        os.kill(server, signal.SIGCONT)
+        if waiter is not None:
+            finish(waiter)
+    with vramswap.gpu_lock(0, timeout=20):
+        assert vramswap.held(0) == 1
+
+
 # A process whose thread sends it SIGINT every {gap} s while its main thread takes turns
 # ({turn}) until argv[1] seconds have passed; it counts the interrupts, and those after
 # which the lock was still held (giving it back so that the loop goes on).
