@@ -33,7 +33,9 @@ scoped_wait_deadline::scoped_wait_deadline(uint64_t deadline_ns) noexcept : prev
 scoped_wait_deadline::~scoped_wait_deadline() { t_deadline_ns = previous_; }
 
 int wait_may_go_on(bool signal_ran, const char* waiting_for) noexcept {
-  if (interrupted_now(signal_ran)) {
+  const auto check = t_interrupt.should_stop_without_blocking != nullptr ? t_interrupt.should_stop_without_blocking
+                                                                         : t_interrupt.should_stop;
+  if (check != nullptr && check(t_interrupt.context, signal_ran)) {
     return fail(err_interrupted, "interrupted while waiting for %s (a signal the caller acts on); nothing is held", waiting_for);
   }
   if (t_deadline_ns != 0 && monotonic_ns() >= t_deadline_ns) {

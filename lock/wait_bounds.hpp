@@ -18,6 +18,12 @@ namespace vramswap::detail {
 struct wait_interrupt {
   bool (*should_stop)(void* context, bool signal_ran) = nullptr;
   void* context = nullptr;
+  // Asked instead of should_stop by the waits an acquire makes before it queues (opening the
+  // device's session), which run under the runtime's own mutex: it must not block on anything
+  // that a thread waiting for that mutex may hold (Python's GIL, held by a thread whose
+  // allocation opens the same session). nullptr: should_stop is asked there too (it must
+  // not block either, then).
+  bool (*should_stop_without_blocking)(void* context, bool signal_ran) = nullptr;
 };
 
 // Install `check` for this thread's waits until the scope ends (restoring the previous).
@@ -52,7 +58,8 @@ class scoped_wait_deadline {
 };
 
 // For a wait loop outside the lock's queue, between its sleeps: ok to wait on;
-// err_interrupted when this thread's wait_interrupt says stop; err_timeout past this thread's
+// err_interrupted when this thread's wait_interrupt says stop (asking the check that does not
+// block, where there is one); err_timeout past this thread's
 // deadline. The error names what was waited for (`waiting_for`: "the pool server of device 0
 // to start", say) and says what the wait leaves behind: nothing, unless the caller says more.
 int wait_may_go_on(bool signal_ran, const char* waiting_for) noexcept;

@@ -58,8 +58,10 @@ int64_t timeout_ns(const char* fn, std::optional<double> timeout) {
 struct python_signals {
   static constexpr uint64_t k_check_ns = 50'000'000;  // a signal may have woken another thread
   uint64_t last_check_ns = 0;
-  bool raised = false;  // a handler raised: the exception is set on this thread
+  bool raised = false;     // a handler raised: the exception is set on this thread
+  bool not_asked = false;  // a wait ended on a signal without asking Python (below)
 
+  // In the lock's queue: ask Python, with the GIL taken briefly.
   static bool should_stop(void* context, bool signal_ran) noexcept {
     auto* self = static_cast<python_signals*>(context);
     const uint64_t now = monotonic_ns();
@@ -70,6 +72,26 @@ struct python_signals {
     PyGILState_Release(gil);
     return self->raised;
   }
+  // Opening the device's session, under the runtime's mutex: the GIL is not taken there (a
+  // thread holding it may be waiting for that mutex: a PyTorch allocation on another
+  // thread). A signal that ran on this thread ends the wait instead; the caller then asks
+  // Python with the GIL it holds again, and opens the session again when no handler raised.
+  // Ctrl-C reaches the main thread, the only one Python raises it in.
+  static bool should_stop_without_blocking(void* context, bool signal_ran) noexcept {
+    if (signal_ran) static_cast<python_signals*>(context)->not_asked = true;
+    return signal_ran;
+  }
+  wait_interrupt check() { return {&should_stop, this, &should_stop_without_blocking}; }
+  // After a call made with check() installed returned `rc`, with the GIL held again: true to
+  // make the call again (a signal ended a wait, and no handler raised); raises the handler's
+  // exception.
+  bool call_again(int rc) {
+    if (raised) throw py::error_already_set();
+    if (rc != VRAMSWAP_ERR_INTERRUPTED || !not_asked) return false;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    not_asked = false;
+    return true;
+  }
 };
 
 // Take the lock, interruptibly (above). True when held; false when a timed or tried acquire
@@ -78,19 +100,21 @@ struct python_signals {
 bool acquire_interruptibly(const std::vector<int>& devices, priority p, int64_t ns) {
   python_signals signals;
   int rc = 0;
-  {
+  const uint64_t deadline = ns > 0 ? monotonic_ns() + static_cast<uint64_t>(ns) : 0;
+  do {
+    // Called again (a signal ended the session's opening): what is left of the timeout.
+    const int64_t left = deadline == 0 ? ns : std::max<int64_t>(1, static_cast<int64_t>(deadline - std::min(deadline, monotonic_ns())));
     py::gil_scoped_release nogil;
-    const scoped_wait_interrupt interruptible({&python_signals::should_stop, &signals});
+    const scoped_wait_interrupt interruptible(signals.check());
     if (devices.size() == 1) {
-      rc = rt::lock(devices[0], static_cast<uint32_t>(p), ns, nullptr);
+      rc = rt::lock(devices[0], static_cast<uint32_t>(p), left, nullptr);
       // Granted just as a handler raised: the exception wins, and the lock goes back.
       if (rc == VRAMSWAP_OK && signals.raised) rt::unlock(devices[0]);
     } else {
-      rc = rt::lock_gang(devices.data(), devices.size(), static_cast<uint32_t>(p), ns, nullptr);
+      rc = rt::lock_gang(devices.data(), devices.size(), static_cast<uint32_t>(p), left, nullptr);
       if (rc == VRAMSWAP_OK && signals.raised) rt::unlock_gang(devices.data(), devices.size());
     }
-  }
-  if (signals.raised) throw py::error_already_set();
+  } while (signals.call_again(rc));
   if (rc == VRAMSWAP_OK) return true;
   if (ns >= 0 && (rc == VRAMSWAP_ERR_BUSY || rc == VRAMSWAP_ERR_TIMEOUT)) return false;
   throw_error(rc, vramswap_last_error());
@@ -201,15 +225,14 @@ vramswap.Error and nothing is released.)doc");
       [](std::optional<std::string> job, int rank, int world_size, int device) {
         int rc = 0;
         python_signals signals;
-        {
+        do {
           // It may open the device's session first: dial (or start) the pool server and
           // wait for its welcome, which other threads must not wait for with us, and which
           // Ctrl-C ends (the session is not opened).
           py::gil_scoped_release nogil;
-          const scoped_wait_interrupt interruptible({&python_signals::should_stop, &signals});
+          const scoped_wait_interrupt interruptible(signals.check());
           rc = rt::join_gang(job ? job->c_str() : nullptr, rank, world_size, device);
-        }
-        if (signals.raised) throw py::error_already_set();
+        } while (signals.call_again(rc));
         if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
       },
       py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("device"),

@@ -521,6 +521,14 @@ def test_ctrl_c_while_waiting_leaves_the_queue_at_once_and_raises():
             finish(waiter)
 
 
+def resume(pid):
+    """SIGCONT to a process a test stopped, unless it is gone already."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
 def test_a_pool_server_that_does_not_answer_is_waited_for_within_the_timeout_and_until_ctrl_c():
     # The first lock of a device opens its session: it waits for the pool server to answer its
     # hello. A server stopped after taking the connection (SIGSTOP, stuck in a driver call)
@@ -550,11 +558,96 @@ def test_a_pool_server_that_does_not_answer_is_waited_for_within_the_timeout_and
         assert line == "interrupted 0", f"after SIGINT the waiter said {line!r}"
         assert time.monotonic() - t0 < 5
     finally:
-        os.kill(server, signal.SIGCONT)
+        resume(server)
         if waiter is not None:
             finish(waiter)
     with vramswap.gpu_lock(0, timeout=20):
         assert vramswap.held(0) == 1
+
+
+# The first lock waits for a pool server that does not answer, while signals whose handlers
+# do not raise keep arriving (SIGUSR1 with a handler that counts): each ends the wait, the lock
+# opens the session again, and takes the lock once the server answers.
+HANDLED_SIGNALS_DURING_OPENING = r"""
+import signal, vramswap
+seen = []
+signal.signal(signal.SIGUSR1, lambda *_: seen.append(1))
+print("ready", flush=True)
+with vramswap.gpu_lock(0, timeout=30):
+    print(f"held after {len(seen)} signal(s)", flush=True)
+"""
+
+
+def test_signals_whose_handlers_do_not_raise_leave_the_first_lock_waiting_for_the_server():
+    holder = spawn_script(HOLD_UNTIL_EOF)
+    try:
+        assert read_line(holder) == "holding"  # it started the device's pool server
+    finally:
+        finish(holder)
+    server = vramswap._testing.pool_server_pid(0)
+    assert server > 0
+    os.kill(server, signal.SIGSTOP)
+    child = spawn_script(HANDLED_SIGNALS_DURING_OPENING)
+    try:
+        assert read_line(child) == "ready"
+        for _ in range(20):
+            time.sleep(0.05)
+            child.send_signal(signal.SIGUSR1)
+        os.kill(server, signal.SIGCONT)
+        line = read_line(child, timeout=20)
+        assert line is not None and line.startswith("held after "), f"the process said {line!r}"
+        assert int(line.split()[2]) > 0
+        assert child.wait(timeout=20) == 0
+    finally:
+        resume(server)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+# The first lock opens the device's session under the runtime's mutex, waiting for a pool
+# server that does not answer; meanwhile another thread allocates through a C entry point that
+# keeps the GIL (as PyTorch's allocator calls vramswap's) and waits for that mutex. The
+# opening must not take the GIL to look for Ctrl-C then: both threads would wait for ever.
+GIL_HELD_ALLOCATION_DURING_OPENING = r"""
+import ctypes, threading, time, vramswap
+lib = ctypes.PyDLL(vramswap._vramswap.__file__)  # PyDLL: the GIL stays held during the call
+lib.vramswap_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_int]
+def allocate():
+    time.sleep(0.3)  # the main thread waits for the server by now, under the runtime's mutex
+    p = ctypes.c_void_p()
+    print(f"allocated {lib.vramswap_malloc(ctypes.byref(p), 1 << 20, 0)}", flush=True)
+t = threading.Thread(target=allocate)
+t.start()
+try:
+    with vramswap.gpu_lock(0, timeout=2):
+        print("held", flush=True)
+except TimeoutError:
+    print("timed out", flush=True)
+t.join()
+print("done", flush=True)
+"""
+
+
+def test_an_allocation_that_keeps_the_gil_does_not_deadlock_the_first_lock_waiting_for_the_server():
+    holder = spawn_script(HOLD_UNTIL_EOF)
+    try:
+        assert read_line(holder) == "holding"  # it started the device's pool server
+    finally:
+        finish(holder)
+    server = vramswap._testing.pool_server_pid(0)
+    assert server > 0
+    os.kill(server, signal.SIGSTOP)
+    child = spawn_script(GIL_HELD_ALLOCATION_DURING_OPENING)
+    try:
+        time.sleep(3)  # the lock timed out; the allocation now waits for the server, GIL held
+        os.kill(server, signal.SIGCONT)
+        said = [read_line(child, timeout=20) for _ in range(3)]
+        assert said[-1] == "done" and sorted(said[:2]) == ["allocated 0", "timed out"], f"the process said {said}: deadlocked?"
+    finally:
+        resume(server)
+        child.kill()
+        child.wait()
 
 
 # A process whose thread sends it SIGINT every {gap} s while its main thread takes turns
