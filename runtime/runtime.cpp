@@ -222,43 +222,49 @@ void reset() noexcept {
   g_owner_pid.store(0);
 }
 
-int stop_pool_server(int device) noexcept {
-  try {
-    backend* be = nullptr;
-    VS_TRY(default_backend(&be));
-    device_info info;
-    VS_TRY(be->get_device_info(device, &info));
-    std::string name;
-    std::unique_ptr<pool_segment> pool;
-    if (pool_segment::name_for(info.uuid, &name) == ok && pool_segment::open(name, &pool) == ok) {
-      const pid_t server = pool->header()->server_pid;
-      if (server > 0 && ::kill(server, SIGTERM) == 0) {
-        for (int i = 0; i < 200 && ::kill(server, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    }
-    pool.reset();
-    pool_segment::remove(info.uuid);
-    shared_segment::remove(info.uuid);
-    return ok;
-  } catch (const std::bad_alloc&) {
-    return fail(err_out_of_memory, "stop_pool_server: out of host memory");
-  }
+namespace {
+
+// The key of `device`'s pool and lock segments (its uuid).
+int device_key(int device, std::string* key) {
+  backend* be = nullptr;
+  VS_TRY(default_backend(&be));
+  device_info info;
+  VS_TRY(be->get_device_info(device, &info));
+  *key = info.uuid;
+  return ok;
 }
+
+}  // namespace
 
 int pool_server_pid(int device, pid_t* out) noexcept {
   try {
     *out = 0;
-    backend* be = nullptr;
-    VS_TRY(default_backend(&be));
-    device_info info;
-    VS_TRY(be->get_device_info(device, &info));
+    std::string key;
+    VS_TRY(device_key(device, &key));
     std::string name;
     std::unique_ptr<pool_segment> pool;
-    if (pool_segment::name_for(info.uuid, &name) == ok && pool_segment::open(name, &pool) == ok) *out = pool->header()->server_pid;
+    if (pool_segment::name_for(key, &name) == ok && pool_segment::open(name, &pool) == ok) *out = pool->header()->server_pid;
     clear_error();
     return ok;
   } catch (const std::bad_alloc&) {
     return fail(err_out_of_memory, "pool_server_pid: out of host memory");
+  }
+}
+
+int stop_pool_server(int device) noexcept {
+  try {
+    std::string key;
+    VS_TRY(device_key(device, &key));
+    pid_t server = 0;
+    VS_TRY(pool_server_pid(device, &server));
+    if (server > 0 && ::kill(server, SIGTERM) == 0) {
+      for (int i = 0; i < 200 && ::kill(server, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    pool_segment::remove(key);
+    shared_segment::remove(key);
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "stop_pool_server: out of host memory");
   }
 }
 

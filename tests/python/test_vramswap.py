@@ -2,6 +2,7 @@
 timeout against another process (a Python subprocess holding the lock), errors mapped to
 the Python exceptions a user expects, stats, and device memory round trips."""
 
+import contextlib
 import json
 import os
 import random
@@ -521,28 +522,32 @@ def test_ctrl_c_while_waiting_leaves_the_queue_at_once_and_raises():
             finish(waiter)
 
 
-def resume(pid):
-    """SIGCONT to a process a test stopped, unless it is gone already."""
+@contextlib.contextmanager
+def stopped_pool_server():
+    """Device 0's pool server, started by a process that took the lock once, stopped (SIGSTOP)
+    for the block: it takes connections and answers none. Resumed at the end."""
+    holder = spawn_script(HOLD_UNTIL_EOF)
     try:
-        os.kill(pid, signal.SIGCONT)
-    except ProcessLookupError:
-        pass
+        assert read_line(holder) == "holding"
+    finally:
+        finish(holder)
+    server = vramswap._testing.pool_server_pid(0)
+    assert server > 0
+    os.kill(server, signal.SIGSTOP)
+    try:
+        yield server
+    finally:
+        try:
+            os.kill(server, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def test_a_pool_server_that_does_not_answer_is_waited_for_within_the_timeout_and_until_ctrl_c():
     # The first lock of a device opens its session: it waits for the pool server to answer its
     # hello. A server stopped after taking the connection (SIGSTOP, stuck in a driver call)
     # held that wait for 30 s, past timeout= and through Ctrl-C.
-    holder = spawn_script(HOLD_UNTIL_EOF)
-    try:
-        assert read_line(holder) == "holding"  # it started the device's pool server
-    finally:
-        finish(holder)
-    server = vramswap._testing.pool_server_pid(0)
-    assert server > 0
-    os.kill(server, signal.SIGSTOP)
-    waiter = None
-    try:
+    with stopped_pool_server() as server:
         t0 = time.monotonic()
         with pytest.raises(TimeoutError, match=r"not acquired within 0.3 s: .*to answer this process's hello"):
             with vramswap.gpu_lock(0, timeout=0.3):
@@ -550,16 +555,16 @@ def test_a_pool_server_that_does_not_answer_is_waited_for_within_the_timeout_and
         assert time.monotonic() - t0 < 5, "timeout= should bound the wait for the server"
         assert vramswap.held(0) == 0
         waiter = spawn_script(WAIT_THEN_REPORT)
-        assert read_line(waiter) == "ready"
-        time.sleep(0.5)  # it waits for the server's answer now
-        t0 = time.monotonic()
-        waiter.send_signal(signal.SIGINT)
-        line = read_line(waiter, timeout=10)
-        assert line == "interrupted 0", f"after SIGINT the waiter said {line!r}"
-        assert time.monotonic() - t0 < 5
-    finally:
-        resume(server)
-        if waiter is not None:
+        try:
+            assert read_line(waiter) == "ready"
+            time.sleep(0.5)  # it waits for the server's answer now
+            t0 = time.monotonic()
+            waiter.send_signal(signal.SIGINT)
+            line = read_line(waiter, timeout=10)
+            assert line == "interrupted 0", f"after SIGINT the waiter said {line!r}"
+            assert time.monotonic() - t0 < 5
+        finally:
+            os.kill(server, signal.SIGCONT)
             finish(waiter)
     with vramswap.gpu_lock(0, timeout=20):
         assert vramswap.held(0) == 1
@@ -579,30 +584,22 @@ with vramswap.gpu_lock(0, timeout=30):
 
 
 def test_signals_whose_handlers_do_not_raise_leave_the_first_lock_waiting_for_the_server():
-    holder = spawn_script(HOLD_UNTIL_EOF)
-    try:
-        assert read_line(holder) == "holding"  # it started the device's pool server
-    finally:
-        finish(holder)
-    server = vramswap._testing.pool_server_pid(0)
-    assert server > 0
-    os.kill(server, signal.SIGSTOP)
-    child = spawn_script(HANDLED_SIGNALS_DURING_OPENING)
-    try:
-        assert read_line(child) == "ready"
-        for _ in range(20):
-            time.sleep(0.05)
-            child.send_signal(signal.SIGUSR1)
-        os.kill(server, signal.SIGCONT)
-        line = read_line(child, timeout=20)
-        assert line is not None and line.startswith("held after "), f"the process said {line!r}"
-        assert int(line.split()[2]) > 0
-        assert child.wait(timeout=20) == 0
-    finally:
-        resume(server)
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    with stopped_pool_server() as server:
+        child = spawn_script(HANDLED_SIGNALS_DURING_OPENING)
+        try:
+            assert read_line(child) == "ready"
+            for _ in range(20):
+                time.sleep(0.05)
+                child.send_signal(signal.SIGUSR1)
+            os.kill(server, signal.SIGCONT)
+            line = read_line(child, timeout=20)
+            assert line is not None and line.startswith("held after "), f"the process said {line!r}"
+            assert int(line.split()[2]) > 0
+            assert child.wait(timeout=20) == 0
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
 
 
 # The first lock opens the device's session under the runtime's mutex, waiting for a pool
@@ -630,24 +627,16 @@ print("done", flush=True)
 
 
 def test_an_allocation_that_keeps_the_gil_does_not_deadlock_the_first_lock_waiting_for_the_server():
-    holder = spawn_script(HOLD_UNTIL_EOF)
-    try:
-        assert read_line(holder) == "holding"  # it started the device's pool server
-    finally:
-        finish(holder)
-    server = vramswap._testing.pool_server_pid(0)
-    assert server > 0
-    os.kill(server, signal.SIGSTOP)
-    child = spawn_script(GIL_HELD_ALLOCATION_DURING_OPENING)
-    try:
-        time.sleep(3)  # the lock timed out; the allocation now waits for the server, GIL held
-        os.kill(server, signal.SIGCONT)
-        said = [read_line(child, timeout=20) for _ in range(3)]
-        assert said[-1] == "done" and sorted(said[:2]) == ["allocated 0", "timed out"], f"the process said {said}: deadlocked?"
-    finally:
-        resume(server)
-        child.kill()
-        child.wait()
+    with stopped_pool_server() as server:
+        child = spawn_script(GIL_HELD_ALLOCATION_DURING_OPENING)
+        try:
+            time.sleep(3)  # the lock timed out; the allocation now waits for the server, GIL held
+            os.kill(server, signal.SIGCONT)
+            said = [read_line(child, timeout=20) for _ in range(3)]
+            assert said[-1] == "done" and sorted(said[:2]) == ["allocated 0", "timed out"], f"the process said {said}: deadlocked?"
+        finally:
+            child.kill()
+            child.wait()
 
 
 # A process whose thread sends it SIGINT every {gap} s while its main thread takes turns
