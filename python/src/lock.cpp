@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "core/log.hpp"
 #include "runtime/runtime.hpp"
 #include "lock/device_lock.hpp"
 #include "lock/process_identity.hpp"
@@ -90,6 +91,7 @@ struct python_signals {
     if (rc != VRAMSWAP_ERR_INTERRUPTED || !not_asked) return false;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     not_asked = false;
+    log(log_level::debug, "lock: a signal ended the wait for the pool server, and no handler raised; opening the session again");
     return true;
   }
 };

@@ -543,6 +543,20 @@ def stopped_pool_server():
             pass
 
 
+# Waits without a timeout for a pool server that does not answer; says how long it waited
+# when Ctrl-C ended the wait.
+WAIT_FOR_A_SILENT_SERVER = r"""
+import time, vramswap
+print("ready", flush=True)
+t0 = time.monotonic()
+try:
+    with vramswap.gpu_lock(0):
+        print("granted", flush=True)
+except KeyboardInterrupt:
+    print(f"interrupted {vramswap.held(0)} after {time.monotonic() - t0:.2f} s", flush=True)
+"""
+
+
 def test_a_pool_server_that_does_not_answer_is_waited_for_within_the_timeout_and_until_ctrl_c():
     # The first lock of a device opens its session: it waits for the pool server to answer its
     # hello. A server stopped after taking the connection (SIGSTOP, stuck in a driver call)
@@ -554,15 +568,20 @@ def test_a_pool_server_that_does_not_answer_is_waited_for_within_the_timeout_and
                 pass
         assert time.monotonic() - t0 < 5, "timeout= should bound the wait for the server"
         assert vramswap.held(0) == 0
-        waiter = spawn_script(WAIT_THEN_REPORT)
+        waiter = spawn_script(WAIT_FOR_A_SILENT_SERVER)
         try:
             assert read_line(waiter) == "ready"
-            time.sleep(0.5)  # it waits for the server's answer now
-            t0 = time.monotonic()
-            waiter.send_signal(signal.SIGINT)
-            line = read_line(waiter, timeout=10)
-            assert line == "interrupted 0", f"after SIGINT the waiter said {line!r}"
-            assert time.monotonic() - t0 < 5
+            time.sleep(1.5)  # it waits for the server's answer by now
+            # Ctrl-C, again every 100 ms: one that comes before the wait began (while the
+            # process started its session) is seen only when the session opens.
+            first = time.monotonic()
+            line = None
+            while line is None and time.monotonic() - first < 10:
+                waiter.send_signal(signal.SIGINT)
+                line = read_line(waiter, timeout=0.1)
+            assert line is not None and line.startswith("interrupted 0 after "), f"after SIGINT the waiter said {line!r}"
+            assert time.monotonic() - first < 5, f"the wait went on {time.monotonic() - first:.1f} s after Ctrl-C"
+            assert float(line.split()[3]) >= 1.0, f"interrupted before it waited for the server: {line!r}"
         finally:
             os.kill(server, signal.SIGCONT)
             finish(waiter)
@@ -572,7 +591,7 @@ def test_a_pool_server_that_does_not_answer_is_waited_for_within_the_timeout_and
 
 # The first lock waits for a pool server that does not answer, while signals whose handlers
 # do not raise keep arriving (SIGUSR1 with a handler that counts): each ends the wait, the lock
-# opens the session again, and takes the lock once the server answers.
+# opens the session again (its debug log says so), and takes the lock once the server answers.
 HANDLED_SIGNALS_DURING_OPENING = r"""
 import signal, vramswap
 seen = []
@@ -585,17 +604,26 @@ with vramswap.gpu_lock(0, timeout=30):
 
 def test_signals_whose_handlers_do_not_raise_leave_the_first_lock_waiting_for_the_server():
     with stopped_pool_server() as server:
-        child = spawn_script(HANDLED_SIGNALS_DURING_OPENING)
+        child = subprocess.Popen(
+            [sys.executable, "-c", HANDLED_SIGNALS_DURING_OPENING], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env={**os.environ, "VRAMSWAP_LOG": "debug"}, preexec_fn=default_sigint,
+        )
+        log = []  # drained as it comes: a full pipe would stop the child
+        drain = threading.Thread(target=lambda: log.append(child.stderr.read()), daemon=True)
+        drain.start()
         try:
             assert read_line(child) == "ready"
+            time.sleep(1.0)  # it waits for the server's answer by now
             for _ in range(20):
-                time.sleep(0.05)
                 child.send_signal(signal.SIGUSR1)
+                time.sleep(0.1)
             os.kill(server, signal.SIGCONT)
             line = read_line(child, timeout=20)
             assert line is not None and line.startswith("held after "), f"the process said {line!r}"
-            assert int(line.split()[2]) > 0
             assert child.wait(timeout=20) == 0
+            drain.join(timeout=10)
+            said = "".join(log)
+            assert "no handler raised; opening the session again" in said, said[-2000:]
         finally:
             if child.poll() is None:
                 child.kill()
@@ -611,10 +639,11 @@ import ctypes, threading, time, vramswap
 lib = ctypes.PyDLL(vramswap._vramswap.__file__)  # PyDLL: the GIL stays held during the call
 lib.vramswap_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_int]
 def allocate():
-    time.sleep(0.3)  # the main thread waits for the server by now, under the runtime's mutex
+    time.sleep(1.0)  # the main thread waits for the server by now, under the runtime's mutex
     p = ctypes.c_void_p()
     print(f"allocated {lib.vramswap_malloc(ctypes.byref(p), 1 << 20, 0)}", flush=True)
 t = threading.Thread(target=allocate)
+print("ready", flush=True)
 t.start()
 try:
     with vramswap.gpu_lock(0, timeout=2):
@@ -630,7 +659,8 @@ def test_an_allocation_that_keeps_the_gil_does_not_deadlock_the_first_lock_waiti
     with stopped_pool_server() as server:
         child = spawn_script(GIL_HELD_ALLOCATION_DURING_OPENING)
         try:
-            time.sleep(3)  # the lock timed out; the allocation now waits for the server, GIL held
+            assert read_line(child) == "ready"
+            time.sleep(3.5)  # the lock timed out; the allocation now waits for the server, GIL held
             os.kill(server, signal.SIGCONT)
             said = [read_line(child, timeout=20) for _ in range(3)]
             assert said[-1] == "done" and sorted(said[:2]) == ["allocated 0", "timed out"], f"the process said {said}: deadlocked?"
