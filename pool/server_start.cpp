@@ -330,11 +330,33 @@ int spawn_server(const pool_paths& paths, const std::string& key, int device, in
       // and it ignores SIGPIPE.
       const int stop = wait_may_go_on(n < 0, ("the pool server " + server + " of device " + std::to_string(device) + " to start").c_str());
       if (stop != ok) {
+        const std::string why = last_error();
+        // Its pid, for the record (the next starter waits for that server instead of
+        // starting a second one): it says "started" right after its fork, long before it
+        // opens the device.
+        for (int waited_ms = 0; server_pid <= 0 && waited_ms < 200 && !eof; waited_ms += 10) {
+          pollfd q{read_end.fd, POLLIN, 0};
+          if (::poll(&q, 1, 10) <= 0) continue;
+          char line[128];
+          const ssize_t got = ::read(read_end.fd, line, sizeof line - 1);
+          if (got <= 0) {
+            eof = got == 0;
+            continue;
+          }
+          line[got] = '\0';
+          report.append(line);
+          int started = 0;
+          if (std::sscanf(report.c_str(), "started %d", &started) == 1 && started > 0) server_pid = started;
+        }
         if (!reaped) reap_within(pid, 200);
         *abandoned = true;
-        const std::string why = last_error();
-        return fail(stop, "pool: %s; the server (pid %d) was left to start, and serves later calls once ready (its log: %s)",
-                    why.c_str(), static_cast<int>(server_pid > 0 ? server_pid : pid), paths.log.c_str());
+        if (eof && server_pid <= 0) return fail(stop, "pool: %s; the server %s it started exited at once (its log: %s)", why.c_str(),
+                                                server.c_str(), paths.log.c_str());
+        // The detached server's pid; not yet known, the process started (a wrapper that has not
+        // exec'd vramswapd yet): it becomes the server.
+        note_start(lock_fd, server_pid > 0 ? server_pid : pid, "left", ok, server);
+        return fail(stop, "pool: %s; the server %s (pid %d) was left to start, and serves later calls once ready (its log: %s)",
+                    why.c_str(), server.c_str(), static_cast<int>(server_pid > 0 ? server_pid : pid), paths.log.c_str());
       }
       continue;
     }
@@ -390,6 +412,43 @@ int spawn_server(const pool_paths& paths, const std::string& key, int device, in
   const std::string tail = tail_of(paths.log, 600);
   return fail(err_unavailable, "pool: the pool server %s exited before it was ready; its log %s ends with: %s", server.c_str(),
               paths.log.c_str(), tail.empty() ? "(nothing)" : tail.c_str());
+}
+
+// Does `pid` name a live process of the server binary `server` (by its command name, which the
+// kernel keeps to 15 characters)? A pid the start record names may be of another PID
+// namespace, or reused: the name guards against taking another process for the server.
+bool runs_server(pid_t pid, const std::string& server) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/comm", static_cast<int>(pid));
+  fd_guard f(::open(path, O_RDONLY | O_CLOEXEC));
+  char text[64];
+  const ssize_t got = f.fd >= 0 ? ::read(f.fd, text, sizeof text) : -1;
+  std::string comm = got > 0 ? std::string(text, static_cast<size_t>(got)) : "";
+  while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+  const size_t slash = server.rfind('/');
+  const std::string name = (slash == std::string::npos ? server : server.substr(slash + 1)).substr(0, 15);
+  // The binary started, or vramswapd itself once a wrapper (VRAMSWAP_SERVER) exec'd it.
+  return !comm.empty() && (comm == name || comm == "vramswapd");
+}
+
+// The start lock is ours, and its record says that the client before us left its server
+// starting (its caller gave up: Ctrl-C, a timeout). Wait for that server, until `deadline`,
+// rather than start a second one, which would only lose the race for the pool (and have the
+// start recorded as failed for everyone waiting). err_unavailable when it is gone: start one.
+int wait_for_left_server(const pool_paths& paths, const std::string& key, int device, const start_record& left,
+                         uint64_t deadline, int* fd) {
+  const std::string waiting_for = "the pool server " + left.server + " (pid " + std::to_string(left.server_pid) +
+                                  ") that another client left starting for device " + std::to_string(device);
+  for (;;) {
+    const int rc = dial_server(paths.socket, fd);
+    if (rc != err_unavailable) return rc;
+    clear_error();
+    if (pool_segment::starting(key, nullptr)) return wait_for_starting_server(paths, key, device, fd);
+    if (!runs_server(left.server_pid, left.server) || monotonic_ns() >= deadline) {
+      return fail(err_unavailable, "pool: %s: not there", waiting_for.c_str());
+    }
+    VS_TRY(wait_may_go_on(sleep_in_wait(20'000'000), waiting_for.c_str()));
+  }
 }
 
 }  // namespace
@@ -466,6 +525,11 @@ int start_or_join_server(const pool_paths& paths, const std::string& key, int de
     VS_TRY(open_owned(paths.start_lock, O_RDWR | O_CREAT, "pool: the start lock", "or use another VRAMSWAP_RUNTIME_DIR", &lock.fd));
     VS_TRY(wait_for_start_lock(lock.fd, paths, key, device, deadline, build_limit, fd));
     int rc = *fd >= 0 ? ok : dial_server(paths.socket, fd);
+    if (start_record left; rc == err_unavailable && read_start_record(lock.fd, &left) && left.state == "left" && left.server_pid > 0) {
+      clear_error();
+      rc = wait_for_left_server(paths, key, device, left, deadline, fd);
+      if (rc != err_unavailable) return rc;
+    }
     if (rc == err_unavailable) {
       std::string server;
       pid_t server_pid = 0;
@@ -476,7 +540,7 @@ int start_or_join_server(const pool_paths& paths, const std::string& key, int de
       clear_error();
       bool abandoned = false;
       const int spawned = spawn_server(paths, key, device, lock.fd, deadline, build_limit, &server, &server_pid, &abandoned);
-      // Left to start: the start lock's record still says "starting", which is true.
+      // Left to start: the start lock's record says so ("left"), for the next starter.
       if (abandoned) return spawned;
       const std::string spawn_error = spawned == ok ? "" : last_error();
       rc = dial_server(paths.socket, fd);

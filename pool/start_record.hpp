@@ -6,8 +6,10 @@
 // that raced with a write is recognized and read again.
 //
 // Format, one line: "<client pid> <server pid> <state> <status> <server path> #<fnv-1a hex>",
-// the server pid 0 until it is known, the state "starting", "ready" or "failed" (then
-// <status> is the start's error). Never throws.
+// the server pid 0 until it is known, the state "starting", "ready", "failed" (then
+// <status> is the start's error) or "left" (the client stopped waiting, Ctrl-C or its timeout,
+// and left the server starting: the next client to take the lock waits for that server).
+// Never throws.
 #pragma once
 
 #include <sys/types.h>
@@ -19,7 +21,7 @@ namespace vramswap::detail {
 struct start_record {
   int client = 0;       // the pid of the client that holds (or held) the start lock
   int server_pid = 0;   // the server it started; 0 until known
-  std::string state;    // "starting", "ready" or "failed"
+  std::string state;    // "starting", "ready", "failed" or "left"
   int status = 0;       // 0, or the start's error (a negative vramswap::detail::status)
   std::string server;   // the server binary's path
 };

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/options.hpp"
 #include "cpp_api/api_test_env.hpp"
 #include "runtime/runtime.hpp"
 #include "support/forked_child.hpp"
@@ -285,6 +286,36 @@ TEST_F(PublicApi, AnAcquiresTimeoutAndSignalsEndItsWaitForAPoolServerThatDoesNot
   ASSERT_EQ(::kill(server, SIGCONT), 0);
   EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 20'000'000'000), VRAMSWAP_OK) << vramswap_last_error();
   EXPECT_EQ(vramswap_unlock(0), VRAMSWAP_OK) << vramswap_last_error();
+}
+
+// A first acquire that gives up (its timeout) while the pool server it started is still on its
+// way (a wrapper that takes 1.5 s, as a server that initializes CUDA takes seconds) leaves it
+// to start. The next acquire waits for that server instead of starting a second one, which
+// would lose the race for the pool and have the start recorded as failed for every waiter.
+TEST_F(PublicApi, AServerStartLeftByAnAcquireThatGaveUpIsWaitedForNotRepeated) {
+  const std::string slow = env_.runtime_dir() + "/slow-vramswapd";
+  const std::string starts = env_.runtime_dir() + "/server-starts";  // a line per start
+  {
+    std::FILE* f = std::fopen(slow.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "#!/bin/sh\necho $$ >>%s\nsleep 1.5\nexec %s \"$@\"\n", starts.c_str(), VRAMSWAP_SERVER_BINARY);
+    std::fclose(f);
+    ASSERT_EQ(::chmod(slow.c_str(), 0755), 0);
+  }
+  vramswap::detail::option_set(vramswap::detail::option_id::server_path, slow.c_str());
+  struct restore_server {
+    ~restore_server() { vramswap::detail::option_set(vramswap::detail::option_id::server_path, VRAMSWAP_SERVER_BINARY); }
+  } restore;
+
+  auto t0 = clock_type::now();
+  EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 500'000'000), VRAMSWAP_ERR_TIMEOUT) << vramswap_last_error();
+  EXPECT_LT(clock_type::now() - t0, 1400ms) << "the timeout should end the wait for the server's start";
+  EXPECT_NE(std::string(vramswap_last_error()).find("was left to start"), std::string::npos) << vramswap_last_error();
+  EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
+
+  EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 20'000'000'000), VRAMSWAP_OK) << vramswap_last_error();
+  EXPECT_EQ(vramswap_unlock(0), VRAMSWAP_OK);
+  EXPECT_EQ(count_of(read_file(starts), "\n"), 1u) << "servers started: " << read_file(starts);
 }
 
 TEST_F(PublicApi, TryAndTimeoutAgainstAnotherProcess) {
