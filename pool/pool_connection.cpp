@@ -69,19 +69,20 @@ int set_timeouts(int fd, int seconds) {
   return ok;
 }
 
-// Wait until the pool server's first answer can be read, at most `seconds`, in slices that
+// Wait until the pool server's next answer can be read, at most `seconds`, in slices that
 // let this thread's wait bounds (Ctrl-C, the acquire's timeout) end the wait: a server that
 // accepted and then stopped answering (SIGSTOP, stuck in a driver call) would otherwise hold
 // the caller in a blocking receive for all of that time.
-int wait_for_answer(int fd, int seconds, pid_t server) {
+// `answer_to`: what the answer is to ("this process's hello").
+int wait_for_answer(int fd, int seconds, pid_t server, const char* answer_to) {
   const uint64_t until = monotonic_ns() + static_cast<uint64_t>(seconds) * 1'000'000'000;
-  const std::string waiting_for = "the pool server (pid " + std::to_string(server) + ") to answer this process's hello";
+  const std::string waiting_for = "the pool server (pid " + std::to_string(server) + ") to answer " + answer_to;
   for (;;) {
     const uint64_t now = monotonic_ns();
     if (now >= until) {
-      return fail(err_timeout, "pool: the pool server (pid %d) accepted this process's connection and did not answer its hello "
+      return fail(err_timeout, "pool: the pool server (pid %d) accepted this process's connection and did not answer %s "
                   "in %d s: it is stopped (SIGSTOP, a debugger) or stuck (`vramswap status`, its log); resume or restart it",
-                  static_cast<int>(server), seconds);
+                  static_cast<int>(server), answer_to, seconds);
     }
     pollfd p{fd, POLLIN, 0};
     const int n = ::poll(&p, 1, wait_slice_ms(static_cast<int>((until - now) / 1'000'000) + 1));
@@ -241,7 +242,8 @@ int pool_connection::handshake() noexcept {
   size_t len = 0;
   size_t nfds = 0;
   int fds[k_max_fds_per_message];
-  VS_TRY(wait_for_answer(fd_, k_start_timeout_s, peer_pid(fd_)));
+  const pid_t server = peer_pid(fd_);  // as this process sees it, for messages
+  VS_TRY(wait_for_answer(fd_, k_start_timeout_s, server, "this process's hello"));
   const int got = recv_fds(fd_, fds, 0, &nfds, &w, sizeof w, &len);
   if (sent != ok && (got != ok || len != sizeof w || w.status == 0)) {
     return fail(sent, "pool: sending hello to the pool server: %s", send_error.c_str());
@@ -272,6 +274,7 @@ int pool_connection::handshake() noexcept {
 
   while (frames_.size() < w.frame_count) {
     frame_batch b{};
+    VS_TRY(wait_for_answer(fd_, k_start_timeout_s, server, "this process's hello with the pool's frames"));
     int rc = recv_fds(fd_, fds, k_max_fds_per_message, &nfds, &b, sizeof b, &len);
     if (rc != ok) return add_context(rc, "pool: receiving frames %zu.. of %u: ", frames_.size(), w.frame_count);
     if (len != sizeof b || b.first != frames_.size() || b.count != nfds || b.count == 0 ||
@@ -341,6 +344,7 @@ int pool_connection::handshake() noexcept {
   VS_TRY(add_context(send_fds(fd_, nullptr, 0, &a, sizeof a), "pool: telling the pool server this process attached: "));
   if (leased != ok) return fail(leased, "%s", lease_error.c_str());
   attach done{};
+  VS_TRY(wait_for_answer(fd_, k_start_timeout_s, server, "this process's attach"));
   VS_TRY(add_context(recv_fds(fd_, fds, 0, &nfds, &done, sizeof done, &len), "pool: waiting for the pool server to confirm the attach: "));
   if (len != sizeof done || done.magic != k_magic || done.status != ok) {
     return fail(err_version_mismatch, "pool: the pool server did not confirm the attach (%zu-byte reply, status %d)", len, done.status);
