@@ -41,7 +41,7 @@ struct device_state {
 
 // Sessions by device. Opened under g_mutex, never closed before exit, so a pointer taken
 // under the mutex stays valid without it.
-std::mutex g_mutex;
+std::timed_mutex g_mutex;
 std::vector<std::unique_ptr<device_state>> g_devices;
 // The same sessions for the first devices, read without g_mutex: every malloc_async and
 // free_async looks its device up, and a process-wide mutex per call would serialize the
@@ -74,7 +74,7 @@ struct closed_arena {
 std::vector<closed_arena> g_closed_arenas;
 
 bool in_closed_arena(int device, uintptr_t ptr) {
-  std::lock_guard<std::mutex> guard(g_mutex);
+  std::lock_guard<std::timed_mutex> guard(g_mutex);
   for (const closed_arena& a : g_closed_arenas) {
     if (a.device == device && ptr >= a.base && ptr - a.base < a.size) return true;
   }
@@ -89,7 +89,7 @@ void close_all() {
     for (auto& d : g_devices) (void)d.release();
     return;
   }
-  std::lock_guard<std::mutex> guard(g_mutex);
+  std::lock_guard<std::timed_mutex> guard(g_mutex);
   clear_fast();
   for (size_t d = 0; d < g_devices.size(); ++d) {
     if (!g_devices[d] || !g_devices[d]->policy) continue;
@@ -129,7 +129,12 @@ int state_for(const char* fn, int device, device_state** out) {
       return ok;
     }
   }
-  std::lock_guard<std::mutex> guard(g_mutex);
+  // Another thread may be opening a session (waiting for the pool server): this thread's wait
+  // for it is bounded like its own would be (lock/wait_bounds.hpp: an acquire's timeout).
+  std::unique_lock<std::timed_mutex> guard(g_mutex, std::defer_lock);
+  while (!guard.try_lock_for(std::chrono::milliseconds(wait_slice_ms(50)))) {
+    VS_TRY(wait_may_go_on(false, "another thread of this process to open a device's session"));
+  }
   if (device >= 0 && static_cast<size_t>(device) < g_devices.size() && g_devices[device] &&
       g_devices[device]->policy) {
     *out = g_devices[device].get();
@@ -215,7 +220,7 @@ uint32_t& held_slot(int device) {
 
 void reset() noexcept {
   if (forked_child()) return;
-  std::lock_guard<std::mutex> guard(g_mutex);
+  std::lock_guard<std::timed_mutex> guard(g_mutex);
   clear_fast();
   g_devices.clear();
   t_held.clear();
@@ -573,7 +578,7 @@ bool release_requested(int device) noexcept {
   if (forked_child() || device < 0) return false;
   session* policy = nullptr;
   {
-    std::lock_guard<std::mutex> guard(g_mutex);
+    std::lock_guard<std::timed_mutex> guard(g_mutex);
     if (static_cast<size_t>(device) >= g_devices.size() || !g_devices[device]) return false;
     policy = g_devices[device]->policy.get();  // never closed before exit
   }
@@ -583,7 +588,7 @@ bool release_requested(int device) noexcept {
 bool owns(int device, uintptr_t ptr) noexcept {
   if (forked_child() || device < 0) return false;
   if (g_closed.load()) return in_closed_arena(device, ptr);
-  std::lock_guard<std::mutex> guard(g_mutex);
+  std::lock_guard<std::timed_mutex> guard(g_mutex);
   if (static_cast<size_t>(device) >= g_devices.size() || !g_devices[device]) return false;
   pager& p = g_devices[device]->policy->memory();
   return ptr >= p.arena_base() && ptr < p.arena_base() + p.arena_size();

@@ -283,6 +283,17 @@ TEST_F(PublicApi, AnAcquiresTimeoutAndSignalsEndItsWaitForAPoolServerThatDoesNot
       << vramswap_last_error();
   EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
 
+  // Another thread opening the session meanwhile, waiting for the same server, holds the
+  // runtime's mutex: this thread's wait for that mutex is bounded by its timeout too.
+  std::thread opener([] { vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 3'000'000'000); });
+  std::this_thread::sleep_for(300ms);
+  t0 = clock_type::now();
+  EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 300'000'000), VRAMSWAP_ERR_TIMEOUT) << vramswap_last_error();
+  EXPECT_LT(clock_type::now() - t0, 2s) << "the other thread's opening (3 s) should not hold this timeout";
+  EXPECT_NE(std::string(vramswap_last_error()).find("another thread of this process to open"), std::string::npos)
+      << vramswap_last_error();
+  opener.join();
+
   ASSERT_EQ(::kill(server, SIGCONT), 0);
   EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 20'000'000'000), VRAMSWAP_OK) << vramswap_last_error();
   EXPECT_EQ(vramswap_unlock(0), VRAMSWAP_OK) << vramswap_last_error();
