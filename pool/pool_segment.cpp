@@ -737,6 +737,18 @@ int pool_segment::add_member(pid_t pid, uint64_t start_time, uint64_t pid_ns, ui
     s.restore_ns.store(0);
     s.evict_ns.store(0);
     s.identity.store(0);  // until the member says who it is
+    // Nothing of the slot's previous member: its failure to evict (a lock holder waiting on
+    // the new member would quote it as the new member's), its turns' rhythm (a predicted next
+    // acquire), its asking ahead. The status first: a reader takes the detail only after it.
+    s.evict_status.store(0, std::memory_order_release);
+    s.evict_failed_ns.store(0);
+    s.evict_error[0] = '\0';
+    s.released_ns.store(0);
+    s.asked_ns.store(0);
+    s.idle_gap_ns.store(0);
+    s.idle_gaps.store(0);
+    s.frames_asked_ahead.store(0);
+    s.frames_asked_at_acquire.store(0);
     // The ring is never reset (a reader may still be reading the previous member's
     // records); the new member's events start at its current head.
     s.trace_start.store(trace_ring_of(m).head.load(std::memory_order_acquire));

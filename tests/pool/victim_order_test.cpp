@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/options.hpp"
 #include "core/status.hpp"
+#include "lock/process_identity.hpp"
 #include "pool/member_observer.hpp"
 #include "pool/pool_frame_source.hpp"
 #include "pool/pool_segment.hpp"
@@ -326,6 +328,37 @@ TEST_F(VictimOrder, LentFramesAreAskedAheadOnlyByAMemberQueuedForTheLock) {
   at_lock(k_me, k_now - 1 * k_s);
   EXPECT_EQ(source.ask_ahead(4, k_now), 2u);
   EXPECT_EQ(asked_of(*pool_, 4), 2u) << "a queued member's turn comes: lent frames are the first to ask for";
+}
+
+// A member slot reused after its member ended (a job killed, its slot freed by the server's
+// repair) keeps nothing of that member: not its failure to evict, which a lock holder waiting
+// on the new member quoted as the new member's, nor the rhythm of its turns, which predicted
+// the new member's next acquire from the old one's.
+TEST_F(VictimOrder, AReusedMemberSlotKeepsNothingOfItsPreviousMember) {
+  uint32_t m = 0;
+  ASSERT_EQ(pool_->add_member(::getpid(), 1, current_pid_namespace(), &m), ok) << last_error();
+  member_slot& s = pool_->member(m);
+  s.evict_failed_ns.store(k_now);
+  std::snprintf(s.evict_error, sizeof s.evict_error, "the swap file's disk is full");
+  s.evict_status.store(err_no_space);
+  s.released_ns.store(k_now - 5 * k_s);
+  s.asked_ns.store(k_now - 20 * k_s);
+  s.idle_gap_ns.store(15 * k_s);
+  s.idle_gaps.store(7);
+  s.frames_asked_ahead.store(12);
+  pool_->remove_member(m);
+  uint32_t again = 0;
+  ASSERT_EQ(pool_->add_member(::getpid(), 2, current_pid_namespace(), &again), ok) << last_error();
+  ASSERT_EQ(again, m);
+  const member_slot& t = pool_->member(again);
+  EXPECT_EQ(t.evict_status.load(), 0);
+  EXPECT_EQ(t.evict_failed_ns.load(), 0u);
+  EXPECT_STREQ(t.evict_error, "");
+  EXPECT_EQ(t.released_ns.load(), 0u);
+  EXPECT_EQ(t.asked_ns.load(), 0u);
+  EXPECT_EQ(t.idle_gap_ns.load(), 0u);
+  EXPECT_EQ(t.idle_gaps.load(), 0u);
+  EXPECT_EQ(t.frames_asked_ahead.load(), 0u);
 }
 
 }  // namespace
