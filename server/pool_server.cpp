@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -96,11 +97,23 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
     }
 
     if (options.log_to_file) {
+      struct stat st {};
+      int rotated = -1;  // errno of a failed rotation; 0: rotated; -1: not needed
+      if (::lstat(paths.log.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && st.st_size > k_log_rotate_bytes) {
+        rotated = ::rename(paths.log.c_str(), (paths.log + ".1").c_str()) == 0 ? 0 : errno;
+      }
       int log_fd = -1;
       VS_TRY(open_owned(paths.log, O_WRONLY | O_CREAT | O_APPEND, "vramswapd: the log", "or use another VRAMSWAP_RUNTIME_DIR", &log_fd));
       ::dup2(log_fd, STDOUT_FILENO);
       ::dup2(log_fd, STDERR_FILENO);
       ::close(log_fd);
+      if (rotated == 0) {
+        log(log_level::info, "vramswapd: the log had grown to %lld bytes: it is %s.1 now", static_cast<long long>(st.st_size),
+            paths.log.c_str());
+      } else if (rotated > 0) {
+        log(log_level::warn, "vramswapd: the log %s has grown to %lld bytes and could not be renamed to %s.1 (%s); appending to it",
+            paths.log.c_str(), static_cast<long long>(st.st_size), paths.log.c_str(), std::strerror(rotated));
+      }
     }
 
     if (s->segment_->adopted()) {

@@ -103,6 +103,10 @@ struct pool_server_options {
 class pool_server {
  public:
   // A client that hung up but still lives is repaired at most this long after the hang-up.
+  // A server started on demand appends to one log in the runtime dir, which many servers
+  // share one after another (each exits when idle) and which is often a small tmpfs: at its
+  // start, a log larger than this becomes <log>.1, replacing the one before.
+  static constexpr off_t k_log_rotate_bytes = 8 << 20;
   static constexpr int k_repair_grace_ms = 2000;
   // The server never blocks on a client: the device lock's repair waits at most this long
   // for the lock's internal mutex (a client may be stopped inside it), and while it could

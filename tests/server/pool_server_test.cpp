@@ -593,6 +593,30 @@ TEST_F(PoolServer, ExitsAfterTheIdleTimeout) {
   EXPECT_NE(count_of(read_file(dir_ + "/" + prefix_ + "host-0.log"), "no client for 1 s"), 0u);
 }
 
+// Servers started on demand one after another (each exits when idle) append to one log in the
+// runtime dir, often a small tmpfs: a log past 8 MiB is rotated to <log>.1 when the next starts.
+TEST_F(PoolServer, AServerStartedOnDemandRotatesALogThatHasGrownLarge) {
+  vramswap::detail::test::set_env("VRAMSWAP_LOG", "info");
+  const std::string log = dir_ + "/" + prefix_ + "host-0.log";
+  ASSERT_EQ(::mkdir(dir_.c_str(), 0700), 0) << std::strerror(errno);
+  {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    ASSERT_EQ(::write(fd, "the previous servers' lines\n", 28), 28);
+    ASSERT_EQ(::ftruncate(fd, 9 << 20), 0);  // sparse: 9 MiB
+    ::close(fd);
+  }
+  proc& a = client({"connect", "ready", "hold"});
+  ASSERT_EQ(fields(read_line(a, 60s)).size(), 3u);
+  struct stat st {};
+  ASSERT_EQ(::stat((log + ".1").c_str(), &st), 0) << "the large log was not rotated";
+  EXPECT_EQ(st.st_size, 9 << 20);
+  EXPECT_NE(read_file(log + ".1").find("the previous servers' lines"), std::string::npos);
+  ASSERT_EQ(::stat(log.c_str(), &st), 0);
+  EXPECT_LT(st.st_size, 1 << 20);
+  EXPECT_NE(read_file(log).find("it is " + log + ".1 now"), std::string::npos) << read_file(log);
+}
+
 TEST_F(PoolServer, KilledServerIsNoticedAndReplaced) {
   proc& a = client({"connect", "ready", "wait-server-gone", "20"});
   const std::vector<long> f = fields(read_line(a, 60s));
