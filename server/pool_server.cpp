@@ -284,7 +284,8 @@ int pool_server::run() noexcept {
     } else if (idle_exit_s_ > 0 && clients_.empty()) {
       const uint64_t limit = idle_since + static_cast<uint64_t>(idle_exit_s_) * 1'000'000'000;
       const uint64_t now = monotonic_ns();
-      timeout_ms = now >= limit ? 0 : static_cast<int>((limit - now) / 1'000'000) + 1;
+      // At most an hour a poll: an idle exit of 25 days or more is past an int of milliseconds.
+      timeout_ms = now >= limit ? 0 : static_cast<int>(std::min<uint64_t>((limit - now) / 1'000'000 + 1, 3'600'000));
     }
     constexpr int k_accept_pause_ms = static_cast<int>(k_accept_pause_ns / 1'000'000);
     if (accept_paused && (timeout_ms < 0 || timeout_ms > k_accept_pause_ms)) timeout_ms = k_accept_pause_ms;  // to poll it again
