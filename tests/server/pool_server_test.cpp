@@ -617,6 +617,45 @@ TEST_F(PoolServer, AServerStartedOnDemandRotatesALogThatHasGrownLarge) {
   EXPECT_NE(read_file(log).find("it is " + log + ".1 now"), std::string::npos) << read_file(log);
 }
 
+// A node's server over weeks: jobs come and go by the thousand, many killed. More of them than
+// the pool has member slots (256), killed or ending, twenty at a time: the server repairs each
+// one, keeps no descriptor of theirs, and the next process still joins.
+TEST_F(PoolServer, MoreJobsThanMemberSlotsComeAndGoAndLeaveNothingBehind) {
+  const pid_t server = start_server();
+  ASSERT_GT(server, 0);
+  auto one_batch = [&](int n, bool kill) {
+    std::vector<proc*> batch;
+    for (int i = 0; i < n; ++i) batch.push_back(&client({"connect", "ready", "hold"}));
+    for (proc* p : batch) ASSERT_EQ(fields(read_line(*p, 60s)).size(), 3u) << "a client did not join";
+    for (proc* p : batch) {
+      if (kill) {
+        ::kill(p->pid, SIGKILL);
+      } else {
+        ::close(p->in);
+        p->in = -1;
+      }
+    }
+    for (proc* p : batch) {
+      EXPECT_EQ(reap(p->pid), kill ? 128 + SIGKILL : 0);
+      p->pid = -1;
+      for (int* fd : {&p->in, &p->out}) {
+        if (*fd >= 0) ::close(*fd);
+        *fd = -1;
+      }
+    }
+  };
+  one_batch(1, false);  // whatever the server opens once is open now
+  const long before = test::open_descriptors(server);
+  ASSERT_GT(before, 0);
+  constexpr int k_batches = 15, k_per_batch = 20;  // 300 processes, 256 slots
+  for (int b = 0; b < k_batches && !HasFatalFailure(); ++b) one_batch(k_per_batch, b % 3 != 2);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (test::open_descriptors(server) > before && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  EXPECT_LE(test::open_descriptors(server), before) << "the server kept descriptors of jobs that ended";
+  one_batch(1, false);  // and one more still joins
+  EXPECT_EQ(::waitpid(server, nullptr, WNOHANG), 0) << "the server exited";
+}
+
 TEST_F(PoolServer, KilledServerIsNoticedAndReplaced) {
   proc& a = client({"connect", "ready", "wait-server-gone", "20"});
   const std::vector<long> f = fields(read_line(a, 60s));
