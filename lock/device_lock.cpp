@@ -721,10 +721,23 @@ int device_lock::wait_for_grant(uint32_t mine, uint64_t start_ns, int64_t timeou
     if (now >= deadline || stop) break;
     if (!noticed && now - start_ns >= notice_s * 1'000'000'000) {
       noticed = true;
-      char queue[768];
-      describe_queue(my_priority, my_ticket, queue, sizeof queue);
-      log(log_level::warn, "lock: waiting %.1f s for %s: %s (VRAMSWAP_WAIT_NOTICE=%" PRIu64 "; said once per wait)",
-          static_cast<double>(now - start_ns) / 1e9, segment_->name().c_str(), queue, notice_s);
+      // Once per wait, and at most once per k_wait_notice_spacing notice times: a job whose
+      // every turn waits past it (several jobs sharing a device) says so once in a while,
+      // with a count, rather than a line per turn for days.
+      const uint64_t last = last_wait_notice_ns_.load(std::memory_order_relaxed);
+      if (last != 0 && now - last < k_wait_notice_spacing * notice_s * 1'000'000'000) {
+        wait_notices_held_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        last_wait_notice_ns_.store(now, std::memory_order_relaxed);
+        const uint32_t held = wait_notices_held_.exchange(0, std::memory_order_relaxed);
+        char queue[768];
+        describe_queue(my_priority, my_ticket, queue, sizeof queue);
+        char since[96] = "";
+        if (held > 0) std::snprintf(since, sizeof since, "; %u more wait(s) that long since the last notice", held);
+        log(log_level::warn, "lock: waiting %.1f s for %s: %s (VRAMSWAP_WAIT_NOTICE=%" PRIu64 "; said once per wait, at most every %" PRIu64
+            " s%s)", static_cast<double>(now - start_ns) / 1e9, segment_->name().c_str(), queue, notice_s,
+            k_wait_notice_spacing * notice_s, since);
+      }
     }
     if (now - last_tick >= static_cast<uint64_t>(k_liveness_poll_ns)) {
       liveness_tick(std::min(deadline, now + static_cast<uint64_t>(k_liveness_poll_ns)));

@@ -174,6 +174,9 @@ class device_lock {
   // How often a waiter wakes to check that the holder still lives, and the lower bound of
   // the time between two liveness scans of one segment.
   static constexpr int64_t k_liveness_poll_ns = 10'000'000;
+  // Wait notices (VRAMSWAP_WAIT_NOTICE, T s) of one process and device come at most every
+  // this many T (every minute at the default 10 s); the next one counts those held back.
+  static constexpr uint64_t k_wait_notice_spacing = 6;
   // How long a waiter woken without a grant (a heads-up) spins before sleeping again.
   static constexpr int64_t k_heads_up_spin_ns = 1'000'000;
   // Predicted release: start spinning this long (plus the jitter) before it, and stop at
@@ -368,6 +371,10 @@ class device_lock {
   uint64_t max_hold_ns_ = 0;
   int release_signal_ = 0;
   uint32_t uid_ = 0;  // the effective uid at open, recorded in each slot this object fills
+  // The wait notices of this opening (VRAMSWAP_WAIT_NOTICE): when the last was logged, and how
+  // many waits passed the notice's time since without one.
+  std::atomic<uint64_t> last_wait_notice_ns_{0};
+  std::atomic<uint32_t> wait_notices_held_{0};
   std::atomic<uint64_t> penalty_behind_{0};
   std::atomic<uint64_t> hold_ticket_{0};
   static constexpr uint64_t k_no_ticket = UINT64_MAX;  // tickets start at 0

@@ -487,6 +487,43 @@ TEST_F(LockProcesses, ALongWaitSaysOnceWhoHoldsTheLock) {
   ASSERT_EQ(lock.release(), ok);
 }
 
+// A job whose every turn waits past VRAMSWAP_WAIT_NOTICE (several jobs on one device) logs it
+// at most every six notice times, and the next notice counts the waits held back: not a line
+// per turn for days. Here: four waits of 1.5 s with a notice time of 1 s; the first three
+// come within 6 s of the first notice, the fourth after.
+TEST_F(LockProcesses, WaitNoticesComeAtMostEverySixNoticeTimesWithACount) {
+  device_lock lock;
+  ASSERT_EQ(device_lock::open(key_, &lock), ok);
+  ASSERT_EQ(lock.acquire(), ok);
+  const std::string log_path = "/tmp/vramswap-wait-notices-" + std::to_string(::getpid()) + ".log";
+  const pid_t waiter = spawn([&] {
+    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || ::dup2(fd, 2) < 0) return 10;
+    option_set(option_id::wait_notice, "1");
+    option_set(option_id::log_level, "warn");
+    device_lock mine;
+    if (device_lock::open(key_, &mine) != ok) return 11;
+    for (int i = 0; i < 4; ++i) {
+      if (i == 3) std::this_thread::sleep_for(2s);
+      if (mine.acquire(lock_priority::normal, 1'500'000'000) != err_timeout) return 12;
+    }
+    return 0;
+  });
+  EXPECT_EQ(reap_within(waiter, 30s), 0);
+  std::ifstream in(log_path);
+  std::string line;
+  std::vector<std::string> notices;
+  while (std::getline(in, line)) {
+    if (line.find("lock: waiting ") != std::string::npos) notices.push_back(line);
+  }
+  ::unlink(log_path.c_str());
+  ASSERT_EQ(notices.size(), 2u) << "the first wait's notice and the fourth's";
+  EXPECT_EQ(notices[0].find("more wait(s)"), std::string::npos) << notices[0];
+  EXPECT_NE(notices[1].find("; 2 more wait(s) that long since the last notice"), std::string::npos) << notices[1];
+  EXPECT_NE(notices[1].find("at most every 6 s"), std::string::npos) << notices[1];
+  ASSERT_EQ(lock.release(), ok);
+}
+
 volatile sig_atomic_t g_signals = 0;
 void count_signal(int) { g_signals = g_signals + 1; }
 
