@@ -431,6 +431,15 @@ bool runs_server(pid_t pid, const std::string& server) {
   return !comm.empty() && (comm == name || comm == "vramswapd");
 }
 
+// Was the file behind `fd` written within the last `seconds`? A start left long ago has ended,
+// one way or the other, and its pid may name another process by now.
+bool written_within(int fd, int seconds) {
+  struct stat st {};
+  timespec now {};
+  if (::fstat(fd, &st) != 0 || ::clock_gettime(CLOCK_REALTIME, &now) != 0) return false;
+  return now.tv_sec - st.st_mtim.tv_sec <= seconds;
+}
+
 // The start lock is ours, and its record says that the client before us left its server
 // starting (its caller gave up: Ctrl-C, a timeout). Wait for that server, until `deadline`,
 // rather than start a second one, which would only lose the race for the pool (and have the
@@ -525,9 +534,11 @@ int start_or_join_server(const pool_paths& paths, const std::string& key, int de
     VS_TRY(open_owned(paths.start_lock, O_RDWR | O_CREAT, "pool: the start lock", "or use another VRAMSWAP_RUNTIME_DIR", &lock.fd));
     VS_TRY(wait_for_start_lock(lock.fd, paths, key, device, deadline, build_limit, fd));
     int rc = *fd >= 0 ? ok : dial_server(paths.socket, fd);
-    if (start_record left; rc == err_unavailable && read_start_record(lock.fd, &left) && left.state == "left" && left.server_pid > 0) {
+    if (start_record left; rc == err_unavailable && read_start_record(lock.fd, &left) && left.state == "left" && left.server_pid > 0 &&
+                           written_within(lock.fd, k_server_start_timeout_s)) {
       clear_error();
       rc = wait_for_left_server(paths, key, device, left, deadline, fd);
+      if (rc == ok) note_start(lock.fd, left.server_pid, "ready", ok, left.server);
       if (rc != err_unavailable) return rc;
     }
     if (rc == err_unavailable) {

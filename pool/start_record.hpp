@@ -8,7 +8,8 @@
 // Format, one line: "<client pid> <server pid> <state> <status> <server path> #<fnv-1a hex>",
 // the server pid 0 until it is known, the state "starting", "ready", "failed" (then
 // <status> is the start's error) or "left" (the client stopped waiting, Ctrl-C or its timeout,
-// and left the server starting: the next client to take the lock waits for that server).
+// and left the server starting: the next client to take the lock within the start bound waits
+// for that server, and records "ready" once it serves).
 // Never throws.
 #pragma once
 
