@@ -29,6 +29,30 @@ struct grant_log {
 
 class LockProcesses : public lock_fixture {
  protected:
+  // A waiter in a process of its own with VRAMSWAP_WAIT_NOTICE=1, its log (warn) in
+  // `log_path`: runs `waits` with its own opening of the lock; its exit status is what
+  // `waits` returns (10, 11: it could not start).
+  pid_t spawn_noticing_waiter(const std::string& log_path, const std::function<int(device_lock&)>& waits) {
+    return spawn([&] {
+      const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0 || ::dup2(fd, 2) < 0) return 10;
+      option_set(option_id::wait_notice, "1");
+      option_set(option_id::log_level, "warn");
+      device_lock mine;
+      if (device_lock::open(key_, &mine) != ok) return 11;
+      return waits(mine);
+    });
+  }
+  // The wait notices in the log at `log_path`, which goes.
+  static std::vector<std::string> wait_notices(const std::string& log_path) {
+    std::ifstream in(log_path);
+    std::vector<std::string> notices;
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("lock: waiting ") != std::string::npos) notices.push_back(line);
+    }
+    ::unlink(log_path.c_str());
+    return notices;
+  }
   // Start `n` contenders one after another, each fully enqueued before the next starts,
   // while the test holds the lock; then release and collect the grant order.
   std::vector<int> grant_order(device_lock& lock, const std::vector<lock_priority>& classes) {
@@ -460,26 +484,14 @@ TEST_F(LockProcesses, ALongWaitSaysOnceWhoHoldsTheLock) {
   ASSERT_EQ(device_lock::open(key_, &lock), ok);
   ASSERT_EQ(lock.acquire(), ok);
   const std::string log_path = "/tmp/vramswap-wait-notice-" + std::to_string(::getpid()) + ".log";
-  const pid_t waiter = spawn([&] {
-    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0 || ::dup2(fd, 2) < 0) return 10;
-    option_set(option_id::wait_notice, "1");
-    option_set(option_id::log_level, "warn");
-    device_lock mine;
-    if (device_lock::open(key_, &mine) != ok) return 11;
+  const pid_t waiter = spawn_noticing_waiter(log_path, [](device_lock& mine) {
     return mine.acquire(lock_priority::normal, 3'000'000'000) == err_timeout ? 0 : 12;
   });
   EXPECT_EQ(reap_within(waiter, 20s), 0);
-  std::ifstream in(log_path);
-  std::string line, notices;
-  int count = 0;
-  while (std::getline(in, line)) {
-    if (line.find("lock: waiting ") == std::string::npos) continue;
-    ++count;
-    notices += line + "\n";
-  }
-  ::unlink(log_path.c_str());
-  EXPECT_EQ(count, 1) << "one notice per wait, after 1 s of a 3 s wait:\n" << notices;
+  const std::vector<std::string> lines = wait_notices(log_path);
+  std::string notices;
+  for (const std::string& l : lines) notices += l + "\n";
+  EXPECT_EQ(lines.size(), 1u) << "one notice per wait, after 1 s of a 3 s wait:\n" << notices;
   EXPECT_NE(notices.find("held by pid " + std::to_string(::getpid()) + " ("), std::string::npos) << notices;
   EXPECT_NE(notices.find(" of uid " + std::to_string(::geteuid())), std::string::npos) << "the holder's user:\n" << notices;
   EXPECT_NE(notices.find(" for "), std::string::npos) << "how long it has held the lock:\n" << notices;
@@ -496,13 +508,7 @@ TEST_F(LockProcesses, WaitNoticesComeAtMostEverySixNoticeTimesWithACount) {
   ASSERT_EQ(device_lock::open(key_, &lock), ok);
   ASSERT_EQ(lock.acquire(), ok);
   const std::string log_path = "/tmp/vramswap-wait-notices-" + std::to_string(::getpid()) + ".log";
-  const pid_t waiter = spawn([&] {
-    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0 || ::dup2(fd, 2) < 0) return 10;
-    option_set(option_id::wait_notice, "1");
-    option_set(option_id::log_level, "warn");
-    device_lock mine;
-    if (device_lock::open(key_, &mine) != ok) return 11;
+  const pid_t waiter = spawn_noticing_waiter(log_path, [](device_lock& mine) {
     for (int i = 0; i < 4; ++i) {
       if (i == 3) std::this_thread::sleep_for(2s);
       if (mine.acquire(lock_priority::normal, 1'500'000'000) != err_timeout) return 12;
@@ -510,13 +516,7 @@ TEST_F(LockProcesses, WaitNoticesComeAtMostEverySixNoticeTimesWithACount) {
     return 0;
   });
   EXPECT_EQ(reap_within(waiter, 30s), 0);
-  std::ifstream in(log_path);
-  std::string line;
-  std::vector<std::string> notices;
-  while (std::getline(in, line)) {
-    if (line.find("lock: waiting ") != std::string::npos) notices.push_back(line);
-  }
-  ::unlink(log_path.c_str());
+  const std::vector<std::string> notices = wait_notices(log_path);
   ASSERT_EQ(notices.size(), 2u) << "the first wait's notice and the fourth's";
   EXPECT_EQ(notices[0].find("more wait(s)"), std::string::npos) << notices[0];
   EXPECT_NE(notices[1].find("; 2 more wait(s) that long since the last notice"), std::string::npos) << notices[1];

@@ -160,6 +160,17 @@ bool become_member(uid_t uid, gid_t primary, gid_t group) {
   return true;
 }
 
+// A new directory of `group`, mode 02770 (a node's shared runtime dir); "" (the failure
+// reported) when it cannot be made.
+std::string make_group_dir(gid_t group) {
+  char dir_template[] = "/tmp/vsgroupXXXXXX";
+  if (::mkdtemp(dir_template) == nullptr || ::chown(dir_template, 0, group) != 0 || ::chmod(dir_template, 02770) != 0) {
+    ADD_FAILURE() << "a directory of group " << group << ": " << std::strerror(errno);
+    return "";
+  }
+  return dir_template;
+}
+
 // `users` members of `group` (uids 4791 on), each in a process of its own, run `step` for
 // `rounds` rounds, all released together each round (the start line of a race). Their
 // primary group is `group`, or their own with `own_primary_group`. Returns how many steps
@@ -198,11 +209,8 @@ TEST_F(Ownership, UsersOfTheGroupCreatingAFileAtOnceAllOpenIt) {
   if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to run processes as other users";
   constexpr gid_t k_group = 4790;
   constexpr int k_users = 4, k_rounds = 300;
-  char dir_template[] = "/tmp/vsgroupXXXXXX";
-  ASSERT_NE(::mkdtemp(dir_template), nullptr) << std::strerror(errno);
-  const std::string dir = dir_template;
-  ASSERT_EQ(::chown(dir.c_str(), 0, k_group), 0) << std::strerror(errno);
-  ASSERT_EQ(::chmod(dir.c_str(), 02770), 0);
+  const std::string dir = make_group_dir(k_group);
+  ASSERT_FALSE(dir.empty());
   std::string first;
   const int failures = race_members(k_group, /*own_primary_group=*/false, k_users, k_rounds, [&](int round) {
     int fd = -1;
@@ -257,19 +265,16 @@ TEST_F(Ownership, MembersMakingTheRuntimeDirAtOnceAllGetItWhole) {
 TEST_F(Ownership, AMemberWithoutVramswapGroupIsToldToSetIt) {
   if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to run processes as other users";
   constexpr gid_t k_group = 4790;
-  char dir_template[] = "/tmp/vsgroupXXXXXX";
-  ASSERT_NE(::mkdtemp(dir_template), nullptr) << std::strerror(errno);
-  const std::string dir = dir_template;
-  ASSERT_EQ(::chown(dir.c_str(), 0, k_group), 0) << std::strerror(errno);
-  ASSERT_EQ(::chmod(dir.c_str(), 02770), 0);
+  const std::string dir = make_group_dir(k_group);
+  ASSERT_FALSE(dir.empty());
   struct shared_text {
     char why[1024];
   };
   shared_text* said = shared_object<shared_text>();
   EXPECT_EQ(reap(spawn([&] {
-              const gid_t groups[] = {k_group};
-              if (::setgroups(1, groups) != 0 || ::setresgid(4791, 4791, 4791) != 0 || ::setresuid(4791, 4791, 4791) != 0) return 2;
-              option_set(option_id::runtime_dir, dir.c_str());  // and no VRAMSWAP_GROUP
+              if (!become_member(4791, 4791, k_group)) return 2;
+              option_set(option_id::group, nullptr);  // a member of the group, without VRAMSWAP_GROUP
+              option_set(option_id::runtime_dir, dir.c_str());
               std::string out;
               if (runtime_dir(/*create=*/true, &out) == ok) return 3;
               std::snprintf(said->why, sizeof said->why, "%s", last_error());
@@ -289,11 +294,8 @@ TEST_F(Ownership, AMemberWithoutVramswapGroupIsToldToSetIt) {
 TEST_F(Ownership, AMemberBuildsTheSegmentAnotherMemberMadeAndDidNotBuild) {
   if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to run processes as other users";
   constexpr gid_t k_group = 4790;
-  char dir_template[] = "/tmp/vsgroupXXXXXX";
-  ASSERT_NE(::mkdtemp(dir_template), nullptr) << std::strerror(errno);
-  const std::string dir = dir_template;
-  ASSERT_EQ(::chown(dir.c_str(), 0, k_group), 0) << std::strerror(errno);
-  ASSERT_EQ(::chmod(dir.c_str(), 02770), 0);
+  const std::string dir = make_group_dir(k_group);
+  ASSERT_FALSE(dir.empty());
   auto as_member = [&](uid_t uid, const std::function<int()>& body) {
     return reap(spawn([&] {
       if (!become_member(uid, uid, k_group)) return 2;
