@@ -98,8 +98,10 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
   X(evict_timeout, "VRAMSWAP_EVICT_TIMEOUT", "30", count_form(1, 86400),                         \
     "seconds an acquirer waits for another process to evict frames it asked for")                \
   X(wait_notice, "VRAMSWAP_WAIT_NOTICE", "10", count_form(0, 86400),                             \
-    "seconds a thread waits for the device lock before it logs, once per wait (at warn), who "   \
-    "holds it: pid, command, user, and for how long; 0: never. A timeout's error says the same") \
+    "seconds a thread waits for the device lock before it logs, once per wait (at warn) and at " \
+    "most every 6 times this per process and device (the next one counts the waits held back), " \
+    "who holds it: pid, command, user, and for how long; 0: never. A timeout's error says the "  \
+    "same")                                                                                       \
   X(max_hold, "VRAMSWAP_MAX_HOLD", "0", duration_form(365 * k_ns_per_day),                        \
     "the longest this process holds a device's lock while others wait: past it, its hold is "   \
     "flagged (`vramswap status`, the metric vramswap_holder_over_hold_limit), it logs one warning " \
