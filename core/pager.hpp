@@ -261,6 +261,8 @@ class pager {
   // Make each held-back frame fit and give it back: unmap its slot, scrub it at a scratch
   // slot (when the source asks for scrubs), give it back. Those that fail stay.
   void release_held_back();
+  // One remap_pages call's state and steps (core/pager_migrate.cpp).
+  class remap_run;
   pager_stats stats_;
 };
 
