@@ -203,6 +203,251 @@ int wait_for_start_lock(int lock_fd, const pool_paths& paths, const std::string&
   return ok;
 }
 
+// A pipe for the server's ready report: *read_end ours, *write_end for the server.
+int open_ready_pipe(fd_guard* read_end, fd_guard* write_end) {
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return fail_errno(errno, "pool: pipe2 for vramswapd's ready report");
+  read_end->fd = pipe_fds[0];
+  // The write end goes to the server as descriptor 3; keep the source away from 0..3 so
+  // that posix_spawn's dup2 really happens (and clears close-on-exec).
+  write_end->fd = ::fcntl(pipe_fds[1], F_DUPFD_CLOEXEC, 10);
+  ::close(pipe_fds[1]);
+  if (write_end->fd < 0) return fail_errno(errno, "pool: fcntl(F_DUPFD_CLOEXEC)");
+  return ok;
+}
+
+// The server's environment: ours, plus every option set programmatically in this process
+// (option_set), so that it serves the pool this process expects. Less what a service
+// manager gave this process for itself: a server we start is not that manager's service,
+// and told NOTIFY_SOCKET it would report to it as if it were (its main pid, its stop).
+std::vector<std::string> server_environment() {
+  std::vector<std::string> env_text;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (std::strncmp(*e, "VRAMSWAP_", 9) == 0) continue;
+    if (for_the_service_manager_of_this_process(*e)) continue;
+    if (std::strncmp(*e, "LD_PRELOAD=", 11) == 0) {
+      const std::string rest = without_preload_shim(*e + 11);
+      if (!rest.empty()) env_text.push_back("LD_PRELOAD=" + rest);
+      continue;
+    }
+    env_text.emplace_back(*e);
+  }
+  for (int id = 0; id < static_cast<int>(option_id::count_); ++id) {
+    const auto oid = static_cast<option_id>(id);
+    if (!option_is_default(oid)) env_text.push_back(std::string(describe(oid).env_name) + "=" + option_text(oid));
+  }
+  return env_text;
+}
+
+// posix_spawn `server` for `device`, `write_end` as its descriptor 3 (closed here either
+// way: only the server keeps it), in a session of its own; *pid: our child.
+int spawn_detached(const std::string& server, int device, fd_guard* write_end, pid_t* pid) {
+  std::vector<std::string> env_text = server_environment();
+  std::vector<char*> envp;
+  for (std::string& s : env_text) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  const std::string device_text = std::to_string(device);
+  const char* argv[] = {server.c_str(), "--device", device_text.c_str(), "--ready-fd", "3", nullptr};
+
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, write_end->fd, 3);
+  // Not in our working directory: it would keep that file system busy (a job's scratch
+  // directory that its epilog unmounts) for as long as it serves.
+  posix_spawn_file_actions_addchdir_np(&actions, "/");
+  // Its own session: no terminal signals from ours. Default signal dispositions and mask.
+  sigset_t none;
+  sigset_t all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  const int spawn_rc = ::posix_spawn(pid, server.c_str(), &actions, &attr, const_cast<char**>(argv), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  ::close(write_end->release());
+  if (spawn_rc != 0) return fail_errno(spawn_rc, "pool: cannot start the pool server %s", server.c_str());
+  return ok;
+}
+
+// spawn_server's wait for the report of the server it started, and what it learns meanwhile.
+// vramswapd forks once and its first process exits at once: reap it, so that the server
+// is nobody's child (no zombie of ours when it exits, none of it dying with us). The
+// second process reports "started <pid>" at once, then "ready <pid>" or "error <message>";
+// EOF means it died. Every wait here ends by the deadline.
+class ready_wait {
+ public:
+  ready_wait(const pool_paths& paths, const std::string& key, const std::string& server, int device, int lock_fd, pid_t child,
+             int read_fd, uint64_t deadline, uint64_t build_limit, pid_t* server_pid_out)
+      : paths_(paths), key_(key), server_(server), device_(device), lock_fd_(lock_fd), child_(child), read_fd_(read_fd),
+        deadline_(deadline), build_limit_(build_limit), server_pid_out_(server_pid_out) {}
+
+  // Read the report until its outcome, its EOF or the deadline (past it, while the server
+  // builds its pool, up to the build limit). Not ok: the wait failed, or was given up
+  // (*abandoned, the server left to start).
+  int wait(bool* abandoned) {
+    while (outcome_.empty() && !eof_) {
+      if (!reaped_) {
+        int wstatus = 0;
+        const pid_t r = ::waitpid(child_, &wstatus, WNOHANG);
+        reaped_ = r == child_ || (r < 0 && errno == ECHILD);
+      }
+      const uint64_t now = monotonic_ns();
+      if (now >= deadline_ && !still_building(now)) break;
+      // Poll the pipe; while our child lives, wake every 10 ms to reap it; while it builds, every 100 ms to look at it.
+      const uint64_t until = now >= deadline_ ? now + 100'000'000 : deadline_;
+      const int left_ms = static_cast<int>((until - now) / 1'000'000) + 1;
+      pollfd p{read_fd_, POLLIN, 0};
+      const int n = ::poll(&p, 1, wait_slice_ms(reaped_ ? left_ms : std::min(left_ms, 10)));
+      if (n < 0 && errno != EINTR) return fail_errno(errno, "pool: poll on vramswapd's ready pipe");
+      if (n <= 0) {
+        // The caller gives up (Ctrl-C, its timeout): the server is left to start. It claims the
+        // pool and serves whoever dials it next (the start lock passes on with our descriptor,
+        // and its next holder waits for a server that builds); our reader of its report goes,
+        // and it ignores SIGPIPE.
+        const int stop = wait_may_go_on(n < 0, ("the pool server " + server_ + " of device " + std::to_string(device_) + " to start").c_str());
+        if (stop != ok) return leave_to_start(stop, abandoned);
+        continue;
+      }
+      char buf[512];
+      const ssize_t got = ::read(read_fd_, buf, sizeof buf);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        eof_ = true;
+        break;
+      }
+      report_.append(buf, static_cast<size_t>(got));
+      take_lines();
+    }
+    return ok;
+  }
+
+  // What the wait ended with: the server ready (ok), or why not.
+  int outcome() {
+    if (outcome_.empty() && !eof_) return kill_unready();
+    // Its first process exits right after its fork, long before any report: give it a moment
+    // rather than leave a zombie, but never wait on a server that did not fork.
+    if (!reaped_) reap_within(child_, 1000);
+    if (outcome_.rfind("ready", 0) == 0) return ok;
+    if (outcome_.rfind("error ", 0) == 0) {
+      return fail(err_unavailable, "pool: the pool server %s could not start: %s", server_.c_str(), outcome_.c_str() + 6);
+    }
+    const std::string tail = tail_of(paths_.log, 600);
+    return fail(err_unavailable, "pool: the pool server %s exited before it was ready; its log %s ends with: %s", server_.c_str(),
+                paths_.log.c_str(), tail.empty() ? "(nothing)" : tail.c_str());
+  }
+
+ private:
+  // Past the start timeout, a server that has claimed the pool and is alive building it
+  // (pinning a large host pool, say) is waited for, up to the build limit.
+  bool still_building(uint64_t now) {
+    pool_segment::server_identity who;
+    if (now >= build_limit_ || server_pid_ <= 0 || !pool_segment::starting(key_, &who) || who.pid != server_pid_) return false;
+    if (!building_) {
+      building_ = true;
+      log(log_level::info, "pool: the pool server %s (pid %d) is still building its pool after %d s; waiting while it does "
+          "(at most %d s)", server_.c_str(), static_cast<int>(server_pid_), k_server_start_timeout_s, k_server_build_limit_s);
+    }
+    return true;
+  }
+
+  // The report's complete lines: "started <pid>" names the detached server (recorded, a
+  // pidfd opened on it); the first other line is the outcome.
+  void take_lines() {
+    for (size_t nl; outcome_.empty() && (nl = report_.find('\n')) != std::string::npos;) {
+      const std::string line = report_.substr(0, nl);
+      report_.erase(0, nl + 1);
+      int started = 0;
+      if (std::sscanf(line.c_str(), "started %d", &started) == 1 && started > 0) {
+        server_pid_ = started;
+        *server_pid_out_ = server_pid_;
+        if (server_pidfd_.fd >= 0) ::close(server_pidfd_.fd);
+        server_pidfd_.fd = open_pidfd(server_pid_);
+        note_start(lock_fd_, server_pid_, "starting", ok, server_);
+      } else {
+        outcome_ = line;
+      }
+    }
+  }
+
+  // The wait was given up (`stop`): the server is left to start, its pid recorded when it
+  // can be had.
+  int leave_to_start(int stop, bool* abandoned) {
+    const std::string why = last_error();
+    // Its pid, for the record (the next starter waits for that server instead of
+    // starting a second one): it says "started" right after its fork, long before it
+    // opens the device.
+    for (int waited_ms = 0; server_pid_ <= 0 && waited_ms < 200 && !eof_; waited_ms += 10) {
+      pollfd q{read_fd_, POLLIN, 0};
+      if (::poll(&q, 1, 10) <= 0) continue;
+      char line[128];
+      const ssize_t got = ::read(read_fd_, line, sizeof line - 1);
+      if (got <= 0) {
+        eof_ = got == 0;
+        continue;
+      }
+      line[got] = '\0';
+      report_.append(line);
+      int started = 0;
+      if (std::sscanf(report_.c_str(), "started %d", &started) == 1 && started > 0) server_pid_ = started;
+    }
+    if (!reaped_) reap_within(child_, 200);
+    *abandoned = true;
+    if (eof_ && server_pid_ <= 0) return fail(stop, "pool: %s; the server %s it started exited at once (its log: %s)", why.c_str(),
+                                              server_.c_str(), paths_.log.c_str());
+    // The detached server's pid; not yet known, the process started (a wrapper that has not
+    // exec'd vramswapd yet): it becomes the server.
+    note_start(lock_fd_, server_pid_ > 0 ? server_pid_ : child_, "left", ok, server_);
+    return fail(stop, "pool: %s; the server %s (pid %d) was left to start, and serves later calls once ready (its log: %s)",
+                why.c_str(), server_.c_str(), static_cast<int>(server_pid_ > 0 ? server_pid_ : child_), paths_.log.c_str());
+  }
+
+  // Not ready by the deadline: kill what we started, so that it neither lingers nor comes
+  // up later behind the back of the clients that were told it failed.
+  int kill_unready() {
+    if (!reaped_) {
+      ::kill(child_, SIGKILL);
+      reaped_ = reap_within(child_, 2000);
+    }
+    if (server_pid_ > 0 && server_pid_ != child_) kill_through(server_pidfd_.fd, server_pid_);
+    const pid_t named = server_pid_ > 0 ? server_pid_ : child_;
+    const std::string tail = tail_of(paths_.log, 600);
+    return fail(err_timeout,
+                "pool: the pool server %s (pid %d) did not become ready within %d s%s, so it was killed%s; its log %s ends with: "
+                "%s. Fix what the log says; a server that needs longer to build its pool can be started by hand "
+                "(vramswapd --device %d --foreground)",
+                server_.c_str(), static_cast<int>(named), building_ ? k_server_build_limit_s : k_server_start_timeout_s,
+                building_ ? " (it was building its pool all that time)" : "",
+                reaped_ ? "" : " (our child did not exit in 2 s of SIGKILL)", paths_.log.c_str(),
+                tail.empty() ? "(nothing)" : tail.c_str(), device_);
+  }
+
+  const pool_paths& paths_;
+  const std::string& key_;
+  const std::string& server_;
+  const int device_;
+  const int lock_fd_;
+  const pid_t child_;  // what posix_spawn started
+  const int read_fd_;
+  const uint64_t deadline_;
+  const uint64_t build_limit_;
+  pid_t* const server_pid_out_;
+  bool reaped_ = false;
+  pid_t server_pid_ = 0;  // the detached server, once it said "started"
+  fd_guard server_pidfd_;
+  std::string report_;    // what was read and not yet taken as a line
+  std::string outcome_;   // the "ready ..." or "error ..." line
+  bool eof_ = false;
+  bool building_ = false;  // past the deadline, while our server builds its pool
+};
+
 // Spawn vramswapd for `device` and wait until it reports ready (or an error) on a pipe, at
 // most until `deadline`; a server still not ready then is killed (and our child reaped), so
 // that nothing is left behind and the start lock passes on. `lock_fd`: the start lock, ours.
@@ -224,194 +469,18 @@ int spawn_server(const pool_paths& paths, const std::string& key, int device, in
   }
   note_start(lock_fd, 0, "starting", ok, server);
 
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return fail_errno(errno, "pool: pipe2 for vramswapd's ready report");
-  fd_guard read_end(pipe_fds[0]);
-  // The write end goes to the server as descriptor 3; keep the source away from 0..3 so
-  // that posix_spawn's dup2 really happens (and clears close-on-exec).
-  fd_guard write_end(::fcntl(pipe_fds[1], F_DUPFD_CLOEXEC, 10));
-  ::close(pipe_fds[1]);
-  if (write_end.fd < 0) return fail_errno(errno, "pool: fcntl(F_DUPFD_CLOEXEC)");
-
-  // The server's environment: ours, plus every option set programmatically in this process
-  // (option_set), so that it serves the pool this process expects. Less what a service
-  // manager gave this process for itself: a server we start is not that manager's service,
-  // and told NOTIFY_SOCKET it would report to it as if it were (its main pid, its stop).
-  std::vector<std::string> env_text;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    if (std::strncmp(*e, "VRAMSWAP_", 9) == 0) continue;
-    if (for_the_service_manager_of_this_process(*e)) continue;
-    if (std::strncmp(*e, "LD_PRELOAD=", 11) == 0) {
-      const std::string rest = without_preload_shim(*e + 11);
-      if (!rest.empty()) env_text.push_back("LD_PRELOAD=" + rest);
-      continue;
-    }
-    env_text.emplace_back(*e);
-  }
-  for (int id = 0; id < static_cast<int>(option_id::count_); ++id) {
-    const auto oid = static_cast<option_id>(id);
-    if (!option_is_default(oid)) env_text.push_back(std::string(describe(oid).env_name) + "=" + option_text(oid));
-  }
-  std::vector<char*> envp;
-  for (std::string& s : env_text) envp.push_back(s.data());
-  envp.push_back(nullptr);
-
-  const std::string device_text = std::to_string(device);
-  const char* argv[] = {server.c_str(), "--device", device_text.c_str(), "--ready-fd", "3", nullptr};
-
-  posix_spawn_file_actions_t actions;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, write_end.fd, 3);
-  // Not in our working directory: it would keep that file system busy (a job's scratch
-  // directory that its epilog unmounts) for as long as it serves.
-  posix_spawn_file_actions_addchdir_np(&actions, "/");
-  // Its own session: no terminal signals from ours. Default signal dispositions and mask.
-  sigset_t none;
-  sigset_t all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  fd_guard read_end;
+  fd_guard write_end;
+  VS_TRY(open_ready_pipe(&read_end, &write_end));
   pid_t pid = 0;
-  const int spawn_rc = ::posix_spawn(&pid, server.c_str(), &actions, &attr, const_cast<char**>(argv), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  ::close(write_end.release());
-  if (spawn_rc != 0) return fail_errno(spawn_rc, "pool: cannot start the pool server %s", server.c_str());
+  VS_TRY(spawn_detached(server, device, &write_end, &pid));
   log(log_level::info, "pool: started the pool server %s for device %d (log: %s)", server.c_str(), device, paths.log.c_str());
   note_start(lock_fd, pid, "starting", ok, server);
   *server_pid_out = pid;
 
-  // vramswapd forks once and its first process exits at once: reap it, so that the server
-  // is nobody's child (no zombie of ours when it exits, none of it dying with us). The
-  // second process reports "started <pid>" at once, then "ready <pid>" or "error <message>";
-  // EOF means it died. Every wait here ends by the deadline.
-  bool reaped = false;
-  pid_t server_pid = 0;  // the detached server, once it said "started"
-  fd_guard server_pidfd;
-  std::string report;    // what was read and not yet taken as a line
-  std::string outcome;   // the "ready ..." or "error ..." line
-  bool eof = false;
-  bool building = false;  // past the deadline, while our server builds its pool
-  while (outcome.empty() && !eof) {
-    if (!reaped) {
-      int wstatus = 0;
-      const pid_t r = ::waitpid(pid, &wstatus, WNOHANG);
-      reaped = r == pid || (r < 0 && errno == ECHILD);
-    }
-    const uint64_t now = monotonic_ns();
-    if (now >= deadline) {
-      // Past the start timeout, a server that has claimed the pool and is alive building it
-      // (pinning a large host pool, say) is waited for, up to the build limit.
-      pool_segment::server_identity who;
-      if (now >= build_limit || server_pid <= 0 || !pool_segment::starting(key, &who) || who.pid != server_pid) break;
-      if (!building) {
-        building = true;
-        log(log_level::info, "pool: the pool server %s (pid %d) is still building its pool after %d s; waiting while it does "
-            "(at most %d s)", server.c_str(), static_cast<int>(server_pid), k_server_start_timeout_s, k_server_build_limit_s);
-      }
-    }
-    // Poll the pipe; while our child lives, wake every 10 ms to reap it; while it builds, every 100 ms to look at it.
-    const uint64_t until = now >= deadline ? now + 100'000'000 : deadline;
-    const int left_ms = static_cast<int>((until - now) / 1'000'000) + 1;
-    pollfd p{read_end.fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, wait_slice_ms(reaped ? left_ms : std::min(left_ms, 10)));
-    if (n < 0 && errno != EINTR) return fail_errno(errno, "pool: poll on vramswapd's ready pipe");
-    if (n <= 0) {
-      // The caller gives up (Ctrl-C, its timeout): the server is left to start. It claims the
-      // pool and serves whoever dials it next (the start lock passes on with our descriptor,
-      // and its next holder waits for a server that builds); our reader of its report goes,
-      // and it ignores SIGPIPE.
-      const int stop = wait_may_go_on(n < 0, ("the pool server " + server + " of device " + std::to_string(device) + " to start").c_str());
-      if (stop != ok) {
-        const std::string why = last_error();
-        // Its pid, for the record (the next starter waits for that server instead of
-        // starting a second one): it says "started" right after its fork, long before it
-        // opens the device.
-        for (int waited_ms = 0; server_pid <= 0 && waited_ms < 200 && !eof; waited_ms += 10) {
-          pollfd q{read_end.fd, POLLIN, 0};
-          if (::poll(&q, 1, 10) <= 0) continue;
-          char line[128];
-          const ssize_t got = ::read(read_end.fd, line, sizeof line - 1);
-          if (got <= 0) {
-            eof = got == 0;
-            continue;
-          }
-          line[got] = '\0';
-          report.append(line);
-          int started = 0;
-          if (std::sscanf(report.c_str(), "started %d", &started) == 1 && started > 0) server_pid = started;
-        }
-        if (!reaped) reap_within(pid, 200);
-        *abandoned = true;
-        if (eof && server_pid <= 0) return fail(stop, "pool: %s; the server %s it started exited at once (its log: %s)", why.c_str(),
-                                                server.c_str(), paths.log.c_str());
-        // The detached server's pid; not yet known, the process started (a wrapper that has not
-        // exec'd vramswapd yet): it becomes the server.
-        note_start(lock_fd, server_pid > 0 ? server_pid : pid, "left", ok, server);
-        return fail(stop, "pool: %s; the server %s (pid %d) was left to start, and serves later calls once ready (its log: %s)",
-                    why.c_str(), server.c_str(), static_cast<int>(server_pid > 0 ? server_pid : pid), paths.log.c_str());
-      }
-      continue;
-    }
-    char buf[512];
-    const ssize_t got = ::read(read_end.fd, buf, sizeof buf);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      eof = true;
-      break;
-    }
-    report.append(buf, static_cast<size_t>(got));
-    for (size_t nl; outcome.empty() && (nl = report.find('\n')) != std::string::npos;) {
-      const std::string line = report.substr(0, nl);
-      report.erase(0, nl + 1);
-      int started = 0;
-      if (std::sscanf(line.c_str(), "started %d", &started) == 1 && started > 0) {
-        server_pid = started;
-        *server_pid_out = server_pid;
-        if (server_pidfd.fd >= 0) ::close(server_pidfd.fd);
-        server_pidfd.fd = open_pidfd(server_pid);
-        note_start(lock_fd, server_pid, "starting", ok, server);
-      } else {
-        outcome = line;
-      }
-    }
-  }
-  if (outcome.empty() && !eof) {
-    // Not ready by the deadline: kill what we started, so that it neither lingers nor comes
-    // up later behind the back of the clients that were told it failed.
-    if (!reaped) {
-      ::kill(pid, SIGKILL);
-      reaped = reap_within(pid, 2000);
-    }
-    if (server_pid > 0 && server_pid != pid) kill_through(server_pidfd.fd, server_pid);
-    const pid_t named = server_pid > 0 ? server_pid : pid;
-    const std::string tail = tail_of(paths.log, 600);
-    return fail(err_timeout,
-                "pool: the pool server %s (pid %d) did not become ready within %d s%s, so it was killed%s; its log %s ends with: "
-                "%s. Fix what the log says; a server that needs longer to build its pool can be started by hand "
-                "(vramswapd --device %d --foreground)",
-                server.c_str(), static_cast<int>(named), building ? k_server_build_limit_s : k_server_start_timeout_s,
-                building ? " (it was building its pool all that time)" : "",
-                reaped ? "" : " (our child did not exit in 2 s of SIGKILL)", paths.log.c_str(),
-                tail.empty() ? "(nothing)" : tail.c_str(), device);
-  }
-  // Its first process exits right after its fork, long before any report: give it a moment
-  // rather than leave a zombie, but never wait on a server that did not fork.
-  if (!reaped) reap_within(pid, 1000);
-  if (outcome.rfind("ready", 0) == 0) return ok;
-  if (outcome.rfind("error ", 0) == 0) {
-    return fail(err_unavailable, "pool: the pool server %s could not start: %s", server.c_str(), outcome.c_str() + 6);
-  }
-  const std::string tail = tail_of(paths.log, 600);
-  return fail(err_unavailable, "pool: the pool server %s exited before it was ready; its log %s ends with: %s", server.c_str(),
-              paths.log.c_str(), tail.empty() ? "(nothing)" : tail.c_str());
+  ready_wait report(paths, key, server, device, lock_fd, pid, read_end.fd, deadline, build_limit, server_pid_out);
+  VS_TRY(report.wait(abandoned));
+  return report.outcome();
 }
 
 // Does `pid` name a live process of the server binary `server` (by its command name, which the
