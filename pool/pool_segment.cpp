@@ -144,6 +144,127 @@ uint64_t new_pool_id() {
   return id;
 }
 
+// claim's steps, one per state its segment file is found in.
+
+// Another process holds the segment's flock (flock failed with `flock_errno`; `fd` is
+// closed here): ok when it is worth looking again shortly, else why the claim fails.
+int segment_held(int fd, int flock_errno, const std::string& path, const std::string& device_key, uint64_t deadline) {
+  const int e = flock_errno;
+  pool_segment::server_identity other;
+  const bool known = e == EWOULDBLOCK && read_identity(fd, &other);
+  struct stat st {};
+  const bool linked = ::fstat(fd, &st) == 0 && st.st_nlink > 0;
+  ::close(fd);
+  if (e == EINTR) return ok;
+  if (e != EWOULDBLOCK) return fail_errno(e, "pool: flock %s", path.c_str());
+  // A server of another PID namespace cannot be looked up here: its flock, held, is
+  // all there is to go by, and the deadline tells a live one from one being replaced.
+  const bool visible = known && visible_here(other.pid_ns);
+  const bool alive = visible && check_liveness({other.pid, other.start_time}) == liveness::alive;
+  const bool late = monotonic_ns() >= deadline;
+  if ((alive && linked) || late) {
+    std::string whom = known ? describe(other) : "a pool server that has not yet said who it is (still starting?)";
+    if (visible && !alive) whom += ", which this PID namespace does not show as running";
+    if (known && !visible) whom += " in another PID namespace";
+    return fail(err_busy,
+                "pool: device %s already has a pool in this runtime dir: %s holds its pool segment %s. A runtime dir "
+                "has one pool per device: use that server (its clients set VRAMSWAP_RUNTIME_DIR=%s), or stop it first%s",
+                device_key.c_str(), whom.c_str(), path.c_str(),
+                known && !other.runtime_dir.empty() ? other.runtime_dir.c_str() : "<its runtime dir>",
+                known ? (" (kill -TERM " + std::to_string(other.pid) + ")").c_str() : "");
+  }
+  // A server replacing a dead one's segment, or one between its flock and its identity:
+  // look again shortly (it either publishes itself or unlinks this one).
+  ::usleep(10'000);
+  return ok;
+}
+
+// A stale segment still used by members, which this server cannot adopt: why (`fd` is the
+// caller's to close).
+int refuse_in_use(const std::string& device_key, const std::string& path, bool known, const pool_segment::server_identity& dead,
+                  const stale_pool& old, off_t file_size) {
+  const std::string whose = known ? describe(dead) : std::string("a pool server no longer running");
+  if (!old.ours()) {
+    return fail(err_version_mismatch,
+                "pool: device %s's pool segment %s, left by %s, is still used by %u process(es), and it has pool "
+                "layout version %" PRIu64 " where this vramswapd has version %" PRIu64 ": a server cannot adopt a pool "
+                "of another layout. Let those processes finish (or stop them), or run the vramswapd of their vramswap "
+                "version until they have; then start this one",
+                device_key.c_str(), path.c_str(), whose.c_str(), old.members_in_use, old.format >> 48, k_layout_version);
+  }
+  return fail(err_version_mismatch,
+              "pool: device %s's pool segment %s, left by %s, is still used by %u process(es), but it is %lld bytes "
+              "where its header says %" PRIu64 ": it was truncated or overwritten, and cannot be adopted. Stop those "
+              "processes, then start the server again",
+              device_key.c_str(), path.c_str(), whose.c_str(), old.members_in_use, static_cast<long long>(file_size),
+              old.segment_size);
+}
+
+// A stopped or dead server's segment (nobody holds its flock), of `file_size` bytes. Its
+// members live on and use it: *base is its mapping, with `who` published in it, to adopt
+// (`fd` stays open). Nobody uses it: it is unlinked, `fd` closed, *base null (look again).
+// Otherwise (`fd` closed) why it can be neither.
+int adopt_or_replace(int fd, off_t file_size, const std::string& path, const std::string& device_key,
+                     const pool_segment::server_identity& who, void** base) {
+  *base = nullptr;
+  pool_segment::server_identity dead;
+  const bool known = read_identity(fd, &dead);
+  const stale_pool old = inspect_stale(fd, static_cast<size_t>(file_size));
+  if (old.members_in_use > 0 && old.ours() && old.whole(static_cast<size_t>(file_size))) {
+    // Its members live on and use it: serve them, with every table as it is.
+    const size_t size = static_cast<size_t>(file_size);
+    void* mapped = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapped == MAP_FAILED) {
+      const int e = errno;
+      ::close(fd);
+      return fail_errno(e, "pool: mapping the running pool segment %s to adopt it", path.c_str());
+    }
+    pool_header* h = header_of(mapped);
+    publish_identity(h, who);
+    const uint32_t adoptions = h->adoptions.fetch_add(1, std::memory_order_acq_rel) + 1;
+    log(log_level::info, "pool: adopting the running pool %s of %s (%u frames, %u member(s) still attached; adoption %u)",
+        path.c_str(), known ? (describe(dead) + ", no longer running").c_str() : "a pool server no longer running",
+        old.frame_count, old.members_in_use, adoptions);
+    *base = mapped;
+    return ok;
+  }
+  if (old.members_in_use > 0) {
+    // Never replace a pool under processes that use it: they would go on in frames that
+    // a new pool hands out again.
+    ::close(fd);
+    return refuse_in_use(device_key, path, known, dead, old, file_size);
+  }
+  // Nobody uses it any more; its frames went with their last holder. Its readers
+  // (vramswap status) keep their mapping: never reuse it, replace it.
+  log(log_level::info, "pool: replacing the stale pool segment %s of %s", path.c_str(),
+      known ? (describe(dead) + ", no longer running").c_str() : "a pool server that died while starting");
+  const int urc = ::unlink(path.c_str());
+  const int e = errno;
+  ::close(fd);
+  if (urc != 0 && e != ENOENT) return fail_errno(e, "pool: removing the stale pool segment %s", path.c_str());
+  return ok;
+}
+
+// An empty segment, ours: one page, mapped at *base, saying who we are before anything
+// else. On failure it is unlinked and `fd` closed.
+int start_segment(int fd, const std::string& path, const pool_segment::server_identity& who, void** base, size_t* size) {
+  *size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* mapped = MAP_FAILED;
+  int e = ::ftruncate(fd, static_cast<off_t>(*size)) == 0 ? 0 : errno;
+  // Its pages now: a full tmpfs answers a touch of a shared mapping with SIGBUS.
+  if (e == 0 && (e = ::posix_fallocate(fd, 0, static_cast<off_t>(*size))) == EOPNOTSUPP) e = 0;
+  if (e == 0) mapped = ::mmap(nullptr, *size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mapped == MAP_FAILED) {
+    if (e == 0) e = errno;
+    ::unlink(path.c_str());
+    ::close(fd);
+    return fail_errno(e, "pool: sizing and mapping %s (is the runtime dir's file system full?)", path.c_str());
+  }
+  publish_identity(header_of(mapped), who);
+  *base = mapped;
+  return ok;
+}
+
 }  // namespace
 
 int pool_segment::name_for(const std::string& device_key, std::string* out) noexcept {
@@ -208,33 +329,7 @@ int pool_segment::claim(const std::string& device_key, const server_identity& wh
       int fd = -1;
       VS_TRY(open_owned(path, O_RDWR | O_CREAT, "pool: the pool segment", "or use another VRAMSWAP_SHM_PREFIX", &fd));
       if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        const int e = errno;
-        server_identity other;
-        const bool known = e == EWOULDBLOCK && read_identity(fd, &other);
-        struct stat st {};
-        const bool linked = ::fstat(fd, &st) == 0 && st.st_nlink > 0;
-        ::close(fd);
-        if (e == EINTR) continue;
-        if (e != EWOULDBLOCK) return fail_errno(e, "pool: flock %s", path.c_str());
-        // A server of another PID namespace cannot be looked up here: its flock, held, is
-        // all there is to go by, and the deadline tells a live one from one being replaced.
-        const bool visible = known && visible_here(other.pid_ns);
-        const bool alive = visible && check_liveness({other.pid, other.start_time}) == liveness::alive;
-        const bool late = monotonic_ns() >= deadline;
-        if ((alive && linked) || late) {
-          std::string whom = known ? describe(other) : "a pool server that has not yet said who it is (still starting?)";
-          if (visible && !alive) whom += ", which this PID namespace does not show as running";
-          if (known && !visible) whom += " in another PID namespace";
-          return fail(err_busy,
-                      "pool: device %s already has a pool in this runtime dir: %s holds its pool segment %s. A runtime dir "
-                      "has one pool per device: use that server (its clients set VRAMSWAP_RUNTIME_DIR=%s), or stop it first%s",
-                      device_key.c_str(), whom.c_str(), path.c_str(),
-                      known && !other.runtime_dir.empty() ? other.runtime_dir.c_str() : "<its runtime dir>",
-                      known ? (" (kill -TERM " + std::to_string(other.pid) + ")").c_str() : "");
-        }
-        // A server replacing a dead one's segment, or one between its flock and its identity:
-        // look again shortly (it either publishes itself or unlinks this one).
-        ::usleep(10'000);
+        VS_TRY(segment_held(fd, errno, path, device_key, deadline));
         continue;
       }
       struct stat st {};
@@ -248,78 +343,21 @@ int pool_segment::claim(const std::string& device_key, const server_identity& wh
         continue;
       }
       if (st.st_size != 0) {
-        // A stopped or dead server's segment (nobody holds its flock).
-        server_identity dead;
-        const bool known = read_identity(fd, &dead);
-        const stale_pool old = inspect_stale(fd, static_cast<size_t>(st.st_size));
-        if (old.members_in_use > 0 && old.ours() && old.whole(static_cast<size_t>(st.st_size))) {
-          // Its members live on and use it: serve them, with every table as it is.
-          const size_t size = static_cast<size_t>(st.st_size);
-          void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-          if (base == MAP_FAILED) {
-            const int e = errno;
-            ::close(fd);
-            return fail_errno(e, "pool: mapping the running pool segment %s to adopt it", path.c_str());
-          }
-          pool_header* h = header_of(base);
-          publish_identity(h, who);
-          const uint32_t adoptions = h->adoptions.fetch_add(1, std::memory_order_acq_rel) + 1;
-          log(log_level::info, "pool: adopting the running pool %s of %s (%u frames, %u member(s) still attached; adoption %u)",
-              path.c_str(), known ? (describe(dead) + ", no longer running").c_str() : "a pool server no longer running",
-              old.frame_count, old.members_in_use, adoptions);
-          const int rc = wrap(base, size, name, path, out);
-          if (rc != ok) {
-            ::close(fd);
-            return rc;
-          }
-          (*out)->claim_fd_ = fd;
-          (*out)->adopted_ = true;
-          return ok;
-        }
-        if (old.members_in_use > 0) {
-          // Never replace a pool under processes that use it: they would go on in frames that
-          // a new pool hands out again.
+        void* base = nullptr;
+        VS_TRY(adopt_or_replace(fd, st.st_size, path, device_key, who, &base));
+        if (base == nullptr) continue;  // replaced
+        const int rc = wrap(base, static_cast<size_t>(st.st_size), name, path, out);
+        if (rc != ok) {
           ::close(fd);
-          const std::string whose = known ? describe(dead) : std::string("a pool server no longer running");
-          if (!old.ours()) {
-            return fail(err_version_mismatch,
-                        "pool: device %s's pool segment %s, left by %s, is still used by %u process(es), and it has pool "
-                        "layout version %" PRIu64 " where this vramswapd has version %" PRIu64 ": a server cannot adopt a pool "
-                        "of another layout. Let those processes finish (or stop them), or run the vramswapd of their vramswap "
-                        "version until they have; then start this one",
-                        device_key.c_str(), path.c_str(), whose.c_str(), old.members_in_use, old.format >> 48, k_layout_version);
-          }
-          return fail(err_version_mismatch,
-                      "pool: device %s's pool segment %s, left by %s, is still used by %u process(es), but it is %lld bytes "
-                      "where its header says %" PRIu64 ": it was truncated or overwritten, and cannot be adopted. Stop those "
-                      "processes, then start the server again",
-                      device_key.c_str(), path.c_str(), whose.c_str(), old.members_in_use, static_cast<long long>(st.st_size),
-                      old.segment_size);
+          return rc;
         }
-        // Nobody uses it any more; its frames went with their last holder. Its readers
-        // (vramswap status) keep their mapping: never reuse it, replace it.
-        log(log_level::info, "pool: replacing the stale pool segment %s of %s", path.c_str(),
-            known ? (describe(dead) + ", no longer running").c_str() : "a pool server that died while starting");
-        const int urc = ::unlink(path.c_str());
-        const int e = errno;
-        ::close(fd);
-        if (urc != 0 && e != ENOENT) return fail_errno(e, "pool: removing the stale pool segment %s", path.c_str());
-        continue;
+        (*out)->claim_fd_ = fd;
+        (*out)->adopted_ = true;
+        return ok;
       }
-      // Empty and ours: say who we are before anything else.
-      const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-      void* base = MAP_FAILED;
-      int e = ::ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : errno;
-      // Its pages now: a full tmpfs answers a touch of a shared mapping with SIGBUS.
-      if (e == 0 && (e = ::posix_fallocate(fd, 0, static_cast<off_t>(size))) == EOPNOTSUPP) e = 0;
-      if (e == 0) base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (base == MAP_FAILED) {
-        if (e == 0) e = errno;
-        ::unlink(path.c_str());
-        ::close(fd);
-        return fail_errno(e, "pool: sizing and mapping %s (is the runtime dir's file system full?)", path.c_str());
-      }
-      publish_identity(header_of(base), who);
+      void* base = nullptr;
+      size_t size = 0;
+      VS_TRY(start_segment(fd, path, who, &base, &size));
       const int rc = wrap(base, size, name, path, out);
       if (rc != ok) {
         ::unlink(path.c_str());
@@ -333,6 +371,7 @@ int pool_segment::claim(const std::string& device_key, const server_identity& wh
     return fail(err_out_of_memory, "pool: out of host memory");
   }
 }
+
 
 int pool_segment::initialize(uint32_t frame_count, uint64_t frame_size, uint32_t host_slots) noexcept {
   if (claim_fd_ < 0 || header()->magic.load(std::memory_order_relaxed) != 0) {
