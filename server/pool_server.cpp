@@ -43,6 +43,126 @@ void close_fd(int* fd) {
   *fd = -1;
 }
 
+// pool_server::start's steps, in the order it takes them.
+
+// The one-server lock of this runtime dir (*lock_fd), flocked, with our pid written in it
+// for the error of the next server that tries.
+int hold_server_lock(const pool_paths& paths, int device, const std::string& uuid, int* lock_fd) {
+  VS_TRY(open_owned(paths.server_lock, O_RDWR | O_CREAT, "vramswapd: the one-server lock", "or use another VRAMSWAP_RUNTIME_DIR",
+                    lock_fd));
+  if (::flock(*lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    if (e != EWOULDBLOCK) return fail_errno(e, "vramswapd: flock %s", paths.server_lock.c_str());
+    char pid_text[32] = {};
+    const ssize_t n = ::pread(*lock_fd, pid_text, sizeof pid_text - 1, 0);
+    if (n > 0) pid_text[n] = '\0';
+    while (n > 0 && std::strlen(pid_text) > 0 && pid_text[std::strlen(pid_text) - 1] == '\n') pid_text[std::strlen(pid_text) - 1] = '\0';
+    return fail(err_busy,
+                "vramswapd: another pool server (pid %s) already serves device %d (%s); its socket is %s. Only one "
+                "server per device: stop that one first (kill -TERM %s)",
+                n > 0 ? pid_text : "unknown", device, uuid.c_str(), paths.socket.c_str(), n > 0 ? pid_text : "<pid>");
+  }
+  char pid_text[32];
+  const int pid_len = std::snprintf(pid_text, sizeof pid_text, "%d\n", static_cast<int>(::getpid()));
+  if (::ftruncate(*lock_fd, 0) != 0 || ::pwrite(*lock_fd, pid_text, static_cast<size_t>(pid_len), 0) != pid_len) {
+    log(log_level::warn, "vramswapd: cannot write the pid into %s: %s", paths.server_lock.c_str(), std::strerror(errno));
+  }
+  return ok;
+}
+
+// stdout and stderr into the log file, renamed to <log>.1 first once it is over
+// `rotate_bytes`.
+int log_to_file(const pool_paths& paths, off_t rotate_bytes) {
+  struct stat st {};
+  int rotated = -1;  // errno of a failed rotation; 0: rotated; -1: not needed
+  if (::lstat(paths.log.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && st.st_size > rotate_bytes) {
+    rotated = ::rename(paths.log.c_str(), (paths.log + ".1").c_str()) == 0 ? 0 : errno;
+  }
+  int log_fd = -1;
+  VS_TRY(open_owned(paths.log, O_WRONLY | O_CREAT | O_APPEND, "vramswapd: the log", "or use another VRAMSWAP_RUNTIME_DIR", &log_fd));
+  ::dup2(log_fd, STDOUT_FILENO);
+  ::dup2(log_fd, STDERR_FILENO);
+  ::close(log_fd);
+  if (rotated == 0) {
+    log(log_level::info, "vramswapd: the log had grown to %lld bytes: it is %s.1 now", static_cast<long long>(st.st_size),
+        paths.log.c_str());
+  } else if (rotated > 0) {
+    log(log_level::warn, "vramswapd: the log %s has grown to %lld bytes and could not be renamed to %s.1 (%s); appending to it",
+        paths.log.c_str(), static_cast<long long>(st.st_size), paths.log.c_str(), std::strerror(rotated));
+  }
+  return ok;
+}
+
+// The frame size (VRAMSWAP_FRAME_SIZE) and the pool's bytes (--pool-size, VRAMSWAP_POOL_SIZE,
+// or the device's free memory less a reserve), checked against the device.
+int pool_sizes(const pool_server_options& options, backend& be, const device_info& info, uint64_t* frame_size_out,
+               uint64_t* pool_bytes_out) {
+  // The pager's rule (core/pager.cpp, resolve_pager_config): a power-of-two multiple of the
+  // granularity, so that pager and server agree on every valid value.
+  uint64_t frame_size = 0;
+  VS_TRY(option_size(option_id::frame_size, &frame_size));
+  if (frame_size == 0 || frame_size % info.granularity != 0 || !is_pow2(frame_size / info.granularity)) {
+    return fail(err_invalid_argument,
+                "VRAMSWAP_FRAME_SIZE: %" PRIu64 " bytes is not a power-of-two multiple of device %d's allocation granularity (%" PRIu64
+                " bytes); use e.g. 2MiB, 32MiB (the default), 64MiB or 256MiB",
+                frame_size, options.device, info.granularity);
+  }
+  *frame_size_out = frame_size;
+  uint64_t pool_bytes = 0;
+  const std::string size_text = options.pool_size.empty() ? option_text(option_id::pool_size) : options.pool_size;
+  const uint64_t reserve = be.kind() == backend_kind::cuda ? std::max(k_gib, info.total_bytes / 100 * 3) : frame_size;
+  if (!size_text.empty()) {
+    VS_TRY(parse_size(size_text.c_str(), &pool_bytes, options.pool_size.empty() ? "VRAMSWAP_POOL_SIZE" : "--pool-size",
+                      info.total_bytes));
+  } else {
+    pool_bytes = info.free_bytes > reserve ? info.free_bytes - reserve : 0;
+  }
+  pool_bytes = pool_bytes / frame_size * frame_size;
+  if (pool_bytes == 0) {
+    return fail(err_out_of_memory,
+                "vramswapd: device %d (%s) leaves no room for a pool of %" PRIu64 "-byte frames: %s free of %s%s",
+                options.device, info.uuid.c_str(), frame_size, human_size(info.free_bytes).c_str(), human_size(info.total_bytes).c_str(),
+                size_text.empty() ? (", less a reserve of " + human_size(reserve)).c_str() : "");
+  }
+  if (pool_bytes > info.free_bytes) {
+    return fail(err_out_of_memory, "vramswapd: a pool of %s does not fit in device %d's free memory (%s of %s)",
+                human_size(pool_bytes).c_str(), options.device, human_size(info.free_bytes).c_str(), human_size(info.total_bytes).c_str());
+  }
+  if (pool_bytes / frame_size >= k_no_member) {
+    return fail(err_invalid_argument, "vramswapd: %" PRIu64 " frames of %" PRIu64 " bytes; at most %u: use larger frames",
+                pool_bytes / frame_size, frame_size, k_no_member - 1);
+  }
+  *pool_bytes_out = pool_bytes;
+  return ok;
+}
+
+// The shared host pool's slots of `frame_size` (--host-pool, VRAMSWAP_HOST_POOL; 0: none).
+int host_pool_slots(const pool_server_options& options, uint64_t frame_size, uint64_t* host_slots_out) {
+  uint64_t host_pool_bytes = 0;
+  {
+    const std::string text = options.host_pool.empty() ? option_text(option_id::host_pool) : options.host_pool;
+    VS_TRY(parse_size(text.c_str(), &host_pool_bytes, options.host_pool.empty() ? "VRAMSWAP_HOST_POOL" : "--host-pool",
+                      physical_ram()));
+  }
+  const uint64_t host_slots = host_pool_bytes / frame_size;
+  if (host_pool_bytes > 0 && host_slots < k_min_host_slots) {
+    // Below this even one eviction cannot keep the pager's copies in flight (each needs a
+    // slot), and there is no slack for a handoff (docs/swap.md, "Shared host pool").
+    return fail(err_invalid_argument,
+                "VRAMSWAP_HOST_POOL: %s holds %" PRIu64 " slot(s) of %s; a shared host pool needs at least %u (the pager's "
+                "%u copies in flight and one more), and should hold what all processes of device %d save at once (their memory "
+                "less the device pool) plus slack; set it to 0 to keep per-process host tiers",
+                human_size(host_pool_bytes).c_str(), host_slots, human_size(frame_size).c_str(), k_min_host_slots, k_min_host_slots - 1,
+                options.device);
+  }
+  if (host_slots > UINT32_MAX) {
+    return fail(err_invalid_argument, "VRAMSWAP_HOST_POOL: %" PRIu64 " slots of %s; at most %u: use larger frames", host_slots,
+                human_size(frame_size).c_str(), UINT32_MAX);
+  }
+  *host_slots_out = host_slots;
+  return ok;
+}
+
 }  // namespace
 
 int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_server>* out) noexcept {
@@ -62,26 +182,7 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
     s->log_path_ = paths.log;
 
     // --- one server per device -------------------------------------------------------------
-    VS_TRY(open_owned(paths.server_lock, O_RDWR | O_CREAT, "vramswapd: the one-server lock", "or use another VRAMSWAP_RUNTIME_DIR",
-                      &s->server_lock_fd_));
-    if (::flock(s->server_lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-      const int e = errno;
-      if (e != EWOULDBLOCK) return fail_errno(e, "vramswapd: flock %s", paths.server_lock.c_str());
-      char pid_text[32] = {};
-      const ssize_t n = ::pread(s->server_lock_fd_, pid_text, sizeof pid_text - 1, 0);
-      if (n > 0) pid_text[n] = '\0';
-      while (n > 0 && std::strlen(pid_text) > 0 && pid_text[std::strlen(pid_text) - 1] == '\n') pid_text[std::strlen(pid_text) - 1] = '\0';
-      return fail(err_busy,
-                  "vramswapd: another pool server (pid %s) already serves device %d (%s); its socket is %s. Only one "
-                  "server per device: stop that one first (kill -TERM %s)",
-                  n > 0 ? pid_text : "unknown", options.device, info.uuid.c_str(), paths.socket.c_str(),
-                  n > 0 ? pid_text : "<pid>");
-    }
-    char pid_text[32];
-    const int pid_len = std::snprintf(pid_text, sizeof pid_text, "%d\n", static_cast<int>(::getpid()));
-    if (::ftruncate(s->server_lock_fd_, 0) != 0 || ::pwrite(s->server_lock_fd_, pid_text, static_cast<size_t>(pid_len), 0) != pid_len) {
-      log(log_level::warn, "vramswapd: cannot write the pid into %s: %s", paths.server_lock.c_str(), std::strerror(errno));
-    }
+    VS_TRY(hold_server_lock(paths, options.device, info.uuid, &s->server_lock_fd_));
     // The lock above is per runtime dir; the pool segment's name is the same for every
     // server of the device whatever its runtime dir, so its flock makes the one server.
     process_identity me{};
@@ -96,25 +197,7 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
       VS_TRY(add_context(pool_segment::claim(info.uuid, who, &s->segment_), "vramswapd: device %d: ", options.device));
     }
 
-    if (options.log_to_file) {
-      struct stat st {};
-      int rotated = -1;  // errno of a failed rotation; 0: rotated; -1: not needed
-      if (::lstat(paths.log.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && st.st_size > k_log_rotate_bytes) {
-        rotated = ::rename(paths.log.c_str(), (paths.log + ".1").c_str()) == 0 ? 0 : errno;
-      }
-      int log_fd = -1;
-      VS_TRY(open_owned(paths.log, O_WRONLY | O_CREAT | O_APPEND, "vramswapd: the log", "or use another VRAMSWAP_RUNTIME_DIR", &log_fd));
-      ::dup2(log_fd, STDOUT_FILENO);
-      ::dup2(log_fd, STDERR_FILENO);
-      ::close(log_fd);
-      if (rotated == 0) {
-        log(log_level::info, "vramswapd: the log had grown to %lld bytes: it is %s.1 now", static_cast<long long>(st.st_size),
-            paths.log.c_str());
-      } else if (rotated > 0) {
-        log(log_level::warn, "vramswapd: the log %s has grown to %lld bytes and could not be renamed to %s.1 (%s); appending to it",
-            paths.log.c_str(), static_cast<long long>(st.st_size), paths.log.c_str(), std::strerror(rotated));
-      }
-    }
+    if (options.log_to_file) VS_TRY(log_to_file(paths, k_log_rotate_bytes));
 
     if (s->segment_->adopted()) {
       // A running pool: its members keep its frames alive and hand them over (pool_adoption.cpp).
@@ -125,64 +208,14 @@ int pool_server::start(const pool_server_options& options, std::unique_ptr<pool_
     }
 
     // --- frame size and pool size ------------------------------------------------------------
-    // The pager's rule (core/pager.cpp, resolve_pager_config): a power-of-two multiple of the
-    // granularity, so that pager and server agree on every valid value.
     uint64_t frame_size = 0;
-    VS_TRY(option_size(option_id::frame_size, &frame_size));
-    if (frame_size == 0 || frame_size % info.granularity != 0 || !is_pow2(frame_size / info.granularity)) {
-      return fail(err_invalid_argument,
-                  "VRAMSWAP_FRAME_SIZE: %" PRIu64 " bytes is not a power-of-two multiple of device %d's allocation granularity (%" PRIu64
-                  " bytes); use e.g. 2MiB, 32MiB (the default), 64MiB or 256MiB",
-                  frame_size, options.device, info.granularity);
-    }
-    s->frame_size_ = frame_size;
     uint64_t pool_bytes = 0;
-    const std::string size_text = options.pool_size.empty() ? option_text(option_id::pool_size) : options.pool_size;
-    const uint64_t reserve = be.kind() == backend_kind::cuda ? std::max(k_gib, info.total_bytes / 100 * 3) : frame_size;
-    if (!size_text.empty()) {
-      VS_TRY(parse_size(size_text.c_str(), &pool_bytes, options.pool_size.empty() ? "VRAMSWAP_POOL_SIZE" : "--pool-size",
-                        info.total_bytes));
-    } else {
-      pool_bytes = info.free_bytes > reserve ? info.free_bytes - reserve : 0;
-    }
-    pool_bytes = pool_bytes / frame_size * frame_size;
-    if (pool_bytes == 0) {
-      return fail(err_out_of_memory,
-                  "vramswapd: device %d (%s) leaves no room for a pool of %" PRIu64 "-byte frames: %s free of %s%s",
-                  options.device, info.uuid.c_str(), frame_size, human_size(info.free_bytes).c_str(), human_size(info.total_bytes).c_str(),
-                  size_text.empty() ? (", less a reserve of " + human_size(reserve)).c_str() : "");
-    }
-    if (pool_bytes > info.free_bytes) {
-      return fail(err_out_of_memory, "vramswapd: a pool of %s does not fit in device %d's free memory (%s of %s)",
-                  human_size(pool_bytes).c_str(), options.device, human_size(info.free_bytes).c_str(), human_size(info.total_bytes).c_str());
-    }
-    if (pool_bytes / frame_size >= k_no_member) {
-      return fail(err_invalid_argument, "vramswapd: %" PRIu64 " frames of %" PRIu64 " bytes; at most %u: use larger frames",
-                  pool_bytes / frame_size, frame_size, k_no_member - 1);
-    }
+    VS_TRY(pool_sizes(options, be, info, &frame_size, &pool_bytes));
+    s->frame_size_ = frame_size;
 
     // --- the shared host pool (optional) ----------------------------------------------------
-    uint64_t host_pool_bytes = 0;
-    {
-      const std::string text = options.host_pool.empty() ? option_text(option_id::host_pool) : options.host_pool;
-      VS_TRY(parse_size(text.c_str(), &host_pool_bytes, options.host_pool.empty() ? "VRAMSWAP_HOST_POOL" : "--host-pool",
-                        physical_ram()));
-    }
-    const uint64_t host_slots = host_pool_bytes / frame_size;
-    if (host_pool_bytes > 0 && host_slots < k_min_host_slots) {
-      // Below this even one eviction cannot keep the pager's copies in flight (each needs a
-      // slot), and there is no slack for a handoff (docs/swap.md, "Shared host pool").
-      return fail(err_invalid_argument,
-                  "VRAMSWAP_HOST_POOL: %s holds %" PRIu64 " slot(s) of %s; a shared host pool needs at least %u (the pager's "
-                  "%u copies in flight and one more), and should hold what all processes of device %d save at once (their memory "
-                  "less the device pool) plus slack; set it to 0 to keep per-process host tiers",
-                  human_size(host_pool_bytes).c_str(), host_slots, human_size(frame_size).c_str(), k_min_host_slots, k_min_host_slots - 1,
-                  options.device);
-    }
-    if (host_slots > UINT32_MAX) {
-      return fail(err_invalid_argument, "VRAMSWAP_HOST_POOL: %" PRIu64 " slots of %s; at most %u: use larger frames", host_slots,
-                  human_size(frame_size).c_str(), UINT32_MAX);
-    }
+    uint64_t host_slots = 0;
+    VS_TRY(host_pool_slots(options, frame_size, &host_slots));
 
     // --- the pool --------------------------------------------------------------------------
     const uint64_t t0 = monotonic_ns();
