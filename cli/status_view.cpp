@@ -99,9 +99,10 @@ struct cell {
   tint color = tint::none;
 };
 
-void render_device(const device_report& d, const text_options& o, std::string* out) {
-  const painter paint{o.color};
-  const int width = o.wide ? 0 : o.width;
+// render_device's parts, top to bottom.
+
+// The device's line, its daemon, its frames and host pool, and exited processes left in its table.
+void render_summary(const device_report& d, const painter& paint, std::string* out) {
   std::string& t = *out;
   const uint64_t pool_bytes = uint64_t{d.frame_count} * d.frame_size;
   t += paint(string_format("%s \xC2\xB7 %s", device_label(d).c_str(), d.key.c_str()), tint::bold);
@@ -140,8 +141,11 @@ void render_device(const device_report& d, const text_options& o, std::string* o
                                                : "the daemon frees what they held once no process holds their GPU context (processes "
                                                  "they forked without exec keep it until they exit; the daemon's log names them)");
   }
+}
 
-  // The holder, and what everyone waits behind.
+// The holder's line; returns its label, which the first waiter is shown waiting behind.
+std::string render_holder(const device_report& d, const painter& paint, int width, std::string* out) {
+  std::string& t = *out;
   const process_report* holder = d.holder();
   std::string holder_label;
   if (d.holder_pid == 0 && d.exited_holder_pid != 0) {
@@ -168,6 +172,12 @@ void render_device(const device_report& d, const text_options& o, std::string* o
     const std::string tail = std::string(" \xC2\xB7 not in the pool") + (stopped ? ", STOPPED (SIGSTOP, Ctrl-Z or a debugger)" : "");
     t += head + fit(holder_label, columns(head) + columns(tail), width) + tail + "\n";
   }
+  return holder_label;
+}
+
+// The queue's line, then each waiter: how long, and behind whom.
+void render_queue(const device_report& d, int width, const std::string& holder_label, std::string* out) {
+  std::string& t = *out;
   if (!d.have_queue) {
     t += "  queue: unknown (" + d.queue_error + ")\n";
   } else {
@@ -201,8 +211,11 @@ void render_device(const device_report& d, const text_options& o, std::string* o
       ahead_label = q.label();
     }
   }
+}
 
-  // The table of the pool's processes.
+// The table of the pool's processes, its command column fit to the width left.
+void render_processes(const device_report& d, const text_options& o, const painter& paint, int width, std::string* out) {
+  std::string& t = *out;
   bool any_container = false;
   for (const process_report& p : d.processes) any_container = any_container || !p.container.empty();
   std::vector<column> cols = {{"PID", true, false}, {"USER", false, false}, {"JOB / COMMAND", false, true}};
@@ -268,6 +281,16 @@ void render_device(const device_report& d, const text_options& o, std::string* o
   for (const column& c : cols) titles.push_back({c.title});
   emit(titles, true);
   for (const auto& r : rows) emit(r, false);
+}
+
+void render_device(const device_report& d, const text_options& o, std::string* out) {
+  const painter paint{o.color};
+  const int width = o.wide ? 0 : o.width;
+  render_summary(d, paint, out);
+  // The holder, and what everyone waits behind.
+  const std::string holder_label = render_holder(d, paint, width, out);
+  render_queue(d, width, holder_label, out);
+  render_processes(d, o, paint, width, out);
 }
 
 // --- JSON ------------------------------------------------------------------------------------
