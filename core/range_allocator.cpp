@@ -388,6 +388,7 @@ uint64_t range_allocator::page_live_count(uint64_t page) const noexcept {
   return page_of(lit->first) < page && page_of(lit->first + lit->second - 1) > page ? 1 : 0;
 }
 
+// Long on purpose: the invariants I1..I6, checked in turn, read best as one list.
 int range_allocator::check_invariants() const noexcept {
   const char* const who = "range_allocator::check_invariants";
   if (size_ == 0) {
