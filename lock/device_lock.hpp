@@ -107,6 +107,7 @@ namespace vramswap::detail {
 
 class shared_segment;
 struct process_identity;
+struct waiter_list;
 namespace lock_layout {
 struct turn_histograms;
 }
@@ -326,42 +327,92 @@ class device_lock {
 
  private:
   friend class gang_waiter;
-  int take_slot_locked(uint32_t* out) noexcept;
-  void publish_slot_locked(uint32_t mine, uint32_t priority_word, const process_identity& me, pid_t tid, uint64_t start_ns,
-                           uint64_t behind, uint64_t gang_id) noexcept;
-  // After a grant of slot `mine` (ticket `ticket`): record this thread as the holder.
-  void became_holder(uint32_t mine, uint64_t ticket, pid_t pid, pid_t tid, uint64_t start_ns, acquire_info* info) noexcept;
+  // The lock's parts, one file each; the functions of each group below are defined in the
+  // file that heads it.
+
+  // device_lock.cpp: the object, and whom it records as the holder.
   // If needed, open the segment anew in a forked child (its descriptor was its parent's).
   int reopen_if_forked() noexcept;
+  bool held_by(pid_t pid, pid_t tid) const noexcept;
+  void forget_holding() noexcept;
+  // The deadline (CLOCK_MONOTONIC) of a wait of `wait_ns` from `now`; a negative wait has none.
+  static uint64_t deadline_after(uint64_t now, int64_t wait_ns) noexcept;
+
+  // lock_word.cpp: the internal mutex, the holder recorded, release and hand-on.
   // Take the internal mutex by `deadline_ns` (CLOCK_MONOTONIC); `interruptible`: also stop
   // when the thread's wait_interrupt says so. err_timeout names the mutex's owner.
   int lock_mutex(uint64_t deadline_ns, bool interruptible = false) noexcept;
   void unlock_mutex() noexcept;
+  // err_timeout for a mutex still taken after `waited_ns`, naming its owner.
+  int mutex_timeout(uint64_t waited_ns) const noexcept;
+  // After a grant of slot `mine` (ticket `ticket`): record this thread as the holder.
+  void became_holder(uint32_t mine, uint64_t ticket, pid_t pid, pid_t tid, uint64_t start_ns, acquire_info* info) noexcept;
+  // release() by thread `tid` of process `pid`, which does not hold the lock: err_not_owner, saying why.
+  int not_the_holder(pid_t pid, pid_t tid) const noexcept;
+  // The last release of slot `mine` when the internal mutex stays taken (Bounded waits, above).
+  int release_without_mutex(uint32_t mine) noexcept;
+  // The last release of slot `mine`, with the mutex held: free it, grant the next waiter, let
+  // go of the mutex, then record the hold and say what waits until after it.
+  int hand_on_locked(uint32_t mine) noexcept;
+
+  // lock_queue.cpp: slots, tickets, the grant.
+  // Where enqueue() put the calling thread: its slot, its ticket, and the penalty it carried.
+  struct queue_place {
+    uint32_t slot = 0;
+    uint64_t ticket = 0;
+    uint64_t penalty = 0;
+  };
+  // An acquire by the thread that holds the lock: the count goes up.
+  int reenter(acquire_info* info) noexcept;
+  // Take a slot and publish it as waiting (granted at once when nobody holds the lock); a try
+  // that is not granted leaves again with err_busy.
+  int enqueue(lock_priority priority, int64_t timeout_ns, uint64_t start_ns, uint64_t deadline, const process_identity& me,
+              pid_t tid, queue_place* place) noexcept;
+  // A try not granted at once, with the mutex held: leave the queue, let go of the mutex, err_busy.
+  int refuse_try_locked(uint32_t mine, lock_priority priority, uint64_t my_ticket) noexcept;
+  int take_slot_locked(uint32_t* out) noexcept;
+  void publish_slot_locked(uint32_t mine, uint32_t priority_word, const process_identity& me, pid_t tid, uint64_t start_ns,
+                           uint64_t behind, uint64_t gang_id) noexcept;
+  uint32_t dispatch_locked(uint32_t caller_slot) noexcept;
   // Leave the queue without the mutex: our slot waiting -> free. False when it was granted.
   bool withdraw(uint32_t slot) noexcept;
   // "held by pid 12 (python3) for 3.2 s, stopped (...); 2 waiters ahead: ...", for errors.
   // `priority` and `ticket`: those of the waiter asking (ticket 0: list no waiters).
   void describe_queue(uint32_t priority, uint64_t ticket, char* buf, size_t size) const noexcept;
-  // err_timeout for a mutex still taken after `waited_ns`, naming its owner.
-  int mutex_timeout(uint64_t waited_ns) const noexcept;
-  static int recover_after_owner_death(void* self) noexcept;
-  int repair_locked() noexcept;
-  bool slot_owner_alive(uint32_t i) noexcept;
-  void let_go_of_lease(uint32_t i) noexcept;
-  void keep_or_let_go_of_lease(uint32_t i) noexcept;
-  uint32_t dispatch_locked(uint32_t caller_slot) noexcept;
+
+  // lock_wait.cpp: the wait for the grant.
   int wait_for_grant(uint32_t slot, uint64_t start_ns, int64_t timeout_ns, uint64_t deadline) noexcept;
+  bool sleep_for_grant(uint32_t mine, uint64_t now, uint64_t last_tick, uint64_t deadline, uint64_t* spun_for) noexcept;
+  int leave_queue_after_wait(uint32_t mine, uint64_t start_ns, int64_t timeout_ns, bool stopped, uint32_t my_priority,
+                             uint64_t my_ticket) noexcept;
   // The waiting slot that would be granted now (read without the mutex: a hint), or k_no_slot.
   uint32_t next_in_line() const noexcept;
   // When `mine`, next in line, should start spinning for a predicted release: 0 when holds
   // are not regular enough to predict, or `mine` is not next. *spin_until: when to stop.
   uint64_t predicted_spin_start(uint32_t mine, uint64_t* spin_until) const noexcept;
+
+  // lock_recovery.cpp: death recovery, the liveness of slot owners, our leases.
+  static int recover_after_owner_death(void* self) noexcept;
+  int repair_locked() noexcept;
+  bool free_slots_of_dead_owners_locked() noexcept;
   void liveness_tick(uint64_t deadline_ns) noexcept;
-  bool held_by(pid_t pid, pid_t tid) const noexcept;
-  void forget_holding() noexcept;
+  // With the mutex held, for a try or a wait shorter than a liveness period: repair when the
+  // holder is dead. On failure slot `mine` has left the queue and the mutex is let go.
+  int repair_for_short_wait_locked(uint32_t mine, int64_t timeout_ns) noexcept;
+  bool slot_owner_alive(uint32_t i) noexcept;
+  void let_go_of_lease(uint32_t i) noexcept;
+  void keep_or_let_go_of_lease(uint32_t i) noexcept;
+
+  // lock_notices.cpp: wait notices, holds past their limit, release requests.
+  // A wait that began at `start_ns` has passed VRAMSWAP_WAIT_NOTICE (`notice_s`): say whom it
+  // waits for, unless a notice was said too recently (then count it).
+  void give_wait_notice(uint64_t start_ns, uint64_t now, uint64_t notice_s, uint32_t my_priority, uint64_t my_ticket) noexcept;
   // With the mutex held: mark the hold of slot `holder` past its limit when it is and a
   // waiter waits (once per hold). Returns its over_limit_since_ns (0: not past it).
   uint64_t note_over_limit_locked(uint32_t holder, uint64_t now) noexcept;
+  // After the release of a hold (`ticket`) that went past its limit: say so, unless
+  // check_hold already did.
+  void warn_over_limit_at_release(uint64_t ticket, uint64_t held_ns, uint64_t now, const waiter_list& waiters) noexcept;
 
   std::unique_ptr<shared_segment> segment_;
   std::string device_key_;  // to open the segment anew in a forked child

@@ -1,5 +1,5 @@
 // The order of a device's queue: which waiting slot is granted next. Shared by the single
-// acquire (device_lock.cpp) and the gang acquire (gang_acquire.cpp), which must agree.
+// acquire (lock_queue.cpp) and the gang acquire (gang_acquire.cpp), which must agree.
 #pragma once
 
 #include <algorithm>
