@@ -174,6 +174,56 @@ struct init_flock {
   ~init_flock() { ::flock(fd, LOCK_UN); }
 };
 
+// Under the init flock: map segment `name` (open as `fd`), initializing it when it is new,
+// left half-initialized, or unusable and unused, and count this process among its users.
+// *removed: its last user removed it after our open (then open it again).
+int map_as_user(int fd, const std::string& name, void** base_out, size_t* size_out, bool* removed) {
+  int rc = ok;
+  void* base = nullptr;
+  size_t size = 0;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    rc = fail_errno(errno, "lock: fstat %s", name.c_str());
+  } else if (st.st_nlink == 0) {
+    *removed = true;
+  } else if (st.st_size == 0) {
+    rc = initialize(fd, name, &base);
+    size = k_segment_size;
+  } else if (static_cast<size_t>(st.st_size) < sizeof(segment_header)) {
+    rc = fail(err_version_mismatch,
+              "lock: %s is only %lld bytes, too small for a vramswap header: corrupt; stop the processes "
+              "using it and remove it",
+              name.c_str(), static_cast<long long>(st.st_size));
+    rc = initialize_if_unused(fd, name, rc, &base);
+    if (rc == ok) size = k_segment_size;
+  } else {
+    size = static_cast<size_t>(st.st_size);
+    base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+      base = nullptr;
+      rc = fail_errno(errno, "lock: mmap %s", name.c_str());
+    } else if (header_of(base)->magic.load(std::memory_order_acquire) == 0 && size == k_segment_size) {
+      // Its creator died before publishing it (we hold the init flock, so nobody else is
+      // initializing it, and nobody uses a segment without magic): build it again.
+      ::munmap(base, size);
+      base = nullptr;
+      log(log_level::warn, "lock: %s was left half-initialized by a dead process; initializing it again",
+          name.c_str());
+      rc = initialize(fd, name, &base);
+    } else if ((rc = validate(base, size, name)) != ok) {
+      ::munmap(base, size);
+      base = nullptr;
+      rc = initialize_if_unused(fd, name, rc, &base);
+      if (rc == ok) size = k_segment_size;
+    }
+  }
+  // A user from now on (under the init flock, so that no last user removes it between).
+  if (rc == 0 && !*removed && ofd_lock(fd, F_RDLCK) != 0) rc = fail_errno(errno, "lock: cannot take the OFD read lock that marks %s in use; if its file system does not support OFD locks, put VRAMSWAP_RUNTIME_DIR on a local one (tmpfs, ext4, xfs)", name.c_str());
+  *base_out = base;
+  *size_out = size;
+  return rc;
+}
+
 }  // namespace
 
 int configured_group(gid_t* gid, bool* is_set) {
@@ -237,44 +287,7 @@ int shared_segment::open(const std::string& device_key, std::unique_ptr<shared_s
       return rc;
     }
     init_flock held(fd);
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      rc = fail_errno(errno, "lock: fstat %s", name.c_str());
-    } else if (st.st_nlink == 0) {
-      removed = true;
-    } else if (st.st_size == 0) {
-      rc = initialize(fd, name, &base);
-      size = k_segment_size;
-    } else if (static_cast<size_t>(st.st_size) < sizeof(segment_header)) {
-      rc = fail(err_version_mismatch,
-                "lock: %s is only %lld bytes, too small for a vramswap header: corrupt; stop the processes "
-                "using it and remove it",
-                name.c_str(), static_cast<long long>(st.st_size));
-      rc = initialize_if_unused(fd, name, rc, &base);
-      if (rc == ok) size = k_segment_size;
-    } else {
-      size = static_cast<size_t>(st.st_size);
-      base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (base == MAP_FAILED) {
-        base = nullptr;
-        rc = fail_errno(errno, "lock: mmap %s", name.c_str());
-      } else if (header_of(base)->magic.load(std::memory_order_acquire) == 0 && size == k_segment_size) {
-        // Its creator died before publishing it (we hold the init flock, so nobody else is
-        // initializing it, and nobody uses a segment without magic): build it again.
-        ::munmap(base, size);
-        base = nullptr;
-        log(log_level::warn, "lock: %s was left half-initialized by a dead process; initializing it again",
-            name.c_str());
-        rc = initialize(fd, name, &base);
-      } else if ((rc = validate(base, size, name)) != ok) {
-        ::munmap(base, size);
-        base = nullptr;
-        rc = initialize_if_unused(fd, name, rc, &base);
-        if (rc == ok) size = k_segment_size;
-      }
-    }
-    // A user from now on (under the init flock, so that no last user removes it between).
-    if (rc == 0 && !removed && ofd_lock(fd, F_RDLCK) != 0) rc = fail_errno(errno, "lock: cannot take the OFD read lock that marks %s in use; if its file system does not support OFD locks, put VRAMSWAP_RUNTIME_DIR on a local one (tmpfs, ext4, xfs)", name.c_str());
+    rc = map_as_user(fd, name, &base, &size, &removed);
   }
   if (rc != 0 || removed) {
     ::close(fd);
