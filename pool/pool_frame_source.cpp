@@ -9,6 +9,7 @@
 #include "core/status.hpp"
 #include "lock/futex.hpp"
 #include "lock/process_identity.hpp"
+#include "lock/wait_bounds.hpp"
 #include "pool/victim_order.hpp"
 
 namespace vramswap::detail {
@@ -129,12 +130,19 @@ int pool_frame_source::take(int device, size_t size, frame_id* out) {
                 pool_.frame_size());
   }
   const uint64_t start = monotonic_ns();
+  bool signal_ran = false;
   for (;;) {
     // Read the futex word before scanning, so a frame freed after the scan wakes us.
     const uint32_t seen = pool_.header()->frames_freed.load(std::memory_order_acquire);
     if (view_.take_free(frame_active, out)) return ok;
     const uint64_t waited = monotonic_ns() - start;
-    if (waited >= evict_timeout_ns_) return timed_out_error(waited);
+    if (waited >= evict_timeout_ns_) return timed_out_error(waited, "VRAMSWAP_EVICT_TIMEOUT");
+    // An acquire's timeout and Ctrl-C bound this wait too (lock/wait_bounds.hpp): the frames
+    // an acquire needs after its grant are part of the call its caller timed.
+    if (const int stop = wait_may_go_on(signal_ran, "other processes to give back the pool frames this process needs");
+        stop != ok) {
+      return stop == err_timeout ? timed_out_error(waited, "the acquire's timeout") : stop;
+    }
     if (pool_alive_ && !pool_alive_()) {
       return fail(err_unavailable, "pool: this process's pool is gone (its pool server, pid %d, ended, and the next server did "
                   "not take this process back: its log says why) while it waited for a frame; restart the job",
@@ -143,7 +151,8 @@ int pool_frame_source::take(int device, size_t size, frame_id* out) {
     // Nothing free and nothing asked for (e.g. our earlier requests were served to someone
     // else): ask again for one more.
     if (!view_.asked_by_me()) VS_TRY(prepare(device, 1));
-    futex_wait(&pool_.header()->frames_freed, seen, k_wait_slice_ns);
+    const uint64_t slice_ns = std::min<uint64_t>(k_wait_slice_ns, static_cast<uint64_t>(wait_slice_ms(10)) * 1'000'000);
+    signal_ran = slice_ns > 0 && futex_wait(&pool_.header()->frames_freed, seen, slice_ns) == EINTR;
   }
 }
 
@@ -166,7 +175,7 @@ int pool_frame_source::try_take_not_resident(int device, size_t size, frame_id* 
   return ok;
 }
 
-int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
+int pool_frame_source::timed_out_error(uint64_t waited_ns, const char* bound) const {
   // An owner cannot evict while the shared host pool has no slot for the pages: say so.
   std::string host_pool;
   if (pool_.host_slot_count() > 0 && pool_.count_slots(slot_free) + pool_.count_slots(slot_dirty) == 0) {
@@ -195,49 +204,49 @@ int pool_frame_source::timed_out_error(uint64_t waited_ns) const {
           return fail(err_timeout,
                       "pool: process %d (pool member %u), a low-priority job (VRAMSWAP_OVERSUBSCRIBE=1), could not move the "
                       "pages of frame %u to host memory: its last try failed %.1f s ago (%s: %s); it runs on with them and tries "
-                      "again every second, and no frame of it was taken in %.1f s (VRAMSWAP_EVICT_TIMEOUT). Fix what its error "
+                      "again every second, and no frame of it was taken in %.1f s (%s). Fix what its error "
                       "names (at its VRAMSWAP_OVERSUBSCRIBE_LIMIT: raise it), or run this job when it has ended; its log has "
                       "the whole error",
-                      owner.pid, w.owner, f, ago, status_name(failed), why, waited_ns / 1e9);
+                      owner.pid, w.owner, f, ago, status_name(failed), why, waited_ns / 1e9, bound);
         }
         return fail(err_timeout,
                     "pool: process %d (pool member %u) could not evict frame %u: its eviction failed %.1f s ago (%s: %s); it "
                     "keeps its pages resident and tries again every second, and no frame of it was taken in %.1f s "
-                    "(VRAMSWAP_EVICT_TIMEOUT). Fix what its error names (for a full swap disk: free space in its "
+                    "(%s). Fix what its error names (for a full swap disk: free space in its "
                     "VRAMSWAP_SWAP_DIR, or give it more VRAMSWAP_HOST_LIMIT), or ask again when it has exited; its log has the "
                     "whole error",
-                    owner.pid, w.owner, f, ago, status_name(failed), why, waited_ns / 1e9);
+                    owner.pid, w.owner, f, ago, status_name(failed), why, waited_ns / 1e9, bound);
       }
       // Without a published failure (none yet, or one the job could not publish), its limit
       // is the likely cause.
       if (low_priority && host_pool.empty()) {
         return fail(err_timeout,
                     "pool: process %d (pool member %u), a low-priority job (VRAMSWAP_OVERSUBSCRIBE=1), did not move the pages "
-                    "of frame %u to host memory within %.1f s (VRAMSWAP_EVICT_TIMEOUT); its frames were not taken. It is "
+                    "of frame %u to host memory within %.1f s (%s); its frames were not taken. It is "
                     "probably at its VRAMSWAP_OVERSUBSCRIBE_LIMIT or out of host memory (its log says which): raise its limit, "
                     "or run this job when it has ended",
-                    owner.pid, w.owner, f, waited_ns / 1e9);
+                    owner.pid, w.owner, f, waited_ns / 1e9, bound);
       }
       // An owner that exited while processes it forked hold its connection (and its GPU
       // context) keeps its frames until they exit; its pool server names them.
       if (visible_here(owner.pid_ns) && check_liveness({owner.pid, owner.start_time}) == liveness::dead) {
         return fail(err_timeout,
                     "pool: process %d (pool member %u), which owns frame %u, has exited, but its frames are not back in the "
-                    "pool after %.1f s (VRAMSWAP_EVICT_TIMEOUT). Its pool server frees them once no process holds its GPU "
+                    "pool after %.1f s (%s). Its pool server frees them once no process holds its GPU "
                     "context: processes it forked without exec (DataLoader workers, a multiprocessing pool) still do, or the "
                     "server is not running. The server's log (in %s) names them; stop them, or start such helpers with the "
                     "spawn start method",
-                    owner.pid, w.owner, f, waited_ns / 1e9, pool_.header()->server_runtime_dir);
+                    owner.pid, w.owner, f, waited_ns / 1e9, bound, pool_.header()->server_runtime_dir);
       }
       return fail(err_timeout,
-                  "pool: process %d (pool member %u) did not evict frame %u within %.1f s (VRAMSWAP_EVICT_TIMEOUT); its frames "
+                  "pool: process %d (pool member %u) did not evict frame %u within %.1f s (%s); its frames "
                   "were not taken. %s",
-                  owner.pid, w.owner, f, waited_ns / 1e9,
+                  owner.pid, w.owner, f, waited_ns / 1e9, bound,
                   host_pool.empty() ? "Is it stopped (SIGSTOP, a debugger) or stuck in a driver call?" : host_pool.c_str() + 1);
     }
   }
-  return fail(err_timeout, "pool: no frame became free within %.1f s (VRAMSWAP_EVICT_TIMEOUT): other processes hold the pool's frames",
-              waited_ns / 1e9);
+  return fail(err_timeout, "pool: no frame became free within %.1f s (%s): other processes hold the pool's frames",
+              waited_ns / 1e9, bound);
 }
 
 int pool_frame_source::give_back(frame_id frame) {

@@ -87,7 +87,8 @@ class pool_frame_source final : public frame_source {
   uint32_t member() const noexcept { return me_; }
 
  private:
-  int timed_out_error(uint64_t waited_ns) const;
+  // `bound`: what ended the wait (VRAMSWAP_EVICT_TIMEOUT, or the acquire's own timeout).
+  int timed_out_error(uint64_t waited_ns, const char* bound) const;
   // Ask for up to `wanted` of `frames` (in that order) that are still lent or idle; wake
   // their owners. Returns how many were asked.
   uint32_t ask_in_order(const std::vector<uint32_t>& frames, uint32_t wanted);

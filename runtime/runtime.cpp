@@ -186,19 +186,17 @@ int state_for(const char* fn, int device, device_state** out) {
   return ok;
 }
 
-// An acquire's timeout bounds the whole call: the first acquire of a device opens its session,
-// which may wait for the pool server (to answer, to start, or, the node's service, to come
-// back), under a deadline at the timeout (lock/wait_bounds.hpp); the wait in the lock's queue
-// gets what is left, at least a moment (a timed wait, never a try). A try (0) or an unbounded
-// acquire (-1) opens the session without a deadline: a try does not wait in the queue, but the
-// session it needs is made once, whatever that takes.
+// An acquire's timeout bounds the whole call, under one deadline (lock/wait_bounds.hpp) that
+// every wait of the call asks: the first acquire of a device opens its session, which may
+// wait for the pool server (to answer, to start, or, the node's service, to come back); the
+// lock's queue gets what is left, at least a moment (a timed wait, never a try); after the
+// grant, bringing the memory in may wait for other processes to give back pool frames. A
+// try (0) or an unbounded acquire (-1) installs no deadline: a try does not wait in the
+// queue, but the session it needs is made once, whatever that takes.
 class acquire_timeout {
  public:
-  explicit acquire_timeout(int64_t timeout_ns) : timeout_ns_(timeout_ns), start_ns_(monotonic_ns()) {}
-  // Install the deadline for the opening, until the scope of the returned object ends.
-  std::optional<scoped_wait_deadline> bound_opening() const {
-    if (timeout_ns_ <= 0) return std::nullopt;
-    return std::optional<scoped_wait_deadline>(std::in_place, start_ns_ + static_cast<uint64_t>(timeout_ns_));
+  explicit acquire_timeout(int64_t timeout_ns) : timeout_ns_(timeout_ns), start_ns_(monotonic_ns()) {
+    if (timeout_ns_ > 0) deadline_.emplace(start_ns_ + static_cast<uint64_t>(timeout_ns_));
   }
   int64_t left_for_the_queue() const {
     if (timeout_ns_ <= 0) return timeout_ns_;
@@ -209,6 +207,7 @@ class acquire_timeout {
  private:
   int64_t timeout_ns_;
   uint64_t start_ns_;
+  std::optional<scoped_wait_deadline> deadline_;  // installed for the object's life
 };
 
 uint32_t& held_slot(int device) {
@@ -308,10 +307,7 @@ int lock(int device, uint32_t priority, int64_t timeout_ns, bool* holder_died) n
     }
     const acquire_timeout timeout(timeout_ns);
     device_state* st = nullptr;
-    {
-      const auto bound = timeout.bound_opening();
-      VS_TRY(state_for("lock", device, &st));
-    }
+    VS_TRY(state_for("lock", device, &st));
     acquire_info info;
     const int rc = st->policy->acquire(static_cast<lock_priority>(priority), timeout.left_for_the_queue(), &info);
     if (rc != ok) return rc;
@@ -373,10 +369,7 @@ int lock_gang(const int* devices, size_t count, uint32_t priority, int64_t timeo
     std::vector<device_state*> states(devs.size(), nullptr);
     std::vector<device_lock*> locks(devs.size(), nullptr);
     for (size_t i = 0; i < devs.size(); ++i) {
-      {
-        const auto bound = timeout.bound_opening();
-        VS_TRY(state_for("lock_gang", devs[i], &states[i]));
-      }
+      VS_TRY(state_for("lock_gang", devs[i], &states[i]));
       locks[i] = states[i]->policy->gang_lock();
       if (locks[i] == nullptr && states[i]->policy->joined_gang() != nullptr) {
         return fail(err_invalid_argument,

@@ -6,6 +6,10 @@
 //   take gpu_lock(device), allocate <bytes> under it (frames taken from idle processes) and
 //   write every byte, create <ready-file>, hold the lock until <release-file> exists (at
 //   most 120 s), free, release, exit 0.
+// usage: api_worker keep <device> <bytes> <ready-file> <end-file>
+//   take gpu_lock(device), allocate <bytes> under it and write every byte, release (the
+//   frames stay this process's, idle, until another process asks for them), create
+//   <ready-file>, wait for <end-file> (at most 120 s), check every byte under the lock, exit 0.
 // usage: api_worker touch <device> <bytes> <ready-file> <go-file>
 //   without the lock: allocate <bytes> and write every byte through the pointer (host
 //   backend: device memory is process memory), create <ready-file>, wait for <go-file> (at
@@ -72,12 +76,13 @@ int usage(const char* self) {
   std::fprintf(stderr,
                "usage: %s hold <device> <hold-ms> <ready-file>\n"
                "       %s fill <device> <bytes> <ready-file> <release-file>\n"
+               "       %s keep <device> <bytes> <ready-file> <end-file>\n"
                "       %s touch <device> <bytes> <ready-file> <go-file>\n"
                "       %s each <devices>\n"
                "       %s polled <device> <ready-file>\n"
                "       %s mix <rounds> <seed> <bytes> <inside-file>\n"
                "       %s rank <job> <rank> <world> <rounds> <bytes> <shared-file>\n",
-               self, self, self, self, self, self, self);
+               self, self, self, self, self, self, self, self);
   return 64;
 }
 
@@ -280,6 +285,27 @@ int main(int argc, char** argv) {
       const bool released = wait_for(argv[5]);
       vramswap::free(p, device);
       return released ? 0 : 4;
+    }
+    if (mode == "keep" && argc == 6) {
+      const int device = std::atoi(argv[2]);
+      const size_t bytes = std::strtoull(argv[3], nullptr, 10);
+      unsigned char* p = nullptr;
+      {
+        vramswap::gpu_lock lock(device);
+        p = static_cast<unsigned char*>(vramswap::malloc(bytes, device));
+        for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i * 13 + 5);
+      }
+      create(argv[4]);
+      if (!wait_for(argv[5])) return 4;
+      vramswap::gpu_lock lock(device);
+      for (size_t i = 0; i < bytes; ++i) {
+        if (p[i] != static_cast<unsigned char>(i * 13 + 5)) {
+          std::fprintf(stderr, "api_worker: byte %zu differs\n", i);
+          return 3;
+        }
+      }
+      vramswap::free(p, device);
+      return 0;
     }
     if (mode == "touch" && argc == 6) {
       const int device = std::atoi(argv[2]);

@@ -589,6 +589,77 @@ def test_a_pool_server_that_does_not_answer_is_waited_for_within_the_timeout_and
         assert vramswap.held(0) == 1
 
 
+# Keeps 56 MiB of the 64 MiB pool idle after one lock, until its stdin closes.
+KEEP_FRAMES_IDLE = r"""
+import sys, vramswap
+n = 56 << 20
+ptr = vramswap.malloc(n)
+with vramswap.gpu_lock(0):
+    vramswap._testing.write(ptr, b"k" * n)
+print("keeping", flush=True)
+sys.stdin.read()
+"""
+
+# 24 MiB of random bytes written under one lock; then, on "go", a lock that must bring them
+# back into the pool: it waits for frames another process holds. Says how Ctrl-C ended that
+# wait; on "verify", locks again and says whether every byte came back.
+WAIT_FOR_FRAMES = r"""
+import random, sys, time, vramswap
+n = 24 << 20
+data = random.Random(7).randbytes(n)
+ptr = vramswap.malloc(n)
+with vramswap.gpu_lock(0):
+    vramswap._testing.write(ptr, data)
+print("ready", flush=True)
+assert sys.stdin.readline().strip() == "go"
+t0 = time.monotonic()
+try:
+    with vramswap.gpu_lock(0):
+        print("granted", flush=True)
+except KeyboardInterrupt:
+    print(f"interrupted {vramswap.held(0)} after {time.monotonic() - t0:.2f} s", flush=True)
+assert sys.stdin.readline().strip() == "verify"
+with vramswap.gpu_lock(0, timeout=20):
+    print("intact" if vramswap._testing.read(ptr, n) == data else "changed", flush=True)
+"""
+
+
+def test_ctrl_c_ends_the_wait_for_frames_a_stopped_owner_holds_and_loses_nothing():
+    # After the grant, a lock brings its process's memory back in, waiting for the pool frames
+    # other processes hold idle. An owner that does not answer (SIGSTOP) held that wait for
+    # VRAMSWAP_EVICT_TIMEOUT (30 s), through every Ctrl-C.
+    waiter = spawn_script(WAIT_FOR_FRAMES)
+    owner = None
+    try:
+        assert read_line(waiter) == "ready"
+        owner = spawn_script(KEEP_FRAMES_IDLE)
+        assert read_line(owner) == "keeping"
+        os.kill(owner.pid, signal.SIGSTOP)
+        try:
+            waiter.stdin.write("go\n")
+            waiter.stdin.flush()
+            time.sleep(1.0)  # granted, and waiting for the owner's frames by now
+            assert read_line(waiter, timeout=0) is None, "the lock was granted without the owner's frames"
+            first = time.monotonic()
+            waiter.send_signal(signal.SIGINT)
+            line = read_line(waiter, timeout=5)
+            took = time.monotonic() - first
+            assert line is not None and line.startswith("interrupted 0 after "), f"after SIGINT the waiter said {line!r}"
+            # The library's part is bounded by a wait slice; the rest is this test's reading.
+            assert took < 0.5, f"KeyboardInterrupt came {took * 1000:.0f} ms after Ctrl-C"
+            assert float(line.split()[3]) >= 0.9, f"interrupted before it waited for the frames: {line!r}"
+        finally:
+            os.kill(owner.pid, signal.SIGCONT)
+        waiter.stdin.write("verify\n")
+        waiter.stdin.flush()
+        assert read_line(waiter, timeout=30) == "intact"
+        assert waiter.wait(timeout=20) == 0
+    finally:
+        if owner is not None:
+            finish(owner)
+        finish(waiter)
+
+
 # The first lock waits for a pool server that does not answer, while signals whose handlers
 # do not raise keep arriving (SIGUSR1 with a handler that counts): each ends the wait, the lock
 # opens the session again (its debug log says so), and takes the lock once the server answers.
