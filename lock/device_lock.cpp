@@ -6,7 +6,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <limits>
 #include <new>
 
 #include "core/options.hpp"
@@ -28,13 +27,7 @@ int signal_of(const std::string& name) {
   return 0;
 }
 
-constexpr uint64_t k_forever = std::numeric_limits<uint64_t>::max();
-
 }  // namespace
-
-uint64_t device_lock::deadline_after(uint64_t now, int64_t wait_ns) noexcept {
-  return wait_ns < 0 ? k_forever : now + static_cast<uint64_t>(wait_ns);
-}
 
 device_lock::device_lock() noexcept = default;
 

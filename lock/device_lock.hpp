@@ -335,8 +335,6 @@ class device_lock {
   int reopen_if_forked() noexcept;
   bool held_by(pid_t pid, pid_t tid) const noexcept;
   void forget_holding() noexcept;
-  // The deadline (CLOCK_MONOTONIC) of a wait of `wait_ns` from `now`; a negative wait has none.
-  static uint64_t deadline_after(uint64_t now, int64_t wait_ns) noexcept;
 
   // lock_word.cpp: the internal mutex, the holder recorded, release and hand-on.
   // Take the internal mutex by `deadline_ns` (CLOCK_MONOTONIC); `interruptible`: also stop

@@ -48,13 +48,10 @@
 #include "lock/queue_order.hpp"
 #include "lock/segment_layout.hpp"
 #include "lock/shared_segment.hpp"
+#include "lock/wait_bounds.hpp"
 
 namespace vramswap::detail {
 using namespace lock_layout;
-
-namespace {
-constexpr uint64_t k_forever = std::numeric_limits<uint64_t>::max();
-}  // namespace
 
 int gang_waiter::acquire(device_lock* const* locks, size_t count, lock_priority priority, int64_t timeout_ns,
                          acquire_info* infos, uint64_t gang_id) noexcept {
@@ -120,7 +117,7 @@ int gang_waiter::acquire(device_lock* const* locks, size_t count, lock_priority 
   }
   if (gang_id == 0) gang_id = (static_cast<uint64_t>(static_cast<uint32_t>(me.pid)) << 32) | static_cast<uint32_t>(tid);
 
-  const uint64_t deadline = timeout_ns < 0 ? k_forever : start_ns + static_cast<uint64_t>(timeout_ns);
+  const uint64_t deadline = deadline_after(start_ns, timeout_ns);
   const uint64_t mutex_deadline = std::max(deadline, start_ns + static_cast<uint64_t>(device_lock::k_mutex_try_ns));
   gang_waiter gang(members, count);
   if (const int mrc = gang.lock_all(mutex_deadline, /*interruptible=*/true); mrc != ok) {

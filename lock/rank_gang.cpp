@@ -7,7 +7,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -21,6 +20,7 @@
 #include "lock/lease_mutex.hpp"
 #include "lock/segment_layout.hpp"
 #include "lock/shared_segment.hpp"
+#include "lock/wait_bounds.hpp"
 
 namespace vramswap::detail {
 using namespace lock_layout;
@@ -28,7 +28,6 @@ using namespace lock_layout;
 namespace {
 
 constexpr uint64_t k_gang_magic = 0x474E4147574E4152ull;  // "RANKGANG" in little-endian bytes
-constexpr uint64_t k_forever = std::numeric_limits<uint64_t>::max();
 
 // A rank's entry. Written under the gang mutex; `state` last (release), so that an entry in
 // a state is complete. Every field is a single store meaningful in every value.
@@ -409,7 +408,7 @@ int rank_gang::acquire(device_lock& mine, lock_priority priority, int64_t timeou
   VS_TRY(current_process(&me));
   const pid_t tid = current_tid();
   if (gang_waiter::held_by(&mine, me.pid, tid)) return mine.acquire(priority, timeout_ns, info);  // re-entry: counted
-  const uint64_t deadline = timeout_ns < 0 ? k_forever : start_ns + static_cast<uint64_t>(timeout_ns);
+  const uint64_t deadline = deadline_after(start_ns, timeout_ns);
   const uint64_t mutex_deadline = std::max(deadline, start_ns + static_cast<uint64_t>(device_lock::k_mutex_try_ns));
   gang_record* rec = record_of(segment_.get());
   rank_entry& entry = rec->ranks[rank_];

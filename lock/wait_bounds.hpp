@@ -10,8 +10,20 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace vramswap::detail {
+
+// The deadline of a wait that has none (a timeout of -1: wait forever), on the clock of
+// monotonic_ns(). Every acquire (one device, a gang, a rank gang) turns its timeout into a
+// deadline with deadline_after, so that they agree on what a negative timeout means.
+inline constexpr uint64_t k_forever = std::numeric_limits<uint64_t>::max();
+
+// The deadline (CLOCK_MONOTONIC) of a wait of `wait_ns` from `now_ns`; a negative wait has
+// none (k_forever).
+constexpr uint64_t deadline_after(uint64_t now_ns, int64_t wait_ns) noexcept {
+  return wait_ns < 0 ? k_forever : now_ns + static_cast<uint64_t>(wait_ns);
+}
 
 // Asked by a waiting acquire whether to give up. signal_ran: a signal handler ran on this
 // thread since the previous call. Return true to stop waiting.
