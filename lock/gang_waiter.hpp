@@ -210,6 +210,27 @@ class gang_waiter {
   }
 
  private:
+  // The steps of acquire (gang_acquire.cpp), in the order it takes them.
+  // The gang's size, priority and timeout are ones acquire takes.
+  static int check_request(device_lock* const* locks, size_t count, lock_priority priority, int64_t timeout_ns) noexcept;
+  // `out`: the members of `locks`, in the order of their device keys; each open, each device once.
+  static int sort_members(device_lock* const* locks, size_t count, member* out) noexcept;
+  // Every member held by this thread already: the re-entry is counted (*reentered). Some of
+  // them held: an error (waiting for the rest while holding those could deadlock).
+  int reenter_if_held(pid_t pid, pid_t tid, acquire_info* infos, bool* reentered) noexcept;
+  // Take every member mutex, then a slot on each (all or none), then publish them all. On
+  // success the mutexes stay held; on failure none is, and no slot is left taken.
+  int enqueue(lock_priority priority, int64_t timeout_ns, uint64_t mutex_deadline, const process_identity& me, pid_t tid,
+              uint64_t start_ns, uint64_t gang_id) noexcept;
+  // A try, with every member mutex held, not granted at once: free the slots, let the
+  // mutexes go, and say why (err_busy).
+  int give_up_try_locked(lock_priority priority) noexcept;
+  // Wait (no mutex held) until the gang is granted (true), `deadline` passes or this
+  // thread's wait_interrupt says stop (*stop; false).
+  bool wait_for_grant(uint64_t deadline, bool* stop) noexcept;
+  // Not granted: leave every queue and say why (interrupted, or the timeout).
+  int give_up_wait(lock_priority priority, bool stop, uint64_t start_ns, int64_t timeout_ns) noexcept;
+
   member* m_;
   size_t n_;
 };
