@@ -92,6 +92,31 @@ void wake_all(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
+// Leave our slot `slot` on `mine` (its place: `my_slot`) without its device's mutex, like a
+// timed-out waiter: CAS waiting -> free; a slot being granted (granting) is waited for.
+// Then a free device that had it next goes on to those behind. True when the slot turned
+// out granted after all (it is then ours to hold).
+bool leave_slot(device_lock& mine, uint32_t slot, const waiter_slot& my_slot) noexcept {
+  for (int spins = 0; spins < 1'000'000; ++spins) {
+    if (gang_waiter::withdraw(&mine, slot)) break;
+    const uint32_t s = my_slot.state.load(std::memory_order_acquire);
+    if (s == slot_holding) return true;  // granted after all
+    if (s != slot_granting) {
+      gang_waiter::let_go_of_lease(&mine, slot);
+      break;
+    }
+    if (spins % 1000 == 999) gang_waiter::liveness_tick(&mine, monotonic_ns() + static_cast<uint64_t>(device_lock::k_mutex_try_ns));
+    cpu_relax();
+  }
+  if (gang_waiter::lock_mutex(&mine, monotonic_ns() + static_cast<uint64_t>(device_lock::k_mutex_try_ns)) == ok) {
+    gang_waiter::dispatch_if_free_locked(&mine);
+    gang_waiter::unlock_mutex(&mine);
+  } else {
+    clear_error();
+  }
+  return false;
+}
+
 }  // namespace
 
 int rank_gang::recover(void* self) noexcept {
@@ -386,11 +411,50 @@ bool rank_gang::try_grant(uint64_t round, device_lock& mine, uint64_t deadline_n
   return granted;
 }
 
+// One acquire's round, as its steps share it.
+struct rank_gang::round_call {
+  device_lock& mine;
+  const lock_priority priority;
+  const int64_t timeout_ns;
+  const uint64_t start_ns;
+  const uint64_t deadline;
+  const process_identity me;
+  const pid_t tid;
+  uint32_t slot = k_no_slot;          // ours on our device
+  waiter_slot* my_slot = nullptr;     // its place in the device's segment
+  uint64_t round = 0;                 // the round joined
+};
+
 int rank_gang::acquire(device_lock& mine, lock_priority priority, int64_t timeout_ns, acquire_info* info) noexcept {
   const uint64_t start_ns = monotonic_ns();
   if (info != nullptr) *info = acquire_info{};
   if (segment_ == nullptr) return fail(err_invalid_argument, "rank_gang::acquire: not open");
   if (world_ == 1) return mine.acquire(priority, timeout_ns, info);
+  VS_TRY(check_acquire(mine, priority, timeout_ns));
+  process_identity me{};
+  VS_TRY(current_process(&me));
+  const pid_t tid = current_tid();
+  if (gang_waiter::held_by(&mine, me.pid, tid)) return mine.acquire(priority, timeout_ns, info);  // re-entry: counted
+  const uint64_t deadline = deadline_after(start_ns, timeout_ns);
+  const uint64_t mutex_deadline = std::max(deadline, start_ns + static_cast<uint64_t>(device_lock::k_mutex_try_ns));
+  round_call c{mine, priority, timeout_ns, start_ns, deadline, me, tid};
+
+  // 1. Our slot on our device, forming (outside every device's order).
+  VS_TRY(publish_forming_slot(c, mutex_deadline));
+  // 2. Join the round; the last to join queues it.
+  VS_TRY(join_round(c, mutex_deadline));
+  // 3. Wait for the grant.
+  bool stop = false;
+  const int why = wait_for_round(c, &stop);
+  // 4. Not granted: leave the round, unless the grant came as we left.
+  if (c.my_slot->state.load(std::memory_order_acquire) != slot_holding && !leave_slot(mine, c.slot, *c.my_slot)) {
+    return leave_round(c, why, stop);
+  }
+  gang_waiter::became_holder(&mine, c.slot, c.my_slot->ticket.load(std::memory_order_relaxed), me.pid, tid, start_ns, info);
+  return ok;
+}
+
+int rank_gang::check_acquire(device_lock& mine, lock_priority priority, int64_t timeout_ns) noexcept {
   if (priority != lock_priority::normal && priority != lock_priority::high) {
     return fail(err_invalid_argument, "gang %s: priority %u is not a lock_priority (normal=1, high=2)", job_.c_str(),
                 static_cast<unsigned>(priority));
@@ -404,65 +468,41 @@ int rank_gang::acquire(device_lock& mine, lock_priority priority, int64_t timeou
     return fail(err_unavailable, "gang %s: this process was forked from the one that joined the gang as rank %u; a forked child "
                 "is no rank (join the gang in it anew)", job_.c_str(), rank_);
   }
-  process_identity me{};
-  VS_TRY(current_process(&me));
-  const pid_t tid = current_tid();
-  if (gang_waiter::held_by(&mine, me.pid, tid)) return mine.acquire(priority, timeout_ns, info);  // re-entry: counted
-  const uint64_t deadline = deadline_after(start_ns, timeout_ns);
-  const uint64_t mutex_deadline = std::max(deadline, start_ns + static_cast<uint64_t>(device_lock::k_mutex_try_ns));
-  gang_record* rec = record_of(segment_.get());
-  rank_entry& entry = rec->ranks[rank_];
+  return ok;
+}
 
-  // 1. Our slot on our device, forming (outside every device's order).
-  uint32_t slot = k_no_slot;
-  VS_TRY(gang_waiter::lock_mutex(&mine, mutex_deadline, true));
-  if (const int trc = gang_waiter::take_slot_locked(&mine, &slot); trc != ok) {
-    gang_waiter::unlock_mutex(&mine);
+int rank_gang::publish_forming_slot(round_call& c, uint64_t mutex_deadline) noexcept {
+  VS_TRY(gang_waiter::lock_mutex(&c.mine, mutex_deadline, true));
+  if (const int trc = gang_waiter::take_slot_locked(&c.mine, &c.slot); trc != ok) {
+    gang_waiter::unlock_mutex(&c.mine);
     return trc;
   }
-  gang_waiter::publish_slot_locked(&mine, slot, static_cast<uint32_t>(priority) | k_gang_member | k_gang_forming, me, tid, start_ns,
-                                   gang_id_);
-  gang_waiter::unlock_mutex(&mine);
-  waiter_slot& my_slot = slots_of(gang_waiter::segment_of(&mine)->base())[slot];
-  auto leave_slot = [&] {
-    // Without a mutex, like a timed-out waiter: CAS waiting -> free; a slot being granted
-    // (granting) is waited for.
-    for (int spins = 0; spins < 1'000'000; ++spins) {
-      if (gang_waiter::withdraw(&mine, slot)) break;
-      const uint32_t s = my_slot.state.load(std::memory_order_acquire);
-      if (s == slot_holding) return true;  // granted after all
-      if (s != slot_granting) {
-        gang_waiter::let_go_of_lease(&mine, slot);
-        break;
-      }
-      if (spins % 1000 == 999) gang_waiter::liveness_tick(&mine, monotonic_ns() + static_cast<uint64_t>(device_lock::k_mutex_try_ns));
-      cpu_relax();
-    }
-    if (gang_waiter::lock_mutex(&mine, monotonic_ns() + static_cast<uint64_t>(device_lock::k_mutex_try_ns)) == ok) {
-      gang_waiter::dispatch_if_free_locked(&mine);
-      gang_waiter::unlock_mutex(&mine);
-    } else {
-      clear_error();
-    }
-    return false;
-  };
+  gang_waiter::publish_slot_locked(&c.mine, c.slot, static_cast<uint32_t>(c.priority) | k_gang_member | k_gang_forming, c.me, c.tid,
+                                   c.start_ns, gang_id_);
+  gang_waiter::unlock_mutex(&c.mine);
+  c.my_slot = &slots_of(gang_waiter::segment_of(&c.mine)->base())[c.slot];
+  return ok;
+}
 
-  // 2. Join the round; the last to join queues it.
+int rank_gang::join_round(round_call& c, uint64_t mutex_deadline) noexcept {
+  gang_record* rec = record_of(segment_.get());
+  rank_entry& entry = rec->ranks[rank_];
   if (const int grc = lock_gang(mutex_deadline); grc != ok) {
-    leave_slot();
+    leave_slot(c.mine, c.slot, *c.my_slot);
     return grc;
   }
   check_ranks_locked();
   if (rec->broken.load(std::memory_order_relaxed) != 0) {
     unlock_gang();
-    leave_slot();
+    leave_slot(c.mine, c.slot, *c.my_slot);
     return broken_error("");
   }
   const uint64_t round = rec->round;
+  c.round = round;
   entry.round = round;
-  entry.slot = slot;
+  entry.slot = c.slot;
   entry.ticket = 0;
-  std::memcpy(entry.device_key, mine.device_key().c_str(), mine.device_key().size() + 1);
+  std::memcpy(entry.device_key, c.mine.device_key().c_str(), c.mine.device_key().size() + 1);
   entry.state.store(rank_joined, std::memory_order_release);
   uint32_t joined = 0;
   for (uint32_t r = 0; r < world_; ++r) {
@@ -471,133 +511,154 @@ int rank_gang::acquire(device_lock& mine, lock_priority priority, int64_t timeou
     if ((s == rank_joined || s == rank_queued) && e.round == round) ++joined;
   }
   if (joined == world_) {
-    // Two ranks on one device cannot be granted together.
-    bool shared = false;
-    for (uint32_t a = 0; a < world_ && !shared; ++a) {
-      for (uint32_t b = a + 1; b < world_ && !shared; ++b) {
-        if (std::strncmp(rec->ranks[a].device_key, rec->ranks[b].device_key, sizeof rec->ranks[a].device_key) == 0) {
-          log(log_level::error, "gang %s: ranks %u and %u both use device %s; each rank needs a device of its own", job_.c_str(),
-              a, b, rec->ranks[a].device_key);
-          set_aborted(round, b, rec->ranks[b].pid);
-          shared = true;
-        }
-      }
-    }
-    if (!shared) queue_round_locked(round, mine);
+    if (!ranks_share_a_device_locked(round)) queue_round_locked(round, c.mine);
     rec->round = round + 1;
   }
   rec->events.fetch_add(1, std::memory_order_release);
   wake_all(&rec->events);
   unlock_gang();
+  return ok;
+}
 
-  // 3. Wait for the grant.
-  uint64_t last_tick = monotonic_ns();
-  bool stop = false;
-  int why = ok;
-  for (;;) {
-    if (my_slot.state.load(std::memory_order_acquire) == slot_holding) break;
-    const uint32_t seen = rec->events.load(std::memory_order_acquire);
-    if (rec->broken.load(std::memory_order_acquire) != 0) {
-      why = err_owner_died;
-      break;
-    }
-    if (__atomic_load_n(&rec->aborted_round, __ATOMIC_ACQUIRE) == round) {
-      why = err_timeout;
-      break;
-    }
-    const uint64_t now = monotonic_ns();
-    if (now >= deadline || stop) break;
-    if (now - last_tick >= static_cast<uint64_t>(device_lock::k_liveness_poll_ns)) {
-      gang_waiter::liveness_tick(&mine, std::min(deadline, now + static_cast<uint64_t>(device_lock::k_liveness_poll_ns)));
-      if (lock_gang(std::min(deadline, now + static_cast<uint64_t>(device_lock::k_mutex_try_ns))) == ok) {
-        check_ranks_locked();
-        unlock_gang();
-      } else {
-        clear_error();
+bool rank_gang::ranks_share_a_device_locked(uint64_t round) noexcept {
+  // Two ranks on one device cannot be granted together.
+  gang_record* rec = record_of(segment_.get());
+  for (uint32_t a = 0; a < world_; ++a) {
+    for (uint32_t b = a + 1; b < world_; ++b) {
+      if (std::strncmp(rec->ranks[a].device_key, rec->ranks[b].device_key, sizeof rec->ranks[a].device_key) == 0) {
+        log(log_level::error, "gang %s: ranks %u and %u both use device %s; each rank needs a device of its own", job_.c_str(),
+            a, b, rec->ranks[a].device_key);
+        set_aborted(round, b, rec->ranks[b].pid);
+        return true;
       }
+    }
+  }
+  return false;
+}
+
+int rank_gang::wait_for_round(round_call& c, bool* stop) noexcept {
+  gang_record* rec = record_of(segment_.get());
+  const rank_entry& entry = rec->ranks[rank_];
+  const waiter_slot& my_slot = *c.my_slot;
+  uint64_t last_tick = monotonic_ns();
+  for (;;) {
+    if (my_slot.state.load(std::memory_order_acquire) == slot_holding) return ok;
+    const uint32_t seen = rec->events.load(std::memory_order_acquire);
+    if (rec->broken.load(std::memory_order_acquire) != 0) return err_owner_died;
+    if (__atomic_load_n(&rec->aborted_round, __ATOMIC_ACQUIRE) == c.round) return err_timeout;
+    const uint64_t now = monotonic_ns();
+    if (now >= c.deadline || *stop) return ok;
+    if (now - last_tick >= static_cast<uint64_t>(device_lock::k_liveness_poll_ns)) {
+      check_liveness(c.mine, now, c.deadline);
       last_tick = now;
-      stop = interrupted_now(false);
+      *stop = interrupted_now(false);
       if (entry.state.load(std::memory_order_acquire) == rank_queued) {
-        try_grant(round, mine, std::min(deadline, monotonic_ns() + static_cast<uint64_t>(device_lock::k_mutex_try_ns)));
+        try_grant(c.round, c.mine, std::min(c.deadline, monotonic_ns() + static_cast<uint64_t>(device_lock::k_mutex_try_ns)));
       }
       continue;
     }
-    // Asleep until our slot changes or is woken (a dispatch found the gang next on our
-    // device; the grant) or the gang's events move (a join, the queueing, a break).
-    std::atomic<uint32_t>* words[2] = {&my_slot.state, &rec->events};
-    const uint32_t expected[2] = {slot_waiting, seen};
-    const uint64_t wake = std::min(deadline, last_tick + static_cast<uint64_t>(device_lock::k_liveness_poll_ns));
-    int wrc = 0;
-    if (my_slot.state.load(std::memory_order_acquire) == slot_waiting) {
-      wrc = futex_wait_any(words, expected, 2, wake);
-      if (wrc == ENOSYS) wrc = futex_wait(&my_slot.state, slot_waiting, std::min<uint64_t>(1'000'000, wake > monotonic_ns() ? wake - monotonic_ns() : 0));
-    } else {
-      cpu_relax();  // granting: the granter is in its critical section
-    }
-    if (wrc == EINTR) {
-      stop = interrupted_now(true);
+    if (sleep_in_round(c, seen, last_tick) == EINTR) {
+      *stop = interrupted_now(true);
       continue;
     }
     if (entry.state.load(std::memory_order_acquire) == rank_queued && my_slot.state.load(std::memory_order_acquire) == slot_waiting) {
-      try_grant(round, mine, std::min(deadline, monotonic_ns() + static_cast<uint64_t>(device_lock::k_mutex_try_ns)));
+      try_grant(c.round, c.mine, std::min(c.deadline, monotonic_ns() + static_cast<uint64_t>(device_lock::k_mutex_try_ns)));
     }
   }
-  if (my_slot.state.load(std::memory_order_acquire) != slot_holding) {
-    // 4. Not granted: leave the round.
-    if (leave_slot()) goto granted;  // the grant came as we left
-    // Queued (read under the gang mutex: the last rank may have queued the round as we
-    // left): the round cannot be granted without us, so it is over for every rank.
-    bool queued = entry.state.load(std::memory_order_acquire) == rank_queued;
-    if (lock_gang(monotonic_ns() + static_cast<uint64_t>(k_gang_mutex_ns)) == ok) {
-      queued = entry.state.load(std::memory_order_relaxed) == rank_queued && entry.round == round;
-      if (queued && rec->aborted_round != round && rec->broken.load(std::memory_order_relaxed) == 0) {
-        set_aborted(round, rank_, me.pid);
-      }
-      entry.state.store(rank_idle, std::memory_order_release);
-      rec->events.fetch_add(1, std::memory_order_release);
-      wake_all(&rec->events);
-      unlock_gang();
-    } else {
-      clear_error();
-    }
-    if (why == err_owner_died) return broken_error(" while its gang waited");
-    std::string missing;
-    for (uint32_t r = 0; r < world_; ++r) {
-      const rank_entry& e = rec->ranks[r];
-      const uint32_t s = e.state.load(std::memory_order_relaxed);
-      if (r == rank_ || ((s == rank_joined || s == rank_queued) && e.round == round)) continue;
-      try {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      } catch (...) {
-      }
-    }
-    if (why == err_timeout && rec->aborted_rank != static_cast<int32_t>(rank_)) {
-      return fail(err_timeout,
-                  "gang %s: rank %d (pid %d) left round %llu before the gang was granted (its timeout, an interrupt, or a "
-                  "device shared with another rank): nothing is held; acquire again for the next round",
-                  job_.c_str(), rec->aborted_rank, rec->aborted_pid, static_cast<unsigned long long>(round));
-    }
-    if (stop) {
-      return fail(err_interrupted, "gang %s: interrupted while rank %u waited for its gang; nothing is held", job_.c_str(), rank_);
-    }
-    if (!queued) {
-      return fail(timeout_ns == 0 ? err_busy : err_timeout,
-                  "gang %s: rank %u waited %.3f s, but ranks %s of %u never joined round %llu: start every rank of the job "
-                  "(each with the same job id and world size), or wait longer",
-                  job_.c_str(), rank_, static_cast<double>(monotonic_ns() - start_ns) / 1e9, missing.c_str(), world_,
-                  static_cast<unsigned long long>(round));
-    }
-    char queue[768];
-    gang_waiter::member m[1] = {{&mine, 0, slot, entry.ticket}};
-    gang_waiter(m, 1).describe(static_cast<uint32_t>(priority), queue, sizeof queue);
-    return fail(timeout_ns == 0 ? err_busy : err_timeout,
-                "gang %s: every rank joined, but the gang was not next on every rank's device within %.3f s (this rank's: %s); "
-                "the round is over for every rank. Wait longer, or see `vramswap status`",
-                job_.c_str(), static_cast<double>(monotonic_ns() - start_ns) / 1e9, queue);
+}
+
+void rank_gang::check_liveness(device_lock& mine, uint64_t now, uint64_t deadline) noexcept {
+  gang_waiter::liveness_tick(&mine, std::min(deadline, now + static_cast<uint64_t>(device_lock::k_liveness_poll_ns)));
+  if (lock_gang(std::min(deadline, now + static_cast<uint64_t>(device_lock::k_mutex_try_ns))) == ok) {
+    check_ranks_locked();
+    unlock_gang();
+  } else {
+    clear_error();
   }
-granted:
-  gang_waiter::became_holder(&mine, slot, my_slot.ticket.load(std::memory_order_relaxed), me.pid, tid, start_ns, info);
-  return ok;
+}
+
+int rank_gang::sleep_in_round(const round_call& c, uint32_t seen, uint64_t last_tick) noexcept {
+  // Asleep until our slot changes or is woken (a dispatch found the gang next on our
+  // device; the grant) or the gang's events move (a join, the queueing, a break).
+  gang_record* rec = record_of(segment_.get());
+  waiter_slot& my_slot = *c.my_slot;
+  std::atomic<uint32_t>* words[2] = {&my_slot.state, &rec->events};
+  const uint32_t expected[2] = {slot_waiting, seen};
+  const uint64_t wake = std::min(c.deadline, last_tick + static_cast<uint64_t>(device_lock::k_liveness_poll_ns));
+  int wrc = 0;
+  if (my_slot.state.load(std::memory_order_acquire) == slot_waiting) {
+    wrc = futex_wait_any(words, expected, 2, wake);
+    if (wrc == ENOSYS) wrc = futex_wait(&my_slot.state, slot_waiting, std::min<uint64_t>(1'000'000, wake > monotonic_ns() ? wake - monotonic_ns() : 0));
+  } else {
+    cpu_relax();  // granting: the granter is in its critical section
+  }
+  return wrc;
+}
+
+int rank_gang::leave_round(const round_call& c, int why, bool stop) noexcept {
+  const bool queued = quit_round(c);
+  if (why == err_owner_died) return broken_error(" while its gang waited");
+  const std::string missing = missing_ranks(c.round);
+  const gang_record* rec = record_of(segment_.get());
+  if (why == err_timeout && rec->aborted_rank != static_cast<int32_t>(rank_)) {
+    return fail(err_timeout,
+                "gang %s: rank %d (pid %d) left round %llu before the gang was granted (its timeout, an interrupt, or a "
+                "device shared with another rank): nothing is held; acquire again for the next round",
+                job_.c_str(), rec->aborted_rank, rec->aborted_pid, static_cast<unsigned long long>(c.round));
+  }
+  if (stop) {
+    return fail(err_interrupted, "gang %s: interrupted while rank %u waited for its gang; nothing is held", job_.c_str(), rank_);
+  }
+  if (!queued) {
+    return fail(c.timeout_ns == 0 ? err_busy : err_timeout,
+                "gang %s: rank %u waited %.3f s, but ranks %s of %u never joined round %llu: start every rank of the job "
+                "(each with the same job id and world size), or wait longer",
+                job_.c_str(), rank_, static_cast<double>(monotonic_ns() - c.start_ns) / 1e9, missing.c_str(), world_,
+                static_cast<unsigned long long>(c.round));
+  }
+  char queue[768];
+  gang_waiter::member m[1] = {{&c.mine, 0, c.slot, rec->ranks[rank_].ticket}};
+  gang_waiter(m, 1).describe(static_cast<uint32_t>(c.priority), queue, sizeof queue);
+  return fail(c.timeout_ns == 0 ? err_busy : err_timeout,
+              "gang %s: every rank joined, but the gang was not next on every rank's device within %.3f s (this rank's: %s); "
+              "the round is over for every rank. Wait longer, or see `vramswap status`",
+              job_.c_str(), static_cast<double>(monotonic_ns() - c.start_ns) / 1e9, queue);
+}
+
+bool rank_gang::quit_round(const round_call& c) noexcept {
+  gang_record* rec = record_of(segment_.get());
+  rank_entry& entry = rec->ranks[rank_];
+  // Queued (read under the gang mutex: the last rank may have queued the round as we
+  // left): the round cannot be granted without us, so it is over for every rank.
+  bool queued = entry.state.load(std::memory_order_acquire) == rank_queued;
+  if (lock_gang(monotonic_ns() + static_cast<uint64_t>(k_gang_mutex_ns)) == ok) {
+    queued = entry.state.load(std::memory_order_relaxed) == rank_queued && entry.round == c.round;
+    if (queued && rec->aborted_round != c.round && rec->broken.load(std::memory_order_relaxed) == 0) {
+      set_aborted(c.round, rank_, c.me.pid);
+    }
+    entry.state.store(rank_idle, std::memory_order_release);
+    rec->events.fetch_add(1, std::memory_order_release);
+    wake_all(&rec->events);
+    unlock_gang();
+  } else {
+    clear_error();
+  }
+  return queued;
+}
+
+std::string rank_gang::missing_ranks(uint64_t round) const noexcept {
+  const gang_record* rec = record_of(segment_.get());
+  std::string missing;
+  for (uint32_t r = 0; r < world_; ++r) {
+    const rank_entry& e = rec->ranks[r];
+    const uint32_t s = e.state.load(std::memory_order_relaxed);
+    if (r == rank_ || ((s == rank_joined || s == rank_queued) && e.round == round)) continue;
+    try {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    } catch (...) {
+    }
+  }
+  return missing;
 }
 
 }  // namespace vramswap::detail

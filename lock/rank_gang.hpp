@@ -94,6 +94,32 @@ class rank_gang {
   // Try to grant round `round` (queued), taking the device mutexes by `deadline_ns`.
   bool try_grant(uint64_t round, device_lock& mine, uint64_t deadline_ns) noexcept;
 
+  // The steps of acquire (rank_gang.cpp), in its order; a round_call is what they share.
+  struct round_call;
+  // The arguments, and whether this process may act as its rank (not a forked child).
+  int check_acquire(device_lock& mine, lock_priority priority, int64_t timeout_ns) noexcept;
+  // Our slot on our device, forming (outside every device's order).
+  int publish_forming_slot(round_call& c, uint64_t mutex_deadline) noexcept;
+  // Join the round now forming; the last to join queues it. On failure our slot is left.
+  int join_round(round_call& c, uint64_t mutex_deadline) noexcept;
+  // With the gang mutex, every rank joined: two ranks on one device end the round (true).
+  bool ranks_share_a_device_locked(uint64_t round) noexcept;
+  // Wait until our slot is granted (ok), the gang breaks (err_owner_died), another rank ends
+  // the round (err_timeout), or the deadline or an interrupt (*stop) ends the wait (ok).
+  int wait_for_round(round_call& c, bool* stop) noexcept;
+  // Our device's liveness scan, then a look for dead ranks.
+  void check_liveness(device_lock& mine, uint64_t now, uint64_t deadline) noexcept;
+  // Sleep until our slot or the gang's events move (`seen`: the events read), or the next
+  // liveness period. EINTR when a signal handler ran.
+  int sleep_in_round(const round_call& c, uint32_t seen, uint64_t last_tick) noexcept;
+  // Not granted, our slot left: leave the round (ending it for every rank when it was
+  // queued) and say why the acquire failed (`why`, `stop`: what ended the wait).
+  int leave_round(const round_call& c, int why, bool stop) noexcept;
+  // Take this rank out of the round; true when the round had been queued.
+  bool quit_round(const round_call& c) noexcept;
+  // "1, 3": the ranks (this one aside) that have not joined round `round`.
+  std::string missing_ranks(uint64_t round) const noexcept;
+
   std::unique_ptr<shared_segment> segment_;
   std::string job_;
   uint32_t rank_ = 0;
