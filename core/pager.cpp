@@ -236,19 +236,7 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
   std::vector<page_range> fresh;
   device_ptr ptr = 0;
   VS_TRY(arena_.allocate(size, &ptr, &fresh));
-  // A page of the new range whose frame does not hold its bytes gets them now, before the
-  // caller writes the new allocation's part of it (a repair later would overwrite that).
-  if (stale_pages_ > 0) {
-    const page_range pages = arena_.pages_of(ptr, size);
-    for (uint64_t p = pages.first; p < pages.first + pages.count; ++p) {
-      if (!table_[p].frame_stale) continue;
-      const int rc = repair_stale_page(p);
-      if (rc == ok) continue;
-      const std::string why = last_error();
-      arena_.deallocate(ptr, nullptr);
-      return fail(rc, "malloc(%" PRIu64 "): it shares a page with older memory, and %s", size, why.c_str());
-    }
-  }
+  VS_TRY(repair_stale_pages_of(ptr, size));
   // New bytes on a page make a kept copy of it stale.
   invalidate_saved_copies(arena_.pages_of(ptr, size));
   for (const page_range& r : fresh) live_pages_ += r.count;
@@ -256,98 +244,127 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
   // The store's pinning ahead (which may_save just woke) waits while this maps.
   const store_mapping_scope mapping(store_, !fresh.empty());
   if (!resident_) {
-    const int rc = back_not_resident(arena_.pages_of(ptr, size));
-    if (rc == ok || (rc == err_busy && when_not_resident == backing::when_free)) {
-      // Not all could be had: the pages wait for restore_all(), as they always may.
-      if (rc != ok) clear_error();
-      *out = ptr;
-      return ok;
-    }
-    const std::string why = last_error();
-    arena_.deallocate(ptr, nullptr);
-    for (const page_range& f : fresh) live_pages_ -= f.count;
-    return fail(rc == err_busy ? err_out_of_memory : rc, "malloc(%" PRIu64 "): backing its pages now (not resident): %s", size,
-                why.c_str());
-  }
-  {
-    uint64_t count = 0;
-    for (const page_range& r : fresh) count += r.count;
-    // Where a large allocation's time goes (debug level): asking the frames' owners, waiting
-    // for frames, mapping them, granting access. A pool's frames may come from other
-    // processes, and then most of an allocation is theirs.
-    const uint64_t t_start = clock_ns();
-    // Ask for all the frames at once: a shared pool then asks their owners for all of them in
-    // one request (one eviction, or one demotion of an oversubscribed job, instead of one per
-    // page), and their copies overlap our mapping.
-    int rc = count > 1 ? frames_.prepare(device_, count) : ok;
-    const uint64_t t_asked = clock_ns();
-    uint64_t taking_ns = 0, mapping_ns = 0, access_ns = 0;
-    std::vector<uint64_t> backed;
-    for (const page_range& r : fresh) {
-      if (rc != ok) break;
-      // Map the run's pages, then grant access to all of them in one call (the driver takes
-      // a range over several mappings, and granting access is the costly VMM call).
-      uint64_t mapped = 0;
-      for (; mapped < r.count; ++mapped) {
-        const uint64_t p = r.first + mapped;
-        frame_id f = 0;
-        const uint64_t t_take = clock_ns();
-        rc = frames_.take(device_, frame_size_, &f);
-        const uint64_t t_map = clock_ns();
-        taking_ns += t_map - t_take;
-        if (rc != ok) break;
-        rc = be_.map(arena_.page_address(p), frame_size_, f, 0);
-        mapping_ns += clock_ns() - t_map;
-        if (rc != ok) {
-          frames_.give_back(f);
-          break;
-        }
-        table_[p].frame = f;  // resident once access is granted
-      }
-      if (rc == ok) {
-        const uint64_t t_access = clock_ns();
-        rc = be_.set_access(arena_.page_address(r.first), r.count * frame_size_, access_flags::read_write);
-        access_ns += clock_ns() - t_access;
-      }
-      if (rc != ok) {
-        // These pages were never accessible, so nothing was written to their frames: they go
-        // back as they came (a frame that cannot be unmapped is kept).
-        const std::string why = last_error();
-        for (uint64_t k = 0; k < mapped; ++k) {
-          const uint64_t p = r.first + k;
-          if (be_.unmap(arena_.page_address(p), frame_size_) == ok) {
-            frames_.give_back(table_[p].frame);
-          } else {
-            log(log_level::error, "malloc: page %" PRIu64 " could not be unmapped (%s); its frame is kept", p, last_error());
-          }
-          table_[p].frame = 0;
-        }
-        fail(rc, "%s", why.c_str());
-        break;
-      }
-      for (uint64_t p = r.first; p < r.first + r.count; ++p) {
-        table_[p].state = page_state::resident;
-        ++resident_pages_;
-        backed.push_back(p);
-      }
-    }
-    if (rc != ok) {
-      // Undo: every page backed so far, then the allocation itself.
-      const std::string why = last_error();
-      for (uint64_t q : backed) unback_page(q, page_state::unbacked);
-      arena_.deallocate(ptr, nullptr);
-      for (const page_range& f : fresh) live_pages_ -= f.count;
-      return fail(rc, "malloc(%" PRIu64 "): backing the new allocation's %" PRIu64 " page(s) (%zu backed): %s", size, count,
-                  backed.size(), why.c_str());
-    }
-    if (count > 0) {
-      log(log_level::debug,
-          "pager: malloc(%" PRIu64 " bytes): %" PRIu64 " page(s) backed in %.2f ms (asking for frames %.2f, waiting for them %.2f, "
-          "mapping %.2f, granting access %.2f)",
-          size, count, (clock_ns() - t_start) / 1e6, (t_asked - t_start) / 1e6, taking_ns / 1e6, mapping_ns / 1e6, access_ns / 1e6);
-    }
+    VS_TRY(back_new_not_resident(ptr, size, fresh, when_not_resident));
+  } else {
+    VS_TRY(back_fresh_pages(ptr, size, fresh));
   }
   *out = ptr;
+  return ok;
+}
+
+int pager::repair_stale_pages_of(device_ptr ptr, uint64_t size) {
+  // A page of the new range whose frame does not hold its bytes gets them now, before the
+  // caller writes the new allocation's part of it (a repair later would overwrite that).
+  if (stale_pages_ == 0) return ok;
+  const page_range pages = arena_.pages_of(ptr, size);
+  for (uint64_t p = pages.first; p < pages.first + pages.count; ++p) {
+    if (!table_[p].frame_stale) continue;
+    const int rc = repair_stale_page(p);
+    if (rc == ok) continue;
+    const std::string why = last_error();
+    arena_.deallocate(ptr, nullptr);
+    return fail(rc, "malloc(%" PRIu64 "): it shares a page with older memory, and %s", size, why.c_str());
+  }
+  return ok;
+}
+
+int pager::back_new_not_resident(device_ptr ptr, uint64_t size, const std::vector<page_range>& fresh, backing when_not_resident) {
+  const int rc = back_not_resident(arena_.pages_of(ptr, size));
+  if (rc == ok || (rc == err_busy && when_not_resident == backing::when_free)) {
+    // Not all could be had: the pages wait for restore_all(), as they always may.
+    if (rc != ok) clear_error();
+    return ok;
+  }
+  const std::string why = last_error();
+  arena_.deallocate(ptr, nullptr);
+  for (const page_range& f : fresh) live_pages_ -= f.count;
+  return fail(rc == err_busy ? err_out_of_memory : rc, "malloc(%" PRIu64 "): backing its pages now (not resident): %s", size,
+              why.c_str());
+}
+
+int pager::back_fresh_pages(device_ptr ptr, uint64_t size, const std::vector<page_range>& fresh) {
+  uint64_t count = 0;
+  for (const page_range& r : fresh) count += r.count;
+  // Where a large allocation's time goes (debug level): asking the frames' owners, waiting
+  // for frames, mapping them, granting access. A pool's frames may come from other
+  // processes, and then most of an allocation is theirs.
+  const uint64_t t_start = clock_ns();
+  // Ask for all the frames at once: a shared pool then asks their owners for all of them in
+  // one request (one eviction, or one demotion of an oversubscribed job, instead of one per
+  // page), and their copies overlap our mapping.
+  int rc = count > 1 ? frames_.prepare(device_, count) : ok;
+  const uint64_t t_asked = clock_ns();
+  backing_times times;
+  std::vector<uint64_t> backed;
+  for (const page_range& r : fresh) {
+    if (rc != ok) break;
+    rc = back_fresh_run(r, &times, &backed);
+  }
+  if (rc != ok) {
+    // Undo: every page backed so far, then the allocation itself.
+    const std::string why = last_error();
+    for (uint64_t q : backed) unback_page(q, page_state::unbacked);
+    arena_.deallocate(ptr, nullptr);
+    for (const page_range& f : fresh) live_pages_ -= f.count;
+    return fail(rc, "malloc(%" PRIu64 "): backing the new allocation's %" PRIu64 " page(s) (%zu backed): %s", size, count,
+                backed.size(), why.c_str());
+  }
+  if (count > 0) {
+    log(log_level::debug,
+        "pager: malloc(%" PRIu64 " bytes): %" PRIu64 " page(s) backed in %.2f ms (asking for frames %.2f, waiting for them %.2f, "
+        "mapping %.2f, granting access %.2f)",
+        size, count, (clock_ns() - t_start) / 1e6, (t_asked - t_start) / 1e6, times.taking_ns / 1e6, times.mapping_ns / 1e6,
+        times.access_ns / 1e6);
+  }
+  return ok;
+}
+
+int pager::back_fresh_run(const page_range& r, backing_times* times, std::vector<uint64_t>* backed) {
+  // Map the run's pages, then grant access to all of them in one call (the driver takes
+  // a range over several mappings, and granting access is the costly VMM call).
+  int rc = ok;
+  uint64_t mapped = 0;
+  for (; mapped < r.count; ++mapped) {
+    const uint64_t p = r.first + mapped;
+    frame_id f = 0;
+    const uint64_t t_take = clock_ns();
+    rc = frames_.take(device_, frame_size_, &f);
+    const uint64_t t_map = clock_ns();
+    times->taking_ns += t_map - t_take;
+    if (rc != ok) break;
+    rc = be_.map(arena_.page_address(p), frame_size_, f, 0);
+    times->mapping_ns += clock_ns() - t_map;
+    if (rc != ok) {
+      frames_.give_back(f);
+      break;
+    }
+    table_[p].frame = f;  // resident once access is granted
+  }
+  if (rc == ok) {
+    const uint64_t t_access = clock_ns();
+    rc = be_.set_access(arena_.page_address(r.first), r.count * frame_size_, access_flags::read_write);
+    times->access_ns += clock_ns() - t_access;
+  }
+  if (rc != ok) {
+    // These pages were never accessible, so nothing was written to their frames: they go
+    // back as they came (a frame that cannot be unmapped is kept).
+    const std::string why = last_error();
+    for (uint64_t k = 0; k < mapped; ++k) {
+      const uint64_t p = r.first + k;
+      if (be_.unmap(arena_.page_address(p), frame_size_) == ok) {
+        frames_.give_back(table_[p].frame);
+      } else {
+        log(log_level::error, "malloc: page %" PRIu64 " could not be unmapped (%s); its frame is kept", p, last_error());
+      }
+      table_[p].frame = 0;
+    }
+    return fail(rc, "%s", why.c_str());
+  }
+  for (uint64_t p = r.first; p < r.first + r.count; ++p) {
+    table_[p].state = page_state::resident;
+    ++resident_pages_;
+    backed->push_back(p);
+  }
   return ok;
 }
 
@@ -527,6 +544,21 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
   };
   copy_pipeline copies(be_, out_stream_, events_, scrub_events_, std::move(on));
 
+  expect_saves_for(chosen);
+  for (uint64_t p = 0; p < table_.size() && !copies.failed(); ++p) {
+    const page_entry& e = table_[p];
+    if (e.state != page_state::resident || (chosen != nullptr && !(*chosen)[p])) continue;
+    if (!evict_page(p, copies)) break;
+  }
+  copies.complete_all();
+  if (copies.failed()) {
+    return fail(copies.failure(), "evict: stopped with %" PRIu64 " page(s) still resident, nothing lost: %s",
+                table_.count(page_state::resident), copies.failure_detail().c_str());
+  }
+  return ok;
+}
+
+void pager::expect_saves_for(const std::vector<bool>* chosen) {
   // Tell the store how many pages will be saved, so a store with a disk tier reserves the
   // space for what goes past its host budget in one piece, before its first write. A hint:
   // if it fails, each save meets the error itself.
@@ -538,76 +570,70 @@ int pager::evict_locked(const std::vector<bool>* chosen) {
     to_save += adv == advice::discardable || e.frame_stale || (e.host_copy_valid && adv == advice::read_mostly) ? 0 : 1;
   }
   if (to_save > 0 && store_.expect_saves(to_save) != ok) clear_error();
+}
 
-  for (uint64_t p = 0; p < table_.size() && !copies.failed(); ++p) {
-    page_entry& e = table_[p];
-    if (e.state != page_state::resident || (chosen != nullptr && !(*chosen)[p])) continue;
-    const advice adv = arena_.page_advice(p);
-    if (adv == advice::discardable) {
-      drop_saved_copy(p);
-      const int rc = unback_page(p, page_state::discarded);
-      if (rc != ok) {
-        copies.note_failure(rc);
-        break;
-      }
-      ++stats_.pages_discarded;
-      ++stats_.pages_evicted;
-      continue;
-    }
-    if (e.frame_stale) {
-      // Its saved copy holds its bytes, its frame does not: the frame goes without a copy out.
-      const int rc = unback_page(p, page_state::host);
-      if (rc != ok) {
-        copies.note_failure(rc);
-        break;
-      }
-      ++stats_.pages_evicted;
-      continue;
-    }
-    if (e.host_copy_valid && adv == advice::read_mostly) {
-      const int rc = unback_saved_page(p, /*scrubbed=*/false);
-      if (rc != ok) {
-        copies.note_failure(rc);
-        break;
-      }
-      e.host_copy_valid = false;  // the copy is now the page's only home, not a spare
-      ++stats_.pages_clean;
-      ++stats_.pages_evicted;
-      continue;
-    }
-    if (e.host_copy_valid) drop_saved_copy(p);  // stale under the current advice
-    copies.make_room();
-    if (copies.failed()) break;
-    void* host = nullptr;
-    // A store shared with other processes may have no slot free now: one comes back when a
-    // process restoring (perhaps into the frames we free) completes a copy in. Finish our
-    // copies one at a time (each gives its frame back) and look again in between, so we
-    // block only once none is left: we never wait holding frames that process could use.
-    int rc;
-    for (;;) {
-      rc = store_.try_slot_for_write(p, frame_size_, &host);
-      if (rc != err_busy || copies.empty()) break;
-      copies.complete_oldest();
-      if (copies.failed()) break;
-    }
-    if (copies.failed()) break;  // rc is err_busy: no slot was taken for p
-    if (rc == err_busy) rc = store_.slot_for_write(p, frame_size_, &host);
-    if (rc != ok) {
-      copies.note_failure(rc);  // p keeps its frame, untouched
-      break;
-    }
-    const device_ptr va = arena_.page_address(p);
-    const auto copy_out = [&](stream_id s) { return be_.copy_d2h(host, va, frame_size_, s); };
-    const auto scrub = [&](stream_id s) { return be_.memset_d8(va, 0, frame_size_, s); };
-    // On failure the pipeline has waited for the stream and dropped p's slot (the copy only
-    // read the frame, so the page is whole where it is), or keeps p in flight with its copy
-    // alone (its scrub failed to queue).
-    if (copies.queue(p, copy_out, frames_.scrub_before_give_back(e.frame) ? copy_pipeline::queue_fn(scrub) : nullptr) != ok) break;
+bool pager::evict_page(uint64_t p, copy_pipeline& copies) {
+  page_entry& e = table_[p];
+  bool left = false;
+  if (const int rc = evict_without_copy(p, &left); left) {
+    if (rc != ok) copies.note_failure(rc);
+    return rc == ok;
   }
-  copies.complete_all();
-  if (copies.failed()) {
-    return fail(copies.failure(), "evict: stopped with %" PRIu64 " page(s) still resident, nothing lost: %s",
-                table_.count(page_state::resident), copies.failure_detail().c_str());
+  if (e.host_copy_valid) drop_saved_copy(p);  // stale under the current advice
+  copies.make_room();
+  if (copies.failed()) return false;
+  void* host = nullptr;
+  // A store shared with other processes may have no slot free now: one comes back when a
+  // process restoring (perhaps into the frames we free) completes a copy in. Finish our
+  // copies one at a time (each gives its frame back) and look again in between, so we
+  // block only once none is left: we never wait holding frames that process could use.
+  int rc;
+  for (;;) {
+    rc = store_.try_slot_for_write(p, frame_size_, &host);
+    if (rc != err_busy || copies.empty()) break;
+    copies.complete_oldest();
+    if (copies.failed()) break;
+  }
+  if (copies.failed()) return false;  // rc is err_busy: no slot was taken for p
+  if (rc == err_busy) rc = store_.slot_for_write(p, frame_size_, &host);
+  if (rc != ok) {
+    copies.note_failure(rc);  // p keeps its frame, untouched
+    return false;
+  }
+  const device_ptr va = arena_.page_address(p);
+  const auto copy_out = [&](stream_id s) { return be_.copy_d2h(host, va, frame_size_, s); };
+  const auto scrub = [&](stream_id s) { return be_.memset_d8(va, 0, frame_size_, s); };
+  // On failure the pipeline has waited for the stream and dropped p's slot (the copy only
+  // read the frame, so the page is whole where it is), or keeps p in flight with its copy
+  // alone (its scrub failed to queue).
+  return copies.queue(p, copy_out, frames_.scrub_before_give_back(e.frame) ? copy_pipeline::queue_fn(scrub) : nullptr) == ok;
+}
+
+int pager::evict_without_copy(uint64_t p, bool* left) {
+  page_entry& e = table_[p];
+  const advice adv = arena_.page_advice(p);
+  if (adv == advice::discardable) {
+    *left = true;
+    drop_saved_copy(p);
+    VS_TRY(unback_page(p, page_state::discarded));
+    ++stats_.pages_discarded;
+    ++stats_.pages_evicted;
+    return ok;
+  }
+  if (e.frame_stale) {
+    // Its saved copy holds its bytes, its frame does not: the frame goes without a copy out.
+    *left = true;
+    VS_TRY(unback_page(p, page_state::host));
+    ++stats_.pages_evicted;
+    return ok;
+  }
+  if (e.host_copy_valid && adv == advice::read_mostly) {
+    *left = true;
+    VS_TRY(unback_saved_page(p, /*scrubbed=*/false));
+    e.host_copy_valid = false;  // the copy is now the page's only home, not a spare
+    ++stats_.pages_clean;
+    ++stats_.pages_evicted;
+    return ok;
   }
   return ok;
 }
@@ -646,33 +672,12 @@ int pager::restore_all() {
     return ok;
   }
   const store_mapping_scope mapping(store_, true);  // a switch's restore is the lock's critical path
-  // A page's copy in has completed: its saved copy is given back at once (or kept, for
-  // read_mostly pages), so that a store shared with other processes can hand the slot to a
-  // process evicting during this same handoff, and a store with a budget reuses it.
-  auto copied_in = [&](uint64_t p) {
-    settle_copied_in(p);
-    stats_.bytes_in += frame_size_;
-    ++stats_.pages_restored;
-  };
-  // A page's copy in is not known complete: its saved copy stays its home.
-  auto put_back = [&](uint64_t p) {
-    if (table_[p].state != page_state::resident || unback_page(p, page_state::host) == ok) return;
-    // The frame could not be left (and its scrub may have run): complete the copy in
-    // instead, so that the page is whole where it is.
-    if (copy_saved_copy_in(p) == ok) {
-      copied_in(p);
-    } else {
-      log(log_level::error, "pager: page %" PRIu64 " could neither leave its frame nor get its bytes in (%s); its saved copy is kept "
-          "and copied in again at the next restore", p, last_error());
-      mark_stale(p);
-    }
-  };
   copy_pipeline::handlers on;
   on.copied = [&](uint64_t p, size_t, bool) {
-    copied_in(p);
+    restored_copied_in(p);
     return ok;
   };
-  on.not_copied = [&](uint64_t p, size_t) { put_back(p); };
+  on.not_copied = [&](uint64_t p, size_t) { restored_not_copied_in(p); };
   copy_pipeline copies(be_, in_stream_, events_, {}, std::move(on));
   stats_.last_restore_waited_ns = stats_.last_restore_frame_after_wait_ns = 0;
   stats_.last_restore_last_frame_ns = stats_.last_restore_queued_ns = 0;
@@ -682,62 +687,7 @@ int pager::restore_all() {
   }
   if (needed > 0 && !copies.failed()) copies.note_failure(frames_.prepare(device_, needed));
   for (uint64_t p = 0; p < table_.size() && !copies.failed(); ++p) {
-    page_entry& e = table_[p];
-    if (e.state == page_state::resident || arena_.page_live_count(p) == 0) continue;
-    const page_state was = e.state;
-    void* host = nullptr;
-    if (was == page_state::host) {
-      copies.note_failure(store_.slot_for_read(p, &host));
-      if (copies.failed()) break;
-    }
-    // Give back the saved copies of what has arrived, without waiting.
-    copies.complete_finished();
-    if (copies.failed()) break;
-    // No frame free: another process must free one, perhaps one evicting into a host store
-    // shared with us that waits for our slots. Finish our copies one at a time (each gives
-    // its saved copy back) and look again in between, so we block only once none is left:
-    // we never wait holding slots it could use, and a frame that comes free meanwhile is
-    // taken without emptying the copy pipeline.
-    frame_id f = 0;
-    int rc;
-    bool waited = false;
-    while ((rc = frames_.try_take(device_, frame_size_, &f)) == err_busy) {
-      if (!waited && stats_.last_restore_waited_ns == 0) stats_.last_restore_waited_ns = clock_ns();
-      waited = true;
-      if (copies.empty()) {
-        rc = frames_.take(device_, frame_size_, &f);
-        break;
-      }
-      copies.complete_oldest();
-      if (copies.failed()) break;
-    }
-    if (copies.failed()) break;  // rc is err_busy: no frame was taken for p
-    if (rc == ok) {
-      const uint64_t now = clock_ns();
-      if (waited && stats_.last_restore_frame_after_wait_ns == 0) stats_.last_restore_frame_after_wait_ns = now;
-      stats_.last_restore_last_frame_ns = now;
-      rc = map_frame(p, f);
-    }
-    if (rc != ok) {
-      copies.note_failure(rc);
-      break;
-    }
-    const device_ptr va = arena_.page_address(p);
-    if (was == page_state::host) {
-      // Waits for the oldest copy first when the window is full; on failure the pipeline
-      // puts p back (unmapped, its saved copy its home).
-      const auto copy_in = [&](stream_id s) { return be_.copy_h2d(va, host, frame_size_, s); };
-      if (copies.queue(p, copy_in) != ok) break;
-    } else if (was == page_state::discarded) {
-      rc = be_.memset_d8(va, 0, frame_size_, in_stream_);
-      if (rc != ok) {
-        // Not zero-filled: the page goes back to discarded (restored zero-filled later).
-        copies.note_failure(rc);
-        be_.stream_synchronize(in_stream_);
-        unback_page(p, page_state::discarded);
-        break;
-      }
-    }
+    if (!restore_page(p, copies)) break;
   }
   stats_.last_restore_queued_ns = clock_ns();
   // The zero fills have no events: one synchronize for them (and the copies) at the end.
@@ -752,6 +702,94 @@ int pager::restore_all() {
   }
   resident_ = true;
   return ok;
+}
+
+void pager::restored_copied_in(uint64_t p) {
+  // Its saved copy is given back at once (or kept, for read_mostly pages), so that a store
+  // shared with other processes can hand the slot to a process evicting during this same
+  // handoff, and a store with a budget reuses it.
+  settle_copied_in(p);
+  stats_.bytes_in += frame_size_;
+  ++stats_.pages_restored;
+}
+
+void pager::restored_not_copied_in(uint64_t p) {
+  // Its saved copy stays its home.
+  if (table_[p].state != page_state::resident || unback_page(p, page_state::host) == ok) return;
+  // The frame could not be left (and its scrub may have run): complete the copy in
+  // instead, so that the page is whole where it is.
+  if (copy_saved_copy_in(p) == ok) {
+    restored_copied_in(p);
+  } else {
+    log(log_level::error, "pager: page %" PRIu64 " could neither leave its frame nor get its bytes in (%s); its saved copy is kept "
+        "and copied in again at the next restore", p, last_error());
+    mark_stale(p);
+  }
+}
+
+bool pager::restore_page(uint64_t p, copy_pipeline& copies) {
+  page_entry& e = table_[p];
+  if (e.state == page_state::resident || arena_.page_live_count(p) == 0) return true;
+  const page_state was = e.state;
+  void* host = nullptr;
+  if (was == page_state::host) {
+    copies.note_failure(store_.slot_for_read(p, &host));
+    if (copies.failed()) return false;
+  }
+  // Give back the saved copies of what has arrived, without waiting.
+  copies.complete_finished();
+  if (copies.failed()) return false;
+  frame_id f = 0;
+  int rc = take_frame_for_restore(copies, &f);
+  if (copies.failed()) return false;  // rc is err_busy: no frame was taken for p
+  if (rc == ok) rc = map_frame(p, f);
+  if (rc != ok) {
+    copies.note_failure(rc);
+    return false;
+  }
+  const device_ptr va = arena_.page_address(p);
+  if (was == page_state::host) {
+    // Waits for the oldest copy first when the window is full; on failure the pipeline
+    // puts p back (unmapped, its saved copy its home).
+    const auto copy_in = [&](stream_id s) { return be_.copy_h2d(va, host, frame_size_, s); };
+    if (copies.queue(p, copy_in) != ok) return false;
+  } else if (was == page_state::discarded) {
+    rc = be_.memset_d8(va, 0, frame_size_, in_stream_);
+    if (rc != ok) {
+      // Not zero-filled: the page goes back to discarded (restored zero-filled later).
+      copies.note_failure(rc);
+      be_.stream_synchronize(in_stream_);
+      unback_page(p, page_state::discarded);
+      return false;
+    }
+  }
+  return true;
+}
+
+int pager::take_frame_for_restore(copy_pipeline& copies, frame_id* f) {
+  // No frame free: another process must free one, perhaps one evicting into a host store
+  // shared with us that waits for our slots. Finish our copies one at a time (each gives
+  // its saved copy back) and look again in between, so we block only once none is left:
+  // we never wait holding slots it could use, and a frame that comes free meanwhile is
+  // taken without emptying the copy pipeline.
+  int rc;
+  bool waited = false;
+  while ((rc = frames_.try_take(device_, frame_size_, f)) == err_busy) {
+    if (!waited && stats_.last_restore_waited_ns == 0) stats_.last_restore_waited_ns = clock_ns();
+    waited = true;
+    if (copies.empty()) {
+      rc = frames_.take(device_, frame_size_, f);
+      break;
+    }
+    copies.complete_oldest();
+    if (copies.failed()) return rc;
+  }
+  if (rc == ok) {
+    const uint64_t now = clock_ns();
+    if (waited && stats_.last_restore_frame_after_wait_ns == 0) stats_.last_restore_frame_after_wait_ns = now;
+    stats_.last_restore_last_frame_ns = now;
+  }
+  return rc;
 }
 
 // --- queries ------------------------------------------------------------------------------

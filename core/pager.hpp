@@ -58,6 +58,8 @@
 
 namespace vramswap::detail {
 
+class copy_pipeline;
+
 // What malloc does with a new allocation's pages while the pager is not resident.
 enum class backing {
   when_free,  // back them now if every page gets a free frame, else at the next restore_all()
@@ -221,8 +223,43 @@ class pager {
   void mark_stale(uint64_t page);
   int repair_stale_page(uint64_t page);  // copy_saved_copy_in, then settle; the error says what was kept
   void invalidate_saved_copies(page_range pages);
+  // malloc's steps, once the arena has placed the allocation [ptr, ptr + size) whose new
+  // pages are `fresh`. Each fails with the allocation undone (deallocated, its pages given
+  // back, live_pages_ as before).
+  // Stale pages the allocation shares get their saved bytes back before it is written.
+  int repair_stale_pages_of(device_ptr ptr, uint64_t size);
+  // Not resident: back the pages now if frames are free (see `backing`).
+  int back_new_not_resident(device_ptr ptr, uint64_t size, const std::vector<page_range>& fresh, backing when_not_resident);
+  // Resident: back every fresh page with a frame.
+  int back_fresh_pages(device_ptr ptr, uint64_t size, const std::vector<page_range>& fresh);
+  // Where back_fresh_pages' time goes, for its debug line.
+  struct backing_times {
+    uint64_t taking_ns = 0;
+    uint64_t mapping_ns = 0;
+    uint64_t access_ns = 0;
+  };
+  // Back one run of fresh pages; on failure its pages go back as they came (the runs
+  // backed before it are the caller's to undo), else they are added to `backed`.
+  int back_fresh_run(const page_range& r, backing_times* times, std::vector<uint64_t>* backed);
   // Evict the resident pages for which `chosen(page)` is true (all when it is null).
   int evict_locked(const std::vector<bool>* chosen);
+  // evict_locked's steps. Tell the store how many of the chosen pages will be saved.
+  void expect_saves_for(const std::vector<bool>* chosen);
+  // Evict resident page `p`: it leaves its frame now, or its copy out is queued on
+  // `copies`. False when the eviction stops there (the failure noted on `copies`).
+  bool evict_page(uint64_t p, copy_pipeline& copies);
+  // A page that leaves its frame with no copy out (*left): discardable, its frame stale, or
+  // a read_mostly page with a valid saved copy. Its status then; ok and !*left otherwise.
+  int evict_without_copy(uint64_t p, bool* left);
+  // restore_all's steps. A page's copy in has completed.
+  void restored_copied_in(uint64_t p);
+  // A page's copy in is not known complete: it goes back to its saved copy.
+  void restored_not_copied_in(uint64_t p);
+  // Bring non-resident live page `p` back (a frame, then its copy in queued on `copies` or
+  // its zero fill). False when the restore stops there (the failure noted on `copies`).
+  bool restore_page(uint64_t p, copy_pipeline& copies);
+  // A frame for the page being restored, finishing copies in flight while none is free.
+  int take_frame_for_restore(copy_pipeline& copies, frame_id* f);
 
   backend& be_;
   const int device_;
