@@ -177,8 +177,7 @@ bool range_allocator::find_placement(uint64_t size, placement* out) const noexce
   return false;
 }
 
-int range_allocator::allocate(uint64_t size, uint64_t* addr,
-                              std::vector<page_range>* newly_live) noexcept {
+int range_allocator::check_allocate(uint64_t size, const uint64_t* addr, uint64_t* rounded) const noexcept {
   if (size_ == 0) {
     return fail(err_invalid_argument, "range_allocator::allocate: allocator not initialized");
   }
@@ -201,6 +200,14 @@ int range_allocator::allocate(uint64_t size, uint64_t* addr,
                 "reservation of %" PRIu64 " bytes (%" PRIu64 " free, largest free block %" PRIu64 ")",
                 size, size_, bytes_free(), largest_free_block());
   }
+  *rounded = s;
+  return 0;
+}
+
+int range_allocator::allocate(uint64_t size, uint64_t* addr,
+                              std::vector<page_range>* newly_live) noexcept {
+  uint64_t s = 0;
+  VS_TRY(check_allocate(size, addr, &s));
   placement pl;
   if (!find_placement(s, &pl)) {
     return fail(err_out_of_memory,
@@ -251,24 +258,12 @@ int range_allocator::allocate(uint64_t size, uint64_t* addr,
   }
   bytes_allocated_ += s;
 
-  // Pages: interior pages were free and are now covered; end pages may have been shared.
-  const uint64_t f = page_of(pl.addr), l = page_of(pl.addr + s - 1);
-  const bool f_new = end_count_[f]++ == 0;
-  const bool l_new = l != f && end_count_[l]++ == 0;
-  if (newly_live != nullptr) {
-    if (l == f) {
-      if (f_new) newly_live->push_back({f, 1});
-    } else {
-      const uint64_t lo = f_new ? f : f + 1;
-      const uint64_t hi = l_new ? l : l - 1;
-      if (lo <= hi) newly_live->push_back({lo, hi - lo + 1});
-    }
-  }
+  count_page_ends(pl.addr, s, /*added=*/true, newly_live);
   *addr = pl.addr;
   return 0;
 }
 
-int range_allocator::deallocate(uint64_t addr, std::vector<page_range>* newly_dead) noexcept {
+int range_allocator::find_live_for_free(uint64_t addr, std::map<uint64_t, uint64_t>::iterator* out) noexcept {
   if (size_ == 0) {
     return fail(err_invalid_argument, "range_allocator::deallocate: allocator not initialized");
   }
@@ -293,6 +288,13 @@ int range_allocator::deallocate(uint64_t addr, std::vector<page_range>* newly_de
                 " of %" PRIu64 " bytes; free that address instead",
                 addr, addr - lit->first, lit->first, lit->second);
   }
+  *out = lit;
+  return 0;
+}
+
+int range_allocator::deallocate(uint64_t addr, std::vector<page_range>* newly_dead) noexcept {
+  auto lit = live_.end();
+  VS_TRY(find_live_for_free(addr, &lit));
   const uint64_t s = lit->second;
 
   auto next = free_by_addr_.lower_bound(addr);
@@ -338,19 +340,25 @@ int range_allocator::deallocate(uint64_t addr, std::vector<page_range>* newly_de
   }
   bytes_allocated_ -= s;
 
+  count_page_ends(addr, s, /*added=*/false, newly_dead);
+  return 0;
+}
+
+void range_allocator::count_page_ends(uint64_t addr, uint64_t s, bool added, std::vector<page_range>* changed) noexcept {
+  // Interior pages were free and are now covered (or the other way round); end pages may
+  // be shared with other allocations.
   const uint64_t f = page_of(addr), l = page_of(addr + s - 1);
-  const bool f_dead = --end_count_[f] == 0;
-  const bool l_dead = l != f && --end_count_[l] == 0;
-  if (newly_dead != nullptr) {
+  const bool f_changed = added ? end_count_[f]++ == 0 : --end_count_[f] == 0;
+  const bool l_changed = l != f && (added ? end_count_[l]++ == 0 : --end_count_[l] == 0);
+  if (changed != nullptr) {
     if (l == f) {
-      if (f_dead) newly_dead->push_back({f, 1});
+      if (f_changed) changed->push_back({f, 1});
     } else {
-      const uint64_t lo = f_dead ? f : f + 1;
-      const uint64_t hi = l_dead ? l : l - 1;
-      if (lo <= hi) newly_dead->push_back({lo, hi - lo + 1});
+      const uint64_t lo = f_changed ? f : f + 1;
+      const uint64_t hi = l_changed ? l : l - 1;
+      if (lo <= hi) changed->push_back({lo, hi - lo + 1});
     }
   }
-  return 0;
 }
 
 int range_allocator::find(uint64_t addr, range_allocation* out) const noexcept {

@@ -158,6 +158,14 @@ class range_allocator {
     uint64_t addr = 0;   // start of the allocation inside it
   };
   bool find_placement(uint64_t size, placement* out) const noexcept;
+  // allocate's checks of its arguments; *rounded: the size rounded up to the alignment.
+  int check_allocate(uint64_t size, const uint64_t* addr, uint64_t* rounded) const noexcept;
+  // deallocate's lookup: the live allocation that starts at `addr`, or the error naming
+  // what `addr` is instead.
+  int find_live_for_free(uint64_t addr, std::map<uint64_t, uint64_t>::iterator* out) noexcept;
+  // Count the allocation [addr, addr + s) in (`added`) or out of end_count_, and append to
+  // `changed` (when not null) the pages that became live (or dead) with it.
+  void count_page_ends(uint64_t addr, uint64_t s, bool added, std::vector<page_range>* changed) noexcept;
   uint64_t page_of(uint64_t addr) const noexcept { return (addr - base_) / page_size_; }
   void reset() noexcept;
 
