@@ -184,9 +184,8 @@ struct status_args {
 bool want_color(const std::string& when) {
   if (when == "always") return true;
   if (when == "never") return false;
-  const char* no_color = std::getenv("NO_COLOR");
-  const char* term = std::getenv("TERM");
-  return ::isatty(STDOUT_FILENO) == 1 && (no_color == nullptr || no_color[0] == '\0') && !(term != nullptr && std::strcmp(term, "dumb") == 0);
+  const foreign_environment environment = process_foreign_environment();
+  return ::isatty(STDOUT_FILENO) == 1 && !environment.no_color && !environment.dumb_terminal;
 }
 
 // One screen: the report of every device (or the one asked for), rendered.

@@ -1,9 +1,7 @@
 // Which backend a process uses: VRAMSWAP_BACKEND=host|cuda|auto, decided once.
 #include <pthread.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -16,27 +14,20 @@ namespace vramswap::detail {
 
 namespace {
 
-// Set in the environment by the first process of a process tree that said it found no GPU,
-// so that the processes it starts (fork, fork and exec, Python's multiprocessing and
-// DataLoader workers) inherit it and do not say it again: a job of many processes says it
-// once. Its value is the pid that said it.
-constexpr const char* k_no_gpu_noted = "VRAMSWAP_NO_GPU_NOTED";
-
 // Say once per process tree that there is no usable GPU; later processes of the tree (and
-// this one, should it choose again) log it at info.
+// this one, should it choose again) log it at info. The tree hears of it through the
+// environment (foreign_environment::no_gpu_noted_by, core/options.hpp).
 void say_no_gpu(const std::string& why) {
-  const char* noted = std::getenv(k_no_gpu_noted);
-  if (noted != nullptr && *noted != '\0') {
-    log(log_level::info, "backend host: no usable GPU (%s); said once per process tree, by pid %s", why.c_str(), noted);
+  const std::string noted = process_foreign_environment().no_gpu_noted_by;
+  if (!noted.empty()) {
+    log(log_level::info, "backend host: no usable GPU (%s); said once per process tree, by pid %s", why.c_str(), noted.c_str());
     return;
   }
   log(log_level::warn,
       "no usable GPU (%s): using the host backend, which emulates a GPU in host memory (VRAMSWAP_BACKEND=host chooses "
       "it without this warning). Said once for this process and the processes it starts",
       why.c_str());
-  // setenv while other threads may read the environment is a risk we take once per process
-  // tree, at the first session: the variable is how the children hear of it.
-  ::setenv(k_no_gpu_noted, std::to_string(::getpid()).c_str(), 1);
+  mark_no_gpu_noted();
 }
 
 }  // namespace

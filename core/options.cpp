@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "core/log.hpp"
@@ -29,10 +30,13 @@ constexpr option_desc k_table[] = {
 };
 static_assert(sizeof k_table / sizeof k_table[0] == static_cast<size_t>(option_id::count_));
 
+// The marker of foreign_environment::no_gpu_noted_by: a known name, but no setting.
+constexpr const char* k_no_gpu_noted = "VRAMSWAP_NO_GPU_NOTED";
+
 constexpr other_variable k_other[] = {
     {"VRAMSWAP_TORCH", "the Python package (1: vramswap.torch.enable() at import)"},
-    {"VRAMSWAP_NO_GPU_NOTED", "the library: set by the first process of a process tree that warned it found no GPU "
-                              "(its pid), so that the processes it starts do not warn again; set it to silence that warning"},
+    {k_no_gpu_noted, "the library: set by the first process of a process tree that warned it found no GPU "
+                     "(its pid), so that the processes it starts do not warn again; set it to silence that warning"},
     {"VRAMSWAP_PRELOAD_BACKTRACE", "libvramswap_preload.so (1: print the native stack on a crash)"},
     {"VRAMSWAP_TEST_SERVER", "the Python tests (the vramswapd they start)"},
     {"VRAMSWAP_TEST_BACKEND", "the multi-process C++ tests (cuda on a GPU run)"},
@@ -117,6 +121,27 @@ auto with_values(F&& f) {
   }
   if (first) log_effective_options("read the environment once");
   return result;
+}
+
+// The foreign environment as read (foreign_environment in options.hpp), apart from the
+// options' values: asking for it reads no option, so it neither logs the options in force nor
+// fixes them early (vramswapd asks for it before it parses its arguments).
+std::mutex g_foreign_mutex;  // guards the two below
+foreign_environment g_foreign;
+bool g_foreign_read = false;
+
+void read_foreign_locked() {
+  foreign_environment f;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) f.cuda_visible_devices = v;
+  if (const char* v = std::getenv("NOTIFY_SOCKET")) f.notify_socket = v;
+  if (const char* v = std::getenv("LD_PRELOAD")) f.ld_preload = v;
+  const char* no_color = std::getenv("NO_COLOR");
+  f.no_color = no_color != nullptr && no_color[0] != '\0';
+  const char* term = std::getenv("TERM");
+  f.dumb_terminal = term != nullptr && std::strcmp(term, "dumb") == 0;
+  if (const char* v = std::getenv(k_no_gpu_noted)) f.no_gpu_noted_by = v;
+  g_foreign = std::move(f);
+  g_foreign_read = true;
 }
 
 constexpr const char* k_size_forms = "bytes, or a number with a K/M/G/T suffix (\"4096\", \"32MiB\", \"1.5G\")";
@@ -378,7 +403,27 @@ void options_reread_for_testing() {
     std::lock_guard<std::mutex> lock(g_values_mutex);
     read_environment_locked();
   }
+  {
+    std::lock_guard<std::mutex> lock(g_foreign_mutex);
+    read_foreign_locked();
+  }
   log_effective_options("read the environment again (a test asked)");
+}
+
+foreign_environment process_foreign_environment() {
+  std::lock_guard<std::mutex> lock(g_foreign_mutex);
+  if (!g_foreign_read) read_foreign_locked();
+  return g_foreign;
+}
+
+void mark_no_gpu_noted() {
+  const std::string pid = std::to_string(::getpid());
+  std::lock_guard<std::mutex> lock(g_foreign_mutex);
+  if (!g_foreign_read) read_foreign_locked();
+  // setenv while other threads may read the environment is a risk taken once per process
+  // tree, at the first session: the variable is how the children hear of it.
+  ::setenv(k_no_gpu_noted, pid.c_str(), 1);
+  g_foreign.no_gpu_noted_by = pid;
 }
 
 void option_set(option_id id, const char* value) {

@@ -9,10 +9,15 @@
 // two, with or without "iB"/"B"), some also a percentage of a base. A malformed value is
 // an error that names the variable, the value and what would be accepted; it is never
 // silently replaced by the default.
+//
+// This is also the one place that reads the environment at all: the few variables vramswap
+// reads but does not own (the driver's, a service manager's, the loader's, the terminal's)
+// are here too, apart from the table, as foreign_environment.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace vramswap::detail {
@@ -199,7 +204,8 @@ bool option_is_default(option_id id);
 void option_set(option_id id, const char* value);
 
 // Tests only: read the environment again, for a test that sets a variable and then needs
-// this process to see it (the environment is otherwise read once per process).
+// this process to see it (the environment is otherwise read once per process): the options
+// and the foreign_environment below.
 void options_reread_for_testing();
 
 // Parse "4096", "32M", "32MiB", "1.5G" (binary units). With percent_base != 0, "50%" means
@@ -245,5 +251,42 @@ std::string closest_known_name(const std::string& name);
 // nothing. Each VRAMSWAP_* variable of the environment that is neither an option nor an
 // other_variable gets one warning per process, naming it and the closest known name.
 int validate_options();
+
+// --- The environment that vramswap reads but does not own ---------------------------------
+//
+// Variables whose meaning belongs to another program (the CUDA driver, a service manager, the
+// dynamic loader, the terminal), and the marker the library leaves for the processes it
+// starts. Not settings: not in the options table, not checked by validate_options(), and
+// their values are their owners' to define. Read here all the same, like the options: once
+// per process, at the first ask, and kept (options_reread_for_testing() reads them again);
+// each in the one form its reader needs.
+struct foreign_environment {
+  // CUDA_VISIBLE_DEVICES as set, an empty value included (it hides every device); nullopt when
+  // unset. Only quoted in the CUDA backend's errors: the driver is what interprets it.
+  std::optional<std::string> cuda_visible_devices;
+  // NOTIFY_SOCKET: where a service manager (systemd, Type=notify) listens for the process's
+  // state (server/service_notify.hpp); empty when unset or empty.
+  std::string notify_socket;
+  // LD_PRELOAD as set; nullopt when unset. vramswapd refuses to run with the shim in it.
+  std::optional<std::string> ld_preload;
+  // NO_COLOR is set and not empty (no-color.org): the CLI does not color its output.
+  bool no_color = false;
+  // TERM is "dumb": a terminal that shows no color.
+  bool dumb_terminal = false;
+  // VRAMSWAP_NO_GPU_NOTED: which process of this process tree already said that it found no
+  // GPU (its pid, or what a user set to silence that warning); empty when none did. The first
+  // process that says it sets it (mark_no_gpu_noted), so that the processes it starts (fork,
+  // fork and exec, Python's multiprocessing and DataLoader workers) inherit it and do not say
+  // it again: a job of many processes says it once.
+  std::string no_gpu_noted_by;
+};
+
+// The foreign environment as read at the first ask. A copy: mark_no_gpu_noted() changes the
+// kept one.
+foreign_environment process_foreign_environment();
+
+// This process said that it found no GPU: VRAMSWAP_NO_GPU_NOTED=<its pid> in the environment,
+// for the processes it starts, and in the kept foreign environment, for its own later asks.
+void mark_no_gpu_noted();
 
 }  // namespace vramswap::detail

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/log.hpp"
 #include "core/status.hpp"
@@ -13,12 +13,12 @@
 
 namespace vramswap::detail {
 
-bool notify_service_manager(const std::string& state) noexcept {
-  const char* where = std::getenv("NOTIFY_SOCKET");
-  if (where == nullptr || where[0] == '\0') return false;
+bool notify_service_manager(const std::string& where_text, const std::string& state) noexcept {
+  if (where_text.empty()) return false;
+  const char* where = where_text.c_str();
   sockaddr_un addr{};
   socklen_t addr_len = 0;
-  if ((where[0] != '/' && where[0] != '@') || unix_address(where, /*allow_abstract=*/true, &addr, &addr_len) != ok) {
+  if ((where[0] != '/' && where[0] != '@') || unix_address(where_text, /*allow_abstract=*/true, &addr, &addr_len) != ok) {
     log(log_level::warn, "vramswapd: NOTIFY_SOCKET=%s is neither a socket path nor an @abstract name that fits; the service "
         "manager is not told this server's state", where);
     return false;

@@ -20,8 +20,9 @@
 
 namespace vramswap::detail {
 
-// Sends `state` (newline-separated KEY=value lines) to $NOTIFY_SOCKET. Returns true when it
-// was sent, false when NOTIFY_SOCKET is unset or the send failed (logged at warn).
-bool notify_service_manager(const std::string& state) noexcept;
+// Sends `state` (newline-separated KEY=value lines) to the manager's socket `where`: the
+// process's NOTIFY_SOCKET, as vramswapd read it at start (foreign_environment, core/options.hpp).
+// Returns true when it was sent, false when `where` is empty or the send failed (logged at warn).
+bool notify_service_manager(const std::string& where, const std::string& state) noexcept;
 
 }  // namespace vramswap::detail

@@ -132,15 +132,17 @@ int main(int argc, char** argv) {
   // waiting for it (Ctrl-C, its timeout) and closed that pipe; the server starts all the same.
   // And a client that goes away mid-message must not end the server.
   ::signal(SIGPIPE, SIG_IGN);
+  // The variables of the process's environment that are not settings (LD_PRELOAD,
+  // NOTIFY_SOCKET), read once: the server's own facts from here on.
+  const foreign_environment environment = process_foreign_environment();
   // Before anything else: under the preload shim, our own driver calls would be taken for a
   // program's, and the shim would open a session against this very server.
-  if (const char* preload = std::getenv("LD_PRELOAD");
-      preload != nullptr && preloads_shim(preload)) {
+  if (environment.ld_preload && preloads_shim(*environment.ld_preload)) {
     std::fprintf(stderr,
                  "vramswapd: the preload shim %s is preloaded into the server (LD_PRELOAD=%s); it would take the "
                  "server's own CUDA calls for a program's. Start vramswapd without it (env -u LD_PRELOAD vramswapd ...); "
                  "clients that start it on demand leave the shim out themselves\n",
-                 k_preload_shim_name, preload);
+                 k_preload_shim_name, environment.ld_preload->c_str());
     return 2;
   }
   pool_server_options options;
@@ -224,8 +226,7 @@ int main(int argc, char** argv) {
   }
   // The node's service (under a service manager, or said so): its clients wait for it to come
   // back instead of starting a server of their own.
-  const char* notify = std::getenv("NOTIFY_SOCKET");
-  options.managed = service || (notify != nullptr && *notify != '\0');
+  options.managed = service || !environment.notify_socket.empty();
   ::signal(SIGHUP, foreground ? SIG_DFL : SIG_IGN);
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -262,13 +263,13 @@ int main(int argc, char** argv) {
   // A signal during the build found no server to stop: stop now, before serving anyone.
   if (g_stop_requested != 0) server->request_stop();
   report(static_cast<int>(ready_fd), "ready " + std::to_string(::getpid()));
-  notify_service_manager("READY=1\nMAINPID=" + std::to_string(::getpid()) + "\nSTATUS=serving device " +
-                         std::to_string(options.device));
+  notify_service_manager(environment.notify_socket,
+                         "READY=1\nMAINPID=" + std::to_string(::getpid()) + "\nSTATUS=serving device " + std::to_string(options.device));
 
   const int rc = server->run();
   // Told here, not in the signal handler (building the message is not async-signal-safe):
   // the loop has stopped, the connections and the pool go next.
-  notify_service_manager("STOPPING=1\nSTATUS=stopping: releasing the pool");
+  notify_service_manager(environment.notify_socket, "STOPPING=1\nSTATUS=stopping: releasing the pool");
   if (rc != ok) log(log_level::error, "vramswapd: %s", last_error());
   g_server.store(nullptr);
   const bool left = server->pool_in_use();  // then its teardown leaves the pool (and says so)

@@ -83,6 +83,8 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -91,6 +93,7 @@
 #include "core/backend_impls.hpp"
 #include "core/cuda/cuda_driver.hpp"
 #include "core/log.hpp"
+#include "core/options.hpp"
 #include "core/status.hpp"
 
 namespace vramswap::detail {
@@ -827,10 +830,10 @@ int make_cuda_backend(std::unique_ptr<backend>* out) {
   const cuda::driver* d = nullptr;
   VS_TRY(cuda::load_driver(&d));
 
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::optional<std::string> visible = process_foreign_environment().cuda_visible_devices;
   if (const CUresult r = d->cuInit(0); r != CUDA_SUCCESS) {
     return fail(err_unavailable, "cuInit(0) failed: %s (%s)%s%s", cuda::error_name(r), cuda::error_string(r),
-                visible != nullptr ? "; CUDA_VISIBLE_DEVICES=" : "", visible != nullptr ? visible : "");
+                visible ? "; CUDA_VISIBLE_DEVICES=" : "", visible ? visible->c_str() : "");
   }
   int count = 0;
   if (const CUresult r = d->cuDeviceGetCount(&count); r != CUDA_SUCCESS) {
@@ -838,8 +841,7 @@ int make_cuda_backend(std::unique_ptr<backend>* out) {
   }
   if (count <= 0) {
     return fail(err_unavailable, "no CUDA device is visible: cuDeviceGetCount() = 0%s%s%s",
-                visible != nullptr ? " (CUDA_VISIBLE_DEVICES=" : "", visible != nullptr ? visible : "",
-                visible != nullptr ? ")" : "");
+                visible ? " (CUDA_VISIBLE_DEVICES=" : "", visible ? visible->c_str() : "", visible ? ")" : "");
   }
   try {
     std::vector<CUdevice> devices(static_cast<size_t>(count));

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -421,6 +422,87 @@ TEST(UnknownNames, EveryVariableTheSourcesReadIsKnown) {
     EXPECT_TRUE(known) << entry << " is read from the environment but is neither an option nor an other_variable (core/options.cpp)";
   }
   EXPECT_TRUE(torch) << "the scan missed the Python package's VRAMSWAP_TORCH";
+}
+
+// Sets (or, with nullptr, unsets) a variable for the scope of one test, and has the settings
+// room read the environment again; the variable is restored after.
+struct scoped_foreign {
+  std::string name;
+  std::optional<std::string> saved;
+  scoped_foreign(std::string n, const char* value) : name(std::move(n)) {
+    if (const char* v = std::getenv(name.c_str())) saved = v;
+    if (value != nullptr) {
+      ::setenv(name.c_str(), value, 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+    options_reread_for_testing();
+  }
+  ~scoped_foreign() {
+    if (saved) {
+      ::setenv(name.c_str(), saved->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+    options_reread_for_testing();
+  }
+};
+
+TEST(ForeignEnvironment, EachVariableInTheFormItsReaderNeeds) {
+  {
+    scoped_foreign a("CUDA_VISIBLE_DEVICES", nullptr), b("NOTIFY_SOCKET", nullptr), c("LD_PRELOAD", nullptr),
+        d("NO_COLOR", nullptr), e("TERM", nullptr), f("VRAMSWAP_NO_GPU_NOTED", nullptr);
+    const foreign_environment unset = process_foreign_environment();
+    EXPECT_FALSE(unset.cuda_visible_devices.has_value());
+    EXPECT_EQ(unset.notify_socket, "");
+    EXPECT_FALSE(unset.ld_preload.has_value());
+    EXPECT_FALSE(unset.no_color);
+    EXPECT_FALSE(unset.dumb_terminal);
+    EXPECT_EQ(unset.no_gpu_noted_by, "");
+  }
+  {
+    // An empty CUDA_VISIBLE_DEVICES is a value (no device is visible) and is quoted as one;
+    // an empty NO_COLOR is no request (no-color.org).
+    scoped_foreign a("CUDA_VISIBLE_DEVICES", ""), b("NO_COLOR", ""), c("TERM", "xterm"), d("NOTIFY_SOCKET", "");
+    const foreign_environment empty = process_foreign_environment();
+    ASSERT_TRUE(empty.cuda_visible_devices.has_value());
+    EXPECT_EQ(*empty.cuda_visible_devices, "");
+    EXPECT_FALSE(empty.no_color);
+    EXPECT_FALSE(empty.dumb_terminal);
+    EXPECT_EQ(empty.notify_socket, "");
+  }
+  {
+    scoped_foreign a("CUDA_VISIBLE_DEVICES", "1,0"), b("NO_COLOR", "1"), c("TERM", "dumb"), d("NOTIFY_SOCKET", "@manager"),
+        e("LD_PRELOAD", "/opt/libvramswap_preload.so"), f("VRAMSWAP_NO_GPU_NOTED", "4242");
+    const foreign_environment set = process_foreign_environment();
+    EXPECT_EQ(set.cuda_visible_devices.value_or("?"), "1,0");
+    EXPECT_TRUE(set.no_color);
+    EXPECT_TRUE(set.dumb_terminal);
+    EXPECT_EQ(set.notify_socket, "@manager");
+    EXPECT_EQ(set.ld_preload.value_or("?"), "/opt/libvramswap_preload.so");
+    EXPECT_EQ(set.no_gpu_noted_by, "4242");
+  }
+}
+
+TEST(ForeignEnvironment, IsReadOnceLikeTheOptions) {
+  scoped_foreign term("TERM", "xterm");
+  EXPECT_FALSE(process_foreign_environment().dumb_terminal);
+  ::setenv("TERM", "dumb", 1);
+  EXPECT_FALSE(process_foreign_environment().dumb_terminal) << "the environment is read once per process";
+  options_reread_for_testing();
+  EXPECT_TRUE(process_foreign_environment().dumb_terminal);
+}
+
+// The no-GPU marker is the one foreign variable vramswap writes: into the environment, for the
+// processes it starts, and into what this process reads, for its own next choice.
+TEST(ForeignEnvironment, TheNoGpuMarkerReachesTheChildrenAndThisProcess) {
+  scoped_foreign marker("VRAMSWAP_NO_GPU_NOTED", nullptr);
+  EXPECT_EQ(process_foreign_environment().no_gpu_noted_by, "");
+  mark_no_gpu_noted();
+  const std::string pid = std::to_string(::getpid());
+  EXPECT_EQ(process_foreign_environment().no_gpu_noted_by, pid);
+  const char* inherited = std::getenv("VRAMSWAP_NO_GPU_NOTED");
+  EXPECT_EQ(std::string(inherited != nullptr ? inherited : "(unset)"), pid);
 }
 
 // The table's bounds are the typed accessors' bounds: each edge of every count, flag and
