@@ -37,7 +37,6 @@ constexpr other_variable k_other[] = {
     {"VRAMSWAP_TORCH", "the Python package (1: vramswap.torch.enable() at import)"},
     {k_no_gpu_noted, "the library: set by the first process of a process tree that warned it found no GPU "
                      "(its pid), so that the processes it starts do not warn again; set it to silence that warning"},
-    {"VRAMSWAP_PRELOAD_BACKTRACE", "libvramswap_preload.so (1: print the native stack on a crash)"},
     {"VRAMSWAP_TEST_SERVER", "the Python tests (the vramswapd they start)"},
     {"VRAMSWAP_TEST_BACKEND", "the multi-process C++ tests (cuda on a GPU run)"},
     {"VRAMSWAP_FUZZ_SEED", "the range allocator's fuzz test"},
@@ -408,6 +407,11 @@ void options_reread_for_testing() {
     read_foreign_locked();
   }
   log_effective_options("read the environment again (a test asked)");
+}
+
+bool preload_backtrace_at_load() noexcept {
+  const char* on = std::getenv(describe(option_id::preload_backtrace).env_name);
+  return on != nullptr && std::strcmp(on, "1") == 0;
 }
 
 foreign_environment process_foreign_environment() {

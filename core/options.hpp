@@ -177,7 +177,12 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
     "1: an oversubscribed process observes which pages its kernel launches use (a sample of "   \
     "launches' arguments) and, about once a second, swaps the most used pages in host frames "  \
     "with the least used in its pool frames; 0 (the default, until it pays on real "             \
-    "programs): pages stay where they were first backed. docs/oversubscription.md, Placement by use")
+    "programs): pages stay where they were first backed. docs/oversubscription.md, Placement by use") \
+  X(preload_backtrace, "VRAMSWAP_PRELOAD_BACKTRACE", "0", flag_form(),                           \
+    "1: libvramswap_preload.so prints the native stack to stderr when the program crashes "     \
+    "(SIGSEGV, SIGBUS, SIGILL), for reports of a program that fails only under the shim. Read "  \
+    "when the shim is loaded, before the program runs: setting it from within the program has " \
+    "no effect. docs/oversubscription.md")
 
 enum class option_id {
 #define VRAMSWAP_OPTION_ENUM(id, env, def, form, help) id,
@@ -251,6 +256,15 @@ std::string closest_known_name(const std::string& name);
 // nothing. Each VRAMSWAP_* variable of the environment that is neither an option nor an
 // other_variable gets one warning per process, naming it and the closest known name.
 int validate_options();
+
+// VRAMSWAP_PRELOAD_BACKTRACE as the environment has it when libvramswap_preload.so is loaded:
+// true for "1". For the shim's constructor, which runs before main, perhaps before this
+// file's objects are constructed, and must not make the once-per-process read of the table
+// (that read logs, and would fix every option before the program could set one): it looks
+// at this one variable alone, by its table row, and keeps nothing. Any other value is off
+// here; a malformed one is refused at start like any option's, by validate_options() at the
+// process's first session.
+bool preload_backtrace_at_load() noexcept;
 
 // --- The environment that vramswap reads but does not own ---------------------------------
 //

@@ -8,13 +8,16 @@
 // called once at install, never first in the handler. It runs on a stack of its own, so
 // that a stack overflow is reported too, and once (SA_RESETHAND): a crash inside it ends
 // the process with the default action.
+//
+// The option is read as the shim is loaded (preload_backtrace_at_load, core/options.hpp),
+// before the program runs, so that a crash at any time after is reported.
 #include <execinfo.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
+
+#include "core/options.hpp"
 
 namespace {
 alignas(16) char g_alt_stack[64 * 1024];
@@ -28,8 +31,7 @@ void crash_backtrace(int sig) {
   raise(sig);  // the default action now (SA_RESETHAND)
 }
 __attribute__((constructor)) void install_crash_backtrace() {
-  const char* on = std::getenv("VRAMSWAP_PRELOAD_BACKTRACE");
-  if (on == nullptr || std::strcmp(on, "1") != 0) return;
+  if (!vramswap::detail::preload_backtrace_at_load()) return;
   void* warm[1];
   (void)backtrace(warm, 1);  // loads libgcc_s now, while allocating is safe
   stack_t alt{};

@@ -178,6 +178,29 @@ TEST_F(Cli, UsageErrorsAndNoDevice) {
   EXPECT_NE(json.out.find("\"devices\": []"), std::string::npos) << json.out;
 }
 
+// A bad setting is refused as `vramswap status` and vramswapd start, before either does
+// anything, an option that neither reads included: VRAMSWAP_PRELOAD_BACKTRACE is the preload
+// shim's (and was checked by nobody before it was an option). Each exits 1 naming the
+// variable, the value and what it accepts.
+TEST_F(Cli, ABadSettingIsRefusedAtTheStartOfTheCommandAndOfTheServer) {
+  for (const char* setting : {"VRAMSWAP_PRELOAD_BACKTRACE=yes", "VRAMSWAP_SWAP_QUEUE_DEPTH=0"}) {
+    SCOPED_TRACE(setting);
+    const std::string said = std::string(setting, std::strchr(setting, '=')) + "=\"" + (std::strchr(setting, '=') + 1) + "\"";
+    const std::string accepted = std::strncmp(setting, "VRAMSWAP_PRELOAD", 16) == 0 ? "expected 0 or 1" : "expected a whole number from 1 to 4096";
+    const ran status = run({VRAMSWAP_CLI_BINARY, "status"}, {setting});
+    EXPECT_TRUE(WIFEXITED(status.status) && WEXITSTATUS(status.status) == 1) << status.status << "\n" << status.err;
+    EXPECT_NE(status.err.find("vramswap status: " + said), std::string::npos) << status.err;
+    EXPECT_NE(status.err.find(accepted), std::string::npos) << status.err;
+    // --idle-exit: a server that failed to refuse it would not wait for this test forever.
+    const ran server = run({VRAMSWAP_SERVER_BINARY, "--foreground", "--idle-exit", "1"}, {setting});
+    EXPECT_TRUE(WIFEXITED(server.status) && WEXITSTATUS(server.status) == 1) << server.status << "\n" << server.err;
+    EXPECT_NE(server.err.find("vramswapd: " + said), std::string::npos) << server.err;
+    EXPECT_NE(server.err.find(accepted), std::string::npos) << server.err;
+  }
+  const ran good = run({VRAMSWAP_CLI_BINARY, "status"}, {"VRAMSWAP_PRELOAD_BACKTRACE=1"});
+  EXPECT_TRUE(WIFEXITED(good.status) && WEXITSTATUS(good.status) == 0) << good.err;
+}
+
 // Three processes over half the pool each take turns; while one holds, the others queue.
 TEST_F(Cli, StatusShowsPoolHolderQueueAndPerProcessBytes) {
   if (!have_python()) GTEST_SKIP() << "python3 is not available to parse the JSON";

@@ -505,6 +505,26 @@ TEST(ForeignEnvironment, TheNoGpuMarkerReachesTheChildrenAndThisProcess) {
   EXPECT_EQ(std::string(inherited != nullptr ? inherited : "(unset)"), pid);
 }
 
+// VRAMSWAP_PRELOAD_BACKTRACE is an option: checked at start like the others (it used to be
+// read by the shim alone, where "yes" silently meant off); the shim's read at load takes
+// exactly "1" as on, as it always did.
+TEST(PreloadBacktrace, IsAnOptionCheckedAtStartAndOnlyOneTurnsItOn) {
+  for (const char* off : {"0", "", "yes", "true", "1 "}) {
+    scoped_env env("VRAMSWAP_PRELOAD_BACKTRACE", off);
+    EXPECT_FALSE(preload_backtrace_at_load()) << "\"" << off << "\"";
+  }
+  {
+    scoped_env env("VRAMSWAP_PRELOAD_BACKTRACE", "1");
+    EXPECT_TRUE(preload_backtrace_at_load());
+    EXPECT_EQ(validate_options(), ok) << last_error();
+  }
+  scoped_env env("VRAMSWAP_PRELOAD_BACKTRACE", "yes");
+  ASSERT_EQ(validate_options(), err_invalid_argument);
+  EXPECT_NE(std::string(last_error()).find("VRAMSWAP_PRELOAD_BACKTRACE=\"yes\" is not a whole number; expected 0 or 1"),
+            std::string::npos)
+      << last_error();
+}
+
 // The table's bounds are the typed accessors' bounds: each edge of every count, flag and
 // bounded size is taken, and one step past it refused, naming the variable and the range.
 TEST(OptionBounds, TheTypedAccessorsTakeExactlyTheTablesRange) {
