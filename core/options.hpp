@@ -12,7 +12,8 @@
 //
 // This is also the one place that reads the environment at all: the few variables vramswap
 // reads but does not own (the driver's, a service manager's, the loader's, the terminal's)
-// are here too, apart from the table, as foreign_environment.
+// are here too, apart from the table, as foreign_environment. No other file of vramswap's
+// programs and libraries calls getenv (the tests and benchmarks do, for their own variables).
 #pragma once
 
 #include <cstddef>

@@ -424,6 +424,40 @@ TEST(UnknownNames, EveryVariableTheSourcesReadIsKnown) {
   EXPECT_TRUE(torch) << "the scan missed the Python package's VRAMSWAP_TORCH";
 }
 
+// The done criterion of "settings read once": in the code of vramswap's programs and
+// libraries, only the settings room (core/options.cpp) calls getenv; everything else asks it
+// (an option, or foreign_environment). The tests and benchmarks read their own variables, and
+// examples/ are programs of the public API's users, which has no way to ask the room.
+TEST(SettingsRoom, NoOtherFileOfTheProductCallsGetenv) {
+  namespace fs = std::filesystem;
+  const fs::path root = VRAMSWAP_SOURCE_DIR;
+  std::vector<std::string> readers;
+  size_t files = 0;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    const std::string leaf = it->path().filename().string();
+    const fs::path relative = it->path().lexically_relative(root);
+    if (it->is_directory() && (leaf.rfind("build", 0) == 0 || leaf[0] == '.' ||
+                               relative == "tests" || relative == "bench" || relative == "examples")) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    const std::string ext = it->path().extension().string();
+    if (!it->is_regular_file() || (ext != ".cpp" && ext != ".hpp" && ext != ".c" && ext != ".h" && ext != ".cu")) continue;
+    if (relative == "core/options.cpp") continue;
+    ++files;
+    std::ifstream in(it->path());
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    for (const char* call : {"getenv(", "secure_getenv("}) {
+      if (text.find(call) != std::string::npos) readers.push_back(relative.string() + " (" + call + ")");
+    }
+  }
+  ASSERT_GT(files, 50u) << "the source tree was not found at " << VRAMSWAP_SOURCE_DIR;
+  for (const std::string& r : readers) {
+    ADD_FAILURE() << r << " reads the environment itself: read it in core/options.{hpp,cpp} (an option, or a member of "
+                       "foreign_environment) and ask there";
+  }
+}
+
 // Sets (or, with nullptr, unsets) a variable for the scope of one test, and has the settings
 // room read the environment again; the variable is restored after.
 struct scoped_foreign {
