@@ -110,13 +110,38 @@ int pool_server::adopt_pool() noexcept {
 void pool_server::serve_rejoin(int fd, const pool_protocol::hello& h, pid_t peer_pid, int pidfd_in) noexcept {
   using namespace pool_protocol;
   fd_guard pidfd(pidfd_in);
+  client* orphan = rejoining_orphan(fd, h);
+  if (orphan == nullptr) return;
+  // Asked of the first member back that kept the descriptors; one that could not keep them
+  // rejoins without (its imports are its own), and newcomers wait for another.
+  const bool send_frames = frames_.empty() && (h.flags & k_hello_has_frames) != 0;
+  if (send_rejoin_welcome(fd, h, send_frames) != ok) {
+    const std::string why = last_error();
+    ::close(fd);
+    note_failed_rejoin(h, why);
+    return;
+  }
+  orphan->fd = fd;
+  if (orphan->pidfd >= 0) ::close(orphan->pidfd);
+  orphan->pidfd = pidfd.release();
+  orphan->peer_pid = peer_pid;
+  orphan->orphan = false;
+  log(log_level::info, "vramswapd: member %u: pid %d rejoined the pool, %.1f s after this server adopted it%s", h.member,
+      static_cast<int>(h.pid), static_cast<double>(monotonic_ns() - adopted_ns_) / 1e9,
+      send_frames               ? ", and handed over the frames"
+      : frames_.empty()         ? " without the frames' descriptors (it could not keep them: RLIMIT_NOFILE); waiting for another member"
+                                : "");
+}
+
+pool_server::client* pool_server::rejoining_orphan(int fd, const pool_protocol::hello& h) noexcept {
+  using namespace pool_protocol;
   const uint64_t pool_id = segment_->header()->pool_id;
   if (h.pool_id != pool_id) {
     refuse(fd, err_version_mismatch,
            "pid %d asks to rejoin pool %#" PRIx64 ", but this server (pid %d) serves pool %#" PRIx64 " of the device: the pool it "
            "belonged to is gone (it was replaced while no member used it, or removed), and its memory with it. Restart the job",
            static_cast<int>(h.pid), h.pool_id, static_cast<int>(::getpid()), pool_id);
-    return;
+    return nullptr;
   }
   client* orphan = nullptr;
   for (client& c : clients_) {
@@ -124,7 +149,7 @@ void pool_server::serve_rejoin(int fd, const pool_protocol::hello& h, pid_t peer
     if (!c.orphan) {
       refuse(fd, err_busy, "pid %d asks to rejoin as member %u, which is attached already (pid %d)", static_cast<int>(h.pid), h.member,
              static_cast<int>(c.pid));
-      return;
+      return nullptr;
     }
     orphan = &c;
   }
@@ -141,11 +166,13 @@ void pool_server::serve_rejoin(int fd, const pool_protocol::hello& h, pid_t peer
            : orphan->hung_up_ns != 0 ? "its lease went, so it is being repaired as a dead member's"
            : slot->pid != h.pid      ? "the slot names another process"
                                      : "the slot's identity or lease does not match");
-    return;
+    return nullptr;
   }
-  // Asked of the first member back that kept the descriptors; one that could not keep them
-  // rejoins without (its imports are its own), and newcomers wait for another.
-  const bool send_frames = frames_.empty() && (h.flags & k_hello_has_frames) != 0;
+  return orphan;
+}
+
+int pool_server::send_rejoin_welcome(int fd, const pool_protocol::hello& h, bool send_frames) noexcept {
+  using namespace pool_protocol;
   welcome w{};
   w.magic = pool_protocol::k_magic;
   w.version = k_version;
@@ -158,40 +185,29 @@ void pool_server::serve_rejoin(int fd, const pool_protocol::hello& h, pid_t peer
   w.host_slot_count = host_slots_;
   w.host_pool_bytes = uint64_t{host_slots_} * frame_size_;
   w.flags = k_welcome_rejoined | (send_frames ? k_welcome_send_frames : 0);
-  w.pool_id = pool_id;
+  w.pool_id = segment_->header()->pool_id;
   int rc = send_fds(fd, nullptr, 0, &w, sizeof w);
   if (rc == ok && send_frames) rc = receive_frames(fd);
   if (rc == ok) {
     const attach done{pool_protocol::k_magic, ok};
     rc = send_fds(fd, nullptr, 0, &done, sizeof done);
   }
-  if (rc != ok) {
-    const std::string why = last_error();
-    ::close(fd);
-    // A member tries again every few hundred ms: one line per member and half minute says
-    // it, with what was left out.
-    const uint64_t now = monotonic_ns();
-    ++rejoin_failures_;
-    if (rejoin_warned_ns_ != 0 && now - rejoin_warned_ns_ < k_rejoin_warn_interval_ns) return;
-    const uint64_t more = rejoin_failures_ - 1;
-    rejoin_failures_ = 0;
-    rejoin_warned_ns_ = now;
-    const std::string limit = descriptor_limit_note(why);
-    log(log_level::warn, "vramswapd: member %u (pid %d) could not rejoin: %s%s; it stays out until it tries again or ends%s", h.member,
-        static_cast<int>(h.pid), why.c_str(), limit.c_str(),
-        more > 0 ? (" (" + std::to_string(more) + " more failed rejoins in the last 30 s not logged)").c_str() : "");
-    return;
-  }
-  orphan->fd = fd;
-  if (orphan->pidfd >= 0) ::close(orphan->pidfd);
-  orphan->pidfd = pidfd.release();
-  orphan->peer_pid = peer_pid;
-  orphan->orphan = false;
-  log(log_level::info, "vramswapd: member %u: pid %d rejoined the pool, %.1f s after this server adopted it%s", h.member,
-      static_cast<int>(h.pid), static_cast<double>(monotonic_ns() - adopted_ns_) / 1e9,
-      send_frames               ? ", and handed over the frames"
-      : frames_.empty()         ? " without the frames' descriptors (it could not keep them: RLIMIT_NOFILE); waiting for another member"
-                                : "");
+  return rc;
+}
+
+void pool_server::note_failed_rejoin(const pool_protocol::hello& h, const std::string& why) noexcept {
+  // A member tries again every few hundred ms: one line per member and half minute says
+  // it, with what was left out.
+  const uint64_t now = monotonic_ns();
+  ++rejoin_failures_;
+  if (rejoin_warned_ns_ != 0 && now - rejoin_warned_ns_ < k_rejoin_warn_interval_ns) return;
+  const uint64_t more = rejoin_failures_ - 1;
+  rejoin_failures_ = 0;
+  rejoin_warned_ns_ = now;
+  const std::string limit = descriptor_limit_note(why);
+  log(log_level::warn, "vramswapd: member %u (pid %d) could not rejoin: %s%s; it stays out until it tries again or ends%s", h.member,
+      static_cast<int>(h.pid), why.c_str(), limit.c_str(),
+      more > 0 ? (" (" + std::to_string(more) + " more failed rejoins in the last 30 s not logged)").c_str() : "");
 }
 
 // When `why` (a failed rejoin) comes from this server's descriptor limit: what the limit is,

@@ -238,6 +238,19 @@ void pool_server::serve_new(int fd) noexcept {
            k_version, sizeof h, k_magic);
     return;
   }
+  if (!peer_told_the_truth(fd, cred, h, pidfd.fd)) return;
+  if ((h.flags & pool_protocol::k_hello_rejoin) != 0) {
+    serve_rejoin(fd, h, cred.pid, pidfd.release());
+    return;
+  }
+  if (frames_.empty()) {
+    wait_for_frames(fd, h, cred.pid, &pidfd);
+    return;
+  }
+  welcome_newcomer(fd, h, cred.pid, pidfd.release());
+}
+
+bool pool_server::peer_told_the_truth(int fd, const ucred& cred, const pool_protocol::hello& h, int pidfd) noexcept {
   // What the kernel says of the peer, where this server can see it: SO_PEERCRED's pid is
   // translated into this server's PID namespace (0 when the peer's is not below it), and
   // /proc/<that pid>/ns/pid names the peer's own namespace. A peer this server sees must have
@@ -250,49 +263,45 @@ void pool_server::serve_new(int fd) noexcept {
     if (peer_ns != 0 && h.pid_ns != peer_ns) {
       refuse(fd, err_invalid_argument, "the hello names PID namespace pid:[%" PRIu64 "] but the socket's peer (pid %d here) is in "
              "pid:[%" PRIu64 "]", h.pid_ns, static_cast<int>(cred.pid), peer_ns);
-      return;
+      return false;
     }
     if ((peer_ns == current_pid_namespace() || (peer_ns == 0 && h.pid_ns == current_pid_namespace())) && h.pid != cred.pid) {
       refuse(fd, err_invalid_argument, "the hello names pid %d of this server's PID namespace but the socket's peer is pid %d",
              h.pid, static_cast<int>(cred.pid));
-      return;
+      return false;
     }
     if (check_liveness({cred.pid, h.start_time}) != liveness::alive) {
       refuse(fd, err_invalid_argument, "pid %d's start time %" PRIu64 " does not match /proc/%d/stat", static_cast<int>(cred.pid),
              h.start_time, static_cast<int>(cred.pid));
-      return;
+      return false;
     }
   }
   // The pidfd must be one, and, for a peer this server can see, the peer's: its exit is
   // what the server waits for before it scrubs the member's frames (client_exited).
-  if (pidfd.fd >= 0) {
-    const pid_t of = pidfd_process(pidfd.fd);
+  if (pidfd >= 0) {
+    const pid_t of = pidfd_process(pidfd);
     if (of == -2 || (cred.pid != 0 && of != cred.pid)) {
       refuse(fd, err_invalid_argument, "the descriptor sent with pid %d's hello is %s, not a pidfd of the peer (pid %d here)",
              static_cast<int>(cred.pid), of == -2 ? "not a pidfd" : ("a pidfd of pid " + std::to_string(of)).c_str(),
              static_cast<int>(cred.pid));
-      return;
+      return false;
     }
   }
-  if ((h.flags & pool_protocol::k_hello_rejoin) != 0) {
-    serve_rejoin(fd, h, cred.pid, pidfd.release());
+  return true;
+}
+
+void pool_server::wait_for_frames(int fd, const pool_protocol::hello& h, pid_t peer_pid, fd_guard* pidfd) noexcept {
+  // An adopted pool whose frames no member has handed over yet: the newcomer's welcome
+  // waits (tend_adoption).
+  try {
+    waiting_.push_back(newcomer{fd, h, peer_pid, pidfd->fd, monotonic_ns()});
+  } catch (const std::bad_alloc&) {
+    refuse(fd, err_out_of_memory, "the pool server is out of host memory");
     return;
   }
-  if (frames_.empty()) {
-    // An adopted pool whose frames no member has handed over yet: the newcomer's welcome
-    // waits (tend_adoption).
-    try {
-      waiting_.push_back(newcomer{fd, h, cred.pid, pidfd.fd, monotonic_ns()});
-    } catch (const std::bad_alloc&) {
-      refuse(fd, err_out_of_memory, "the pool server is out of host memory");
-      return;
-    }
-    pidfd.release();
-    log(log_level::info, "vramswapd: pid %d waits for its welcome until a member of the adopted pool hands over the frames",
-        static_cast<int>(h.pid));
-    return;
-  }
-  welcome_newcomer(fd, h, cred.pid, pidfd.release());
+  pidfd->release();
+  log(log_level::info, "vramswapd: pid %d waits for its welcome until a member of the adopted pool hands over the frames",
+      static_cast<int>(h.pid));
 }
 
 // A new member: a slot, the welcome, every frame's descriptor, the host pool's, then the

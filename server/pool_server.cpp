@@ -260,141 +260,169 @@ void pool_server::request_stop() noexcept {
   }
 }
 
-int pool_server::run() noexcept {
-  uint64_t idle_since = monotonic_ns();
+// One turn's poll set (run()): the descriptors in fds, each kind from where it starts.
+struct pool_server::poll_set {
+  static constexpr size_t first_client = 2;  // after the stop pipe and the listener
   std::vector<pollfd> fds;
   std::vector<size_t> pidfd_clients;  // the client of each pidfd in fds, by index
+  size_t first_pidfd = 0;
+  size_t first_attaching = 0;
+  size_t first_greeting = 0;
+  bool pending = false;  // a client hung up and awaits its repair
+};
+
+int pool_server::run() noexcept {
+  uint64_t idle_since = monotonic_ns();
+  poll_set ps;
   for (;;) {
-    bool pending = false;
-    fds.clear();
-    fds.push_back({stop_pipe_[0], POLLIN, 0});
     const bool accept_paused = monotonic_ns() < accept_paused_until_ns_;
-    fds.push_back({listen_fd_, static_cast<short>(accept_paused ? 0 : POLLIN), 0});
-    const size_t first_client = 2;
-    for (const client& c : clients_) {
-      if (c.fd >= 0) {
-        fds.push_back({c.fd, POLLIN | POLLRDHUP, 0});
-      } else if (c.hung_up_ns != 0) {
-        pending = true;
-      }
-    }
-    // The pidfds of connected members, to see one exit while its connection stays open.
-    const size_t first_pidfd = fds.size();
-    pidfd_clients.clear();
-    for (size_t i = 0; i < clients_.size(); ++i) {
-      const client& c = clients_[i];
-      if (c.fd < 0 || c.pidfd < 0 || c.exited_ns != 0) continue;
-      fds.push_back({c.pidfd, POLLIN, 0});
-      pidfd_clients.push_back(i);
-    }
-    const size_t first_attaching = fds.size();
-    for (const attaching& a : attaching_) fds.push_back({a.fd, POLLIN | POLLRDHUP, 0});
-    const size_t first_greeting = fds.size();
-    for (const greeting& g : greeting_) fds.push_back({g.fd, POLLIN | POLLRDHUP, 0});
-    int timeout_ms = -1;
-    if (lock_repair_pending_) timeout_ms = k_lock_repair_retry_ms;
-    // Orphans are watched by their leases and newcomers may wait for the frames: look often.
-    if (adopted_ && (!waiting_.empty() || std::any_of(clients_.begin(), clients_.end(), [](const client& c) { return c.orphan; }))) {
-      timeout_ms = k_orphan_poll_ms;
-    }
-    // A newcomer between its connect and its attach keeps the server from being idle.
-    if (!attaching_.empty() || !greeting_.empty()) idle_since = monotonic_ns();
-    // Members that exited with their connection held (tell_held_connections): named soon,
-    // then their holders looked at every second.
-    bool held = false;
-    bool held_untold = false;
-    for (const client& c : clients_) {
-      if (c.fd < 0 || c.exited_ns == 0) continue;
-      held = true;
-      held_untold = held_untold || !c.held_told;
-    }
-    if (pending) {
-      timeout_ms = 10;
-    } else if (held_untold) {
-      timeout_ms = 100;
-    } else if (held || !attaching_.empty() || !greeting_.empty()) {
-      timeout_ms = 1000;  // for tell_held_connections, drop_late_attaches and drop_silent_connections
-    } else if (idle_exit_s_ > 0 && clients_.empty()) {
-      const uint64_t limit = idle_since + static_cast<uint64_t>(idle_exit_s_) * 1'000'000'000;
-      const uint64_t now = monotonic_ns();
-      // At most an hour a poll: an idle exit of 25 days or more is past an int of milliseconds.
-      timeout_ms = now >= limit ? 0 : static_cast<int>(std::min<uint64_t>((limit - now) / 1'000'000 + 1, 3'600'000));
-    }
-    constexpr int k_accept_pause_ms = static_cast<int>(k_accept_pause_ns / 1'000'000);
-    if (accept_paused && (timeout_ms < 0 || timeout_ms > k_accept_pause_ms)) timeout_ms = k_accept_pause_ms;  // to poll it again
+    fill_poll_set(accept_paused, &ps);
+    int timeout_ms = poll_timeout_ms(ps.pending, accept_paused, &idle_since);
     // Watched by the metrics endpoint (/healthz): beat at every turn, and turn at least every
     // k_beat_ms even when idle, so that a silent loop means a stuck one.
     if (metrics_ != nullptr) {
       metrics_->beat();
       if (timeout_ms < 0 || timeout_ms > metrics_endpoint::k_beat_ms) timeout_ms = metrics_endpoint::k_beat_ms;
     }
-    const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    const int n = ::poll(ps.fds.data(), ps.fds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) return fail_errno(errno, "vramswapd: poll");
     const uint64_t now = monotonic_ns();
     if (n > 0) {
-      if (fds[0].revents != 0) {
+      if (ps.fds[0].revents != 0) {
         log(log_level::info, "vramswapd: stopping on request (%zu clients attached)", clients_.size());
         return ok;
       }
-      // Hang-ups first: their fds are positions first_client.. in the order of the clients.
-      size_t at = first_client;
-      for (client& c : clients_) {
-        if (c.fd < 0) continue;
-        const short revents = fds[at++].revents;
-        if (revents == 0) continue;
-        char byte;
-        const ssize_t got = ::recv(c.fd, &byte, 1, MSG_DONTWAIT);
-        if (got > 0) {
-          log(log_level::warn, "vramswapd: member %u (pid %d) sent unexpected data after its handshake; ignored", c.member,
-              static_cast<int>(c.pid));
-          continue;
-        }
-        if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        c.hung_up_ns = now;
-        close_fd(&c.fd);
-      }
-      // Exits of members whose connection is still open (one that hung up in this turn is
-      // the repair's below).
-      for (size_t k = 0; k < pidfd_clients.size(); ++k) {
-        client& c = clients_[pidfd_clients[k]];
-        if (fds[first_pidfd + k].revents != 0 && c.fd >= 0) c.exited_ns = now;
-      }
-      // Attaches (or hang-ups) of newcomers, from the last: finish_attach erases its entry.
-      for (size_t k = attaching_.size(); k-- > 0;) {
-        if (fds[first_attaching + k].revents != 0) finish_attach(k);
-      }
-      // Hellos (or hang-ups) of new connections, from the last: the hello is one message, so
-      // serve_new reads it without waiting.
-      for (size_t k = greeting_.size(); k-- > 0;) {
-        if (fds[first_greeting + k].revents == 0) continue;
-        const int fd = greeting_[k].fd;
-        greeting_.erase(greeting_.begin() + static_cast<ptrdiff_t>(k));
-        serve_new(fd);
-      }
-      if (fds[1].revents != 0) accept_one();
+      serve_events(ps, now);
     }
     tell_held_connections(now);
     drop_late_attaches(now);
     drop_silent_connections(now);
     if (lock_repair_pending_) repair_lock();
     if (adopted_) tend_adoption(now);
-    // Repair members whose process is gone (or that left long enough ago): with the frames
-    // at hand (an adopted pool has none until a member hands them over).
-    for (size_t i = 0; i < clients_.size() && !frames_.empty();) {
-      const client& c = clients_[i];
-      if (c.fd < 0 && c.hung_up_ns != 0 &&
-          (client_exited(c) || now - c.hung_up_ns >= uint64_t{k_repair_grace_ms} * 1'000'000)) {
-        repair(c);
-        close_client(&clients_[i]);
-        clients_.erase(clients_.begin() + static_cast<ptrdiff_t>(i));
-        if (clients_.empty()) idle_since = monotonic_ns();
-      } else {
-        ++i;
-      }
-    }
+    repair_gone_members(now, &idle_since);
     if (idle_exit_s_ > 0 && clients_.empty() && monotonic_ns() - idle_since >= static_cast<uint64_t>(idle_exit_s_) * 1'000'000'000) {
       log(log_level::info, "vramswapd: no client for %" PRId64 " s: exiting", idle_exit_s_);
       return ok;
+    }
+  }
+}
+
+void pool_server::fill_poll_set(bool accept_paused, poll_set* ps) noexcept {
+  std::vector<pollfd>& fds = ps->fds;
+  ps->pending = false;
+  fds.clear();
+  fds.push_back({stop_pipe_[0], POLLIN, 0});
+  fds.push_back({listen_fd_, static_cast<short>(accept_paused ? 0 : POLLIN), 0});
+  for (const client& c : clients_) {
+    if (c.fd >= 0) {
+      fds.push_back({c.fd, POLLIN | POLLRDHUP, 0});
+    } else if (c.hung_up_ns != 0) {
+      ps->pending = true;
+    }
+  }
+  // The pidfds of connected members, to see one exit while its connection stays open.
+  ps->first_pidfd = fds.size();
+  ps->pidfd_clients.clear();
+  for (size_t i = 0; i < clients_.size(); ++i) {
+    const client& c = clients_[i];
+    if (c.fd < 0 || c.pidfd < 0 || c.exited_ns != 0) continue;
+    fds.push_back({c.pidfd, POLLIN, 0});
+    ps->pidfd_clients.push_back(i);
+  }
+  ps->first_attaching = fds.size();
+  for (const attaching& a : attaching_) fds.push_back({a.fd, POLLIN | POLLRDHUP, 0});
+  ps->first_greeting = fds.size();
+  for (const greeting& g : greeting_) fds.push_back({g.fd, POLLIN | POLLRDHUP, 0});
+}
+
+int pool_server::poll_timeout_ms(bool pending, bool accept_paused, uint64_t* idle_since) noexcept {
+  int timeout_ms = -1;
+  if (lock_repair_pending_) timeout_ms = k_lock_repair_retry_ms;
+  // Orphans are watched by their leases and newcomers may wait for the frames: look often.
+  if (adopted_ && (!waiting_.empty() || std::any_of(clients_.begin(), clients_.end(), [](const client& c) { return c.orphan; }))) {
+    timeout_ms = k_orphan_poll_ms;
+  }
+  // A newcomer between its connect and its attach keeps the server from being idle.
+  if (!attaching_.empty() || !greeting_.empty()) *idle_since = monotonic_ns();
+  // Members that exited with their connection held (tell_held_connections): named soon,
+  // then their holders looked at every second.
+  bool held = false;
+  bool held_untold = false;
+  for (const client& c : clients_) {
+    if (c.fd < 0 || c.exited_ns == 0) continue;
+    held = true;
+    held_untold = held_untold || !c.held_told;
+  }
+  if (pending) {
+    timeout_ms = 10;
+  } else if (held_untold) {
+    timeout_ms = 100;
+  } else if (held || !attaching_.empty() || !greeting_.empty()) {
+    timeout_ms = 1000;  // for tell_held_connections, drop_late_attaches and drop_silent_connections
+  } else if (idle_exit_s_ > 0 && clients_.empty()) {
+    const uint64_t limit = *idle_since + static_cast<uint64_t>(idle_exit_s_) * 1'000'000'000;
+    const uint64_t now = monotonic_ns();
+    // At most an hour a poll: an idle exit of 25 days or more is past an int of milliseconds.
+    timeout_ms = now >= limit ? 0 : static_cast<int>(std::min<uint64_t>((limit - now) / 1'000'000 + 1, 3'600'000));
+  }
+  constexpr int k_accept_pause_ms = static_cast<int>(k_accept_pause_ns / 1'000'000);
+  if (accept_paused && (timeout_ms < 0 || timeout_ms > k_accept_pause_ms)) timeout_ms = k_accept_pause_ms;  // to poll it again
+  return timeout_ms;
+}
+
+void pool_server::serve_events(const poll_set& ps, uint64_t now) noexcept {
+  const std::vector<pollfd>& fds = ps.fds;
+  // Hang-ups first: their fds are positions first_client.. in the order of the clients.
+  size_t at = poll_set::first_client;
+  for (client& c : clients_) {
+    if (c.fd < 0) continue;
+    const short revents = fds[at++].revents;
+    if (revents == 0) continue;
+    char byte;
+    const ssize_t got = ::recv(c.fd, &byte, 1, MSG_DONTWAIT);
+    if (got > 0) {
+      log(log_level::warn, "vramswapd: member %u (pid %d) sent unexpected data after its handshake; ignored", c.member,
+          static_cast<int>(c.pid));
+      continue;
+    }
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    c.hung_up_ns = now;
+    close_fd(&c.fd);
+  }
+  // Exits of members whose connection is still open (one that hung up in this turn is
+  // the repair's below).
+  for (size_t k = 0; k < ps.pidfd_clients.size(); ++k) {
+    client& c = clients_[ps.pidfd_clients[k]];
+    if (fds[ps.first_pidfd + k].revents != 0 && c.fd >= 0) c.exited_ns = now;
+  }
+  // Attaches (or hang-ups) of newcomers, from the last: finish_attach erases its entry.
+  for (size_t k = attaching_.size(); k-- > 0;) {
+    if (fds[ps.first_attaching + k].revents != 0) finish_attach(k);
+  }
+  // Hellos (or hang-ups) of new connections, from the last: the hello is one message, so
+  // serve_new reads it without waiting.
+  for (size_t k = greeting_.size(); k-- > 0;) {
+    if (fds[ps.first_greeting + k].revents == 0) continue;
+    const int fd = greeting_[k].fd;
+    greeting_.erase(greeting_.begin() + static_cast<ptrdiff_t>(k));
+    serve_new(fd);
+  }
+  if (fds[1].revents != 0) accept_one();
+}
+
+void pool_server::repair_gone_members(uint64_t now, uint64_t* idle_since) noexcept {
+  // Repair members whose process is gone (or that left long enough ago): with the frames
+  // at hand (an adopted pool has none until a member hands them over).
+  for (size_t i = 0; i < clients_.size() && !frames_.empty();) {
+    const client& c = clients_[i];
+    if (c.fd < 0 && c.hung_up_ns != 0 &&
+        (client_exited(c) || now - c.hung_up_ns >= uint64_t{k_repair_grace_ms} * 1'000'000)) {
+      repair(c);
+      close_client(&clients_[i]);
+      clients_.erase(clients_.begin() + static_cast<ptrdiff_t>(i));
+      if (clients_.empty()) *idle_since = monotonic_ns();
+    } else {
+      ++i;
     }
   }
 }

@@ -84,6 +84,7 @@ namespace vramswap::detail {
 
 class device_lock;
 class metrics_endpoint;
+struct fd_guard;
 
 struct pool_server_options {
   int device = 0;
@@ -201,6 +202,18 @@ class pool_server {
   pool_server() = default;
   int finish_start(const pool_server_options& options, const device_info& info, const pool_paths& paths) noexcept;
   void teardown() noexcept;
+  // A turn of run(), in its order: the poll set, the poll's timeout, what the poll found,
+  // then the repair of members that are gone.
+  struct poll_set;
+  void fill_poll_set(bool accept_paused, poll_set* ps) noexcept;
+  // The longest the turn's poll may wait; a newcomer still in its handshake resets
+  // *idle_since (the server is not idle).
+  int poll_timeout_ms(bool pending, bool accept_paused, uint64_t* idle_since) noexcept;
+  // Hang-ups, exits of connected members, attaches, hellos, and a new connection.
+  void serve_events(const poll_set& ps, uint64_t now) noexcept;
+  // Members whose process is gone (or that left k_repair_grace_ms ago): their frames
+  // repaired, their entries removed; the last one's removal resets *idle_since.
+  void repair_gone_members(uint64_t now, uint64_t* idle_since) noexcept;
   // The pool: pool_frames.cpp.
   int build_pool(uint64_t pool_bytes) noexcept;
   int build_host_pool(uint64_t bytes) noexcept;
@@ -212,6 +225,12 @@ class pool_server {
   // nothing (stopped, frozen) never blocks the loop; serve_new runs once the hello is there.
   void accept_one() noexcept;
   void serve_new(int fd) noexcept;
+  // serve_new's checks of what a peer's hello claims (its PID namespace, pid, start time,
+  // pidfd) against what the kernel says of it, where this server can see it. False: refused.
+  bool peer_told_the_truth(int fd, const ucred& cred, const pool_protocol::hello& h, int pidfd) noexcept;
+  // A newcomer to an adopted pool that has no frames yet: it waits in waiting_ (taking
+  // `pidfd`), or is refused.
+  void wait_for_frames(int fd, const pool_protocol::hello& h, pid_t peer_pid, fd_guard* pidfd) noexcept;
   // Connections whose hello did not come within the handshake's time: refused, closed.
   void drop_silent_connections(uint64_t now) noexcept;
   void welcome_newcomer(int fd, const pool_protocol::hello& h, pid_t peer_pid, int pidfd) noexcept;
@@ -222,6 +241,12 @@ class pool_server {
   // Adoption of a running pool: pool_adoption.cpp.
   int adopt_pool() noexcept;
   void serve_rejoin(int fd, const pool_protocol::hello& h, pid_t peer_pid, int pidfd) noexcept;
+  // serve_rejoin's steps. The orphan that the hello may rejoin as, or nullptr (refused).
+  client* rejoining_orphan(int fd, const pool_protocol::hello& h) noexcept;
+  // The welcome of a rejoin, the frames' descriptors when asked for, the attach.
+  int send_rejoin_welcome(int fd, const pool_protocol::hello& h, bool send_frames) noexcept;
+  // A rejoin failed (`why`): logged, at most once per k_rejoin_warn_interval_ns.
+  void note_failed_rejoin(const pool_protocol::hello& h, const std::string& why) noexcept;
   int receive_frames(int fd) noexcept;
   std::string descriptor_limit_note(const std::string& why) const;
   // Each turn of run(): orphans whose lease went, newcomers waiting for the frames, and the
