@@ -200,24 +200,8 @@ int tiered_store::take_slot_locked(std::unique_lock<std::mutex>& lock, bool for_
         grow_failed_ns_ = now_ns();
       }
     }
-    bool dropped = false;
     int spill_rc = ok;
-    for (auto it = lru_.begin(); file_ && it != lru_.end();) {
-      const uint64_t key = *it++;
-      entry& e = pages_.at(key);
-      if (e.state != io::none || e.lent || !e.host_valid || protected_locked(e)) continue;
-      if (e.disk_valid) {
-        drop_slot_locked(e);
-        ++stats_.pages_dropped_clean;
-        dropped = true;
-        break;
-      }
-      // Reads cause no writes while the tier may grow past its budget instead (below); when
-      // it cannot grow at all, a page written out is the only room a read can have.
-      if ((!for_write && !cannot_grow) || writes_in_flight_ >= spill_ahead_) continue;
-      if ((spill_rc = start_spill_locked(key, e)) != ok) break;
-    }
-    if (dropped) continue;
+    if (drop_or_spill_locked(for_write, cannot_grow, &spill_rc)) continue;
     // A write that failed: the writes in flight (its page's rewrite among them, which ends the
     // failure when it succeeds) are waited for once; a failure that outlasts them is the
     // caller's, so that writes that keep failing are not retried without end.
@@ -234,16 +218,7 @@ int tiered_store::take_slot_locked(std::unique_lock<std::mutex>& lock, bool for_
     // there is no disk. Own memory goes past its limit; a shared pool waits for others.
     const int rc = slots_->take(true, out);
     if (rc == ok) {
-      if (budget_slots_ != 0) {
-        if (!overrun_logged_) {
-          overrun_logged_ = true;
-          log(log_level::info,
-              "tiered store: going past VRAMSWAP_HOST_LIMIT (%" PRIu64 " bytes) for slots the caller still holds (%s); the "
-              "caller can give them back earlier with read_done()",
-              host_limit(), for_write ? "the newest copies" : "pages it restored");
-        }
-        ++stats_.budget_overruns;
-      }
+      if (budget_slots_ != 0) note_overrun_locked(for_write);
       break;
     }
     if (rc != err_busy || !slots_->shared()) return rc;
@@ -256,6 +231,38 @@ int tiered_store::take_slot_locked(std::unique_lock<std::mutex>& lock, bool for_
   }
   ++slots_used_;
   return ok;
+}
+
+// Make room on disk, oldest pages first: drop the slot of a page saved on disk already
+// (true), or start writes out up to spill_ahead_ in flight (*spill_rc: a start that failed).
+bool tiered_store::drop_or_spill_locked(bool for_write, bool cannot_grow, int* spill_rc) {
+  for (auto it = lru_.begin(); file_ && it != lru_.end();) {
+    const uint64_t key = *it++;
+    entry& e = pages_.at(key);
+    if (e.state != io::none || e.lent || !e.host_valid || protected_locked(e)) continue;
+    if (e.disk_valid) {
+      drop_slot_locked(e);
+      ++stats_.pages_dropped_clean;
+      return true;
+    }
+    // Reads cause no writes while the tier may grow past its budget instead (below); when
+    // it cannot grow at all, a page written out is the only room a read can have.
+    if ((!for_write && !cannot_grow) || writes_in_flight_ >= spill_ahead_) continue;
+    if ((*spill_rc = start_spill_locked(key, e)) != ok) break;
+  }
+  return false;
+}
+
+// A slot taken past VRAMSWAP_HOST_LIMIT: counted, and said once.
+void tiered_store::note_overrun_locked(bool for_write) {
+  if (!overrun_logged_) {
+    overrun_logged_ = true;
+    log(log_level::info,
+        "tiered store: going past VRAMSWAP_HOST_LIMIT (%" PRIu64 " bytes) for slots the caller still holds (%s); the "
+        "caller can give them back earlier with read_done()",
+        host_limit(), for_write ? "the newest copies" : "pages it restored");
+  }
+  ++stats_.budget_overruns;
 }
 
 // Keep `spill_ahead_` pages of room coming: free slots under the budget plus writes in flight.

@@ -201,6 +201,9 @@ class tiered_store : public page_store {
 
   int write_slot(uint64_t key, size_t size, bool wait, void** host);
   int take_slot_locked(std::unique_lock<std::mutex>& lock, bool for_write, bool wait, char** out);
+  // take_slot_locked's steps (tiered_store.cpp).
+  bool drop_or_spill_locked(bool for_write, bool cannot_grow, int* spill_rc);
+  void note_overrun_locked(bool for_write);
   void give_slot_locked(char* slot);
   int start_spill_locked(uint64_t key, entry& e);
   void spill_ahead_locked();
