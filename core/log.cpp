@@ -138,18 +138,23 @@ void log_defer_end() noexcept {
   }
 }
 
-void log(log_level level, const char* fmt, ...) noexcept {
+void vlog(log_level level, const char* fmt, va_list ap) noexcept {
   if (!log_enabled(level)) return;
   char line[1200];
   int n = prefix(line, sizeof line);
   n += std::snprintf(line + n, sizeof line - static_cast<size_t>(n), "%s: ", level_name(level));
-  va_list ap;
-  va_start(ap, fmt);
   std::vsnprintf(line + n, sizeof line - static_cast<size_t>(n) - 1, fmt, ap);
-  va_end(ap);
   const size_t len = std::strlen(line);
   line[len] = '\n';
   write_line(line, len + 1);
+}
+
+void log(log_level level, const char* fmt, ...) noexcept {
+  if (!log_enabled(level)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(level, fmt, ap);
+  va_end(ap);
 }
 
 }  // namespace vramswap::detail

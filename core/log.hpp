@@ -10,6 +10,8 @@
 // default info (log_set_default_level).
 #pragma once
 
+#include <cstdarg>
+
 namespace vramswap::detail {
 
 enum class log_level { error = 0, warn = 1, info = 2, debug = 3 };
@@ -22,6 +24,7 @@ void log_set_default_level(log_level level) noexcept;
 // sets the default for threads that never call it (a server, a one-device session).
 void log_set_device(int device) noexcept;
 void log(log_level level, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
+void vlog(log_level level, const char* fmt, va_list ap) noexcept;
 
 // While a thread holds a mutex other processes wait on (the lock segment's internal mutex),
 // a line to a stderr nobody drains (a pipe a parent does not read, a stalled log driver)

@@ -27,6 +27,12 @@ bool interrupted_now(bool signal_ran) noexcept {
 scoped_wait_interrupt::scoped_wait_interrupt(wait_interrupt check) noexcept : previous_(t_interrupt) { t_interrupt = check; }
 scoped_wait_interrupt::~scoped_wait_interrupt() { t_interrupt = previous_; }
 
+wait_interrupt install_wait_interrupt(wait_interrupt check) noexcept {
+  const wait_interrupt previous = t_interrupt;
+  t_interrupt = check;
+  return previous;
+}
+
 scoped_wait_deadline::scoped_wait_deadline(uint64_t deadline_ns) noexcept : previous_(t_deadline_ns) {
   if (t_deadline_ns == 0 || deadline_ns < t_deadline_ns) t_deadline_ns = deadline_ns;
 }

@@ -50,6 +50,10 @@ class scoped_wait_interrupt {
   wait_interrupt previous_;
 };
 
+// Installs `check` for this thread's waits and returns the one it replaces: for a scope
+// kept outside this layer (the runtime's face, runtime/runtime.hpp), which restores it.
+wait_interrupt install_wait_interrupt(wait_interrupt check) noexcept;
+
 // Does this thread's installed wait_interrupt (if any) say stop? For waits outside
 // device_lock::acquire that follow its Interruption rules (the gang acquire).
 bool interrupted_now(bool signal_ran) noexcept;

@@ -9,15 +9,16 @@
 // that a stack overflow is reported too, and once (SA_RESETHAND): a crash inside it ends
 // the process with the default action.
 //
-// The option is read as the shim is loaded (preload_backtrace_at_load, core/options.hpp),
-// before the program runs, so that a crash at any time after is reported.
+// The option is read as the shim is loaded (rt::crash_backtrace_wanted, runtime/runtime.hpp;
+// libvramswap.so, which the shim needs, is initialized by then), before the program runs, so
+// that a crash at any time after is reported.
 #include <execinfo.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <initializer_list>
 
-#include "core/options.hpp"
+#include "runtime/runtime.hpp"
 
 namespace {
 alignas(16) char g_alt_stack[64 * 1024];
@@ -31,7 +32,7 @@ void crash_backtrace(int sig) {
   raise(sig);  // the default action now (SA_RESETHAND)
 }
 __attribute__((constructor)) void install_crash_backtrace() {
-  if (!vramswap::detail::preload_backtrace_at_load()) return;
+  if (!vramswap::detail::rt::crash_backtrace_wanted()) return;
   void* warm[1];
   (void)backtrace(warm, 1);  // loads libgcc_s now, while allocating is safe
   stack_t alt{};

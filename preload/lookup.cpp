@@ -20,11 +20,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "core/cuda/declared_abi.hpp"
-#include "core/launch_gate.hpp"
-#include "core/log.hpp"
 #include "runtime/runtime.hpp"
-#include "runtime/use_tracker.hpp"
 #include "shim.hpp"
 
 namespace vramswap::detail::preload {
@@ -107,7 +103,7 @@ param_info_fn function_param_info() {
   static const param_info_fn fn = [] {
     auto f = reinterpret_cast<param_info_fn>(real_driver("cuFuncGetParamInfo", 12040));
     if (f == nullptr) {
-      log(log_level::warn, "preload: this driver has no cuFuncGetParamInfo (CUDA 12.4 and later): kernel launches are not "
+      rt::log_line(rt::log_severity::warn, "preload: this driver has no cuFuncGetParamInfo (CUDA 12.4 and later): kernel launches are not "
           "observed, so placement by use (VRAMSWAP_OVERSUBSCRIBE_PLACEMENT) moves nothing; pages stay where they were first backed");
     }
     return f;
@@ -121,11 +117,11 @@ param_info_fn kernel_param_info() {
 }
 
 void observe_launch(void* function, void** params, void** extra) noexcept {
-  if (!use_tracking::sample_this_launch()) return;
+  if (!rt::sample_this_launch()) return;
   if (params != nullptr) {
     param_info_fn info = function_param_info();
     if (info == nullptr) {
-      use_tracking::note_unreadable();
+      rt::note_launch_unreadable();
       return;
     }
     size_t offset = 0;
@@ -136,11 +132,11 @@ void observe_launch(void* function, void** params, void** extra) noexcept {
       r = info(function, 0, &offset, &size);
     }
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE) {  // INVALID_VALUE at 0: no parameters
-      use_tracking::note_unreadable();
+      rt::note_launch_unreadable();
       return;
     }
     for (size_t i = 0; r == CUDA_SUCCESS && i < k_max_observed_params; r = info(function, ++i, &offset, &size)) {
-      use_tracking::record_argument_bytes(params[i], size);
+      rt::record_launch_argument_bytes(params[i], size);
     }
   } else if (extra != nullptr) {  // one packed buffer: CU_LAUNCH_PARAM_BUFFER_POINTER, _SIZE
     const void* buffer = nullptr;
@@ -149,9 +145,9 @@ void observe_launch(void* function, void** params, void** extra) noexcept {
       if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
       if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1] != nullptr) size = *static_cast<const size_t*>(extra[i + 1]);
     }
-    use_tracking::record_argument_bytes(buffer, size);
+    rt::record_launch_argument_bytes(buffer, size);
   }
-  use_tracking::note_observed();
+  rt::note_launch_observed();
 }
 
 // What a gated function does before the real one: the kernel launches are observed.
@@ -187,7 +183,7 @@ template <typename R, typename... A, int Id>
 struct gated<R (*)(A...), Id> {
   static inline R (*real)(A...) = nullptr;
   static R call(A... a) {
-    launch_gate::pass through;
+    const rt::launch_pass through;
     before_call<Id / 2>::run(a...);
     return real(a...);
   }
@@ -228,8 +224,8 @@ void build_table() {
       #name, CUDA_VERSION, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, as_void(&gated<decltype(&name), gated_##name * 2 + 1>::call)));
   VRAMSWAP_GATED_FUNCTIONS(VRAMSWAP_GATED_ADD)
 #undef VRAMSWAP_GATED_ADD
-  launch_gate::set_installed();
-  log(log_level::debug, "preload: %zu driver functions replaced", g_replacement.size());
+  rt::set_launches_bracketed();
+  rt::log_line(rt::log_severity::debug, "preload: %zu driver functions replaced", g_replacement.size());
 }
 
 }  // namespace
@@ -239,7 +235,7 @@ void* substitute(void* real, const char* symbol) {
   std::call_once(g_table_once, build_table);
   auto it = g_replacement.find(real);
   if (it != g_replacement.end()) return it->second;
-  if (symbol != nullptr) log(log_level::debug, "preload: lookup of %s left alone", symbol);
+  if (symbol != nullptr) rt::log_line(rt::log_severity::debug, "preload: lookup of %s left alone", symbol);
   return real;
 }
 
@@ -304,7 +300,7 @@ void* real_driver(const char* name, int version) {
   get_proc_v2_fn get = real_get_proc_address();
   void* p = nullptr;
   CUdriverProcAddressQueryResult st{};
-  const int asked = cuda::declared_abi_version(name, version);
+  const int asked = rt::driver_abi_version(name, version);
   if (get == nullptr || get(name, &p, asked, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS) return nullptr;
   return p;
 }

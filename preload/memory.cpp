@@ -20,14 +20,13 @@
 #include <mutex>
 #include <vector>
 
-#include "core/log.hpp"
-#include "core/status.hpp"
 #include "runtime/runtime.hpp"
-#include "runtime/stream_allocator.hpp"
 #include "shim.hpp"
 
 namespace vramswap::detail::preload {
 namespace {
+
+constexpr int ok = VRAMSWAP_OK;
 
 template <typename Fn>
 Fn driver(const char* name, int version = CUDA_VERSION) {
@@ -48,9 +47,9 @@ CUresult current_device(int* out) {
 
 // vramswap's error as the driver's, said once in the log with vramswap's words.
 CUresult as_cuda(int rc, const char* what) {
-  log(log_level::warn, "preload: %s: %s", what, last_error());
-  return rc == err_out_of_memory ? CUDA_ERROR_OUT_OF_MEMORY
-         : rc == err_invalid_argument ? CUDA_ERROR_INVALID_VALUE
+  rt::log_line(rt::log_severity::warn, "preload: %s: %s", what, rt::last_error());
+  return rc == VRAMSWAP_ERR_OUT_OF_MEMORY ? CUDA_ERROR_OUT_OF_MEMORY
+         : rc == VRAMSWAP_ERR_INVALID_ARGUMENT ? CUDA_ERROR_INVALID_VALUE
                                       : CUDA_ERROR_UNKNOWN;
 }
 
@@ -61,7 +60,7 @@ void summary_at_exit() {
     vramswap_stats_t s{};
     s.size = sizeof s;
     if (rt::stats(device, &s) != ok) continue;
-    log(log_level::info,
+    rt::log_line(rt::log_severity::info,
         "preload: device %d at exit: %.1f MiB allocated in %llu allocation(s); %.1f MiB in host frames; %llu page(s) moved to host "
         "frames for lock holders in %.3f s in all, %llu moved back; %llu launch(es) waited %.3f s in all for lock holders",
         device, s.allocated_bytes / 1048576.0, static_cast<unsigned long long>(s.allocations), s.host_frame_bytes / 1048576.0,
@@ -79,7 +78,7 @@ CUresult ensure_turn(int device) {
   bool over = false;
   if (const int rc = rt::oversubscribed(device, &over); rc != ok) return as_cuda(rc, "opening vramswap's session");
   if (!over) {
-    log(log_level::info, "preload: device %d: taking the device lock for the life of this process (normal priority)", device);
+    rt::log_line(rt::log_severity::info, "preload: device %d: taking the device lock for the life of this process (normal priority)", device);
     if (const int rc = rt::lock(device, 1, -1, nullptr); rc != ok) return as_cuda(rc, "taking the device lock");
   }
   if (locked.size() <= static_cast<size_t>(device)) locked.resize(device + 1, false);
@@ -133,7 +132,7 @@ CUresult mem_alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
 
 namespace {
 CUstream per_thread_if_default(CUstream stream) {
-  return stream == nullptr ? reinterpret_cast<CUstream>(stream_allocator::k_per_thread_stream) : stream;
+  return stream == nullptr ? reinterpret_cast<CUstream>(rt::k_per_thread_stream) : stream;
 }
 }  // namespace
 

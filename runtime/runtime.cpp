@@ -23,7 +23,6 @@
 #include "runtime/device_session.hpp"
 #include "runtime/oversubscribed_session.hpp"
 #include "runtime/session.hpp"
-#include "runtime/single_runtime.hpp"
 #include "runtime/stream_allocator.hpp"
 #include "pool/pool_segment.hpp"
 #include "lock/shared_segment.hpp"
@@ -140,7 +139,6 @@ int state_for(const char* fn, int device, device_state** out) {
     *out = g_devices[device].get();
     return ok;
   }
-  VS_TRY(claim_process_for_this_runtime(fn, device));  // one copy of the runtime per process
   // Every VRAMSWAP_* setting is checked before anything is made, so a bad one fails this
   // first call whole (and every later one until it is corrected) instead of surfacing as a
   // fallback halfway through a session.

@@ -1,17 +1,54 @@
 // The public C++ API (vramswap/vramswap.hpp) over the runtime: gpu_lock and memory.
 #include <unistd.h>
 
+#include <cstddef>
+#include <type_traits>
 #include <utility>
 
-#include "core/log.hpp"
-#include "core/status.hpp"
-#include "runtime/process_stats_fields.hpp"
 #include "runtime/runtime.hpp"
+#include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
 
 namespace vramswap {
-// The public types are defined here over the internal status codes and runtime.
-using namespace detail;
+// The public types are defined here over the runtime's face and its status codes.
+namespace rt = detail::rt;
+using rt::last_error;
+constexpr int ok = VRAMSWAP_OK;
+constexpr int err_invalid_argument = VRAMSWAP_ERR_INVALID_ARGUMENT;
+constexpr int err_timeout = VRAMSWAP_ERR_TIMEOUT;
+constexpr int err_busy = VRAMSWAP_ERR_BUSY;
+constexpr int err_not_owner = VRAMSWAP_ERR_NOT_OWNER;
+constexpr int err_unavailable = VRAMSWAP_ERR_UNAVAILABLE;
+
+// The public stats structs and the runtime's list of their fields (VRAMSWAP_PROCESS_STATS,
+// runtime/runtime.hpp), tied together: the C struct leads with its `size`, the C++ one does
+// not; every field in the list's order, of its type, and nothing else.
+namespace process_stats_layout {
+struct c_layout {
+  uint64_t size;
+#define VRAMSWAP_FIELD(name, type) type name;
+  VRAMSWAP_PROCESS_STATS(VRAMSWAP_FIELD)
+#undef VRAMSWAP_FIELD
+};
+struct cpp_layout {
+#define VRAMSWAP_FIELD(name, type) type name;
+  VRAMSWAP_PROCESS_STATS(VRAMSWAP_FIELD)
+#undef VRAMSWAP_FIELD
+};
+static_assert(std::is_standard_layout_v<vramswap_stats_t> && std::is_standard_layout_v<vramswap::stats>);
+static_assert(offsetof(vramswap_stats_t, size) == 0 && std::is_same_v<decltype(vramswap_stats_t::size), uint64_t>);
+#define VRAMSWAP_FIELD(name, type)                                                                                     \
+  static_assert(std::is_same_v<decltype(vramswap_stats_t::name), type> &&                                            \
+                    offsetof(vramswap_stats_t, name) == offsetof(c_layout, name),                                      \
+                "vramswap_stats_t::" #name " differs from VRAMSWAP_PROCESS_STATS (type or place)");                    \
+  static_assert(std::is_same_v<decltype(vramswap::stats::name), type> &&                                             \
+                    offsetof(vramswap::stats, name) == offsetof(cpp_layout, name),                                     \
+                "vramswap::stats::" #name " differs from VRAMSWAP_PROCESS_STATS (type or place)");
+VRAMSWAP_PROCESS_STATS(VRAMSWAP_FIELD)
+#undef VRAMSWAP_FIELD
+static_assert(sizeof(vramswap_stats_t) == sizeof(c_layout), "vramswap_stats_t has a field that VRAMSWAP_PROCESS_STATS does not list");
+static_assert(sizeof(vramswap::stats) == sizeof(cpp_layout), "vramswap::stats has a field that VRAMSWAP_PROCESS_STATS does not list");
+}  // namespace process_stats_layout
 
 namespace {
 [[noreturn]] void throw_last(int code) { throw_error(code, last_error()); }
@@ -98,12 +135,12 @@ std::vector<int> gpu_lock::devices() const { return gang_ == 0 ? std::vector<int
 gpu_lock::~gpu_lock() {
   if (!owned_) return;
   if (owner_pid_ != ::getpid()) {
-    log(log_level::warn, "~gpu_lock(%s): destroyed in a forked child; the lock is the parent's, nothing released",
+    rt::log_line(rt::log_severity::warn, "~gpu_lock(%s): destroyed in a forked child; the lock is the parent's, nothing released",
         gang_text(gang_, device_).c_str());
     return;
   }
   const int rc = unlock_all();
-  if (rc != ok) log(log_level::error, "~gpu_lock(%s): %s", gang_text(gang_, device_).c_str(), last_error());
+  if (rc != ok) rt::log_line(rt::log_severity::error, "~gpu_lock(%s): %s", gang_text(gang_, device_).c_str(), last_error());
 }
 
 gpu_lock::gpu_lock(gpu_lock&& other) noexcept

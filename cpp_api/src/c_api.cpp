@@ -2,44 +2,35 @@
 #include "vramswap/vramswap.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
-#include "core/status.hpp"
 #include "runtime/runtime.hpp"
-#include "lock/device_lock.hpp"
 
 using namespace vramswap::detail;
+using rt::fail_with;
 
-// The header's numbers are the library's codes.
-static_assert(VRAMSWAP_ERR_INVALID_ARGUMENT == err_invalid_argument && VRAMSWAP_ERR_OUT_OF_MEMORY == err_out_of_memory &&
-              VRAMSWAP_ERR_CUDA == err_cuda && VRAMSWAP_ERR_UNAVAILABLE == err_unavailable &&
-              VRAMSWAP_ERR_NOT_MAPPED == err_not_mapped && VRAMSWAP_ERR_ALREADY_MAPPED == err_already_mapped &&
-              VRAMSWAP_ERR_SYSTEM == err_system && VRAMSWAP_ERR_OWNER_DIED == err_owner_died &&
-              VRAMSWAP_ERR_VERSION_MISMATCH == err_version_mismatch && VRAMSWAP_ERR_TIMEOUT == err_timeout &&
-              VRAMSWAP_ERR_NOT_OWNER == err_not_owner && VRAMSWAP_ERR_BUSY == err_busy && VRAMSWAP_ERR_IO == err_io &&
-              VRAMSWAP_ERR_NO_SPACE == err_no_space &&
-              VRAMSWAP_ERR_INTERRUPTED == err_interrupted && VRAMSWAP_ERR_INTERNAL == err_internal);
 static_assert(offsetof(vramswap_stats_t, size) == 0 && offsetof(vramswap_stats_t, allocated_bytes) == 8);
 
 extern "C" {
 
 int vramswap_lock(int device, int priority, int64_t timeout_ns) {
-  if (priority < 0) return fail(err_invalid_argument, "vramswap_lock(device %d): priority %d is negative", device, priority);
+  if (priority < 0) return fail_with(VRAMSWAP_ERR_INVALID_ARGUMENT, "vramswap_lock(device %d): priority %d is negative", device, priority);
   return rt::lock(device, static_cast<uint32_t>(priority), timeout_ns, nullptr);
 }
 
 int vramswap_lock_interruptible(int device, int priority, int64_t timeout_ns) {
   if (priority < 0) {
-    return fail(err_invalid_argument, "vramswap_lock_interruptible(device %d): priority %d is negative", device, priority);
+    return fail_with(VRAMSWAP_ERR_INVALID_ARGUMENT, "vramswap_lock_interruptible(device %d): priority %d is negative", device, priority);
   }
-  const scoped_wait_interrupt on_signal({[](void*, bool signal_ran) noexcept { return signal_ran; }, nullptr});
+  const rt::scoped_wait_check on_signal({[](void*, bool signal_ran) noexcept { return signal_ran; }, nullptr});
   return rt::lock(device, static_cast<uint32_t>(priority), timeout_ns, nullptr);
 }
 
 int vramswap_unlock(int device) { return rt::unlock(device); }
 
 int vramswap_lock_devices(const int* devices, size_t count, int priority, int64_t timeout_ns) {
-  if (priority < 0) return fail(err_invalid_argument, "vramswap_lock_devices: priority %d is negative", priority);
+  if (priority < 0) return fail_with(VRAMSWAP_ERR_INVALID_ARGUMENT, "vramswap_lock_devices: priority %d is negative", priority);
   return rt::lock_gang(devices, count, static_cast<uint32_t>(priority), timeout_ns, nullptr);
 }
 
@@ -50,21 +41,21 @@ int vramswap_join_gang(const char* job, int rank, int world_size, int device) {
 }
 
 int vramswap_malloc(void** out, size_t size, int device) {
-  if (out == nullptr) return fail(err_invalid_argument, "vramswap_malloc(device %d): out is NULL", device);
+  if (out == nullptr) return fail_with(VRAMSWAP_ERR_INVALID_ARGUMENT, "vramswap_malloc(device %d): out is NULL", device);
   uintptr_t p = 0;
-  VS_TRY(rt::malloc(device, size, &p));
+  if (const int rc = rt::malloc(device, size, &p); rc != VRAMSWAP_OK) return rc;
   *out = reinterpret_cast<void*>(p);
-  return ok;
+  return VRAMSWAP_OK;
 }
 
 int vramswap_free(void* ptr, int device) { return rt::free(device, reinterpret_cast<uintptr_t>(ptr)); }
 
 int vramswap_malloc_async(void** out, size_t size, int device, void* stream) {
-  if (out == nullptr) return fail(err_invalid_argument, "vramswap_malloc_async(device %d): out is NULL", device);
+  if (out == nullptr) return fail_with(VRAMSWAP_ERR_INVALID_ARGUMENT, "vramswap_malloc_async(device %d): out is NULL", device);
   uintptr_t p = 0;
-  VS_TRY(rt::malloc_async(device, size, reinterpret_cast<uintptr_t>(stream), &p));
+  if (const int rc = rt::malloc_async(device, size, reinterpret_cast<uintptr_t>(stream), &p); rc != VRAMSWAP_OK) return rc;
   *out = reinterpret_cast<void*>(p);
-  return ok;
+  return VRAMSWAP_OK;
 }
 
 int vramswap_free_async(void* ptr, int device, void* stream) {
@@ -77,7 +68,7 @@ int vramswap_release_requested(int device) { return rt::release_requested(device
 
 int vramswap_advise(void* ptr, size_t size, int advice, int device) {
   if (advice < 0 || advice > VRAMSWAP_ADVICE_READ_MOSTLY) {
-    return fail(err_invalid_argument, "vramswap_advise(device %d): advice %d is not a VRAMSWAP_ADVICE_* value", device, advice);
+    return fail_with(VRAMSWAP_ERR_INVALID_ARGUMENT, "vramswap_advise(device %d): advice %d is not a VRAMSWAP_ADVICE_* value", device, advice);
   }
   return rt::advise(device, reinterpret_cast<uintptr_t>(ptr), size, static_cast<uint8_t>(advice));
 }
@@ -85,21 +76,21 @@ int vramswap_advise(void* ptr, size_t size, int advice, int device) {
 int vramswap_stats(int device, vramswap_stats_t* out) {
   constexpr uint64_t k_min = offsetof(vramswap_stats_t, allocated_bytes) + sizeof(uint64_t);
   if (out == nullptr || out->size < k_min) {
-    return fail(err_invalid_argument, "vramswap_stats(device %d): out is NULL or out->size (%llu) < %llu; set out->size = "
+    return fail_with(VRAMSWAP_ERR_INVALID_ARGUMENT, "vramswap_stats(device %d): out is NULL or out->size (%llu) < %llu; set out->size = "
                 "sizeof(vramswap_stats_t) first", device, out == nullptr ? 0ull : static_cast<unsigned long long>(out->size),
                 static_cast<unsigned long long>(k_min));
   }
   vramswap_stats_t full;
-  VS_TRY(rt::stats(device, &full));
+  if (const int rc = rt::stats(device, &full); rc != VRAMSWAP_OK) return rc;
   const uint64_t n = std::min<uint64_t>(out->size, sizeof full) & ~uint64_t{7};  // whole fields
   std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint64_t), reinterpret_cast<const char*>(&full) + sizeof(uint64_t),
               n - sizeof(uint64_t));
   out->size = n;
-  return ok;
+  return VRAMSWAP_OK;
 }
 
-const char* vramswap_last_error(void) { return last_error(); }
+const char* vramswap_last_error(void) { return rt::last_error(); }
 
-const char* vramswap_status_name(int code) { return status_name(code); }
+const char* vramswap_status_name(int code) { return rt::status_name(code); }
 
 }  // extern "C"

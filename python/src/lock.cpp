@@ -14,15 +14,13 @@
 // held), arrives inside the block (__exit__ releases), or after __exit__ has released.
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
 
-#include "core/log.hpp"
 #include "runtime/runtime.hpp"
-#include "lock/device_lock.hpp"
-#include "lock/process_identity.hpp"
 #include "bindings.hpp"
 #include "vramswap/vramswap.hpp"
 
@@ -30,6 +28,11 @@ namespace py = pybind11;
 
 namespace vramswap::detail::python {
 namespace {
+
+uint64_t monotonic_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
 
 priority parse_priority(const char* fn, const std::string& text) {
   if (text == "normal") return priority::normal;
@@ -55,7 +58,7 @@ int64_t timeout_ns(const char* fn, std::optional<double> timeout) {
   return static_cast<int64_t>(*timeout * 1e9);
 }
 
-// The wait_interrupt of a Python caller's acquire.
+// The wait check (runtime.hpp) of a Python caller's acquire.
 struct python_signals {
   static constexpr uint64_t k_check_ns = 50'000'000;  // a signal may have woken another thread
   uint64_t last_check_ns = 0;
@@ -82,7 +85,7 @@ struct python_signals {
     if (signal_ran) static_cast<python_signals*>(context)->not_asked = true;
     return signal_ran;
   }
-  wait_interrupt check() { return {&should_stop, this, &should_stop_without_blocking}; }
+  rt::wait_check check() { return {&should_stop, this, &should_stop_without_blocking}; }
   // After a call made with check() installed returned `rc`, with the GIL held again: true to
   // make the call again (a signal ended a wait, and no handler raised); raises the handler's
   // exception.
@@ -91,7 +94,7 @@ struct python_signals {
     if (rc != VRAMSWAP_ERR_INTERRUPTED || !not_asked) return false;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     not_asked = false;
-    log(log_level::debug, "lock: a signal ended the wait for the pool server, and no handler raised; opening the session again");
+    rt::log_line(rt::log_severity::debug, "lock: a signal ended the wait for the pool server, and no handler raised; opening the session again");
     return true;
   }
 };
@@ -107,7 +110,7 @@ bool acquire_interruptibly(const std::vector<int>& devices, priority p, int64_t 
     // Called again (a signal ended the session's opening): what is left of the timeout.
     const int64_t left = deadline == 0 ? ns : std::max<int64_t>(1, static_cast<int64_t>(deadline - std::min(deadline, monotonic_ns())));
     py::gil_scoped_release nogil;
-    const scoped_wait_interrupt interruptible(signals.check());
+    const rt::scoped_wait_check interruptible(signals.check());
     if (devices.size() == 1) {
       rc = rt::lock(devices[0], static_cast<uint32_t>(p), left, nullptr);
       // Granted just as a handler raised: the exception wins, and the lock goes back.
@@ -232,7 +235,7 @@ vramswap.Error and nothing is released.)doc");
           // wait for its welcome, which other threads must not wait for with us, and which
           // Ctrl-C ends (the session is not opened).
           py::gil_scoped_release nogil;
-          const scoped_wait_interrupt interruptible(signals.check());
+          const rt::scoped_wait_check interruptible(signals.check());
           rc = rt::join_gang(job ? job->c_str() : nullptr, rank, world_size, device);
         } while (signals.call_again(rc));
         if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "bindings.hpp"
-#include "runtime/process_stats_fields.hpp"
+#include "runtime/runtime.hpp"
 #include "vramswap/vramswap.h"
 #include "vramswap/vramswap.hpp"
 

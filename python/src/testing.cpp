@@ -8,9 +8,7 @@
 #include <tuple>
 #include <vector>
 
-#include "core/options.hpp"
 #include "runtime/runtime.hpp"
-#include "lock/device_lock.hpp"
 #include "bindings.hpp"
 #include "vramswap/vramswap.hpp"
 
@@ -50,17 +48,15 @@ void init_testing(py::module_& m) {
   t.def(
       "lock_queue",
       [](const std::string& key) {
-        std::vector<lock_queue_entry> q;
+        std::vector<rt::queue_entry> q;
         int rc = 0;
         {
           py::gil_scoped_release nogil;
-          device_lock lock;
-          rc = device_lock::open(key, &lock);
-          if (rc == VRAMSWAP_OK) rc = lock.snapshot(&q);
+          rc = rt::lock_queue(key.c_str(), &q);
         }
         if (rc != VRAMSWAP_OK) throw_error(rc, vramswap_last_error());
         std::vector<std::tuple<int, bool>> out;
-        for (const lock_queue_entry& e : q) out.emplace_back(static_cast<int>(e.pid), e.holding);
+        for (const rt::queue_entry& e : q) out.emplace_back(static_cast<int>(e.pid), e.holding);
         return out;
       },
       py::arg("key"), "The lock queue of device `key` (\"host-0\"): (pid, holding) pairs, the holder first.");
@@ -96,7 +92,7 @@ void init_testing(py::module_& m) {
       },
       py::arg("device") = 0, "The pid of the device's pool server, from its pool segment (0 when none is there).");
   t.def(
-      "reread_options", [] { options_reread_for_testing(); },
+      "reread_options", [] { rt::reread_options_for_testing(); },
       "Read the VRAMSWAP_* environment again (it is read once per process otherwise): after a test changes os.environ.");
 }
 
