@@ -10,13 +10,11 @@
  * =======
  * What a user must know so as not to hurt themselves (docs/api.md has the reasons):
  *
- * - One runtime per process. libvramswap.so, the Python module (vramswap._vramswap) and the
- *   preload shim (libvramswap_preload.so) each carry their own copy of the runtime, with
- *   its own session per device. A process must use exactly one of them: a program run
- *   under the shim must neither link libvramswap.so nor import vramswap, or it gets two
- *   sessions that take turns with each other (its own allocations swapped out by its own
- *   lock) and two members of the pool. The copy that opens a session first keeps the
- *   process; any other refuses to open one (VRAMSWAP_ERR_UNAVAILABLE, naming both copies).
+ * - One runtime per process, in libvramswap.so. The Python module (vramswap._vramswap) and
+ *   the preload shim (libvramswap_preload.so) use this library's runtime, so a process may
+ *   use any of them together: one session per device, one lock view, one set of stats. A
+ *   module or shim of another vramswap release than the library loaded first refuses to
+ *   load (docs/troubleshooting.md, "One process, one runtime").
  * - The lock is per device and per thread. A thread that holds a device's lock may lock it
  *   again (counted: each vramswap_lock needs its vramswap_unlock, and only the last one
  *   hands the lock on); another thread of the same process that locks the device waits
@@ -59,9 +57,7 @@
  * it checks the VRAMSWAP_* settings, connects to the device's pool server vramswapd (starting
  * it when none runs) and opens the device's lock. A failed open is not cached: the next call
  * tries again. Besides their own, those functions return the errors of opening it:
- *   VRAMSWAP_ERR_UNAVAILABLE       a forked child (above); another copy of the runtime opened
- *                                  sessions in this process first (above: one runtime per
- *                                  process; the message names both copies); no usable backend
+ *   VRAMSWAP_ERR_UNAVAILABLE       a forked child (above); no usable backend
  *                                  (no CUDA driver or device); vramswapd not found, or it
  *                                  could not start, or it exited while this process waited.
  *   VRAMSWAP_ERR_INVALID_ARGUMENT  no such device; a malformed VRAMSWAP_* setting; a runtime

@@ -16,10 +16,8 @@
 // comment lists them. The C API's codes map to them one to one (throw_error): the comment on
 // each function in vramswap/vramswap.h says what each code means there, and the first call
 // about a device may also throw what opening its session throws:
-//   unavailable       a forked child (below); another copy of the runtime opened sessions in
-//                     this process first (below: one runtime per process); no usable backend
-//                     (no CUDA driver or device); vramswapd not found, or it could not start,
-//                     or it exited meanwhile.
+//   unavailable       a forked child (below); no usable backend (no CUDA driver or device);
+//                     vramswapd not found, or it could not start, or it exited meanwhile.
 //   invalid_argument  no such device; a malformed VRAMSWAP_* setting (named in what()).
 //   timeout           vramswapd did not get ready, or did not answer, in time.
 //   version_mismatch  vramswapd, or a shared segment, of another vramswap version.
@@ -31,12 +29,11 @@
 // A failed open is not cached: the next call tries again.
 //
 // Caveats (docs/api.md explains each):
-//   - One runtime per process. libvramswap.so, the Python module (vramswap._vramswap) and
-//     the preload shim (libvramswap_preload.so) each carry their own copy of the runtime,
-//     with its own session per device. Use exactly one of them in a process: a program run
-//     under the shim must neither link libvramswap.so nor import vramswap, or it gets two
-//     sessions that take turns with each other and two members of the pool. The copy that
-//     opens a session first keeps the process; any other throws unavailable, naming both.
+//   - One runtime per process, in libvramswap.so. The Python module (vramswap._vramswap) and
+//     the preload shim (libvramswap_preload.so) use this library's runtime, so a process may
+//     use any of them together: one session per device, one lock view, one set of stats. A
+//     module or shim of another vramswap release than the library loaded first refuses to
+//     load (docs/troubleshooting.md, "One process, one runtime").
 //   - The lock is per device and per thread. A thread that holds a device's lock may lock it
 //     again (counted: every lock needs its unlock). Another thread of the same process that
 //     locks the device waits like any other process. Unlock on the thread that locked.
