@@ -102,7 +102,8 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
     "address of `vramswapd --metrics-address`, with /healthz and /readyz for probes (0: any free " \
     "port, shown by `vramswap status`); empty: no metrics endpoint")                             \
   X(evict_timeout, "VRAMSWAP_EVICT_TIMEOUT", "30", count_form(1, 86400),                         \
-    "seconds an acquirer waits for another process to evict frames it asked for")                \
+    "seconds an acquirer waits for another process to evict frames it asked for (an acquire's "  \
+    "own timeout, and Ctrl-C, end that wait sooner)")                                            \
   X(wait_notice, "VRAMSWAP_WAIT_NOTICE", "10", count_form(0, 86400),                             \
     "seconds a thread waits for the device lock before it logs, once per wait (at warn) and at " \
     "most every 6 times this per process and device (the next one counts the waits held back), " \
