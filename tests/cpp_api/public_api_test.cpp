@@ -325,7 +325,11 @@ TEST_F(PublicApi, AnAcquiresTimeoutAndSignalsEndItsWaitForFramesAStoppedOwnerHol
   const vramswap::stats before = vramswap::get_stats(0);
   ASSERT_LT(before.resident_bytes, mine_bytes) << "the owner did not take frames from this process (host "
                                                << before.host_bytes << " B, resident " << before.resident_bytes << " B)";
+  // kill() returns before every thread of the owner has stopped: one of them could still serve
+  // a request for a moment. The group stop is complete once waitpid reports it.
   ASSERT_EQ(::kill(owner, SIGSTOP), 0);
+  ASSERT_EQ(::waitpid(owner, &status, WUNTRACED), owner);
+  ASSERT_TRUE(WIFSTOPPED(status));
   struct resume_at_end {
     pid_t pid;
     ~resume_at_end() { ::kill(pid, SIGCONT); }

@@ -635,6 +635,9 @@ def test_ctrl_c_ends_the_wait_for_frames_a_stopped_owner_holds_and_loses_nothing
         owner = spawn_script(KEEP_FRAMES_IDLE)
         assert read_line(owner) == "keeping"
         os.kill(owner.pid, signal.SIGSTOP)
+        # kill() returns before every thread of the owner has stopped; waitpid reports the stop.
+        _, stop_status = os.waitpid(owner.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(stop_status)
         try:
             waiter.stdin.write("go\n")
             waiter.stdin.flush()
