@@ -42,6 +42,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -561,37 +562,54 @@ std::string command_of(const CLI::App& app) {
   return name;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command line: the parser, what each command's options are read into, and each
+// command's App (which one was given).
+struct command_line {
   CLI::App app{"vramswap: who holds each GPU that vramswap time-shares, who waits, and what each process has where",
                "vramswap"};
-  auto formatter = std::make_shared<help_formatter>();
-  formatter->column_width(28);
-  app.formatter(formatter);
-  app.footer(k_top_footer);
-  app.set_version_flag("--version", "vramswap " + std::to_string(VRAMSWAP_VERSION_MAJOR) + "." + std::to_string(VRAMSWAP_VERSION_MINOR) +
-                                        "." + std::to_string(VRAMSWAP_VERSION_PATCH),
-                       "print the version and exit");
-  app.require_subcommand(0, 1);
-  formatter->usage[&app] = k_top_usage;
-
+  std::shared_ptr<help_formatter> formatter = std::make_shared<help_formatter>();
   status_args st;
-  CLI::App* status = app.add_subcommand("status", "who holds each device, who waits behind whom, what each has where");
+  std::string watch_text;
+  CLI::Option* watch = nullptr;
+  CLI::App* status = nullptr;
+  trace_args tr;
+  CLI::App* trace = nullptr;
+  bool markdown = false;
+  CLI::App* config = nullptr;
+  std::string release_device;
+  CLI::App* release = nullptr;
+  std::string help_on;
+  CLI::App* help = nullptr;
+};
+
+// Before any command is added: a command takes its parent's formatter when it is made.
+void set_up_top(command_line& cl) {
+  cl.formatter->column_width(28);
+  cl.app.formatter(cl.formatter);
+  cl.app.footer(k_top_footer);
+  cl.app.set_version_flag("--version", "vramswap " + std::to_string(VRAMSWAP_VERSION_MAJOR) + "." + std::to_string(VRAMSWAP_VERSION_MINOR) +
+                                           "." + std::to_string(VRAMSWAP_VERSION_PATCH),
+                          "print the version and exit");
+  cl.app.require_subcommand(0, 1);
+  cl.formatter->usage[&cl.app] = k_top_usage;
+}
+
+void add_status_command(command_line& cl) {
+  status_args& st = cl.st;
+  CLI::App* status = cl.app.add_subcommand("status", "who holds each device, who waits behind whom, what each has where");
   status->footer(std::string("Per device: the pool (size, free frames), the daemon, the holder (pid, user, job or command\n"
                              "line, held for), the queue (each waiter's wait and whom it waits behind), and per process its\n"
                              "user, job or command line, container, state, and resident (VRAM), host and disk bytes. The\n"
                              "screen fits 100 columns (--wide: all columns, nothing cut); colors on a terminal only.\n\n") +
                  k_top_footer);
-  formatter->usage[status] =
+  cl.formatter->usage[status] =
       "usage: vramswap status [--json | --prometheus] [--device KEY] [--watch [SECONDS]]\n"
       "                       [--wide] [--color WHEN]";
   CLI::Option* json_flag = status->add_flag("--json", st.json, "machine-readable (schema version 2, docs/observability.md)");
   CLI::Option* prom_flag = status->add_flag("--prometheus", st.prometheus, "the Prometheus text format (a textfile collector's)");
   json_flag->excludes(prom_flag);
   status->add_option("--device", st.device, "only this device: a number, GPU-<uuid>, host-N, or a unique prefix")->type_name("KEY");
-  std::string watch_text;
-  CLI::Option* watch = status->add_option("--watch", watch_text, "redraw every SECONDS (default 2) until Ctrl-C; --json: a line each")
+  CLI::Option* watch = status->add_option("--watch", cl.watch_text, "redraw every SECONDS (default 2) until Ctrl-C; --json: a line each")
                            ->expected(0, 1)
                            ->type_name("[SECONDS]");
   watch->excludes(prom_flag);
@@ -599,56 +617,75 @@ int main(int argc, char** argv) {
   status->add_option("--color", st.color, "auto (a terminal, NO_COLOR unset), always or never")
       ->type_name("WHEN")
       ->check(CLI::IsMember({"auto", "always", "never"}));
+  cl.status = status;
+  cl.watch = watch;
+}
 
-  trace_args tr;
-  CLI::App* trace = app.add_subcommand("trace", "record lock and swap events into a Chrome/Perfetto trace");
+void add_trace_command(command_line& cl) {
+  trace_args& tr = cl.tr;
+  CLI::App* trace = cl.app.add_subcommand("trace", "record lock and swap events into a Chrome/Perfetto trace");
   trace->footer(std::string("Records every process's lock and swap events until Ctrl-C (SIGINT/SIGTERM) or --seconds N,\n"
                             "then writes FILE: a Chrome/Perfetto trace (open it in ui.perfetto.dev or chrome://tracing),\n"
                             "one track group per process.\n\n") +
                 k_top_footer);
-  formatter->usage[trace] = "usage: vramswap trace --out FILE [--seconds N] [--device KEY]";
+  cl.formatter->usage[trace] = "usage: vramswap trace --out FILE [--seconds N] [--device KEY]";
   trace->add_option("--out", tr.out, "the trace file to write")->type_name("FILE")->required();
   trace->add_option("--seconds", tr.seconds, "stop after N seconds")->type_name("N")->check(CLI::PositiveNumber);
   trace->add_option("--device", tr.device, "only this device (as for status)")->type_name("KEY");
+  cl.trace = trace;
+}
 
-  bool markdown = false;
-  CLI::App* config = app.add_subcommand("config", "every VRAMSWAP_* setting in effect here, and where it came from");
+void add_config_command(command_line& cl) {
+  CLI::App* config = cl.app.add_subcommand("config", "every VRAMSWAP_* setting in effect here, and where it came from");
   config->footer("Each setting's value and whether it came from the environment or is the default; a bad value\n"
                  "is marked (exit 1).");
-  formatter->usage[config] = "usage: vramswap config [--markdown]";
-  config->add_flag("--markdown", markdown, "the configuration reference (docs/configuration.md) instead");
+  cl.formatter->usage[config] = "usage: vramswap config [--markdown]";
+  config->add_flag("--markdown", cl.markdown, "the configuration reference (docs/configuration.md) instead");
+  cl.config = config;
+}
 
-  std::string release_device;
-  CLI::App* release = app.add_subcommand("release-request", "ask the process that holds a device's lock to release it");
+void add_release_request_command(command_line& cl) {
+  CLI::App* release = cl.app.add_subcommand("release-request", "ask the process that holds a device's lock to release it");
   release->footer(std::string("Sets a flag in the holder's lock slot: the holder logs who asked, vramswap.release_requested()\n"
                               "(C++: vramswap::release_requested()) says so, and with VRAMSWAP_RELEASE_SIGNAL set it sends\n"
                               "itself that signal. Advisory: nothing is taken from the holder (docs/concepts.md, Fair turns).\n\n") +
                   k_top_footer);
-  formatter->usage[release] = "usage: vramswap release-request --device KEY";
-  release->add_option("--device", release_device, "the device whose holder is asked (as for status)")->type_name("KEY")->required();
+  cl.formatter->usage[release] = "usage: vramswap release-request --device KEY";
+  release->add_option("--device", cl.release_device, "the device whose holder is asked (as for status)")->type_name("KEY")->required();
+  cl.release = release;
+}
 
-  std::string help_on;
-  CLI::App* help = app.add_subcommand("help", "help on a command (vramswap help status)");
-  formatter->usage[help] = "usage: vramswap help [COMMAND]";
-  help->add_option("command", help_on, "status, trace, config or release-request")
+void add_help_command(command_line& cl) {
+  CLI::App* help = cl.app.add_subcommand("help", "help on a command (vramswap help status)");
+  cl.formatter->usage[help] = "usage: vramswap help [COMMAND]";
+  help->add_option("command", cl.help_on, "status, trace, config or release-request")
       ->check(CLI::IsMember({"status", "trace", "config", "release-request", "help"}));
+  cl.help = help;
+}
 
+// --watch's SECONDS, once parsed; a bad one is a usage error like CLI11's own.
+void read_watch_interval(command_line& cl) {
+  if (cl.watch->count() == 0) return;
+  cl.st.watch = true;
+  if (cl.watch_text.empty()) return;
+  char* end = nullptr;
+  cl.st.interval_s = std::strtod(cl.watch_text.c_str(), &end);
+  if (end == cl.watch_text.c_str() || *end != '\0' || !(cl.st.interval_s >= 0.1 && cl.st.interval_s <= 86400)) {
+    throw CLI::ValidationError("--watch", "SECONDS is a number from 0.1 to 86400, not \"" + cl.watch_text + "\"");
+  }
+}
+
+// Parse argv. Returns the exit status when that is all there is to do (help, the version,
+// a usage error), nothing when a command is to run.
+std::optional<int> parse_command_line(command_line& cl, int argc, char** argv) {
+  CLI::App& app = cl.app;
   if (argc < 2) {
     std::fputs(app.help().c_str(), stderr);
     return 2;
   }
   try {
     app.parse(argc, argv);
-    if (watch->count() > 0) {
-      st.watch = true;
-      if (!watch_text.empty()) {
-        char* end = nullptr;
-        st.interval_s = std::strtod(watch_text.c_str(), &end);
-        if (end == watch_text.c_str() || *end != '\0' || !(st.interval_s >= 0.1 && st.interval_s <= 86400)) {
-          throw CLI::ValidationError("--watch", "SECONDS is a number from 0.1 to 86400, not \"" + watch_text + "\"");
-        }
-      }
-    }
+    read_watch_interval(cl);
   } catch (const CLI::CallForHelp&) {
     std::fputs((app.get_subcommands().empty() ? app.help() : app.get_subcommands().back()->help()).c_str(), stdout);
     return 0;
@@ -670,23 +707,41 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: %s\nRun `%s --help` for usage.\n", command.c_str(), why.c_str(), command.c_str());
     return 2;
   }
+  return std::nullopt;
+}
 
-  if (*help) {
-    CLI::App* on = help_on.empty() ? &app : app.get_subcommand(help_on);
+// The command that was given, run.
+int run_command(command_line& cl) {
+  if (*cl.help) {
+    CLI::App* on = cl.help_on.empty() ? &cl.app : cl.app.get_subcommand(cl.help_on);
     std::fputs(on->help().c_str(), stdout);
     return 0;
   }
-  if (*config) return cmd_config(markdown);
-  if (*status || *trace || *release) {
+  if (*cl.config) return cmd_config(cl.markdown);
+  if (*cl.status || *cl.trace || *cl.release) {
     // The same settings as the library's (VRAMSWAP_SHM_PREFIX picks the deployment): a bad
     // one is an error here too, rather than a report on some other deployment.
     if (validate_options() != ok) {
-      std::fprintf(stderr, "vramswap %s: %s\n", *status ? "status" : *trace ? "trace" : "release-request", last_error());
+      std::fprintf(stderr, "vramswap %s: %s\n", *cl.status ? "status" : *cl.trace ? "trace" : "release-request", last_error());
       return 1;
     }
-    if (*release) return cmd_release_request(release_device);
-    return *status ? cmd_status(st) : cmd_trace(tr);
+    if (*cl.release) return cmd_release_request(cl.release_device);
+    return *cl.status ? cmd_status(cl.st) : cmd_trace(cl.tr);
   }
-  std::fputs(app.help().c_str(), stderr);
+  std::fputs(cl.app.help().c_str(), stderr);
   return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  command_line cl;
+  set_up_top(cl);
+  add_status_command(cl);
+  add_trace_command(cl);
+  add_config_command(cl);
+  add_release_request_command(cl);
+  add_help_command(cl);
+  if (const std::optional<int> done = parse_command_line(cl, argc, argv)) return *done;
+  return run_command(cl);
 }
