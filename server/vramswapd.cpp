@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/log.hpp"
@@ -121,35 +122,33 @@ void report(int fd, const std::string& line, bool last = true) {
   if (last) ::close(fd);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace vramswap::detail;
-  // The server's log is a file of its own (or a service manager's journal): it says what it
-  // does at info unless VRAMSWAP_LOG says otherwise, where the library's clients say warn.
-  log_set_default_level(log_level::info);
-  // Before any report on --ready-fd: a client that started this server may have stopped
-  // waiting for it (Ctrl-C, its timeout) and closed that pipe; the server starts all the same.
-  // And a client that goes away mid-message must not end the server.
-  ::signal(SIGPIPE, SIG_IGN);
-  // The variables of the process's environment that are not settings (LD_PRELOAD,
-  // NOTIFY_SOCKET), read once: the server's own facts from here on.
-  const foreign_environment environment = process_foreign_environment();
-  // Before anything else: under the preload shim, our own driver calls would be taken for a
-  // program's, and the shim would open a session against this very server.
-  if (environment.ld_preload && preloads_shim(*environment.ld_preload)) {
-    std::fprintf(stderr,
-                 "vramswapd: the preload shim %s is preloaded into the server (LD_PRELOAD=%s); it would take the "
-                 "server's own CUDA calls for a program's. Start vramswapd without it (env -u LD_PRELOAD vramswapd ...); "
-                 "clients that start it on demand leave the shim out themselves\n",
-                 k_preload_shim_name, environment.ld_preload->c_str());
-    return 2;
-  }
-  pool_server_options options;
+// What the command line asks for.
+struct command_line {
+  vramswap::detail::pool_server_options options;
   bool foreground = false;
   bool service = false;
   bool idle_given = false;
   long long ready_fd = -1;
+};
+
+// Under the preload shim, our own driver calls would be taken for a program's, and the shim
+// would open a session against this very server. True (said) when it is preloaded.
+bool shim_preloaded(const vramswap::detail::foreign_environment& environment) {
+  using namespace vramswap::detail;
+  if (!environment.ld_preload || !preloads_shim(*environment.ld_preload)) return false;
+  std::fprintf(stderr,
+               "vramswapd: the preload shim %s is preloaded into the server (LD_PRELOAD=%s); it would take the "
+               "server's own CUDA calls for a program's. Start vramswapd without it (env -u LD_PRELOAD vramswapd ...); "
+               "clients that start it on demand leave the shim out themselves\n",
+               k_preload_shim_name, environment.ld_preload->c_str());
+  return true;
+}
+
+// Read argv into `cl`. Returns the exit status when that is all there is to do (--help,
+// --version, a usage error), nothing when the server is to start.
+std::optional<int> parse_arguments(int argc, char** argv, command_line* cl) {
+  using namespace vramswap::detail;
+  pool_server_options& options = cl->options;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -161,15 +160,15 @@ int main(int argc, char** argv) {
       std::printf("vramswapd %d.%d.%d\n", VRAMSWAP_VERSION_MAJOR, VRAMSWAP_VERSION_MINOR, VRAMSWAP_VERSION_PATCH);
       return 0;
     } else if (arg == "--foreground") {
-      foreground = true;
+      cl->foreground = true;
     } else if (arg == "--service") {
-      service = true;
+      cl->service = true;
     } else if (arg == "--device" && value != nullptr && parse_int(value, 0, &v) && v < 1 << 20) {
       options.device = static_cast<int>(v);
       ++i;
     } else if (arg == "--idle-exit" && value != nullptr && parse_int(value, 0, &v)) {
       options.idle_exit_s = v;
-      idle_given = true;
+      cl->idle_given = true;
       ++i;
     } else if (arg == "--pool-size" && value != nullptr && *value != '\0') {
       options.pool_size = value;
@@ -187,7 +186,7 @@ int main(int argc, char** argv) {
       }
       ++i;
     } else if (arg == "--ready-fd" && value != nullptr && parse_int(value, 0, &v) && v < 1 << 20) {
-      ready_fd = v;  // internal: how a client that starts us learns that we are ready
+      cl->ready_fd = v;  // internal: how a client that starts us learns that we are ready
       ++i;
     } else {
       std::fprintf(stderr, "vramswapd: bad argument \"%s\"%s\n\n", arg.c_str(),
@@ -196,75 +195,92 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  return std::nullopt;
+}
+
+// The settings (VRAMSWAP_*), and the idle exit of a server started on demand. False (said,
+// and reported to the client that started us) when one is bad.
+bool read_settings(command_line* cl) {
+  using namespace vramswap::detail;
   if (validate_options() != ok) {
     std::fprintf(stderr, "vramswapd: %s\n", last_error());
-    report(static_cast<int>(ready_fd), std::string("error ") + last_error());
-    return 1;
+    report(static_cast<int>(cl->ready_fd), std::string("error ") + last_error());
+    return false;
   }
-  if (!foreground && !idle_given) {
+  if (!cl->foreground && !cl->idle_given) {
     uint64_t seconds = 0;
     if (option_uint(option_id::pool_idle_exit, &seconds) != ok) {
       std::fprintf(stderr, "vramswapd: %s\n", last_error());
-      report(static_cast<int>(ready_fd), std::string("error ") + last_error());
-      return 1;
+      report(static_cast<int>(cl->ready_fd), std::string("error ") + last_error());
+      return false;
     }
-    options.idle_exit_s = static_cast<int64_t>(seconds);
+    cl->options.idle_exit_s = static_cast<int64_t>(seconds);
   }
+  return true;
+}
 
-  if (!foreground) {
-    // Detach: the first process exits at once (a client that spawned us reaps it), the
-    // second serves, in a session of its own. Before any backend exists: CUDA forbids fork.
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      std::fprintf(stderr, "vramswapd: fork: %s\n", std::strerror(errno));
-      return 1;
-    }
-    if (pid > 0) _exit(0);
-    ::setsid();
-    report(static_cast<int>(ready_fd), "started " + std::to_string(::getpid()), false);
-    options.log_to_file = true;
+// Detach: the first process exits at once (a client that spawned us reaps it), the second
+// serves, in a session of its own. Before any backend exists: CUDA forbids fork. False (said)
+// when fork fails.
+bool detach(command_line* cl) {
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    std::fprintf(stderr, "vramswapd: fork: %s\n", std::strerror(errno));
+    return false;
   }
-  // The node's service (under a service manager, or said so): its clients wait for it to come
-  // back instead of starting a server of their own.
-  options.managed = service || !environment.notify_socket.empty();
+  if (pid > 0) _exit(0);
+  ::setsid();
+  report(static_cast<int>(cl->ready_fd), "started " + std::to_string(::getpid()), false);
+  cl->options.log_to_file = true;
+  return true;
+}
+
+void install_signal_handlers(bool foreground) {
   ::signal(SIGHUP, foreground ? SIG_DFL : SIG_IGN);
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
+}
 
-  // A server started on demand inherits its starter's descriptor limit, often a shell's
-  // 1024: too few for a pool taken over from its members (a descriptor per frame, twice, and
-  // per client). Raise the soft limit to the hard one, as daemons do; said once logging is up.
+// A server started on demand inherits its starter's descriptor limit, often a shell's
+// 1024: too few for a pool taken over from its members (a descriptor per frame, twice, and
+// per client). Raise the soft limit to the hard one, as daemons do. Returns what to log once
+// logging is up ("" when the limit was the hard one already).
+std::string raise_descriptor_limit() {
   std::string raised;
-  {
-    rlimit lim{};
-    if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != lim.rlim_max) {
-      const rlim_t was = lim.rlim_cur;
-      lim.rlim_cur = lim.rlim_max;
-      auto text = [](rlim_t v) { return v == RLIM_INFINITY ? std::string("unlimited") : std::to_string(static_cast<unsigned long long>(v)); };
-      raised = ::setrlimit(RLIMIT_NOFILE, &lim) == 0
-                   ? "vramswapd: raised the descriptor limit (RLIMIT_NOFILE) from " + text(was) + " to the hard limit " + text(lim.rlim_max)
-                   : "vramswapd: could not raise the descriptor limit (RLIMIT_NOFILE) from " + text(was) + " to the hard limit " +
-                         text(lim.rlim_max) + ": " + std::strerror(errno) + "; raise it where the server starts (ulimit -n, LimitNOFILE=)";
-    }
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != lim.rlim_max) {
+    const rlim_t was = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    auto text = [](rlim_t v) { return v == RLIM_INFINITY ? std::string("unlimited") : std::to_string(static_cast<unsigned long long>(v)); };
+    raised = ::setrlimit(RLIMIT_NOFILE, &lim) == 0
+                 ? "vramswapd: raised the descriptor limit (RLIMIT_NOFILE) from " + text(was) + " to the hard limit " + text(lim.rlim_max)
+                 : "vramswapd: could not raise the descriptor limit (RLIMIT_NOFILE) from " + text(was) + " to the hard limit " +
+                       text(lim.rlim_max) + ": " + std::strerror(errno) + "; raise it where the server starts (ulimit -n, LimitNOFILE=)";
   }
+  return raised;
+}
+
+// Start the server, serve until told to stop, and take it down. Returns the exit status.
+int serve(const command_line& cl, const vramswap::detail::foreign_environment& environment, const std::string& raised) {
+  using namespace vramswap::detail;
   std::unique_ptr<pool_server> server;
-  if (pool_server::start(options, &server) != ok) {
+  if (pool_server::start(cl.options, &server) != ok) {
     std::string why = last_error();
     if (why.rfind("vramswapd: ", 0) == 0) why.erase(0, 11);
     std::fprintf(stderr, "vramswapd: cannot start: %s\n", why.c_str());
-    report(static_cast<int>(ready_fd), "error " + why);
+    report(static_cast<int>(cl.ready_fd), "error " + why);
     return 1;
   }
   if (!raised.empty()) log(log_level::info, "%s", raised.c_str());
   g_server.store(server.get());
   // A signal during the build found no server to stop: stop now, before serving anyone.
   if (g_stop_requested != 0) server->request_stop();
-  report(static_cast<int>(ready_fd), "ready " + std::to_string(::getpid()));
+  report(static_cast<int>(cl.ready_fd), "ready " + std::to_string(::getpid()));
   notify_service_manager(environment.notify_socket,
-                         "READY=1\nMAINPID=" + std::to_string(::getpid()) + "\nSTATUS=serving device " + std::to_string(options.device));
+                         "READY=1\nMAINPID=" + std::to_string(::getpid()) + "\nSTATUS=serving device " + std::to_string(cl.options.device));
 
   const int rc = server->run();
   // Told here, not in the signal handler (building the message is not async-signal-safe):
@@ -276,4 +292,31 @@ int main(int argc, char** argv) {
   server.reset();
   log(log_level::info, "vramswapd: stopped; %s", left ? "pool left for the next server" : "pool released");
   return rc == ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace vramswap::detail;
+  // The server's log is a file of its own (or a service manager's journal): it says what it
+  // does at info unless VRAMSWAP_LOG says otherwise, where the library's clients say warn.
+  log_set_default_level(log_level::info);
+  // Before any report on --ready-fd: a client that started this server may have stopped
+  // waiting for it (Ctrl-C, its timeout) and closed that pipe; the server starts all the same.
+  // And a client that goes away mid-message must not end the server.
+  ::signal(SIGPIPE, SIG_IGN);
+  // The variables of the process's environment that are not settings (LD_PRELOAD,
+  // NOTIFY_SOCKET), read once: the server's own facts from here on.
+  const foreign_environment environment = process_foreign_environment();
+  if (shim_preloaded(environment)) return 2;  // before anything else
+  command_line cl;
+  if (const std::optional<int> done = parse_arguments(argc, argv, &cl)) return *done;
+  if (!read_settings(&cl)) return 1;
+  if (!cl.foreground && !detach(&cl)) return 1;
+  // The node's service (under a service manager, or said so): its clients wait for it to come
+  // back instead of starting a server of their own.
+  cl.options.managed = cl.service || !environment.notify_socket.empty();
+  install_signal_handlers(cl.foreground);
+  const std::string raised = raise_descriptor_limit();
+  return serve(cl, environment, raised);
 }
