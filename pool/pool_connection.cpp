@@ -229,6 +229,28 @@ int pool_connection::connect(backend& be, int device, bool autostart, std::uniqu
 
 int pool_connection::handshake() noexcept {
   using namespace pool_protocol;
+  welcome w{};
+  pid_t server = 0;
+  VS_TRY(exchange_hello(&w, &server));
+  member_ = w.member;
+  server_pid_ = w.server_pid;
+  frame_size_ = w.frame_size;
+  pool_id_ = w.pool_id;
+  raise_fd_limit(w.frame_count);
+  frames_.reserve(w.frame_count);
+  VS_TRY(receive_frames(w, server));
+  if (w.host_slot_count > 0) VS_TRY(attach_host_pool(w.host_slot_count, w.host_pool_bytes));
+  VS_TRY(open_segment(w));
+  VS_TRY(attach_as_member(server));
+  VS_TRY(set_timeouts(fd_, 0));
+  note_pool_size_differs(be_, device_, frames_.size(), frame_size_, static_cast<int>(server_pid()));
+  log(log_level::debug, "pool: member %u of %s: %zu frames of %" PRIu64 " bytes from server pid %d", member_, key_.c_str(),
+      frames_.size(), frame_size_, static_cast<int>(server_pid()));
+  return ok;
+}
+
+int pool_connection::exchange_hello(pool_protocol::welcome* welcome_out, pid_t* server_out) noexcept {
+  using namespace pool_protocol;
   // Bounded: a server that stops answering is an error, not a hang.
   VS_TRY(set_timeouts(fd_, k_start_timeout_s));
   hello h{};
@@ -238,11 +260,12 @@ int pool_connection::handshake() noexcept {
 
   // Read the welcome even when the hello could not be sent: a server refuses a peer it does
   // not allow (SO_PEERCRED) before reading anything, and closes.
-  welcome w{};
+  welcome& w = *welcome_out;
   size_t len = 0;
   size_t nfds = 0;
   int fds[k_max_fds_per_message];
   const pid_t server = peer_pid(fd_);  // as this process sees it, for messages
+  *server_out = server;
   VS_TRY(wait_for_answer(fd_, k_start_timeout_s, server, "this process's hello"));
   const int got = recv_fds(fd_, fds, 0, &nfds, &w, sizeof w, &len);
   if (sent != ok && (got != ok || len != sizeof w || w.status == 0)) {
@@ -265,13 +288,14 @@ int pool_connection::handshake() noexcept {
     return fail(err_version_mismatch, "pool: the pool server's welcome announces %u frames of %" PRIu64 " bytes", w.frame_count,
                 w.frame_size);
   }
-  member_ = w.member;
-  server_pid_ = w.server_pid;
-  frame_size_ = w.frame_size;
-  pool_id_ = w.pool_id;
-  raise_fd_limit(w.frame_count);
-  frames_.reserve(w.frame_count);
+  return ok;
+}
 
+int pool_connection::receive_frames(const pool_protocol::welcome& w, pid_t server) noexcept {
+  using namespace pool_protocol;
+  size_t len = 0;
+  size_t nfds = 0;
+  int fds[k_max_fds_per_message];
   while (frames_.size() < w.frame_count) {
     frame_batch b{};
     VS_TRY(wait_for_answer(fd_, k_start_timeout_s, server, "this process's hello with the pool's frames"));
@@ -301,7 +325,10 @@ int pool_connection::handshake() noexcept {
     }
     VS_TRY(rc);
   }
-  if (w.host_slot_count > 0) VS_TRY(attach_host_pool(w.host_slot_count, w.host_pool_bytes));
+  return ok;
+}
+
+int pool_connection::open_segment(const pool_protocol::welcome& w) noexcept {
   // By name, in this process's view of the runtime dir: a container may mount it elsewhere
   // than the server sees it. Opened after the frames and the host pool, which can take
   // seconds: the server that welcomed this process may have ended meanwhile, and the name be
@@ -336,6 +363,14 @@ int pool_connection::handshake() noexcept {
     return fail(err_version_mismatch, "pool: segment %s describes %u host slots of %" PRIu64 " bytes, the server sent a host pool of %u",
                 w.segment_name, segment_->host_slot_count(), segment_->host_slot_size(), host_slot_count_);
   }
+  return ok;
+}
+
+int pool_connection::attach_as_member(pid_t server) noexcept {
+  using namespace pool_protocol;
+  size_t len = 0;
+  size_t nfds = 0;
+  int fds[k_max_fds_per_message];
   // The lease first, then the attach: a server that sees the attach knows the lease is
   // there for its successors to watch (pool/pool_protocol.hpp).
   const int leased = segment_->lease_member(member_);
@@ -349,10 +384,6 @@ int pool_connection::handshake() noexcept {
   if (len != sizeof done || done.magic != k_magic || done.status != ok) {
     return fail(err_version_mismatch, "pool: the pool server did not confirm the attach (%zu-byte reply, status %d)", len, done.status);
   }
-  VS_TRY(set_timeouts(fd_, 0));
-  note_pool_size_differs(be_, device_, frames_.size(), frame_size_, static_cast<int>(server_pid()));
-  log(log_level::debug, "pool: member %u of %s: %zu frames of %" PRIu64 " bytes from server pid %d", member_, key_.c_str(),
-      frames_.size(), frame_size_, static_cast<int>(server_pid()));
   return ok;
 }
 

@@ -60,6 +60,9 @@
 namespace vramswap::detail {
 
 class pool_segment;
+namespace pool_protocol {
+struct welcome;
+}
 
 class pool_connection {
  public:
@@ -124,6 +127,14 @@ class pool_connection {
  private:
   explicit pool_connection(backend& be) : be_(be) {}
   int handshake() noexcept;
+  // The handshake's steps, in order: send the hello and check the welcome (`server`: the
+  // server's pid as this process sees it, for messages); import the frames; open the pool
+  // segment the welcome names and check that it is this server's; take the member lease
+  // and attach.
+  int exchange_hello(pool_protocol::welcome* w, pid_t* server) noexcept;
+  int receive_frames(const pool_protocol::welcome& w, pid_t server) noexcept;
+  int open_segment(const pool_protocol::welcome& w) noexcept;
+  int attach_as_member(pid_t server) noexcept;
   int attach_host_pool(uint32_t slot_count, uint64_t bytes) noexcept;
   // The rejoin's exchange on a new connection `fd` (pool/pool_protocol.hpp, "Rejoining").
   int rejoin_on(int fd) noexcept;
