@@ -114,6 +114,160 @@ server_state judge_server(const pool_segment& pool) {
   return held ? server_state::running : server_state::unknown;
 }
 
+// The device and its pool, from the pool's header.
+void report_pool(const std::string& key, const pool_segment& pool, device_report* out) {
+  device_report& d = *out;
+  d.key = key;
+  d.index = device_index_of(key, nvidia_gpus());
+  d.segment = pool.name();
+  // The host backend's keys carry the index; a GPU's key is its UUID (its server knows the index).
+  if (key.rfind("host-", 0) == 0 && key.size() > 5 && key.size() < 12 && key.find_first_not_of("0123456789", 5) == std::string::npos) {
+    d.index = std::atoi(key.c_str() + 5);
+  }
+  const pool_header* h = pool.header();
+  d.server_pid = h->server_pid;
+  d.server = judge_server(pool);
+  d.metrics_port = h->metrics_port.load(std::memory_order_relaxed);
+  d.frame_size = h->frame_size;
+  d.frame_count = h->frame_count;
+  d.now_ns = monotonic_ns();
+  d.host_slots = pool.host_slot_count();
+  d.host_slot_size = pool.host_slot_size();
+  d.host_slots_used = d.host_slots != 0 ? pool.count_slots(slot_used) : 0;
+}
+
+// The frames by state into `d`; returns how many each member slot owns.
+std::vector<uint32_t> count_frames(const pool_segment& pool, device_report* out) {
+  device_report& d = *out;
+  std::vector<uint32_t> owned(k_member_count, 0);
+  for (uint32_t f = 0; f < d.frame_count; ++f) {
+    const frame_word w = frame_word::decode(pool.read(f));
+    switch (w.state) {
+      case frame_free: ++d.frames_free; break;
+      case frame_active: ++d.frames_active; break;
+      case frame_idle: ++d.frames_idle; break;
+      case frame_requested: ++d.frames_requested; break;
+      case frame_lent: ++d.frames_lent; break;
+    }
+    if (w.state != frame_free && w.owner < k_member_count) ++owned[w.owner];
+  }
+  return owned;
+}
+
+// A live member's report, from its slot `m`, which owns `frames` frames of `frame_size`.
+process_report member_report(const member_slot& s, uint32_t m, uint32_t frames, uint64_t frame_size) {
+  process_report p;
+  p.member = m;
+  p.pid = s.pid;
+  p.pid_ns = s.pid_ns;
+  name_process(&p, identity_of(s));
+  p.holding = s.holding.load(std::memory_order_relaxed) != 0;
+  p.phase = phase_name(s.phase.load(std::memory_order_relaxed));
+  p.stopped = visible_here(s.pid_ns) && is_stopped_state(process_state(s.pid));
+  p.holding_since_ns = p.holding ? s.holding_since_ns.load(std::memory_order_relaxed) : 0;
+  p.frames = frames;
+  p.resident_bytes = uint64_t{frames} * frame_size;
+  p.host_bytes = s.host_bytes.load(std::memory_order_relaxed);
+  p.disk_bytes = s.disk_bytes.load(std::memory_order_relaxed);
+  p.host_pinned_bytes = s.host_pinned_bytes.load(std::memory_order_relaxed);
+  p.acquires = s.acquires.load(std::memory_order_relaxed);
+  p.swaps_in = s.swaps_in.load(std::memory_order_relaxed);
+  p.bytes_in = s.bytes_in.load(std::memory_order_relaxed);
+  p.bytes_out = s.bytes_out.load(std::memory_order_relaxed);
+  p.evictions_served = s.evictions_served.load(std::memory_order_relaxed);
+  p.lock_wait_ns = s.lock_wait_ns.load(std::memory_order_relaxed);
+  p.restore_ns = s.restore_ns.load(std::memory_order_relaxed);
+  p.evict_ns = s.evict_ns.load(std::memory_order_relaxed);
+  return p;
+}
+
+// The pool's processes: its live members, less those that exited (counted apart).
+void report_members(const pool_segment& pool, const std::vector<uint32_t>& owned, device_report* out) {
+  device_report& d = *out;
+  for (uint32_t m = 0; m < k_member_count; ++m) {
+    const member_slot& s = pool.member(m);
+    if (s.state.load(std::memory_order_acquire) != member_live) continue;
+    // Exited, and not yet repaired by the server (or never: a dead server repairs nothing):
+    // no longer a process of the pool, whatever its slot still says.
+    if (visible_here(s.pid_ns) && check_liveness({s.pid, s.start_time, s.pid_ns}) == liveness::dead) {
+      ++d.exited;
+      d.exited_frames += owned[m];
+      continue;
+    }
+    process_report p = member_report(s, m, owned[m], d.frame_size);
+    if (p.holding) d.holder_pid = p.pid, d.holder_pid_ns = p.pid_ns;
+    d.processes.push_back(std::move(p));
+  }
+}
+
+// The lock's holds: their mean and jitter, the holder's grant and hold limit, the turn histograms.
+void report_holds(device_lock& lock, device_report* out) {
+  device_report& d = *out;
+  const device_lock::hold_stats holds = lock.holds();
+  d.hold_mean_ns = holds.mean_ns;
+  d.hold_jitter_ns = holds.jitter_ns;
+  d.holds_predictable = holds.predictable;
+  d.holder_granted_ns = holds.holder_granted_ns;
+  uint64_t over_since = 0;
+  if (lock.holder_over_hold_limit(&over_since)) d.holder_over_limit_since_ns = over_since;
+  if (const lock_layout::turn_histograms* t = lock.turns()) {
+    d.have_turns = true;
+    d.turn_wait = lock_layout::read_counts(t->wait);
+    d.turn_hold = lock_layout::read_counts(t->hold);
+    d.turn_switching = lock_layout::read_counts(t->switching);
+  }
+}
+
+// A live entry of the lock's queue, named as its member of the pool is (or from /proc
+// when it is none).
+queue_report queue_entry_report(const lock_queue_entry& e, const std::vector<process_report>& processes) {
+  queue_report r;
+  r.pid = e.pid;
+  r.tid = e.tid;
+  r.pid_ns = e.pid_ns;
+  r.priority = e.priority == lock_priority::high ? "high" : "normal";
+  r.ticket = e.ticket;
+  r.holding = e.holding;
+  r.enqueue_ns = e.enqueue_ns;
+  r.stopped = visible_here(e.pid_ns) && is_stopped_state(process_state(e.pid));
+  r.uid = e.uid;
+  const auto member = std::find_if(processes.begin(), processes.end(),
+                                   [&](const process_report& p) { return p.pid == e.pid && p.pid_ns == e.pid_ns; });
+  if (member != processes.end()) {
+    r.command = member->command, r.command_line = member->command_line, r.job = member->job;
+    r.user = member->user, r.container = member->container;
+  } else {  // in the lock's queue without being a member of the pool
+    process_report p;
+    p.pid = e.pid;
+    p.pid_ns = e.pid_ns;
+    p.uid = e.uid;
+    p.have_uid = true;
+    name_process(&p, recorded_identity{});
+    r.command = p.command, r.command_line = p.command_line, r.user = p.user, r.container = p.container;
+  }
+  return r;
+}
+
+// The lock's queue (a snapshot under its mutex), or why there is none.
+void report_queue(device_lock& lock, device_report* out) {
+  device_report& d = *out;
+  std::vector<lock_queue_entry> q;
+  if (lock.snapshot(&q) != ok) {
+    d.queue_error = last_error();
+    return;
+  }
+  d.have_queue = true;
+  for (const lock_queue_entry& e : q) {
+    if (!e.alive) {  // exited: the lock's liveness scan frees its slot (and passes the lock on)
+      if (e.holding) d.exited_holder_pid = e.pid;
+      continue;
+    }
+    queue_report r = queue_entry_report(e, d.processes);
+    if (e.holding) d.holder_pid = e.pid, d.holder_pid_ns = e.pid_ns;
+    d.queue.push_back(std::move(r));
+  }
+}
+
 }  // namespace
 
 const process_report* device_report::holder() const noexcept {
@@ -150,122 +304,12 @@ int discover_devices(std::vector<std::string>* keys) noexcept {
 int collect_report(const std::string& key, const pool_segment& pool, device_lock* lock, device_report* out) {
   device_report& d = *out;
   d = device_report{};
-  d.key = key;
-  d.index = device_index_of(key, nvidia_gpus());
-  d.segment = pool.name();
-  // The host backend's keys carry the index; a GPU's key is its UUID (its server knows the index).
-  if (key.rfind("host-", 0) == 0 && key.size() > 5 && key.size() < 12 && key.find_first_not_of("0123456789", 5) == std::string::npos) {
-    d.index = std::atoi(key.c_str() + 5);
-  }
-  const pool_header* h = pool.header();
-  d.server_pid = h->server_pid;
-  d.server = judge_server(pool);
-  d.metrics_port = h->metrics_port.load(std::memory_order_relaxed);
-  d.frame_size = h->frame_size;
-  d.frame_count = h->frame_count;
-  d.now_ns = monotonic_ns();
-  d.host_slots = pool.host_slot_count();
-  d.host_slot_size = pool.host_slot_size();
-  d.host_slots_used = d.host_slots != 0 ? pool.count_slots(slot_used) : 0;
-  std::vector<uint32_t> owned(k_member_count, 0);
-  for (uint32_t f = 0; f < d.frame_count; ++f) {
-    const frame_word w = frame_word::decode(pool.read(f));
-    switch (w.state) {
-      case frame_free: ++d.frames_free; break;
-      case frame_active: ++d.frames_active; break;
-      case frame_idle: ++d.frames_idle; break;
-      case frame_requested: ++d.frames_requested; break;
-      case frame_lent: ++d.frames_lent; break;
-    }
-    if (w.state != frame_free && w.owner < k_member_count) ++owned[w.owner];
-  }
-  for (uint32_t m = 0; m < k_member_count; ++m) {
-    const member_slot& s = pool.member(m);
-    if (s.state.load(std::memory_order_acquire) != member_live) continue;
-    // Exited, and not yet repaired by the server (or never: a dead server repairs nothing):
-    // no longer a process of the pool, whatever its slot still says.
-    if (visible_here(s.pid_ns) && check_liveness({s.pid, s.start_time, s.pid_ns}) == liveness::dead) {
-      ++d.exited;
-      d.exited_frames += owned[m];
-      continue;
-    }
-    process_report p;
-    p.member = m;
-    p.pid = s.pid;
-    p.pid_ns = s.pid_ns;
-    name_process(&p, identity_of(s));
-    p.holding = s.holding.load(std::memory_order_relaxed) != 0;
-    p.phase = phase_name(s.phase.load(std::memory_order_relaxed));
-    p.stopped = visible_here(s.pid_ns) && is_stopped_state(process_state(s.pid));
-    p.holding_since_ns = p.holding ? s.holding_since_ns.load(std::memory_order_relaxed) : 0;
-    p.frames = owned[m];
-    p.resident_bytes = uint64_t{owned[m]} * d.frame_size;
-    p.host_bytes = s.host_bytes.load(std::memory_order_relaxed);
-    p.disk_bytes = s.disk_bytes.load(std::memory_order_relaxed);
-    p.host_pinned_bytes = s.host_pinned_bytes.load(std::memory_order_relaxed);
-    p.acquires = s.acquires.load(std::memory_order_relaxed);
-    p.swaps_in = s.swaps_in.load(std::memory_order_relaxed);
-    p.bytes_in = s.bytes_in.load(std::memory_order_relaxed);
-    p.bytes_out = s.bytes_out.load(std::memory_order_relaxed);
-    p.evictions_served = s.evictions_served.load(std::memory_order_relaxed);
-    p.lock_wait_ns = s.lock_wait_ns.load(std::memory_order_relaxed);
-    p.restore_ns = s.restore_ns.load(std::memory_order_relaxed);
-    p.evict_ns = s.evict_ns.load(std::memory_order_relaxed);
-    if (p.holding) d.holder_pid = p.pid, d.holder_pid_ns = p.pid_ns;
-    d.processes.push_back(std::move(p));
-  }
+  report_pool(key, pool, &d);
+  const std::vector<uint32_t> owned = count_frames(pool, &d);
+  report_members(pool, owned, &d);
   if (lock != nullptr) {
-    std::vector<lock_queue_entry> q;
-    const device_lock::hold_stats holds = lock->holds();
-    d.hold_mean_ns = holds.mean_ns;
-    d.hold_jitter_ns = holds.jitter_ns;
-    d.holds_predictable = holds.predictable;
-    d.holder_granted_ns = holds.holder_granted_ns;
-    uint64_t over_since = 0;
-    if (lock->holder_over_hold_limit(&over_since)) d.holder_over_limit_since_ns = over_since;
-    if (const lock_layout::turn_histograms* t = lock->turns()) {
-      d.have_turns = true;
-      d.turn_wait = lock_layout::read_counts(t->wait);
-      d.turn_hold = lock_layout::read_counts(t->hold);
-      d.turn_switching = lock_layout::read_counts(t->switching);
-    }
-    if (lock->snapshot(&q) == ok) {
-      d.have_queue = true;
-      for (const lock_queue_entry& e : q) {
-        if (!e.alive) {  // exited: the lock's liveness scan frees its slot (and passes the lock on)
-          if (e.holding) d.exited_holder_pid = e.pid;
-          continue;
-        }
-        queue_report r;
-        r.pid = e.pid;
-        r.tid = e.tid;
-        r.pid_ns = e.pid_ns;
-        r.priority = e.priority == lock_priority::high ? "high" : "normal";
-        r.ticket = e.ticket;
-        r.holding = e.holding;
-        r.enqueue_ns = e.enqueue_ns;
-        r.stopped = visible_here(e.pid_ns) && is_stopped_state(process_state(e.pid));
-        r.uid = e.uid;
-        const auto member = std::find_if(d.processes.begin(), d.processes.end(),
-                                         [&](const process_report& p) { return p.pid == e.pid && p.pid_ns == e.pid_ns; });
-        if (member != d.processes.end()) {
-          r.command = member->command, r.command_line = member->command_line, r.job = member->job;
-          r.user = member->user, r.container = member->container;
-        } else {  // in the lock's queue without being a member of the pool
-          process_report p;
-          p.pid = e.pid;
-          p.pid_ns = e.pid_ns;
-          p.uid = e.uid;
-          p.have_uid = true;
-          name_process(&p, recorded_identity{});
-          r.command = p.command, r.command_line = p.command_line, r.user = p.user, r.container = p.container;
-        }
-        if (e.holding) d.holder_pid = e.pid, d.holder_pid_ns = e.pid_ns;
-        d.queue.push_back(std::move(r));
-      }
-    } else {
-      d.queue_error = last_error();
-    }
+    report_holds(*lock, &d);
+    report_queue(*lock, &d);
   }
   return ok;
 }
