@@ -118,14 +118,23 @@ std::string job_name_of(const process_report& p) {
   return name.empty() ? "unknown" : bounded_label(std::move(name));
 }
 
-std::string render_prometheus(const std::vector<device_report>& devices) {
-  std::string m;
-  auto family = [&](const char* name, const char* type, const char* help) { m += string_format("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type); };
-  auto device_labels = [](const device_report& d) {
-    return (d.index >= 0 ? string_format("gpu=\"%d\",", d.index) : std::string()) + "UUID=\"" + label_value(d.key) + "\"";
-  };
+namespace {
+
+// A metric family's header lines.
+void family(std::string* m, const char* name, const char* type, const char* help) {
+  *m += string_format("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+// The labels of a device's series: its index where it has one, and its key.
+std::string device_labels(const device_report& d) {
+  return (d.index >= 0 ? string_format("gpu=\"%d\",", d.index) : std::string()) + "UUID=\"" + label_value(d.key) + "\"";
+}
+
+// A gauge per device: the pool, its frames and the lock.
+void render_device_gauges(const std::vector<device_report>& devices, std::string* out) {
+  std::string& m = *out;
   auto device_gauge = [&](const char* name, const char* help, auto value_of) {
-    family(name, "gauge", help);
+    family(&m, name, "gauge", help);
     for (const device_report& d : devices) {
       m += string_format("%s{%s} %s\n", name, device_labels(d).c_str(), number(static_cast<double>(value_of(d))).c_str());
     }
@@ -173,10 +182,13 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
                  }
                  return longest;
                });
+}
 
-  // The turn histograms (lock/turn_histograms.hpp), cumulative as the format wants them.
+// The turn histograms (lock/turn_histograms.hpp), cumulative as the format wants them.
+void render_turn_histograms(const std::vector<device_report>& devices, std::string* out) {
+  std::string& m = *out;
   auto histogram = [&](const char* name, const char* help, lock_layout::turn_counts device_report::*counts) {
-    family(name, "histogram", help);
+    family(&m, name, "histogram", help);
     for (const device_report& d : devices) {
       if (!d.have_turns) continue;
       const std::string labels = device_labels(d);
@@ -195,8 +207,11 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
   histogram("vramswap_lock_hold_seconds", "Time from the lock's grant to its release, per hold", &device_report::turn_hold);
   histogram("vramswap_switch_seconds", "Time from the lock's grant to the holder's memory being resident, per acquire of a session",
             &device_report::turn_switching);
+}
 
-  // Per process: labelled by job and member slot (pool/prometheus_report.hpp).
+// Per process: labelled by job and member slot (pool/prometheus_report.hpp).
+void render_process_metrics(const std::vector<device_report>& devices, std::string* out) {
+  std::string& m = *out;
   std::vector<std::vector<std::string>> labels(devices.size());
   for (size_t i = 0; i < devices.size(); ++i) {
     for (const process_report& p : devices[i].processes) {
@@ -205,7 +220,7 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
     }
   }
   auto process_metric = [&](const char* name, const char* type, const char* help, auto value_of) {
-    family(name, type, help);
+    family(&m, name, type, help);
     for (size_t i = 0; i < devices.size(); ++i) {
       for (size_t k = 0; k < devices[i].processes.size(); ++k) {
         m += string_format("%s{%s} %s\n", name, labels[i][k].c_str(), number(static_cast<double>(value_of(devices[i], devices[i].processes[k]))).c_str());
@@ -228,6 +243,15 @@ std::string render_prometheus(const std::vector<device_report>& devices) {
   process_metric(prom, #kind, help, [](const device_report&, const process_report& p) { return static_cast<double>(p.field) / (div); });
   VRAMSWAP_PROCESS_STATS(VRAMSWAP_PROM_FIELD)
 #undef VRAMSWAP_PROM_FIELD
+}
+
+}  // namespace
+
+std::string render_prometheus(const std::vector<device_report>& devices) {
+  std::string m;
+  render_device_gauges(devices, &m);
+  render_turn_histograms(devices, &m);
+  render_process_metrics(devices, &m);
   return m;
 }
 
