@@ -82,6 +82,10 @@ int yield_lock_of(int device, const std::string& key, yield_lock** out) {
   return ok;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 }  // namespace
 
 int oversubscribed_session::open(int device, std::unique_ptr<oversubscribed_session>* out) {
@@ -187,14 +191,20 @@ bool oversubscribed_session::linger_pays(uint64_t gap_ns) const {
   return gap_ns < k_burst_linger_ns;
 }
 
+// What a burst of requests did under one closing of the gate, for the stats and the log.
+struct oversubscribed_session::reclaim_burst {
+  size_t moved = 0;
+  unsigned requests = 0;
+  double linger_s = 0;
+  unsigned lingers = 0, caught = 0, skipped = 0;
+  pager::remap_timing spent;
+};
+
 int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t start_ns = monotonic_ns();
-  uint64_t gap_ns = last_burst_end_ns_ == 0 ? UINT64_MAX : start_ns - std::min(start_ns, last_burst_end_ns_);
+  const uint64_t gap_ns = last_burst_end_ns_ == 0 ? UINT64_MAX : start_ns - std::min(start_ns, last_burst_end_ns_);
   const double gap_ms = gap_ns == UINT64_MAX ? -1 : gap_ns / 1e6;
-  auto since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  };
   // The first request's host frames before the gate closes, while this process's kernels
   // still run: spares, else new ones (creating one pins its memory: milliseconds each). A
   // shortfall (the limit) is not final here: remap_pages asks again for each page that
@@ -206,110 +216,113 @@ int oversubscribed_session::serve_requests(std::vector<frame_id> wanted) {
     log(log_level::debug, "device %d: reclaim: %zu of %zu host frame(s) ready ahead: %s", device_, ready.size(), wanted.size(),
         last_error());
   }
-  const double ready_s = since(t0);
+  const double ready_s = seconds_since(t0);
   const size_t made_ahead = ready.size();
   const auto t_close = std::chrono::steady_clock::now();
-  size_t moved = 0;
-  unsigned requests = 0;
+  reclaim_burst b;
   int failure = ok;
   double close_s = 0;
-  double linger_s = 0;
-  unsigned lingers = 0, caught = 0, skipped = 0;
-  pager::remap_timing spent;
   {
     launch_gate::closed gate;  // no device work of ours runs while pages change frames
-    close_s = since(t_close);
-    // A lock holder asks once per allocation, and allocations come in bursts (a model's
-    // tensors one after another). Each reopening of the gate may let this process launch
-    // work that the next request must wait for, so the gate stays closed for the requests
-    // that are waiting, and for k_burst_linger_ns more where a next one may come in time to
-    // save that (linger_pays).
-    for (;;) {
-      size_t n = 0;
-      pager::remap_timing t;
-      const int rc = memory().remap_pages(
-          wanted,
-          [&](frame_id* f) -> int {
-            if (ready.empty()) return frames_->take_host_frame(device_, memory().frame_size(), f);
-            *f = ready.back();
-            ready.pop_back();
-            return ok;
-          },
-          &n, &t);
-      ++requests;
-      moved += n;
-      spent += t;
-      if (rc != ok) {
-        // The frames stay requested; the service loop tries again later, with the gate
-        // open (a retry here would hold this process's work back for as long as it fails).
-        failure = fail(rc, "giving back %zu pool frame(s) a lock holder asked for: %s", wanted.size(), last_error());
-        break;
-      }
-      if (member().stopping()) break;
-      const auto t_linger = std::chrono::steady_clock::now();
-      const uint32_t seen = member().requests_seen();
-      const std::vector<frame_id> served = std::move(wanted);
-      wanted = frames_->frames().requested_of_me();
-      // A frame still asked for after a remap that moved nothing backs no page of ours (kept
-      // after a failure elsewhere, which logged it): serving it again would move nothing, with
-      // the gate closed, for as long as it is asked for.
-      if (n == 0 && std::any_of(wanted.begin(), wanted.end(),
-                                [&](frame_id f) { return std::find(served.begin(), served.end(), f) != served.end(); })) {
-        failure = fail(err_busy, "giving back %zu pool frame(s) a lock holder asked for: they back no page of this process and "
-                       "could not be given back (kept after an earlier failure of this process's, which its log names)",
-                       served.size());
-        break;
-      }
-      if (wanted.empty()) {
-        if (!linger_pays(gap_ns)) {
-          ++skipped;
-          break;
-        }
-        ++lingers;
-        member().wait_for_request(seen, k_burst_linger_ns);
-        wanted = frames_->frames().requested_of_me();
-        if (!wanted.empty()) {
-          ++caught;
-          gap_ns = 0;  // requests follow closely: wait for the next one too
-        }
-      }
-      linger_s += since(t_linger);
-      if (wanted.empty()) break;
-    }
+    close_s = seconds_since(t_close);
+    failure = serve_burst(std::move(wanted), gap_ns, &ready, &b);
   }
-  const double closed_s = since(t_close);
+  const double closed_s = seconds_since(t_close);
   last_burst_end_ns_ = monotonic_ns();
   for (frame_id f : ready) frames_->give_back(f);  // not needed after all: spares
-  const double s = since(t0);
-  {
-    std::lock_guard<std::mutex> guard(mutex_);
-    stats_.demotions += requests;
-    ++stats_.bursts;
-    stats_.pages_demoted += moved;
-    stats_.demote_seconds += closed_s;
-    stats_.last_demote_seconds = closed_s;
-    stats_.host_frames_created_in_reclaim += frames_->frames_created() - created_before;
-    stats_.lingers += lingers;
-    stats_.lingers_caught += caught;
-    stats_.linger_seconds += linger_s;
-    stats_.lingers_skipped += skipped;
-  }
+  const double s = seconds_since(t0);
+  count_burst(b, closed_s, created_before);
   const uint64_t created = frames_->frames_created() - created_before;
-  const uint64_t bytes = uint64_t(moved) * memory().frame_size();
-  member().observe().evicted(monotonic_ns() - uint64_t(s * 1e9), monotonic_ns(), bytes, moved);
+  const uint64_t bytes = uint64_t(b.moved) * memory().frame_size();
+  member().observe().evicted(monotonic_ns() - uint64_t(s * 1e9), monotonic_ns(), bytes, b.moved);
+  const pager::remap_timing& spent = b.spent;
   // (A retry that moved nothing, at the limit, says so at debug level: the failure itself
   // was logged once.)
-  log(moved > 0 ? log_level::info : log_level::debug,
+  log(b.moved > 0 ? log_level::info : log_level::debug,
       "device %d: reclaim: %zu page(s) (%" PRIu64 " MiB) for %u request(s) moved to host frames in %.1f ms: host frames "
       "ready ahead in %.1f ms (%zu, %zu of them spares; %" PRIu64 " created while the lock holder waited); gate closed %.1f ms (closing it %.1f, running work %.1f, new frames %.1f, "
       "filling %.1f, copies %.1f, remapping %.1f, scrubbing %.1f, waiting for more requests %.1f); waits for a next request "
       "%u (%u ended by one), %u skipped; began %.1f ms after the previous burst ended (-1: none before); of the filling, "
       "mapping %.1f ms and granting access %.1f ms",
-      device_, moved, bytes >> 20, requests, s * 1e3, ready_s * 1e3, made_ahead, spares, created,
+      device_, b.moved, bytes >> 20, b.requests, s * 1e3, ready_s * 1e3, made_ahead, spares, created,
       closed_s * 1e3, close_s * 1e3, spent.drain_s * 1e3, spent.new_frames_s * 1e3, spent.fill_s * 1e3,
-      spent.copy_wait_s * 1e3, spent.switch_s * 1e3, spent.scrub_wait_s * 1e3, linger_s * 1e3, lingers, caught, skipped,
+      spent.copy_wait_s * 1e3, spent.switch_s * 1e3, spent.scrub_wait_s * 1e3, b.linger_s * 1e3, b.lingers, b.caught, b.skipped,
       gap_ms, spent.fill_map_s * 1e3, spent.fill_grant_s * 1e3);
   return failure;
+}
+
+int oversubscribed_session::serve_burst(std::vector<frame_id> wanted, uint64_t gap_ns, std::vector<frame_id>* ready_frames,
+                                        reclaim_burst* b) {
+  std::vector<frame_id>& ready = *ready_frames;
+  // A lock holder asks once per allocation, and allocations come in bursts (a model's
+  // tensors one after another). Each reopening of the gate may let this process launch
+  // work that the next request must wait for, so the gate stays closed for the requests
+  // that are waiting, and for k_burst_linger_ns more where a next one may come in time to
+  // save that (linger_pays).
+  for (;;) {
+    size_t n = 0;
+    pager::remap_timing t;
+    const int rc = memory().remap_pages(
+        wanted,
+        [&](frame_id* f) -> int {
+          if (ready.empty()) return frames_->take_host_frame(device_, memory().frame_size(), f);
+          *f = ready.back();
+          ready.pop_back();
+          return ok;
+        },
+        &n, &t);
+    ++b->requests;
+    b->moved += n;
+    b->spent += t;
+    if (rc != ok) {
+      // The frames stay requested; the service loop tries again later, with the gate
+      // open (a retry here would hold this process's work back for as long as it fails).
+      return fail(rc, "giving back %zu pool frame(s) a lock holder asked for: %s", wanted.size(), last_error());
+    }
+    if (member().stopping()) return ok;
+    const auto t_linger = std::chrono::steady_clock::now();
+    const uint32_t seen = member().requests_seen();
+    const std::vector<frame_id> served = std::move(wanted);
+    wanted = frames_->frames().requested_of_me();
+    // A frame still asked for after a remap that moved nothing backs no page of ours (kept
+    // after a failure elsewhere, which logged it): serving it again would move nothing, with
+    // the gate closed, for as long as it is asked for.
+    if (n == 0 && std::any_of(wanted.begin(), wanted.end(),
+                              [&](frame_id f) { return std::find(served.begin(), served.end(), f) != served.end(); })) {
+      return fail(err_busy, "giving back %zu pool frame(s) a lock holder asked for: they back no page of this process and "
+                  "could not be given back (kept after an earlier failure of this process's, which its log names)",
+                  served.size());
+    }
+    if (wanted.empty()) {
+      if (!linger_pays(gap_ns)) {
+        ++b->skipped;
+        return ok;
+      }
+      ++b->lingers;
+      member().wait_for_request(seen, k_burst_linger_ns);
+      wanted = frames_->frames().requested_of_me();
+      if (!wanted.empty()) {
+        ++b->caught;
+        gap_ns = 0;  // requests follow closely: wait for the next one too
+      }
+    }
+    b->linger_s += seconds_since(t_linger);
+    if (wanted.empty()) return ok;
+  }
+}
+
+void oversubscribed_session::count_burst(const reclaim_burst& b, double closed_s, uint64_t created_before) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  stats_.demotions += b.requests;
+  ++stats_.bursts;
+  stats_.pages_demoted += b.moved;
+  stats_.demote_seconds += closed_s;
+  stats_.last_demote_seconds = closed_s;
+  stats_.host_frames_created_in_reclaim += frames_->frames_created() - created_before;
+  stats_.lingers += b.lingers;
+  stats_.lingers_caught += b.caught;
+  stats_.linger_seconds += b.linger_s;
+  stats_.lingers_skipped += b.skipped;
 }
 
 int oversubscribed_session::promote(uint32_t at_most) {

@@ -133,6 +133,12 @@ class oversubscribed_session final : public session {
   // Demotion: serve `wanted` and the requests that follow it closely, under one closing of
   // the gate. Returns the first failure (its pages stay where they are, still requested).
   int serve_requests(std::vector<frame_id> wanted);
+  // serve_requests's steps: the requests served with the gate closed (`ready`: the host
+  // frames made ahead, taken first; `gap_ns` as for linger_pays), and the burst in the stats
+  // (under mutex_).
+  struct reclaim_burst;
+  int serve_burst(std::vector<frame_id> wanted, uint64_t gap_ns, std::vector<frame_id>* ready, reclaim_burst* b);
+  void count_burst(const reclaim_burst& b, double closed_s, uint64_t created_before);
   int promote(uint32_t at_most);
   // How many spares this process keeps ready for a reclaim: its pages in pool frames,
   // bounded by VRAMSWAP_OVERSUBSCRIBE_AHEAD.
