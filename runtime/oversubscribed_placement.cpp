@@ -74,9 +74,35 @@ std::vector<frame_id> oversubscribed_session::host_frames_hottest_first(uint32_t
   return out;
 }
 
+// What a round moved: cold pages into host frames, hot pages into pool frames, and whether
+// a lock holder's request stopped it early.
+struct oversubscribed_session::placement_moves {
+  size_t out = 0;
+  size_t in = 0;
+  bool interrupted = false;
+  pager::remap_timing spent;
+};
+
 int oversubscribed_session::place_by_use() {
-  tracker_->take_counts(&starts_);
   const uint64_t fs = memory().frame_size();
+  const std::vector<placement_page> pages = observe_pages(fs);
+  const placement_plan plan = policy_.observe(monotonic_ns(), pages, fs);
+  if (plan.what == placement_plan::verdict::skipped_by_model) {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      ++stats_.placement_rounds_skipped;
+    }
+    log(log_level::debug, "device %d: placement by use: a round skipped: it would save %.1f ms of link time in %.0f s (%" PRIu64
+        " MiB/s) and cost %.1f ms (copies at %.1f GB/s, the gate's overhead %.1f ms)", device_, plan.gain_s * 1e3, plan.horizon_s,
+        plan.saving_bytes_per_s >> 20, plan.cost_s * 1e3, policy_.link_bytes_per_s() / 1e9, policy_.gate_overhead_s() * 1e3);
+    return ok;
+  }
+  if (plan.what != placement_plan::verdict::run) return ok;
+  return run_placement_round(plan, fs);
+}
+
+std::vector<placement_page> oversubscribed_session::observe_pages(uint64_t fs) {
+  tracker_->take_counts(&starts_);
   std::vector<range_allocation> allocations;
   std::vector<pager::resident_page> resident;
   memory().placement_view(&allocations, &resident);
@@ -100,99 +126,34 @@ int oversubscribed_session::place_by_use() {
     }
     pages.push_back({r.page, r.frame, frames_->is_pool_frame(r.frame), r.page < heat.size() ? heat[r.page] : 0, temporary});
   }
-  const placement_plan plan = policy_.observe(monotonic_ns(), pages, fs);
-  if (plan.what == placement_plan::verdict::skipped_by_model) {
-    {
-      std::lock_guard<std::mutex> guard(mutex_);
-      ++stats_.placement_rounds_skipped;
-    }
-    log(log_level::debug, "device %d: placement by use: a round skipped: it would save %.1f ms of link time in %.0f s (%" PRIu64
-        " MiB/s) and cost %.1f ms (copies at %.1f GB/s, the gate's overhead %.1f ms)", device_, plan.gain_s * 1e3, plan.horizon_s,
-        plan.saving_bytes_per_s >> 20, plan.cost_s * 1e3, policy_.link_bytes_per_s() / 1e9, policy_.gate_overhead_s() * 1e3);
-    return ok;
-  }
-  if (plan.what != placement_plan::verdict::run) return ok;
-  size_t pairs = plan.in.size();
+  return pages;
+}
 
+int oversubscribed_session::run_placement_round(const placement_plan& plan, uint64_t fs) {
+  size_t pairs = plan.in.size();
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<frame_id> ready;  // host frames for the cold pages, with the gate open
   if (frames_->take_host_frames(device_, fs, pairs, &ready) != ok) {
     log(log_level::debug, "device %d: placement by use: %zu of %zu host frame(s): %s", device_, ready.size(), pairs, last_error());
   }
   pairs = std::min(pairs, ready.size());
-  size_t moved_out = 0;
-  size_t moved_in = 0;
+  placement_moves moved;
   int failure = ok;
-  bool interrupted = false;
   double closed_s = 0;
-  pager::remap_timing spent;
   const uint32_t seen = member().requests_seen();
-  auto request_came = [&] {
-    return member().stopping() || member().requests_seen() != seen || !frames_->frames().requested_of_me().empty();
-  };
   if (pairs > 0) {
     const auto t_close = std::chrono::steady_clock::now();
     launch_gate::closed gate;
     frames_->keep_pool_frames(true);
-    for (size_t at = 0; at < pairs; at += k_placement_chunk) {
-      if (request_came()) {
-        interrupted = true;
-        break;
-      }
-      const size_t end = std::min(pairs, at + k_placement_chunk);
-      std::vector<frame_id> cold;
-      std::vector<frame_id> hot;
-      for (size_t i = at; i < end; ++i) {
-        cold.push_back(plan.out[i].frame);
-        hot.push_back(plan.in[i].frame);
-      }
-      size_t n = 0;
-      pager::remap_timing t;
-      int rc = memory().remap_pages(
-          cold,
-          [&](frame_id* f) -> int {
-            if (ready.empty()) return fail(err_out_of_memory, "placement by use: no host frame left for a cold page");
-            *f = ready.back();
-            ready.pop_back();
-            return ok;
-          },
-          &n, &t);
-      moved_out += n;
-      spent += t;
-      if (rc != ok) {
-        failure = fail(rc, "moving %zu little-used page(s) into host frames: %s", cold.size(), last_error());
-        break;
-      }
-      if (request_came()) {  // the freed frames go to the pool below, where the holder finds them
-        interrupted = true;
-        break;
-      }
-      n = 0;
-      t = {};
-      rc = memory().remap_pages(
-          hot,
-          [this](frame_id* f) -> int {
-            if (frames_->take_kept_pool_frame(f)) return ok;
-            return fail(err_out_of_memory, "placement by use: the pool frames kept for the swap were asked for by a lock holder");
-          },
-          &n, &t);
-      moved_in += n;
-      spent += t;
-      if (rc == err_out_of_memory) {
-        interrupted = true;
-        break;
-      }
-      if (rc != ok) {
-        failure = fail(rc, "moving %zu much-used page(s) into pool frames: %s", hot.size(), last_error());
-        break;
-      }
-    }
+    failure = swap_placement_pairs(plan, pairs, seen, &ready, &moved);
     frames_->keep_pool_frames(false);
     frames_->release_kept_pool_frames();
     closed_s = seconds_since(t_close);
   }
   for (frame_id f : ready) frames_->give_back(f);  // not needed: spares
-  const double copy_s = spent.fill_s + spent.copy_wait_s;
+  const size_t moved_in = moved.in;
+  const size_t moved_out = moved.out;
+  const double copy_s = moved.spent.fill_s + moved.spent.copy_wait_s;
   policy_.ran(monotonic_ns(), plan, moved_in, moved_out, closed_s, copy_s, uint64_t(moved_in + moved_out) * fs);
   {
     std::lock_guard<std::mutex> guard(mutex_);
@@ -206,8 +167,64 @@ int oversubscribed_session::place_by_use() {
       " MiB/s of link traffic saved, estimated: %.1f ms of link time in %.0f s against a cost of %.1f ms) in %.1f ms, the gate "
       "closed %.1f ms (copies %.1f)%s",
       device_, moved_in, moved_out, plan.saving_bytes_per_s >> 20, plan.gain_s * 1e3, plan.horizon_s, plan.cost_s * 1e3,
-      seconds_since(t0) * 1e3, closed_s * 1e3, copy_s * 1e3, interrupted ? "; stopped early for a lock holder" : "");
+      seconds_since(t0) * 1e3, closed_s * 1e3, copy_s * 1e3, moved.interrupted ? "; stopped early for a lock holder" : "");
   return failure;
+}
+
+int oversubscribed_session::swap_placement_pairs(const placement_plan& plan, size_t pairs, uint32_t seen,
+                                                 std::vector<frame_id>* ready_frames, placement_moves* moved) {
+  std::vector<frame_id>& ready = *ready_frames;
+  auto request_came = [&] {
+    return member().stopping() || member().requests_seen() != seen || !frames_->frames().requested_of_me().empty();
+  };
+  for (size_t at = 0; at < pairs; at += k_placement_chunk) {
+    if (request_came()) {
+      moved->interrupted = true;
+      return ok;
+    }
+    const size_t end = std::min(pairs, at + k_placement_chunk);
+    std::vector<frame_id> cold;
+    std::vector<frame_id> hot;
+    for (size_t i = at; i < end; ++i) {
+      cold.push_back(plan.out[i].frame);
+      hot.push_back(plan.in[i].frame);
+    }
+    size_t n = 0;
+    pager::remap_timing t;
+    int rc = memory().remap_pages(
+        cold,
+        [&](frame_id* f) -> int {
+          if (ready.empty()) return fail(err_out_of_memory, "placement by use: no host frame left for a cold page");
+          *f = ready.back();
+          ready.pop_back();
+          return ok;
+        },
+        &n, &t);
+    moved->out += n;
+    moved->spent += t;
+    if (rc != ok) return fail(rc, "moving %zu little-used page(s) into host frames: %s", cold.size(), last_error());
+    if (request_came()) {  // the freed frames go to the pool below, where the holder finds them
+      moved->interrupted = true;
+      return ok;
+    }
+    n = 0;
+    t = {};
+    rc = memory().remap_pages(
+        hot,
+        [this](frame_id* f) -> int {
+          if (frames_->take_kept_pool_frame(f)) return ok;
+          return fail(err_out_of_memory, "placement by use: the pool frames kept for the swap were asked for by a lock holder");
+        },
+        &n, &t);
+    moved->in += n;
+    moved->spent += t;
+    if (rc == err_out_of_memory) {
+      moved->interrupted = true;
+      return ok;
+    }
+    if (rc != ok) return fail(rc, "moving %zu much-used page(s) into pool frames: %s", hot.size(), last_error());
+  }
+  return ok;
 }
 
 uint64_t oversubscribed_session::pool_bytes_of(device_ptr ptr, uint64_t size) const {

@@ -158,6 +158,15 @@ class oversubscribed_session final : public session {
   // host_frames_hottest_first: pages in host frames, most used first, for promotion.
   void start_placement();
   int place_by_use();
+  // place_by_use's steps: the observation (the resident pages, their uses, which are
+  // temporaries); a round the policy planned (host frames, the swaps, the books); its swaps
+  // with the gate closed, chunk by chunk until a request after `seen` (the member's count
+  // before the round) comes.
+  struct placement_moves;
+  std::vector<placement_page> observe_pages(uint64_t frame_size);
+  int run_placement_round(const placement_plan& plan, uint64_t frame_size);
+  int swap_placement_pairs(const placement_plan& plan, size_t pairs, uint32_t seen, std::vector<frame_id>* ready,
+                           placement_moves* moved);
   std::vector<frame_id> host_frames_hottest_first(uint32_t at_most) const;
   void placement_summary() const;
 
