@@ -110,6 +110,14 @@ class placement_policy {
   };
   bool cooling(const page_state& s, uint64_t now_ns) const noexcept;
   size_t budget_pages(uint64_t page_size) const noexcept;
+  // observe's steps: the pages' smoothed rates, ranked; the host pages' streaks (true: one
+  // wins, not yet long enough); the eligible pairs into the plan (returns their saving, link
+  // bytes per second); the verdict, and when the next round may come.
+  struct ranking;
+  ranking rank(uint64_t now_ns, const std::vector<placement_page>& pages);
+  bool update_streaks(const ranking& r);
+  double pair_pages(uint64_t now_ns, const ranking& r, uint64_t page_size, placement_plan* plan);
+  void decide(uint64_t now_ns, uint64_t page_size, double saving, bool pending, placement_plan* plan);
 
   std::vector<page_state> state_;
   uint64_t observation_ = 0;
