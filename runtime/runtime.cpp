@@ -323,6 +323,105 @@ int lock(int device, uint32_t priority, int64_t timeout_ns, bool* holder_died) n
   }
 }
 
+namespace {
+
+// lock_gang's steps; each may throw std::bad_alloc, which lock_gang reports.
+
+// The gang's devices sorted into `devs`, and listed for messages ("0,1,3"); a device
+// listed twice is refused.
+int sort_gang(const int* devices, size_t count, std::vector<int>* devs, std::string* listed) {
+  *devs = std::vector<int>(devices, devices + count);
+  std::sort(devs->begin(), devs->end());
+  for (size_t i = 0; i < devs->size(); ++i) *listed += (i == 0 ? "" : ",") + std::to_string((*devs)[i]);
+  for (size_t i = 1; i < devs->size(); ++i) {
+    if ((*devs)[i] == (*devs)[i - 1]) {
+      return fail(err_invalid_argument, "lock_gang(devices %s): device %d is listed twice; list each device once", listed->c_str(),
+                  (*devs)[i]);
+    }
+  }
+  return ok;
+}
+
+// The priority, the timeout, this process, and the device order: a thread that holds a
+// device above the gang's lowest (and not every device of the gang) would wait for it
+// against the order that keeps two processes from waiting for each other.
+int check_gang(const std::vector<int>& devs, const std::string& listed, uint32_t priority, int64_t timeout_ns) {
+  if (priority != static_cast<uint32_t>(lock_priority::normal) && priority != static_cast<uint32_t>(lock_priority::high)) {
+    return fail(err_invalid_argument, "lock_gang(devices %s): priority %u is not one of 1 (normal), 2 (high)", listed.c_str(),
+                priority);
+  }
+  if (timeout_ns < -1) {
+    return fail(err_invalid_argument, "lock_gang(devices %s): timeout %lld ns; use -1 (wait), 0 (try) or a positive time",
+                listed.c_str(), static_cast<long long>(timeout_ns));
+  }
+  VS_TRY(check_process("lock_gang", devs[0]));
+  bool holds_all = true;
+  for (int d : devs) holds_all = holds_all && d >= 0 && held_by_this_thread(d) > 0;
+  if (timeout_ns != 0 && !holds_all && devs[0] >= 0) {
+    for (size_t above = static_cast<size_t>(devs[0]) + 1; above < t_held.size(); ++above) {
+      if (t_held[above] > 0) {
+        return fail(err_invalid_argument,
+                    "lock_gang(devices %s): this thread holds device %zu; a gang takes all its devices at its lowest one, "
+                    "in increasing device order (%d before %zu), so that two processes can never wait for each other. "
+                    "Release device %zu first, or take it in the gang",
+                    listed.c_str(), above, devs[0], above, above);
+      }
+    }
+  }
+  return ok;
+}
+
+// Each device's state and lock; a device whose turns are not its lock's (a rank gang's, an
+// oversubscribed one) cannot be in a gang of devices.
+int gang_locks(const std::vector<int>& devs, const std::string& listed, std::vector<device_state*>* states,
+               std::vector<device_lock*>* locks) {
+  for (size_t i = 0; i < devs.size(); ++i) {
+    VS_TRY(state_for("lock_gang", devs[i], &(*states)[i]));
+    device_state* st = (*states)[i];
+    (*locks)[i] = st->policy->gang_lock();
+    if ((*locks)[i] == nullptr && st->policy->joined_gang() != nullptr) {
+      return fail(err_invalid_argument,
+                  "lock_gang(devices %s): device %d is rank %u of gang %s (join_gang): its turns are its gang's, so it cannot "
+                  "be in a gang of devices too",
+                  listed.c_str(), devs[i], st->policy->joined_gang()->rank(), st->policy->joined_gang()->job().c_str());
+    }
+    if ((*locks)[i] == nullptr) {
+      return fail(err_invalid_argument,
+                  "lock_gang(devices %s): device %d is oversubscribed (VRAMSWAP_OVERSUBSCRIBE=1): it runs without the lock, "
+                  "so it cannot be part of a gang",
+                  listed.c_str(), devs[i]);
+    }
+  }
+  return ok;
+}
+
+// Take every lock at once, then bring each device's memory in. One that fails releases its
+// own lock; then the whole gang is let go (all or none).
+int take_gang(const std::vector<int>& devs, const std::string& listed, lock_priority prio, const acquire_timeout& timeout,
+              const std::vector<device_state*>& states, const std::vector<device_lock*>& locks, std::vector<acquire_info>* infos) {
+  std::vector<session::acquire_start> starts(devs.size());
+  for (size_t i = 0; i < devs.size(); ++i) states[i]->policy->asking(prio, &starts[i]);
+  if (const int rc = device_lock::acquire_gang(locks.data(), locks.size(), prio, timeout.left_for_the_queue(), infos->data()); rc != ok) {
+    for (size_t i = 0; i < devs.size(); ++i) states[i]->policy->gave_up(starts[i]);
+    return add_context(rc, "lock_gang(devices %s): ", listed.c_str());
+  }
+  for (size_t i = 0; i < devs.size(); ++i) {
+    if (const int rc = states[i]->policy->granted(prio, starts[i], (*infos)[i]); rc != ok) {
+      const std::string why = last_error();
+      for (size_t j = 0; j < i; ++j) states[j]->policy->release();
+      for (size_t j = i + 1; j < devs.size(); ++j) {
+        states[j]->policy->gave_up(starts[j]);
+        if (!(*infos)[j].reentered) locks[j]->release();
+      }
+      return fail(rc, "lock_gang(devices %s): device %d: %s; the gang's other devices were released too", listed.c_str(),
+                  devs[i], why.c_str());
+    }
+  }
+  return ok;
+}
+
+}  // namespace
+
 int lock_gang(const int* devices, size_t count, uint32_t priority, int64_t timeout_ns, bool* holder_died) noexcept {
   try {
     if (holder_died != nullptr) *holder_died = false;
@@ -330,80 +429,17 @@ int lock_gang(const int* devices, size_t count, uint32_t priority, int64_t timeo
     if (count > device_lock::k_max_gang) {
       return fail(err_invalid_argument, "lock_gang: %zu devices; a gang has at most %zu", count, device_lock::k_max_gang);
     }
-    std::vector<int> devs(devices, devices + count);
-    std::sort(devs.begin(), devs.end());
+    std::vector<int> devs;
     std::string listed;
-    for (size_t i = 0; i < devs.size(); ++i) listed += (i == 0 ? "" : ",") + std::to_string(devs[i]);
-    for (size_t i = 1; i < devs.size(); ++i) {
-      if (devs[i] == devs[i - 1]) {
-        return fail(err_invalid_argument, "lock_gang(devices %s): device %d is listed twice; list each device once", listed.c_str(),
-                    devs[i]);
-      }
-    }
+    VS_TRY(sort_gang(devices, count, &devs, &listed));
     if (count == 1) return lock(devs[0], priority, timeout_ns, holder_died);
-    if (priority != static_cast<uint32_t>(lock_priority::normal) && priority != static_cast<uint32_t>(lock_priority::high)) {
-      return fail(err_invalid_argument, "lock_gang(devices %s): priority %u is not one of 1 (normal), 2 (high)", listed.c_str(),
-                  priority);
-    }
-    if (timeout_ns < -1) {
-      return fail(err_invalid_argument, "lock_gang(devices %s): timeout %lld ns; use -1 (wait), 0 (try) or a positive time",
-                  listed.c_str(), static_cast<long long>(timeout_ns));
-    }
-    VS_TRY(check_process("lock_gang", devs[0]));
-    bool holds_all = true;
-    for (int d : devs) holds_all = holds_all && d >= 0 && held_by_this_thread(d) > 0;
-    if (timeout_ns != 0 && !holds_all && devs[0] >= 0) {
-      for (size_t above = static_cast<size_t>(devs[0]) + 1; above < t_held.size(); ++above) {
-        if (t_held[above] > 0) {
-          return fail(err_invalid_argument,
-                      "lock_gang(devices %s): this thread holds device %zu; a gang takes all its devices at its lowest one, "
-                      "in increasing device order (%d before %zu), so that two processes can never wait for each other. "
-                      "Release device %zu first, or take it in the gang",
-                      listed.c_str(), above, devs[0], above, above);
-        }
-      }
-    }
+    VS_TRY(check_gang(devs, listed, priority, timeout_ns));
     const acquire_timeout timeout(timeout_ns);
     std::vector<device_state*> states(devs.size(), nullptr);
     std::vector<device_lock*> locks(devs.size(), nullptr);
-    for (size_t i = 0; i < devs.size(); ++i) {
-      VS_TRY(state_for("lock_gang", devs[i], &states[i]));
-      locks[i] = states[i]->policy->gang_lock();
-      if (locks[i] == nullptr && states[i]->policy->joined_gang() != nullptr) {
-        return fail(err_invalid_argument,
-                    "lock_gang(devices %s): device %d is rank %u of gang %s (join_gang): its turns are its gang's, so it cannot "
-                    "be in a gang of devices too",
-                    listed.c_str(), devs[i], states[i]->policy->joined_gang()->rank(), states[i]->policy->joined_gang()->job().c_str());
-      }
-      if (locks[i] == nullptr) {
-        return fail(err_invalid_argument,
-                    "lock_gang(devices %s): device %d is oversubscribed (VRAMSWAP_OVERSUBSCRIBE=1): it runs without the lock, "
-                    "so it cannot be part of a gang",
-                    listed.c_str(), devs[i]);
-      }
-    }
-    std::vector<session::acquire_start> starts(devs.size());
+    VS_TRY(gang_locks(devs, listed, &states, &locks));
     std::vector<acquire_info> infos(devs.size());
-    const auto prio = static_cast<lock_priority>(priority);
-    for (size_t i = 0; i < devs.size(); ++i) states[i]->policy->asking(prio, &starts[i]);
-    if (const int rc = device_lock::acquire_gang(locks.data(), locks.size(), prio, timeout.left_for_the_queue(), infos.data()); rc != ok) {
-      for (size_t i = 0; i < devs.size(); ++i) states[i]->policy->gave_up(starts[i]);
-      return add_context(rc, "lock_gang(devices %s): ", listed.c_str());
-    }
-    // Every lock is held: bring each device's memory in. One that fails releases its own
-    // lock; then the whole gang is let go (all or none).
-    for (size_t i = 0; i < devs.size(); ++i) {
-      if (const int rc = states[i]->policy->granted(prio, starts[i], infos[i]); rc != ok) {
-        const std::string why = last_error();
-        for (size_t j = 0; j < i; ++j) states[j]->policy->release();
-        for (size_t j = i + 1; j < devs.size(); ++j) {
-          states[j]->policy->gave_up(starts[j]);
-          if (!infos[j].reentered) locks[j]->release();
-        }
-        return fail(rc, "lock_gang(devices %s): device %d: %s; the gang's other devices were released too", listed.c_str(),
-                    devs[i], why.c_str());
-      }
-    }
+    VS_TRY(take_gang(devs, listed, static_cast<lock_priority>(priority), timeout, states, locks, &infos));
     for (size_t i = 0; i < devs.size(); ++i) {
       ++held_slot(devs[i]);
       if (infos[i].previous_holder_died) {
