@@ -182,9 +182,8 @@ py::object gpu_lock_exit(py::object self, py::object, py::object, py::object) {
   return py::bool_(false);
 }
 
-}  // namespace
-
-void init_lock(py::module_& m) {
+// The lock's functions: taking a device's lock or a gang's, and a gang's release.
+void def_acquire(py::module_& m) {
   m.def(
       "acquire",
       [](int device, const std::string& prio, std::optional<double> timeout) {
@@ -225,6 +224,11 @@ above the gang's lowest or only some of its devices), vramswap.Error.)doc");
       py::arg("devices"),
       R"doc(release() of each of the devices, highest first. When this thread does not hold one of them,
 vramswap.Error and nothing is released.)doc");
+}
+
+// The C++ side of python/vramswap/_lock.py: join_gang, gpu_lock's timeout rule, and its
+// __enter__ and __exit__.
+void def_lock_py_support(py::module_& m) {
   m.def(
       "_join_gang",
       [](std::optional<std::string> job, int rank, int world_size, int device) {
@@ -257,6 +261,11 @@ vramswap.Error and nothing is released.)doc");
       },
       "Makes cls.__enter__ and __exit__ the C++ ones, so a signal handler cannot raise between the grant and the "
       "with-block, nor between the block's end and the release.");
+}
+
+// The holder's functions: releasing a device's lock, how often it is held, whether an
+// operator asked for it.
+void def_holder(py::module_& m) {
   m.def(
       "release", &release_one, py::arg("device") = 0,
       R"doc(Undo one acquire() of this thread; the last one waits for this process's device work and
@@ -271,6 +280,16 @@ hold (`vramswap release-request`); False when it does not hold the lock or nobod
 Cheap enough to poll between steps. Nothing is taken from the holder: releasing (leaving the
 gpu_lock block) is up to the program. VRAMSWAP_RELEASE_SIGNAL=SIGINT turns the request into
 a KeyboardInterrupt instead.)doc");
+}
+
+}  // namespace
+
+// The definitions in the order they have always been made (the module's attributes keep
+// theirs): hence release_devices with the acquires, release with the holder's functions.
+void init_lock(py::module_& m) {
+  def_acquire(m);
+  def_lock_py_support(m);
+  def_holder(m);
 }
 
 }  // namespace vramswap::detail::python
