@@ -2,6 +2,7 @@
 // guard's std::unique_lock-like semantics, try and timeout against a real second process
 // (api_worker), exceptions and their messages, the C API's codes and last_error, the device
 // order rule with two devices, and misuse in a forked child.
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -90,6 +91,28 @@ class PublicApi : public ::testing::Test {
   static void create(const std::string& file) {
     const int fd = ::open(file.c_str(), O_CREAT | O_WRONLY, 0600);
     if (fd >= 0) ::close(fd);
+  }
+  // Until every thread of `pid`, a process that is not this one's child (waitpid cannot see
+  // its stop), is stopped: kill(SIGSTOP) returns while a thread of it may still run.
+  static bool wait_stopped(pid_t pid) {
+    const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+    for (int i = 0; i < 500; ++i) {
+      bool all = true, any = false;
+      if (DIR* dir = ::opendir(tasks.c_str())) {
+        while (const dirent* e = ::readdir(dir)) {
+          if (e->d_name[0] == '.') continue;
+          const std::string stat = read_file(tasks + "/" + e->d_name + "/stat");
+          const size_t paren = stat.rfind(')');
+          if (paren == std::string::npos || paren + 2 >= stat.size()) continue;  // gone meanwhile
+          any = true;
+          all = all && (stat[paren + 2] == 'T' || stat[paren + 2] == 't');
+        }
+        ::closedir(dir);
+      }
+      if (any && all) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
   }
   // Until `file` exists or `pid` has exited (then false, its status in *status).
   static bool wait_file(const std::string& file, pid_t pid, int* status) {
@@ -197,6 +220,50 @@ TEST_F(PublicApi, GenericLockingCodeDrivesAGpuLock) {
 volatile sig_atomic_t g_usr1_handled = 0;
 void on_usr1(int) { g_usr1_handled = g_usr1_handled + 1; }
 
+// SIGUSR1 (counted by on_usr1) to the thread that made it, every 20 ms from `after` on, until
+// stop(); on_usr1 is its handler for the object's life. since_first() is how long after the
+// first signal a moment came: the bound on how long a wait went on once signals arrived.
+class usr1_pester {
+ public:
+  explicit usr1_pester(std::chrono::milliseconds after) : waiting_(::pthread_self()) {
+    struct sigaction sa {};
+    sa.sa_handler = on_usr1;
+    sigemptyset(&sa.sa_mask);
+    installed_ = ::sigaction(SIGUSR1, &sa, &previous_) == 0;
+    if (!installed_) return;  // without the handler, SIGUSR1 would end the test
+    thread_ = std::thread([this, after] {
+      std::this_thread::sleep_for(after);
+      first_ns_.store(clock_type::now().time_since_epoch().count());
+      while (!stopped_.load()) {
+        ::pthread_kill(waiting_, SIGUSR1);
+        std::this_thread::sleep_for(20ms);
+      }
+    });
+  }
+  ~usr1_pester() {
+    stop();
+    if (installed_) ::sigaction(SIGUSR1, &previous_, nullptr);
+  }
+  usr1_pester(const usr1_pester&) = delete;
+  usr1_pester& operator=(const usr1_pester&) = delete;
+  bool installed() const { return installed_; }
+  void stop() {
+    stopped_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  std::chrono::nanoseconds since_first(clock_type::time_point at) const {
+    return std::chrono::nanoseconds(at.time_since_epoch().count() - first_ns_.load());
+  }
+
+ private:
+  pthread_t waiting_;
+  struct sigaction previous_ {};
+  bool installed_ = false;
+  std::atomic<bool> stopped_{false};
+  std::atomic<int64_t> first_ns_{0};
+  std::thread thread_;
+};
+
 // A signal handler that runs on the waiting thread ends vramswap_lock_interruptible's wait
 // (VRAMSWAP_ERR_INTERRUPTED, nothing held, out of the queue); vramswap_lock's wait goes on
 // through the same signals until the grant.
@@ -249,6 +316,7 @@ TEST_F(PublicApi, AnAcquiresTimeoutAndSignalsEndItsWaitForAPoolServerThatDoesNot
     pid_t pid;
     ~resume_at_end() { ::kill(pid, SIGCONT); }
   } resume{server};
+  ASSERT_TRUE(wait_stopped(server)) << "the pool server (pid " << server << ") did not stop within 5 s";
 
   auto t0 = clock_type::now();
   EXPECT_EQ(vramswap_lock(0, VRAMSWAP_PRIORITY_NORMAL, 300'000'000), VRAMSWAP_ERR_TIMEOUT) << vramswap_last_error();
@@ -258,28 +326,15 @@ TEST_F(PublicApi, AnAcquiresTimeoutAndSignalsEndItsWaitForAPoolServerThatDoesNot
             std::string::npos) << timed_out;
   EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
 
-  struct sigaction sa {}, previous{};
-  sa.sa_handler = on_usr1;
-  sigemptyset(&sa.sa_mask);
-  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &previous), 0);
-  const pthread_t waiting = ::pthread_self();
-  std::atomic<bool> returned{false};
-  std::atomic<int64_t> first_signal_ns{0};
-  std::thread pester([&] {
-    std::this_thread::sleep_for(200ms);
-    first_signal_ns.store(clock_type::now().time_since_epoch().count());
-    while (!returned.load()) {
-      ::pthread_kill(waiting, SIGUSR1);
-      std::this_thread::sleep_for(20ms);
-    }
-  });
-  const int interrupted = vramswap_lock_interruptible(0, VRAMSWAP_PRIORITY_NORMAL, -1);
-  const auto end_ns = clock_type::now().time_since_epoch().count();
-  returned.store(true);
-  pester.join();
-  ::sigaction(SIGUSR1, &previous, nullptr);
-  EXPECT_EQ(interrupted, VRAMSWAP_ERR_INTERRUPTED) << vramswap_last_error();
-  EXPECT_LT(std::chrono::nanoseconds(end_ns - first_signal_ns.load()), 100ms) << "a signal should end the wait for the server";
+  {
+    usr1_pester pester(200ms);
+    ASSERT_TRUE(pester.installed());
+    const int interrupted = vramswap_lock_interruptible(0, VRAMSWAP_PRIORITY_NORMAL, -1);
+    const auto returned = clock_type::now();
+    pester.stop();
+    EXPECT_EQ(interrupted, VRAMSWAP_ERR_INTERRUPTED) << vramswap_last_error();
+    EXPECT_LT(pester.since_first(returned), 100ms) << "a signal should end the wait for the server";
+  }
   EXPECT_NE(std::string(vramswap_last_error()).find("interrupted while waiting for the pool server"), std::string::npos)
       << vramswap_last_error();
   EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
@@ -356,28 +411,15 @@ TEST_F(PublicApi, AnAcquiresTimeoutAndSignalsEndItsWaitForFramesAStoppedOwnerHol
   EXPECT_NE(timed_out.find("the lock was released again"), std::string::npos) << timed_out;
   EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);
 
-  struct sigaction sa {}, previous{};
-  sa.sa_handler = on_usr1;
-  sigemptyset(&sa.sa_mask);
-  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &previous), 0);
-  const pthread_t waiting = ::pthread_self();
-  std::atomic<bool> returned{false};
-  std::atomic<int64_t> first_signal_ns{0};
-  std::thread pester([&] {
-    std::this_thread::sleep_for(300ms);
-    first_signal_ns.store(clock_type::now().time_since_epoch().count());
-    while (!returned.load()) {
-      ::pthread_kill(waiting, SIGUSR1);
-      std::this_thread::sleep_for(20ms);
-    }
-  });
-  const int interrupted = vramswap_lock_interruptible(0, VRAMSWAP_PRIORITY_NORMAL, 20'000'000'000);
-  const auto end_ns = clock_type::now().time_since_epoch().count();
-  returned.store(true);
-  pester.join();
-  ::sigaction(SIGUSR1, &previous, nullptr);
-  EXPECT_EQ(interrupted, VRAMSWAP_ERR_INTERRUPTED) << vramswap_last_error();
-  EXPECT_LT(std::chrono::nanoseconds(end_ns - first_signal_ns.load()), 100ms) << "a signal should end the wait for the frames";
+  {
+    usr1_pester pester(300ms);
+    ASSERT_TRUE(pester.installed());
+    const int interrupted = vramswap_lock_interruptible(0, VRAMSWAP_PRIORITY_NORMAL, 20'000'000'000);
+    const auto returned = clock_type::now();
+    pester.stop();
+    EXPECT_EQ(interrupted, VRAMSWAP_ERR_INTERRUPTED) << vramswap_last_error();
+    EXPECT_LT(pester.since_first(returned), 100ms) << "a signal should end the wait for the frames";
+  }
   EXPECT_NE(std::string(vramswap_last_error()).find("interrupted while waiting for other processes to give back the pool frames"),
             std::string::npos) << vramswap_last_error();
   EXPECT_EQ(vramswap::detail::rt::held_by_this_thread(0), 0u);

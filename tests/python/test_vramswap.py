@@ -522,6 +522,17 @@ def test_ctrl_c_while_waiting_leaves_the_queue_at_once_and_raises():
             finish(waiter)
 
 
+def all_threads_stopped(pid):
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            pass  # a thread that ended meanwhile
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 @contextlib.contextmanager
 def stopped_pool_server():
     """Device 0's pool server, started by a process that took the lock once, stopped (SIGSTOP)
@@ -534,6 +545,9 @@ def stopped_pool_server():
     server = vramswap._testing.pool_server_pid(0)
     assert server > 0
     os.kill(server, signal.SIGSTOP)
+    # kill() returns while a thread of it may still run; the server is not this process's
+    # child, so its stop is read from /proc.
+    assert eventually(lambda: all_threads_stopped(server), timeout=5), f"the pool server (pid {server}) did not stop"
     try:
         yield server
     finally:
