@@ -35,9 +35,12 @@ range_allocator::range_allocator(range_allocator&& other) noexcept
       size_(other.size_),
       page_size_(other.page_size_),
       bytes_allocated_(other.bytes_allocated_),
+      bytes_reserved_(other.bytes_reserved_),
+      bytes_inside_reservations_(other.bytes_inside_reservations_),
       free_by_addr_(std::move(other.free_by_addr_)),
       free_by_size_(std::move(other.free_by_size_)),
       live_(std::move(other.live_)),
+      reserved_(std::move(other.reserved_)),
       end_count_(std::move(other.end_count_)) {
   other.reset();
 }
@@ -48,6 +51,9 @@ range_allocator& range_allocator::operator=(range_allocator&& other) noexcept {
     size_ = other.size_;
     page_size_ = other.page_size_;
     bytes_allocated_ = other.bytes_allocated_;
+    bytes_reserved_ = other.bytes_reserved_;
+    bytes_inside_reservations_ = other.bytes_inside_reservations_;
+    reserved_ = std::move(other.reserved_);
     free_by_addr_ = std::move(other.free_by_addr_);
     free_by_size_ = std::move(other.free_by_size_);
     live_ = std::move(other.live_);
@@ -58,7 +64,8 @@ range_allocator& range_allocator::operator=(range_allocator&& other) noexcept {
 }
 
 void range_allocator::reset() noexcept {
-  base_ = size_ = page_size_ = bytes_allocated_ = 0;
+  base_ = size_ = page_size_ = bytes_allocated_ = bytes_reserved_ = bytes_inside_reservations_ = 0;
+  reserved_.clear();
   free_by_addr_.clear();
   free_by_size_.clear();
   live_.clear();
@@ -204,40 +211,27 @@ int range_allocator::check_allocate(uint64_t size, const uint64_t* addr, uint64_
   return 0;
 }
 
-int range_allocator::allocate(uint64_t size, uint64_t* addr,
-                              std::vector<page_range>* newly_live) noexcept {
-  uint64_t s = 0;
-  VS_TRY(check_allocate(size, addr, &s));
-  placement pl;
-  if (!find_placement(s, &pl)) {
-    return fail(err_out_of_memory,
-                "range_allocator::allocate: no free block fits %" PRIu64 " bytes (rounded to %" PRIu64
-                "%s): %" PRIu64 " bytes free, largest free block %" PRIu64 " bytes",
-                size, s, s >= page_size_ ? ", page-aligned" : "", bytes_free(),
-                largest_free_block());
-  }
-  auto bit = free_by_addr_.find(pl.block);
+// Take [at, at + s) out of the free block at `block` into `into` (live_ or reserved_): the
+// block's slack before and after it stay free blocks.
+int range_allocator::carve(uint64_t block, uint64_t at, uint64_t s, std::map<uint64_t, uint64_t>* into) noexcept {
+  auto bit = free_by_addr_.find(block);
   const uint64_t a = bit->first, len = bit->second;
-  const uint64_t prefix = pl.addr - a;
-  const uint64_t suffix_addr = pl.addr + s, suffix = a + len - suffix_addr;
+  const uint64_t prefix = at - a;
+  const uint64_t suffix_addr = at + s, suffix = a + len - suffix_addr;
 
   // Phase 1: everything that may allocate, undone if a later part of it throws.
-  auto lit = live_.end();
+  auto lit = into->end();
   auto sit = free_by_addr_.end();
   try {
-    if (newly_live != nullptr) newly_live->reserve(newly_live->size() + 1);
-    lit = live_.emplace(pl.addr, s).first;
+    lit = into->emplace(at, s).first;
     if (prefix != 0 && suffix != 0) {  // two blocks remain: the suffix needs new nodes
       sit = free_by_addr_.emplace(suffix_addr, suffix).first;
       free_by_size_.emplace(suffix, suffix_addr);
     }
   } catch (const std::bad_alloc&) {
     if (sit != free_by_addr_.end()) free_by_addr_.erase(sit);
-    if (lit != live_.end()) live_.erase(lit);
-    return fail(err_out_of_memory,
-                "range_allocator::allocate: host memory exhausted while allocating %" PRIu64
-                " bytes",
-                size);
+    if (lit != into->end()) into->erase(lit);
+    return fail(err_out_of_memory, "range_allocator: host memory exhausted while taking %" PRIu64 " bytes at 0x%" PRIx64, s, at);
   }
 
   // Phase 2: reuse the block's nodes for what remains of it; nothing here allocates.
@@ -256,6 +250,29 @@ int range_allocator::allocate(uint64_t size, uint64_t* addr,
   } else {
     free_by_addr_.erase(bit);
   }
+  return 0;
+}
+
+int range_allocator::allocate(uint64_t size, uint64_t* addr,
+                              std::vector<page_range>* newly_live) noexcept {
+  uint64_t s = 0;
+  VS_TRY(check_allocate(size, addr, &s));
+  placement pl;
+  if (!find_placement(s, &pl)) {
+    return fail(err_out_of_memory,
+                "range_allocator::allocate: no free block fits %" PRIu64 " bytes (rounded to %" PRIu64
+                "%s): %" PRIu64 " bytes free, largest free block %" PRIu64 " bytes",
+                size, s, s >= page_size_ ? ", page-aligned" : "", bytes_free(),
+                largest_free_block());
+  }
+  if (newly_live != nullptr) {
+    try {
+      newly_live->reserve(newly_live->size() + 1);
+    } catch (const std::bad_alloc&) {
+      return fail(err_out_of_memory, "range_allocator::allocate: host memory exhausted while allocating %" PRIu64 " bytes", size);
+    }
+  }
+  VS_TRY(carve(pl.block, pl.addr, s, &live_));
   bytes_allocated_ += s;
 
   count_page_ends(pl.addr, s, /*added=*/true, newly_live);
@@ -296,7 +313,26 @@ int range_allocator::deallocate(uint64_t addr, std::vector<page_range>* newly_de
   auto lit = live_.end();
   VS_TRY(find_live_for_free(addr, &lit));
   const uint64_t s = lit->second;
+  try {
+    if (newly_dead != nullptr) newly_dead->reserve(newly_dead->size() + 1);
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "range_allocator::deallocate: host memory exhausted while freeing 0x%" PRIx64, addr);
+  }
+  if (reservation_of(addr) != reserved_.end()) {
+    live_.erase(lit);  // its bytes stay the reservation's
+    bytes_inside_reservations_ -= s;
+  } else {
+    VS_TRY(give_back(lit, &live_));
+  }
+  bytes_allocated_ -= s;
+  count_page_ends(addr, s, /*added=*/false, newly_dead);
+  return 0;
+}
 
+// Return the range `it` of `from` (live_ or reserved_) to the free blocks, merged with its
+// free neighbours.
+int range_allocator::give_back(std::map<uint64_t, uint64_t>::iterator it, std::map<uint64_t, uint64_t>* from) noexcept {
+  const uint64_t addr = it->first, s = it->second;
   auto next = free_by_addr_.lower_bound(addr);
   auto prev = next == free_by_addr_.begin() ? free_by_addr_.end() : std::prev(next);
   const bool merge_prev = prev != free_by_addr_.end() && prev->first + prev->second == addr;
@@ -304,12 +340,9 @@ int range_allocator::deallocate(uint64_t addr, std::vector<page_range>* newly_de
 
   // Phase 1: what may allocate. Only a block with no free neighbour needs a new node.
   try {
-    if (newly_dead != nullptr) newly_dead->reserve(newly_dead->size() + 1);
     if (!merge_prev && !merge_next) free_by_size_.emplace(s, addr);
   } catch (const std::bad_alloc&) {
-    return fail(err_out_of_memory,
-                "range_allocator::deallocate: host memory exhausted while freeing 0x%" PRIx64,
-                addr);
+    return fail(err_out_of_memory, "range_allocator: host memory exhausted while freeing 0x%" PRIx64, addr);
   }
 
   // Phase 2: coalesce by moving nodes; nothing here allocates.
@@ -324,7 +357,7 @@ int range_allocator::deallocate(uint64_t addr, std::vector<page_range>* newly_de
     snode.value().first = merged;
     free_by_size_.insert(std::move(snode));
     prev->second = merged;
-    live_.erase(lit);
+    from->erase(it);
   } else if (merge_next) {
     const uint64_t merged = s + next->second;
     auto snode = free_by_size_.extract({next->second, next->first});
@@ -334,13 +367,94 @@ int range_allocator::deallocate(uint64_t addr, std::vector<page_range>* newly_de
     anode.key() = addr;
     anode.mapped() = merged;
     free_by_addr_.insert(std::move(anode));
-    live_.erase(lit);
+    from->erase(it);
   } else {
-    free_by_addr_.insert(live_.extract(lit));  // same node type: the entry changes maps
+    free_by_addr_.insert(from->extract(it));  // same node type: the entry changes maps
   }
-  bytes_allocated_ -= s;
+  return 0;
+}
 
-  count_page_ends(addr, s, /*added=*/false, newly_dead);
+// --- reservations ---------------------------------------------------------------------------
+
+std::map<uint64_t, uint64_t>::const_iterator range_allocator::reservation_of(uint64_t addr) const noexcept {
+  auto rit = reserved_.upper_bound(addr);
+  if (rit == reserved_.begin()) return reserved_.end();
+  --rit;
+  return addr - rit->first < rit->second ? rit : reserved_.end();
+}
+
+int range_allocator::reserve(uint64_t size, uint64_t align, uint64_t* addr) noexcept {
+  const char* const who = "range_allocator::reserve";
+  if (size_ == 0 || addr == nullptr) return fail(err_invalid_argument, "%s: not initialized, or addr is null", who);
+  if (size == 0 || size % alignment != 0) {
+    return fail(err_invalid_argument, "%s: size %" PRIu64 " is not a non-zero multiple of %" PRIu64, who, size, alignment);
+  }
+  if (align == 0) align = page_size_;
+  if (!is_pow2(align) || align < alignment) {
+    return fail(err_invalid_argument, "%s: alignment %" PRIu64 " is not a power of two of at least %" PRIu64, who, align, alignment);
+  }
+  // Searched for with room for the worst slack before an aligned start (the base need not
+  // be aligned to anything beyond `alignment`).
+  const uint64_t slack = align - alignment;
+  if (size > size_ || slack > size_ - size) {
+    return fail(err_out_of_memory, "%s: %" PRIu64 " bytes (aligned to %" PRIu64 ") do not fit the arena of %" PRIu64 " bytes", who, size,
+                align, size_);
+  }
+  placement pl;
+  if (!find_placement(std::max(size + slack, page_size_), &pl)) {
+    return fail(err_out_of_memory, "%s: no free block holds %" PRIu64 " bytes aligned to %" PRIu64 ": %" PRIu64
+                " bytes free, largest free block %" PRIu64 " bytes", who, size, align, bytes_free(), largest_free_block());
+  }
+  const uint64_t at = (pl.addr + align - 1) / align * align;
+  VS_TRY(carve(pl.block, at, size, &reserved_));
+  bytes_reserved_ += size;
+  *addr = at;
+  return 0;
+}
+
+int range_allocator::unreserve(uint64_t addr) noexcept {
+  const char* const who = "range_allocator::unreserve";
+  auto rit = reserved_.find(addr);
+  if (rit == reserved_.end()) {
+    return fail(err_invalid_argument, "%s: 0x%" PRIx64 " is not the start of a reservation (never reserved, or freed already)", who, addr);
+  }
+  auto lit = live_.lower_bound(addr);
+  if (lit != live_.end() && lit->first - addr < rit->second) {
+    return fail(err_busy, "%s: the reservation [0x%" PRIx64 ", +%" PRIu64 ") still has memory at 0x%" PRIx64 " (%" PRIu64
+                " bytes); free it first", who, addr, rit->second, lit->first, lit->second);
+  }
+  const uint64_t s = rit->second;
+  VS_TRY(give_back(rit, &reserved_));
+  bytes_reserved_ -= s;
+  return 0;
+}
+
+int range_allocator::allocate_at(uint64_t addr, uint64_t size, std::vector<page_range>* newly_live) noexcept {
+  const char* const who = "range_allocator::allocate_at";
+  uint64_t s = 0;
+  VS_TRY(check_allocate(size, &addr, &s));
+  const auto rit = reservation_of(addr);
+  if (addr % alignment != 0 || rit == reserved_.end() || s > rit->second - (addr - rit->first)) {
+    return fail(err_invalid_argument, "%s: [0x%" PRIx64 ", +%" PRIu64 ") is not %" PRIu64 "-byte aligned inside one reservation", who,
+                addr, size, alignment);
+  }
+  auto next = live_.lower_bound(addr);
+  const bool hits_next = next != live_.end() && next->first < addr + s;
+  const bool hits_prev = next != live_.begin() && std::prev(next)->first + std::prev(next)->second > addr;
+  if (hits_next || hits_prev) {
+    const auto& other = hits_next ? *next : *std::prev(next);
+    return fail(err_invalid_argument, "%s: [0x%" PRIx64 ", +%" PRIu64 ") overlaps memory already there at [0x%" PRIx64 ", +%" PRIu64 ")",
+                who, addr, size, other.first, other.second);
+  }
+  try {
+    if (newly_live != nullptr) newly_live->reserve(newly_live->size() + 1);
+    live_.emplace_hint(next, addr, s);
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "%s: host memory exhausted", who);
+  }
+  bytes_allocated_ += s;
+  bytes_inside_reservations_ += s;
+  count_page_ends(addr, s, /*added=*/true, newly_live);
   return 0;
 }
 
@@ -400,7 +514,7 @@ uint64_t range_allocator::page_live_count(uint64_t page) const noexcept {
 int range_allocator::check_invariants() const noexcept {
   const char* const who = "range_allocator::check_invariants";
   if (size_ == 0) {
-    if (!free_by_addr_.empty() || !free_by_size_.empty() || !live_.empty() ||
+    if (!free_by_addr_.empty() || !free_by_size_.empty() || !live_.empty() || !reserved_.empty() ||
         !end_count_.empty() || bytes_allocated_ != 0) {
       return fail(err_internal, "%s: uninitialized allocator holds state", who);
     }
@@ -419,17 +533,40 @@ int range_allocator::check_invariants() const noexcept {
                   a, len);
     }
   }
-  // I1, I2, I4, I5: walk blocks and allocations together in address order; they must tile
-  // [base, end) exactly, with no two blocks adjacent.
-  auto fit = free_by_addr_.begin();
-  auto lit = live_.begin();
-  uint64_t cursor = base_, sum_live = 0;
+  // I7: allocations do not overlap; one inside a reservation lies wholly inside it.
+  uint64_t sum_live = 0, sum_inside = 0, prev_end = base_;
+  for (const auto& [a, len] : live_) {
+    if (a < prev_end) return fail(err_internal, "%s: allocation at 0x%" PRIx64 " overlaps the one before it", who, a);
+    prev_end = a + len;
+    sum_live += len;
+    const auto rit = reservation_of(a);
+    if (rit == reserved_.end()) continue;
+    if (len > rit->second - (a - rit->first)) {
+      return fail(err_internal, "%s: allocation at 0x%" PRIx64 " of %" PRIu64 " bytes runs past its reservation at 0x%" PRIx64, who, a,
+                  len, rit->first);
+    }
+    sum_inside += len;
+  }
+  // I1, I2, I4, I5: walk blocks, reservations and the allocations outside them together in
+  // address order; they must tile [base, end) exactly, with no two blocks adjacent.
+  std::map<uint64_t, std::pair<uint64_t, const char*>> tiles;  // address -> (size, what)
+  try {
+    for (const auto& [a, len] : free_by_addr_) tiles.emplace(a, std::make_pair(len, "free block"));
+    for (const auto& [a, len] : reserved_) {
+      if (!tiles.emplace(a, std::make_pair(len, "reservation")).second) return fail(err_internal, "%s: two ranges at 0x%" PRIx64, who, a);
+    }
+    for (const auto& [a, len] : live_) {
+      if (reservation_of(a) != reserved_.end()) continue;
+      if (!tiles.emplace(a, std::make_pair(len, "allocation")).second) return fail(err_internal, "%s: two ranges at 0x%" PRIx64, who, a);
+    }
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "%s: no host memory for the recount", who);
+  }
+  uint64_t cursor = base_, sum_reserved = 0;
   bool last_was_free = false;
-  while (fit != free_by_addr_.end() || lit != live_.end()) {
-    const bool is_free = lit == live_.end() || (fit != free_by_addr_.end() && fit->first < lit->first);
-    const uint64_t a = is_free ? fit->first : lit->first;
-    const uint64_t len = is_free ? fit->second : lit->second;
-    const char* what = is_free ? "free block" : "allocation";
+  for (const auto& [a, tile] : tiles) {
+    const auto [len, what] = tile;
+    const bool is_free = what[0] == 'f';
     if (a != cursor) {
       return fail(err_internal,
                   "%s: %s at 0x%" PRIx64 " but the previous range ends at 0x%" PRIx64 " (%s)", who,
@@ -441,22 +578,16 @@ int range_allocator::check_invariants() const noexcept {
                   "past the end 0x%" PRIx64,
                   who, what, a, len, end);
     }
-    if (is_free) {
-      if (last_was_free) {
-        return fail(err_internal, "%s: free block at 0x%" PRIx64 " follows another: not coalesced",
-                    who, a);
-      }
-      ++fit;
-    } else {
-      if (len >= page_size_ && (a - base_) % page_size_ != 0) {
-        return fail(err_internal,
-                    "%s: allocation at 0x%" PRIx64 " of %" PRIu64
-                    " bytes is not on a page boundary",
-                    who, a, len);
-      }
-      sum_live += len;
-      ++lit;
+    if (is_free && last_was_free) {
+      return fail(err_internal, "%s: free block at 0x%" PRIx64 " follows another: not coalesced", who, a);
     }
+    if (what[0] == 'a' && len >= page_size_ && (a - base_) % page_size_ != 0) {
+      return fail(err_internal,
+                  "%s: allocation at 0x%" PRIx64 " of %" PRIu64
+                  " bytes is not on a page boundary",
+                  who, a, len);
+    }
+    if (what[0] == 'r') sum_reserved += len;
     last_was_free = is_free;
     cursor = a + len;
   }
@@ -464,10 +595,11 @@ int range_allocator::check_invariants() const noexcept {
     return fail(err_internal, "%s: ranges end at 0x%" PRIx64 ", the arena at 0x%" PRIx64, who,
                 cursor, end);
   }
-  if (sum_live != bytes_allocated_) {
+  if (sum_live != bytes_allocated_ || sum_inside != bytes_inside_reservations_ || sum_reserved != bytes_reserved_) {
     return fail(err_internal,
-                "%s: allocations sum to %" PRIu64 " bytes, bytes_allocated says %" PRIu64, who,
-                sum_live, bytes_allocated_);
+                "%s: allocations sum to %" PRIu64 " bytes (%" PRIu64 " inside reservations), reservations to %" PRIu64
+                "; the counters say %" PRIu64 " (%" PRIu64 "), %" PRIu64, who,
+                sum_live, sum_inside, sum_reserved, bytes_allocated_, bytes_inside_reservations_, bytes_reserved_);
   }
   // I6: recount the page counters from the allocations, and the full per-page live count.
   try {

@@ -73,13 +73,14 @@ struct range_allocation {
 // (interior pages plus possibly the two end pages), reported as at most one page_range.
 //
 // Invariants (all verified by check_invariants()):
-//   I1 blocks and allocations are non-empty, aligned, inside the reservation, and together
-//      tile it exactly: no overlaps, no gaps;
+//   I1 blocks, reservations (below) and the allocations outside them are non-empty, aligned,
+//      inside the managed range, and together tile it exactly: no overlaps, no gaps;
 //   I2 no two blocks are adjacent (coalescing is complete);
 //   I3 free_by_size_ holds exactly the blocks of free_by_addr_;
-//   I4 large allocations start on a page boundary;
+//   I4 large allocations outside reservations start on a page boundary;
 //   I5 bytes_allocated_ and the allocation count equal the sums over live_;
-//   I6 end_count_ equals a recount from live_, so live_count(p) is the true overlap count.
+//   I6 end_count_ equals a recount from live_, so live_count(p) is the true overlap count;
+//   I7 no two allocations overlap; one inside a reservation lies wholly inside it.
 //
 // Errors: every fallible call returns 0 or a negative vramswap::detail::status and records the
 // detail (see core/status.hpp); a failed call changes nothing, including when the standard
@@ -122,6 +123,22 @@ class range_allocator {
   // already freed); err_out_of_memory (host memory exhausted). On failure nothing changes.
   int deallocate(uint64_t addr, std::vector<page_range>* newly_dead) noexcept;
 
+  // --- reservations (the driver's virtual memory API, as a program under the shim uses it) ---
+  // A reservation holds [addr, addr + size) out of the free blocks without making any page
+  // live; allocate_at() then places allocations at addresses the caller chooses inside it
+  // (the program's cuMemMap), each counted like any allocation, and deallocate() takes them
+  // out again (their bytes stay the reservation's). Allocations inside a reservation may
+  // start anywhere `alignment`-aligned, so I4 holds for the others only.
+  // reserve: size a non-zero multiple of `alignment`; align 0 (a page) or a power of two of
+  // at least `alignment`. err_invalid_argument, err_out_of_memory (no block holds it).
+  int reserve(uint64_t size, uint64_t align, uint64_t* addr) noexcept;
+  // The reservation that starts at addr, given back whole. err_invalid_argument (not one),
+  // err_busy (an allocation is still inside it: the detail names it).
+  int unreserve(uint64_t addr) noexcept;
+  // An allocation of `size` (rounded up to `alignment`) at exactly `addr`, inside one
+  // reservation and overlapping no allocation there. newly_live as allocate's.
+  int allocate_at(uint64_t addr, uint64_t size, std::vector<page_range>* newly_live) noexcept;
+
   // The live allocation that contains addr (any byte of it, not only its start).
   // Returns 0, or err_invalid_argument (addr is in no live allocation; the detail says
   // whether it is outside the reservation or in free space). *out is unchanged on failure.
@@ -139,12 +156,15 @@ class range_allocator {
   uint64_t page_size() const noexcept { return page_size_; }
   uint64_t page_count() const noexcept { return page_size_ ? size_ / page_size_ : 0; }
   uint64_t bytes_allocated() const noexcept { return bytes_allocated_; }
-  uint64_t bytes_free() const noexcept { return size_ - bytes_allocated_; }
+  // Bytes in no free block: neither allocated outside a reservation nor reserved.
+  uint64_t bytes_free() const noexcept { return size_ - (bytes_allocated_ - bytes_inside_reservations_) - bytes_reserved_; }
+  uint64_t bytes_reserved() const noexcept { return bytes_reserved_; }
+  uint64_t reservation_count() const noexcept { return reserved_.size(); }
   uint64_t largest_free_block() const noexcept;
   uint64_t allocation_count() const noexcept { return live_.size(); }
   uint64_t free_block_count() const noexcept { return free_by_addr_.size(); }
 
-  // Verify invariants I1-I6 by recounting everything (O(n + pages)). Returns 0, or
+  // Verify invariants I1-I7 by recounting everything (O(n + pages)). Returns 0, or
   // err_internal describing the first violation found (err_out_of_memory if the recount
   // itself cannot get host memory).
   int check_invariants() const noexcept;
@@ -163,6 +183,12 @@ class range_allocator {
   // deallocate's lookup: the live allocation that starts at `addr`, or the error naming
   // what `addr` is instead.
   int find_live_for_free(uint64_t addr, std::map<uint64_t, uint64_t>::iterator* out) noexcept;
+  // Take [at, at + s) out of the free block at `block` into *into (live_ or reserved_).
+  int carve(uint64_t block, uint64_t at, uint64_t s, std::map<uint64_t, uint64_t>* into) noexcept;
+  // Give the range `it` of *from (live_ or reserved_) back to the free blocks, coalesced.
+  int give_back(std::map<uint64_t, uint64_t>::iterator it, std::map<uint64_t, uint64_t>* from) noexcept;
+  // The reservation holding `addr`, or reserved_.end().
+  std::map<uint64_t, uint64_t>::const_iterator reservation_of(uint64_t addr) const noexcept;
   // Count the allocation [addr, addr + s) in (`added`) or out of end_count_, and append to
   // `changed` (when not null) the pages that became live (or dead) with it.
   void count_page_ends(uint64_t addr, uint64_t s, bool added, std::vector<page_range>* changed) noexcept;
@@ -172,10 +198,13 @@ class range_allocator {
   uint64_t base_ = 0;
   uint64_t size_ = 0;
   uint64_t page_size_ = 0;
-  uint64_t bytes_allocated_ = 0;
+  uint64_t bytes_allocated_ = 0;           // every live allocation, inside reservations too
+  uint64_t bytes_reserved_ = 0;            // every reservation, whole
+  uint64_t bytes_inside_reservations_ = 0;  // the live allocations inside them
   std::map<uint64_t, uint64_t> free_by_addr_;              // block address -> size
   std::set<std::pair<uint64_t, uint64_t>> free_by_size_;   // (size, address)
   std::map<uint64_t, uint64_t> live_;                      // allocation address -> size
+  std::map<uint64_t, uint64_t> reserved_;                  // reservation address -> size
   std::vector<uint32_t> end_count_;                        // per page, see above
 };
 

@@ -602,5 +602,184 @@ INSTANTIATE_TEST_SUITE_P(Configs, RangeAllocatorFuzz,
                                            fuzz_config{"32MiB_pages_x16", 32 * MiB, 16}),
                          [](const auto& param_info) { return std::string(param_info.param.name); });
 
+
+// --- reservations: the driver's virtual memory API under the shim ---------------------------
+
+TEST(RangeAllocatorReservations, HoldAddressesWithoutMakingPagesLive) {
+  auto r = make(kBase, 64 * MiB, 2 * MiB);
+  uint64_t res = 0;
+  ASSERT_EQ(r.reserve(16 * MiB, 0, &res), ok) << last_error();
+  EXPECT_EQ((res - kBase) % (2 * MiB), 0u);
+  for (uint64_t p = 0; p < r.page_count(); ++p) EXPECT_EQ(r.page_live_count(p), 0u) << p;
+  EXPECT_EQ(r.bytes_allocated(), 0u);
+  EXPECT_EQ(r.bytes_reserved(), 16 * MiB);
+  EXPECT_EQ(r.bytes_free(), 48 * MiB);
+  // Ordinary allocations never land in it.
+  std::vector<uint64_t> got;
+  for (int i = 0; i < 24; ++i) {
+    uint64_t a = 0;
+    ASSERT_EQ(r.allocate(2 * MiB, &a, nullptr), ok) << last_error();
+    EXPECT_TRUE(a + 2 * MiB <= res || a >= res + 16 * MiB) << hex(a) << " in the reservation at " << hex(res);
+    got.push_back(a);
+  }
+  uint64_t a = 0;
+  EXPECT_EQ(r.allocate(2 * MiB, &a, nullptr), err_out_of_memory);
+  EXPECT_EQ(r.check_invariants(), ok) << last_error();
+  for (uint64_t g : got) ASSERT_EQ(r.deallocate(g, nullptr), ok);
+  ASSERT_EQ(r.unreserve(res), ok) << last_error();
+  EXPECT_EQ(r.free_block_count(), 1u);
+  EXPECT_EQ(r.largest_free_block(), 64 * MiB);
+  EXPECT_EQ(r.check_invariants(), ok) << last_error();
+}
+
+TEST(RangeAllocatorReservations, AllocationsAtChosenAddressesCountTheirPages) {
+  // 8 MiB pages and 2 MiB maps, as a VMM program's granules on the pager's larger pages.
+  auto r = make(kBase, 64 * MiB, 8 * MiB);
+  uint64_t res = 0;
+  ASSERT_EQ(r.reserve(32 * MiB, 0, &res), ok);
+  const uint64_t page0 = (res - kBase) / (8 * MiB);
+  std::vector<page_range> live;
+  ASSERT_EQ(r.allocate_at(res + 2 * MiB, 2 * MiB, &live), ok) << last_error();
+  EXPECT_EQ(live, (std::vector<page_range>{{page0, 1}}));
+  live.clear();
+  ASSERT_EQ(r.allocate_at(res + 4 * MiB, 2 * MiB, &live), ok);
+  EXPECT_TRUE(live.empty()) << "the page is live already";
+  EXPECT_EQ(r.page_live_count(page0), 2u);
+  // Across page boundaries: pages 1 and 2 of the reservation become live, the first one's
+  // count goes up.
+  live.clear();
+  ASSERT_EQ(r.allocate_at(res + 6 * MiB, 12 * MiB, &live), ok);
+  EXPECT_EQ(live, (std::vector<page_range>{{page0 + 1, 2}}));
+  EXPECT_EQ(r.page_live_count(page0), 3u);
+  EXPECT_EQ(r.bytes_allocated(), 16 * MiB);
+  EXPECT_EQ(r.allocation_count(), 3u);
+  EXPECT_EQ(r.check_invariants(), ok) << last_error();
+  range_allocation found;
+  ASSERT_EQ(r.find(res + 5 * MiB, &found), ok);
+  EXPECT_EQ(found, (range_allocation{res + 4 * MiB, 2 * MiB}));
+  // The reservation is busy while memory is in it, and names that memory.
+  EXPECT_EQ(r.unreserve(res), err_busy);
+  EXPECT_TRUE(contains(last_error(), hex(res + 2 * MiB))) << last_error();
+  std::vector<page_range> dead;
+  ASSERT_EQ(r.deallocate(res + 6 * MiB, &dead), ok);
+  EXPECT_EQ(dead, (std::vector<page_range>{{page0 + 1, 2}}));
+  ASSERT_EQ(r.deallocate(res + 2 * MiB, nullptr), ok);
+  dead.clear();
+  ASSERT_EQ(r.deallocate(res + 4 * MiB, &dead), ok);
+  EXPECT_EQ(dead, (std::vector<page_range>{{page0, 1}}));
+  // Freed bytes stay the reservation's: the arena has no more free than before.
+  EXPECT_EQ(r.bytes_free(), 32 * MiB);
+  ASSERT_EQ(r.unreserve(res), ok);
+  EXPECT_EQ(r.bytes_free(), 64 * MiB);
+  EXPECT_EQ(r.check_invariants(), ok) << last_error();
+}
+
+TEST(RangeAllocatorReservations, MisuseFailsAndChangesNothing) {
+  auto r = make(kBase, 64 * MiB, 2 * MiB);
+  uint64_t res = 0, a = 0;
+  ASSERT_EQ(r.reserve(8 * MiB, 0, &res), ok);
+  ASSERT_EQ(r.allocate(1 * MiB, &a, nullptr), ok);
+  ASSERT_EQ(r.allocate_at(res, 4 * MiB, nullptr), ok);
+  const snapshot before(r);
+  EXPECT_EQ(r.allocate_at(res + 2 * MiB, 2 * MiB, nullptr), err_invalid_argument) << "overlaps";
+  EXPECT_TRUE(contains(last_error(), "overlaps")) << last_error();
+  EXPECT_EQ(r.allocate_at(res + 6 * MiB, 4 * MiB, nullptr), err_invalid_argument) << "runs past the reservation";
+  EXPECT_EQ(r.allocate_at(a, 256, nullptr), err_invalid_argument) << "outside any reservation";
+  EXPECT_EQ(r.allocate_at(res + 4 * MiB + 7, 256, nullptr), err_invalid_argument) << "misaligned";
+  EXPECT_EQ(r.reserve(0, 0, &res), err_invalid_argument);
+  EXPECT_EQ(r.reserve(2 * MiB, 3 * MiB, &res), err_invalid_argument) << "alignment not a power of two";
+  uint64_t huge = 0;
+  EXPECT_EQ(r.reserve(128 * MiB, 0, &huge), err_out_of_memory);
+  EXPECT_EQ(r.unreserve(res + 2 * MiB), err_invalid_argument) << "not a reservation's start";
+  EXPECT_EQ(r.unreserve(a), err_invalid_argument);
+  EXPECT_EQ(snapshot(r), before);
+  EXPECT_EQ(r.bytes_reserved(), 8 * MiB);
+  EXPECT_EQ(r.check_invariants(), ok) << last_error();
+}
+
+TEST(RangeAllocatorReservations, HonourAnAlignmentLargerThanAPage) {
+  auto r = make(kBase + 2 * MiB, 256 * MiB, 2 * MiB);  // base aligned to 2 MiB only
+  uint64_t a = 0, res = 0;
+  ASSERT_EQ(r.allocate(6 * MiB, &a, nullptr), ok);
+  ASSERT_EQ(r.reserve(32 * MiB, 64 * MiB, &res), ok) << last_error();
+  EXPECT_EQ(res % (64 * MiB), 0u) << hex(res);
+  EXPECT_EQ(r.check_invariants(), ok) << last_error();
+  ASSERT_EQ(r.unreserve(res), ok);
+  ASSERT_EQ(r.deallocate(a, nullptr), ok);
+  EXPECT_EQ(r.free_block_count(), 1u);
+}
+
+// Reservations, allocations at chosen addresses in them and ordinary allocations, mixed at
+// random, against a shadow of every page's live count.
+TEST(RangeAllocatorReservations, RandomMixMatchesShadowModel) {
+  const uint64_t P = 8 * MiB, pages = 32, G = 2 * MiB;
+  std::mt19937_64 rng(env_u64("VRAMSWAP_FUZZ_SEED", 0x7e5e'7e5eull));
+  auto r = make(kBase, P * pages, P);
+  std::vector<uint64_t> counts(pages, 0);
+  std::map<uint64_t, uint64_t> plain, inside, holds;  // addr -> size
+  uint64_t maps = 0, unreserved = 0;
+  auto count = [&](uint64_t a, uint64_t s, int d) {
+    for (uint64_t p = (a - kBase) / P; p <= (a + s - 1 - kBase) / P; ++p) counts[p] += d;
+  };
+  for (int step = 0; step < 4000; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const uint64_t roll = rng() % 100;
+    if (roll < 10) {
+      uint64_t a = 0;
+      const uint64_t s = G * (1 + rng() % 12);
+      if (r.reserve(s, rng() % 4 == 0 ? 4 * P : 0, &a) == ok) holds.emplace(a, s);
+    } else if (roll < 15 && !holds.empty()) {
+      auto it = std::next(holds.begin(), static_cast<long>(rng() % holds.size()));
+      const auto in = inside.lower_bound(it->first);
+      const bool busy = in != inside.end() && in->first < it->first + it->second;
+      ASSERT_EQ(r.unreserve(it->first), busy ? err_busy : ok) << last_error();
+      if (!busy) {
+        holds.erase(it);
+        ++unreserved;
+      }
+    } else if (roll < 55 && !holds.empty()) {
+      auto it = std::next(holds.begin(), static_cast<long>(rng() % holds.size()));
+      const uint64_t at = it->first + G * (rng() % (it->second / G)), s = G * (1 + rng() % 3);
+      auto next = inside.lower_bound(at);
+      const bool fits = at + s <= it->first + it->second && (next == inside.end() || next->first >= at + s) &&
+                        (next == inside.begin() || std::prev(next)->first + std::prev(next)->second <= at);
+      ASSERT_EQ(r.allocate_at(at, s, nullptr), fits ? ok : err_invalid_argument) << hex(at) << " " << last_error();
+      if (fits) {
+        inside.emplace(at, s);
+        count(at, s, 1);
+        ++maps;
+      }
+    } else if (roll < 75 && !inside.empty()) {
+      auto it = std::next(inside.begin(), static_cast<long>(rng() % inside.size()));
+      ASSERT_EQ(r.deallocate(it->first, nullptr), ok) << last_error();
+      count(it->first, it->second, -1);
+      inside.erase(it);
+    } else if (roll < 88) {
+      uint64_t a = 0;
+      const uint64_t s = rng() % 2 ? 256 * (1 + rng() % 64) : G * (1 + rng() % 4);
+      if (r.allocate(s, &a, nullptr) == ok) {
+        plain.emplace(a, (s + 255) / 256 * 256);
+        count(a, s, 1);
+      }
+    } else if (!plain.empty()) {
+      auto it = std::next(plain.begin(), static_cast<long>(rng() % plain.size()));
+      ASSERT_EQ(r.deallocate(it->first, nullptr), ok) << last_error();
+      count(it->first, it->second, -1);
+      plain.erase(it);
+    }
+    if (step % 50 == 0) {
+      ASSERT_EQ(r.check_invariants(), ok) << last_error();
+    }
+    for (uint64_t p = 0; p < pages; ++p) ASSERT_EQ(r.page_live_count(p), counts[p]) << "page " << p;
+  }
+  EXPECT_GT(maps, 200u);
+  EXPECT_GT(unreserved, 20u);
+  for (const auto& [a, s] : inside) ASSERT_EQ(r.deallocate(a, nullptr), ok);
+  for (const auto& [a, s] : plain) ASSERT_EQ(r.deallocate(a, nullptr), ok);
+  for (const auto& [a, s] : holds) ASSERT_EQ(r.unreserve(a), ok);
+  EXPECT_EQ(r.free_block_count(), 1u);
+  EXPECT_EQ(r.check_invariants(), ok) << last_error();
+}
+
 }  // namespace
 }  // namespace vramswap::detail
