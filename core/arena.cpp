@@ -50,6 +50,25 @@ int arena::allocate(uint64_t size, device_ptr* out, std::vector<page_range>* new
   return ok;
 }
 
+int arena::reserve(uint64_t size, uint64_t alignment, device_ptr* out) {
+  uint64_t addr = 0;
+  const int rc = alloc_.reserve(size, alignment, &addr);
+  if (rc == err_out_of_memory) {
+    return add_context(rc, "reserving %" PRIu64 " bytes of addresses: the arena of %" PRIu64 " bytes (VRAMSWAP_ARENA_SIZE) cannot hold them: ",
+                       size, alloc_.size());
+  }
+  VS_TRY(rc);
+  *out = addr;
+  return ok;
+}
+
+int arena::unreserve(device_ptr ptr) { return alloc_.unreserve(ptr); }
+
+int arena::allocate_at(device_ptr ptr, uint64_t size, std::vector<page_range>* newly_live) {
+  if (size == 0) return fail(err_invalid_argument, "mapping 0 bytes at 0x%" PRIxPTR " (map at least one byte)", ptr);
+  return alloc_.allocate_at(ptr, size, newly_live);
+}
+
 int arena::deallocate(device_ptr ptr, std::vector<page_range>* newly_dead) {
   range_allocation a;
   if (alloc_.find(ptr, &a) == ok && a.addr != ptr) {

@@ -44,6 +44,12 @@ class arena {
   // count went 0 -> 1 / 1 -> 0 are appended to *pages. Errors name the pointer or size.
   int allocate(uint64_t size, device_ptr* out, std::vector<page_range>* newly_live);
   int deallocate(device_ptr ptr, std::vector<page_range>* newly_dead);
+  // The driver's virtual memory API, as a program under the shim uses it
+  // (range_allocator::reserve): a reservation of addresses with no memory behind them, and
+  // memory placed at an address the caller chooses inside one (freed with deallocate()).
+  int reserve(uint64_t size, uint64_t alignment, device_ptr* out);
+  int unreserve(device_ptr ptr);
+  int allocate_at(device_ptr ptr, uint64_t size, std::vector<page_range>* newly_live);
   // [ptr, ptr+size) must lie inside one live allocation.
   int advise(device_ptr ptr, uint64_t size, advice a);
   // The advice every live byte of `page` shares; normal if they differ or none is live.

@@ -236,6 +236,32 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
   std::vector<page_range> fresh;
   device_ptr ptr = 0;
   VS_TRY(arena_.allocate(size, &ptr, &fresh));
+  VS_TRY(back_new_allocation(ptr, size, fresh, when_not_resident));
+  *out = ptr;
+  return ok;
+}
+
+int pager::malloc_at(device_ptr ptr, uint64_t size, backing when_not_resident) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!held_back_.empty()) release_held_back();
+  std::vector<page_range> fresh;
+  VS_TRY(arena_.allocate_at(ptr, size, &fresh));
+  return back_new_allocation(ptr, size, fresh, when_not_resident);
+}
+
+int pager::reserve(uint64_t size, uint64_t alignment, device_ptr* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return arena_.reserve(size, alignment, out);
+}
+
+int pager::unreserve(device_ptr ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return arena_.unreserve(ptr);
+}
+
+// The new allocation [ptr, ptr + size), whose pages `fresh` went live, gets its pages: at
+// once while resident, else as `when_not_resident` says. On failure it is freed again.
+int pager::back_new_allocation(device_ptr ptr, uint64_t size, const std::vector<page_range>& fresh, backing when_not_resident) {
   VS_TRY(repair_stale_pages_of(ptr, size));
   // New bytes on a page make a kept copy of it stale.
   invalidate_saved_copies(arena_.pages_of(ptr, size));
@@ -243,13 +269,8 @@ int pager::malloc(uint64_t size, device_ptr* out, backing when_not_resident) {
   if (!fresh.empty()) store_.may_save(live_pages_);
   // The store's pinning ahead (which may_save just woke) waits while this maps.
   const store_mapping_scope mapping(store_, !fresh.empty());
-  if (!resident_) {
-    VS_TRY(back_new_not_resident(ptr, size, fresh, when_not_resident));
-  } else {
-    VS_TRY(back_fresh_pages(ptr, size, fresh));
-  }
-  *out = ptr;
-  return ok;
+  if (!resident_) return back_new_not_resident(ptr, size, fresh, when_not_resident);
+  return back_fresh_pages(ptr, size, fresh);
 }
 
 int pager::repair_stale_pages_of(device_ptr ptr, uint64_t size) {

@@ -124,8 +124,17 @@ class pager {
   // have dropped). Nothing to do while resident. err_out_of_memory when no free frame is
   // there for every page that needs one; nothing changes then.
   int back_now(device_ptr ptr, uint64_t size);
-  // The pointer malloc returned; interior pointers and double frees are errors naming it.
+  // The pointer malloc (or malloc_at) returned; interior pointers and double frees are
+  // errors naming it.
   int free(device_ptr ptr);
+  // The driver's virtual memory API as a program under the shim uses it (arena::reserve):
+  // reserve() holds addresses with nothing behind them; malloc_at() is malloc at an address
+  // the caller chooses inside a reservation (the program's cuMemMap), its pages backed as
+  // malloc's are; free() takes it out again; unreserve() gives a reservation with nothing in
+  // it back.
+  int reserve(uint64_t size, uint64_t alignment, device_ptr* out);
+  int unreserve(device_ptr ptr);
+  int malloc_at(device_ptr ptr, uint64_t size, backing when_not_resident = backing::when_free);
   int advise(device_ptr ptr, uint64_t size, advice a);
 
   int evict_all();
@@ -229,6 +238,7 @@ class pager {
   // Stale pages the allocation shares get their saved bytes back before it is written.
   int repair_stale_pages_of(device_ptr ptr, uint64_t size);
   // Not resident: back the pages now if frames are free (see `backing`).
+  int back_new_allocation(device_ptr ptr, uint64_t size, const std::vector<page_range>& fresh, backing when_not_resident);
   int back_new_not_resident(device_ptr ptr, uint64_t size, const std::vector<page_range>& fresh, backing when_not_resident);
   // Resident: back every fresh page with a frame.
   int back_fresh_pages(device_ptr ptr, uint64_t size, const std::vector<page_range>& fresh);

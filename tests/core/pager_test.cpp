@@ -125,6 +125,48 @@ TEST_P(PagerTest, EvictRestoreCyclesKeepEveryByte) {
   }
 }
 
+TEST_P(PagerTest, MemoryAtChosenAddressesInAReservationKeepsItsBytesAndAddresses) {
+  // A VMM program's pattern on larger pages: granules of half a page mapped side by side in
+  // its reservation, one left out, an ordinary allocation beside, then swapped out and back.
+  make_pager(4 * MiB, 256 * MiB);
+  device_ptr res = 0;
+  ASSERT_EQ(pg->reserve(64 * MiB, 0, &res), ok) << last_error();
+  EXPECT_EQ(pg->stats().resident_bytes, 0u) << "a reservation has nothing behind it";
+  const device_ptr plain = alloc(3 * MiB);
+  write(plain, 3 * MiB, 41);
+  std::vector<device_ptr> granules;
+  for (uint64_t i = 0; i < 12; ++i) {
+    if (i == 5) continue;
+    const device_ptr at = res + i * 2 * MiB;
+    ASSERT_EQ(pg->malloc_at(at, 2 * MiB), ok) << last_error();
+    write(at, 2 * MiB, 100 + i);
+    granules.push_back(at);
+  }
+  EXPECT_EQ(pg->stats().resident_bytes, 4 * MiB + 6 * 4 * MiB);
+  EXPECT_EQ(pg->malloc_at(res + 4 * MiB, 2 * MiB), err_invalid_argument) << "overlaps a granule";
+  EXPECT_EQ(pg->unreserve(res), err_busy);
+  for (int cycle = 0; cycle < 2; ++cycle) {
+    ASSERT_EQ(pg->evict_all(), ok) << last_error();
+    ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+    EXPECT_EQ(pg->state_of(res), page_state::host);
+    ASSERT_EQ(pg->restore_all(), ok) << last_error();
+    ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+    for (device_ptr g : granules) EXPECT_TRUE(holds(g, 2 * MiB, 100 + (g - res) / (2 * MiB))) << "cycle " << cycle;
+    EXPECT_TRUE(holds(plain, 3 * MiB, 41));
+  }
+  // Mapped while evicted: backed at the restore, as malloc's pages are.
+  ASSERT_EQ(pg->evict_all(), ok);
+  ASSERT_EQ(pg->malloc_at(res + 5 * 2 * MiB, 2 * MiB), ok) << last_error();
+  ASSERT_EQ(pg->restore_all(), ok) << last_error();
+  write(res + 5 * 2 * MiB, 2 * MiB, 105);
+  granules.push_back(res + 5 * 2 * MiB);
+  for (device_ptr g : granules) EXPECT_TRUE(holds(g, 2 * MiB, 100 + (g - res) / (2 * MiB)));
+  for (device_ptr g : granules) ASSERT_EQ(pg->free(g), ok) << last_error();
+  EXPECT_EQ(pg->stats().resident_bytes, 4 * MiB) << "only the ordinary allocation's page is left";
+  ASSERT_EQ(pg->unreserve(res), ok) << last_error();
+  ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+}
+
 TEST_P(PagerTest, PagesNoAllocationTouchesGiveTheirFrameBack) {
   const device_ptr a = alloc(1000);
   const device_ptr b = alloc(1000);  // same page as a
