@@ -37,6 +37,20 @@ if ! "$venv/bin/python" -c "import pybind11, pytest, scikit_build_core, kubernet
   "$venv/bin/python" -m pip install -q --disable-pip-version-check pybind11 scikit-build-core pytest kubernetes-validate
 fi
 
+# cuda.h, where no CUDA toolkit provides it (CI: a machine without a GPU or CUDA). With it the
+# cuda backend, the preload shim and the host driver emulation (tests/host_driver) are built
+# and tested; libcuda itself is only ever loaded at run time. NVIDIA's runtime wheel carries
+# the header (nvidia/cu13/include); pinned to the CUDA 13.0 of the GPU machine.
+# scripts/test.sh passes that directory to CMake (VRAMSWAP_CUDA_INCLUDE_DIR).
+cuda_wheel=nvidia-cuda-runtime==13.0.96
+if [[ ! -f /usr/local/cuda/include/cuda.h ]]; then
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  if [[ ! -f $site/nvidia/cu13/include/cuda.h ]]; then
+    echo "vramswap: no /usr/local/cuda/include/cuda.h: installing cuda.h from $cuda_wheel into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$cuda_wheel"
+  fi
+fi
+
 # promtool, for tests/deploy's checks of deploy/prometheus/ (check rules, test rules, check
 # config, and the lint of a real scrape). Debian ships it only in the prometheus server
 # package, whose installation would also start a Prometheus service on a systemd host: take

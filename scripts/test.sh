@@ -7,10 +7,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 
+# cuda.h: the CUDA toolkit's where it is installed, else the one install-deps.sh put in the
+# venv (NVIDIA's runtime wheel), so that the cuda backend and the preload shim are built and
+# tested here too (tests/host_driver emulates libcuda for them).
+cuda_args=()
+if [[ ! -f /usr/local/cuda/include/cuda.h ]]; then
+  site=$(build/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  cuda_args=(-DVRAMSWAP_CUDA_INCLUDE_DIR="$site/nvidia/cu13/include")
+fi
+
 build=build/test
 jobs=$(nproc)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DVRAMSWAP_WERROR=ON -DVRAMSWAP_SANITIZE=ON \
-  -DVRAMSWAP_GPU_KERNELS=OFF -DVRAMSWAP_BUILD_BENCH=ON
+  -DVRAMSWAP_GPU_KERNELS=OFF -DVRAMSWAP_BUILD_BENCH=ON "${cuda_args[@]}"
 cmake --build "$build" -j "$jobs"
 
 # detect_leaks: the host backend's worker threads and CUDA keep process-lifetime state.
@@ -27,7 +36,7 @@ ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 600 || ctest_
 py=build/py
 venv=build/venv
 cmake -S . -B "$py" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVRAMSWAP_WERROR=ON -DPython_EXECUTABLE="$PWD/$venv/bin/python" \
-  -DVRAMSWAP_BUILD_TESTS=OFF -DVRAMSWAP_BUILD_BENCH=OFF -DVRAMSWAP_BUILD_EXAMPLES=OFF -DVRAMSWAP_GPU_KERNELS=OFF
+  -DVRAMSWAP_BUILD_TESTS=OFF -DVRAMSWAP_BUILD_BENCH=OFF -DVRAMSWAP_BUILD_EXAMPLES=OFF -DVRAMSWAP_GPU_KERNELS=OFF "${cuda_args[@]}"
 cmake --build "$py" -j "$jobs"
 pytest_rc=0
 PYTHONPATH="$PWD/$py/python" VRAMSWAP_TEST_SERVER="$PWD/$py/vramswapd" \
