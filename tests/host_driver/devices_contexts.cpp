@@ -362,8 +362,8 @@ CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
   auto* c = reinterpret_cast<context*>(ctx);
   if (c->primary) return CUDA_ERROR_INVALID_CONTEXT;  // primary contexts are released, not destroyed
   st().contexts.erase(c);
+  st().destroyed.push_back(c);
   if (!t_stack.empty() && t_stack.back() == c) t_stack.pop_back();
-  // The object is kept (never reused): a stale handle reads CONTEXT_IS_DESTROYED.
   return CUDA_SUCCESS;
 }
 

@@ -39,6 +39,7 @@ struct state {
   std::vector<context*> primary;   // one per device, made at cuInit, never freed
   std::vector<unsigned> primary_refs;
   std::unordered_set<const context*> contexts;  // live contexts (primary ones included)
+  std::vector<context*> destroyed;  // kept, never reused: a stale handle reads as destroyed
   std::unordered_set<const stream*> streams;    // live streams
 };
 
