@@ -7,6 +7,7 @@
 //   - under the shim at normal priority: the allocation goes through vramswap (the shim's log
 //     lines: the device lock taken at the first allocation, the at-exit summary).
 // Each shim case has its own deployment (shm prefix, runtime directory, pool server).
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -42,6 +43,23 @@ std::string describe(int status) {
   if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
   return "status " + std::to_string(status);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+extern "C" void __asan_init();
+#endif
+
+// What LD_PRELOAD names for the shim. In a sanitized build (CI) the ASan runtime must come
+// ahead of the sanitized shim: the one this test runs with (the same as vmm_program's).
+std::string shim_preload() {
+  std::string preload = VRAMSWAP_PRELOAD_LIBRARY;
+#if defined(__SANITIZE_ADDRESS__)
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&__asan_init), &info) != 0 && info.dli_fname != nullptr) {
+    preload = std::string(info.dli_fname) + ":" + preload;
+  }
+#endif
+  return preload;
 }
 
 // The shim's lines of `text` (its log), for the test's own log.
@@ -109,7 +127,7 @@ class VmmProgramUnderShim : public ::testing::Test {
 
   // vmm_program under the shim on `granules` granules; VRAMSWAP_LOG=info for its at-exit line.
   pid_t spawn_program(int granules, const std::string& signal, std::vector<std::string> env) {
-    env.push_back(std::string("LD_PRELOAD=") + VRAMSWAP_PRELOAD_LIBRARY);
+    env.push_back("LD_PRELOAD=" + shim_preload());
     env.push_back(std::string("LD_LIBRARY_PATH=") + VRAMSWAP_HOST_DRIVER_DIR);
     env.push_back("VRAMSWAP_LOG=info");
     return deploy_.spawn({VRAMSWAP_VMM_PROGRAM, "--lookup=proc", std::to_string(granules), signal, "3"}, env, out_file(), err_file());
