@@ -142,6 +142,10 @@ class member_observer {
     slot_.frames_asked_ahead.store(ahead, std::memory_order_relaxed);
     slot_.frames_asked_at_acquire.store(at_acquire, std::memory_order_relaxed);
   }
+  // Device memory this process got past vramswap, changed by `delta` bytes.
+  void outside_pool(int64_t delta) noexcept {
+    slot_.outside_pool_bytes.fetch_add(static_cast<uint64_t>(delta), std::memory_order_relaxed);
+  }
   // Where this process's saved pages are now, and the host memory it pinned of its own.
   void stored(uint64_t host_bytes, uint64_t disk_bytes, uint64_t pinned_bytes) noexcept {
     slot_.host_bytes.store(host_bytes, std::memory_order_relaxed);

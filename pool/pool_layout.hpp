@@ -248,7 +248,10 @@ struct alignas(k_cache_line) member_slot {
   // Published with host_bytes, by the member's session: host memory it pinned of its own
   // (vramswap_stats_t::host_pinned_bytes). Zero in slots of members built before it.
   std::atomic<uint64_t> host_pinned_bytes;
-  uint64_t reserved4_;
+  // Published by the member's session: device memory the process got past vramswap (the
+  // preload shim counts what it sees go to the driver: preload/bypass.cpp). Zero in slots of
+  // members built before it.
+  std::atomic<uint64_t> outside_pool_bytes;
 };
 static_assert(sizeof(member_slot) == 10 * k_cache_line);
 

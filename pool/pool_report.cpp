@@ -170,6 +170,7 @@ process_report member_report(const member_slot& s, uint32_t m, uint32_t frames, 
   p.host_bytes = s.host_bytes.load(std::memory_order_relaxed);
   p.disk_bytes = s.disk_bytes.load(std::memory_order_relaxed);
   p.host_pinned_bytes = s.host_pinned_bytes.load(std::memory_order_relaxed);
+  p.outside_pool_bytes = s.outside_pool_bytes.load(std::memory_order_relaxed);
   p.acquires = s.acquires.load(std::memory_order_relaxed);
   p.swaps_in = s.swaps_in.load(std::memory_order_relaxed);
   p.bytes_in = s.bytes_in.load(std::memory_order_relaxed);

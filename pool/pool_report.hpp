@@ -31,6 +31,8 @@ class device_lock;
   X(disk_bytes, gauge, "vramswap_process_disk_bytes", 1, "Bytes of saved pages only in the process's swap file")   \
   X(host_pinned_bytes, gauge, "vramswap_process_host_pinned_bytes", 1,                                             \
     "Bytes of host memory the process pinned of its own for its pages, used or not")                              \
+  X(outside_pool_bytes, gauge, "vramswap_process_outside_pool_bytes", 1,                                           \
+    "Bytes of device memory the process got past vramswap (outside the pool), as the preload shim saw them")     \
   X(acquires, counter, "vramswap_process_acquires_total", 1, "Lock acquisitions (re-entries not counted)")          \
   X(swaps_in, counter, "vramswap_process_swaps_in_total", 1, "Acquisitions that brought memory in")               \
   X(bytes_in, counter, "vramswap_process_bytes_in_total", 1, "Bytes copied into the device (restores)")            \

@@ -771,6 +771,7 @@ int pool_segment::add_member(pid_t pid, uint64_t start_time, uint64_t pid_ns, ui
     s.host_bytes.store(0);
     s.disk_bytes.store(0);
     s.host_pinned_bytes.store(0);
+    s.outside_pool_bytes.store(0);
     s.acquires.store(0);
     s.lock_wait_ns.store(0);
     s.restore_ns.store(0);

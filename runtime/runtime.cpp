@@ -563,6 +563,36 @@ int free(int device, uintptr_t ptr) noexcept {
   return add_context(st->policy->memory().free(ptr), "free(0x%zx, device %d): ", static_cast<size_t>(ptr), device);
 }
 
+int reserve_addresses(int device, size_t size, size_t alignment, uintptr_t* out) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("reserve_addresses", device, &st));
+  device_ptr p = 0;
+  VS_TRY(add_context(st->policy->memory().reserve(size, alignment, &p), "reserving %zu bytes of addresses (device %d): ", size, device));
+  *out = p;
+  return ok;
+}
+
+int free_addresses(int device, uintptr_t ptr) noexcept {
+  if (g_closed.load() && in_closed_arena(device, ptr)) return ok;
+  device_state* st = nullptr;
+  VS_TRY(state_for("free_addresses", device, &st));
+  return add_context(st->policy->memory().unreserve(ptr), "freeing the addresses at 0x%zx (device %d): ", static_cast<size_t>(ptr), device);
+}
+
+int map_at(int device, uintptr_t ptr, size_t size) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("map_at", device, &st));
+  return add_context(st->policy->memory().malloc_at(ptr, size), "memory for [0x%zx, +%zu) (device %d): ", static_cast<size_t>(ptr), size,
+                     device);
+}
+
+int note_outside_pool(int device, int64_t delta_bytes) noexcept {
+  device_state* st = nullptr;
+  VS_TRY(state_for("note_outside_pool", device, &st));
+  st->policy->note_outside_pool(delta_bytes);
+  return ok;
+}
+
 int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noexcept {
   try {
     device_state* st = nullptr;

@@ -114,6 +114,16 @@ uint32_t held_by_this_thread(int device) noexcept;
 int malloc(int device, size_t size, uintptr_t* out) noexcept;
 int free(int device, uintptr_t ptr) noexcept;
 int advise(int device, uintptr_t ptr, size_t size, uint8_t advice) noexcept;
+// The driver's virtual memory API as the preload shim gives it to a program (core/pager.hpp,
+// reserve): addresses reserved in this process's arena with nothing behind them; memory at
+// an address the program chooses inside such a reservation (free() takes it out again);
+// the reservation given back once nothing is in it (err_busy names what still is).
+int reserve_addresses(int device, size_t size, size_t alignment, uintptr_t* out) noexcept;
+int free_addresses(int device, uintptr_t ptr) noexcept;
+int map_at(int device, uintptr_t ptr, size_t size) noexcept;
+// The preload shim saw `delta_bytes` of device memory go to (or come back from) the driver
+// past vramswap: this process's memory outside the pool, published for `vramswap status`.
+int note_outside_pool(int device, int64_t delta_bytes) noexcept;
 // Stream-ordered (runtime/stream_allocator.hpp); `stream` is a CUstream as a number.
 // free() of a malloc_async pointer is refused: it must go through free_async.
 int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noexcept;

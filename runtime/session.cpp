@@ -57,6 +57,10 @@ int session::set_rank_gang(std::unique_ptr<rank_gang> gang) {
               "it cannot be a rank of a gang", device_);
 }
 
+void session::note_outside_pool(int64_t delta) noexcept {
+  if (member_) member_->observe().outside_pool(delta);
+}
+
 // The policy's destructor has called close() and destroyed its frame source and store;
 // leaving the pool is last (the server frees whatever this member still owns).
 session::~session() { member_.reset(); }

@@ -44,6 +44,9 @@ class session {
   backend& get_backend() noexcept { return *be_; }
   int device() const noexcept { return device_; }
 
+  // Device memory this process got past vramswap changed by `delta` bytes (published in its
+  // member slot for `vramswap status`).
+  void note_outside_pool(int64_t delta) noexcept;
   // Whether this is the oversubscribed policy (VRAMSWAP_OVERSUBSCRIBE=1).
   virtual bool oversubscribed() const noexcept = 0;
   // Whether this process's memory is mapped even while it does not hold the lock, so that
