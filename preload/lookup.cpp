@@ -190,13 +190,41 @@ struct gated<R (*)(A...), Id> {
 };
 
 // --- the replacement table ---------------------------------------------------------------
-std::once_flag g_table_once;
-std::unordered_map<void*, void*> g_replacement;  // real function -> the shim's; read-only once built
-
 template <typename R, typename... A>
-void* as_void(R (*f)(A...)) {
+constexpr void* as_void(R (*f)(A...)) {
   return reinterpret_cast<void*>(f);
 }
+
+struct named_replacement {
+  const char* name;  // the base name cuGetProcAddress takes, and dlsym's for these
+  void* fn;
+};
+// The virtual memory API (vmm.cpp) and the allocation paths past vramswap (bypass.cpp)
+// with no stream argument. Each base name is also its exported symbol, except those
+// dlsym_names() lists with their suffix.
+const named_replacement k_stream_free_replacements[] = {
+    {"cuMemAddressReserve", as_void(&vmm_address_reserve)},
+    {"cuMemAddressFree", as_void(&vmm_address_free)},
+    {"cuMemCreate", as_void(&vmm_create)},
+    {"cuMemRelease", as_void(&vmm_release)},
+    {"cuMemMap", as_void(&vmm_map)},
+    {"cuMemUnmap", as_void(&vmm_unmap)},
+    {"cuMemSetAccess", as_void(&vmm_set_access)},
+    {"cuMemGetAccess", as_void(&vmm_get_access)},
+    {"cuMemRetainAllocationHandle", as_void(&vmm_retain_allocation_handle)},
+    {"cuMemGetAllocationPropertiesFromHandle", as_void(&vmm_get_allocation_properties)},
+    {"cuMemExportToShareableHandle", as_void(&vmm_export)},
+    {"cuMemMapArrayAsync", as_void(&vmm_map_array_async)},
+    {"cuMemAllocPitch", as_void(&bypass_alloc_pitch)},
+    {"cuMemAllocManaged", as_void(&bypass_alloc_managed)},
+    {"cuArrayCreate", as_void(&bypass_array_create)},
+    {"cuArray3DCreate", as_void(&bypass_array_3d_create)},
+    {"cuArrayDestroy", as_void(&bypass_array_destroy)},
+    {"cuMipmappedArrayCreate", as_void(&bypass_mipmapped_array_create)},
+    {"cuGraphAddMemAllocNode", as_void(&bypass_graph_add_mem_alloc_node)},
+};
+std::once_flag g_table_once;
+std::unordered_map<void*, void*> g_replacement;  // real function -> the shim's; read-only once built
 
 void build_table() {
   get_proc_v2_fn get = real_get_proc_address();
@@ -216,6 +244,11 @@ void build_table() {
     add("cuMemGetInfo", CUDA_VERSION, flags, as_void(&mem_get_info));
     add("cuMemAllocAsync", CUDA_VERSION, flags, per_thread ? as_void(&mem_alloc_async_ptsz) : as_void(&mem_alloc_async));
     add("cuMemFreeAsync", CUDA_VERSION, flags, per_thread ? as_void(&mem_free_async_ptsz) : as_void(&mem_free_async));
+    add("cuMemAllocFromPoolAsync", CUDA_VERSION, flags,
+        per_thread ? as_void(&bypass_alloc_from_pool_async_ptsz) : as_void(&bypass_alloc_from_pool_async));
+    // Functions without a stream have one pointer for both flavours: recorded once.
+    if (per_thread) continue;
+    for (const auto& [name, fn] : k_stream_free_replacements) add(name, CUDA_VERSION, flags, fn);
   }
 #define VRAMSWAP_GATED_ADD(name)                                                                                       \
   gated<decltype(&name), gated_##name * 2>::real = reinterpret_cast<decltype(&name)>(                                  \
@@ -288,6 +321,14 @@ void* real_dlsym(void* handle, const char* symbol) {
   return real != nullptr ? real(handle, symbol) : nullptr;
 }
 
+void* real_driver_per_thread(const char* name) {
+  get_proc_v2_fn get = real_get_proc_address();
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult st{};
+  if (get == nullptr || get(name, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) != CUDA_SUCCESS) return nullptr;
+  return p;
+}
+
 get_proc_v2_fn real_get_proc_address() {
   static get_proc_v2_fn real = [] {
     void* lib = libcuda();
@@ -320,9 +361,19 @@ void* replacement_by_name(const char* symbol) {
       {"cuMemGetInfo_v2", as_void(&mem_get_info)},         {"cuMemAllocAsync", as_void(&mem_alloc_async)},
       {"cuMemFreeAsync", as_void(&mem_free_async)},        {"cuMemAllocAsync_ptsz", as_void(&mem_alloc_async_ptsz)},
       {"cuMemFreeAsync_ptsz", as_void(&mem_free_async_ptsz)},
+      {"cuMemAllocPitch_v2", as_void(&bypass_alloc_pitch)}, {"cuArrayCreate_v2", as_void(&bypass_array_create)},
+      {"cuArray3DCreate_v2", as_void(&bypass_array_3d_create)}, {"cuMemAllocFromPoolAsync", as_void(&bypass_alloc_from_pool_async)},
+      {"cuMemAllocFromPoolAsync_ptsz", as_void(&bypass_alloc_from_pool_async_ptsz)},
   };
   for (const entry& e : table) {
     if (std::strcmp(symbol, e.name) == 0) return e.fn;
+  }
+  // Exported under their base names (cuda.h #defines none of them to a suffixed name).
+  for (const named_replacement& r : k_stream_free_replacements) {
+    if (std::strcmp(symbol, r.name) == 0 && std::strcmp(symbol, "cuMemAllocPitch") != 0 && std::strcmp(symbol, "cuArrayCreate") != 0 &&
+        std::strcmp(symbol, "cuArray3DCreate") != 0) {
+      return r.fn;
+    }
   }
   return nullptr;
 }

@@ -28,11 +28,7 @@ namespace {
 
 constexpr int ok = VRAMSWAP_OK;
 
-template <typename Fn>
-Fn driver(const char* name, int version = CUDA_VERSION) {
-  static_assert(sizeof(Fn) == sizeof(void*));
-  return reinterpret_cast<Fn>(real_driver(name, version));
-}
+}  // namespace
 
 CUresult current_device(int* out) {
   // The one-argument ABI cuda.h declares, not CUDA 13's (core/cuda/declared_abi.hpp).
@@ -45,7 +41,11 @@ CUresult current_device(int* out) {
   return CUDA_SUCCESS;
 }
 
-// vramswap's error as the driver's, said once in the log with vramswap's words.
+CUresult device_count(int* out) {
+  static auto get_count = driver<CUresult (*)(int*)>("cuDeviceGetCount");
+  return get_count != nullptr ? get_count(out) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
 CUresult as_cuda(int rc, const char* what) {
   rt::log_line(rt::log_severity::warn, "preload: %s: %s", what, rt::last_error());
   return rc == VRAMSWAP_ERR_OUT_OF_MEMORY ? CUDA_ERROR_OUT_OF_MEMORY
@@ -53,6 +53,7 @@ CUresult as_cuda(int rc, const char* what) {
                                       : CUDA_ERROR_UNKNOWN;
 }
 
+namespace {
 // At exit, one line on what vramswap did for this process (info level).
 std::vector<int> g_devices_used;
 void summary_at_exit() {
@@ -68,6 +69,8 @@ void summary_at_exit() {
         static_cast<unsigned long long>(s.yield_waits), s.yield_seconds);
   }
 }
+
+}  // namespace
 
 // Normal priority: take the device's lock at the first allocation, keep it until exit.
 CUresult ensure_turn(int device) {
@@ -90,8 +93,6 @@ CUresult ensure_turn(int device) {
   return CUDA_SUCCESS;
 }
 
-}  // namespace
-
 CUresult mem_alloc(CUdeviceptr* dptr, size_t bytes) {
   if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   int device = 0;
@@ -108,7 +109,9 @@ CUresult mem_free(CUdeviceptr dptr) {
   int device = 0;
   if (current_device(&device) != CUDA_SUCCESS || !rt::owns(device, dptr)) {
     static auto real = driver<CUresult (*)(CUdeviceptr)>("cuMemFree");
-    return real != nullptr ? real(dptr) : CUDA_ERROR_INVALID_VALUE;
+    const CUresult r = real != nullptr ? real(dptr) : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) note_bypass_freed(dptr);
+    return r;
   }
   // cuMemFree waits for the device's work first; so must we: a kernel may still use it.
   static auto ctx_sync = driver<CUresult (*)()>("cuCtxSynchronize");  // the declared ABI, as above
@@ -147,7 +150,9 @@ CUresult mem_free_async(CUdeviceptr dptr, CUstream stream) {
   int device = 0;
   if (current_device(&device) != CUDA_SUCCESS || !rt::owns(device, dptr)) {
     static auto real = driver<CUresult (*)(CUdeviceptr, CUstream)>("cuMemFreeAsync");
-    return real != nullptr ? real(dptr, stream) : CUDA_ERROR_INVALID_VALUE;
+    const CUresult r = real != nullptr ? real(dptr, stream) : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) note_bypass_freed(dptr);
+    return r;
   }
   if (const int rc = rt::free_async(device, dptr, reinterpret_cast<uintptr_t>(stream)); rc != ok) {
     return as_cuda(rc, "cuMemFreeAsync");
