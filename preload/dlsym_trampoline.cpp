@@ -8,13 +8,20 @@
 // it asks vramswap_dlsym_decide (with the caller's return address) whether to answer with a
 // replacement, and otherwise jumps to the real dlsym with the stack as it found it, so the
 // real one sees the original caller. x86-64 only (the CUDA platforms the shim targets).
+//
+// The decision's first steps are built without the sanitizers' instrumentation: a sanitizer
+// runtime preloaded ahead of the shim (AddressSanitizer builds) calls dlsym(RTLD_NEXT, ...)
+// while it initializes, before instrumented code can run. Only a driver name (cu...) goes on
+// to lookup.cpp, and that happens long after.
 #include "shim.hpp"
 
 extern "C" {
 __attribute__((visibility("hidden"))) void* vramswap_real_dlsym_ptr = nullptr;
 }
-extern "C" __attribute__((visibility("hidden"))) void* vramswap_dlsym_decide(void* handle, const char* symbol, const void* caller) {
-  if (vramswap_real_dlsym_ptr == nullptr) vramswap_real_dlsym_ptr = reinterpret_cast<void*>(vramswap::detail::preload::real_dlsym_function());
+extern "C" __attribute__((visibility("hidden"), no_sanitize("address", "undefined"))) void* vramswap_dlsym_decide(
+    void* handle, const char* symbol, const void* caller) {
+  if (vramswap_real_dlsym_ptr == nullptr) vramswap_real_dlsym_ptr = vramswap::detail::preload::resolve_real_dlsym();
+  if (symbol == nullptr || symbol[0] != 'c' || symbol[1] != 'u') return nullptr;
   return vramswap::detail::preload::lookup_for(caller, handle, symbol);
 }
 

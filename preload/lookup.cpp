@@ -28,14 +28,6 @@ namespace {
 
 using get_proc_v1_fn = CUresult (*)(const char*, void**, int, cuuint64_t);
 
-dlsym_fn resolve_real_dlsym() {
-  // dlsym is versioned in glibc (GLIBC_2.34 since it moved into libc; GLIBC_2.2.5 before).
-  for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5"}) {
-    if (void* p = dlvsym(RTLD_NEXT, "dlsym", version)) return reinterpret_cast<dlsym_fn>(p);
-  }
-  return nullptr;
-}
-
 void* libcuda() {
   static void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   return handle;
@@ -389,8 +381,15 @@ void* lookup_for(const void* caller, void* handle, const char* symbol) {
   return handle != RTLD_NEXT && real_dlsym(handle, symbol) != nullptr ? ours : nullptr;
 }
 
+// Uninstrumented: dlsym_trampoline.cpp calls it while a sanitizer runtime initializes.
+__attribute__((no_sanitize("address", "undefined"))) void* resolve_real_dlsym() {
+  // dlsym is versioned in glibc (GLIBC_2.34 since it moved into libc; GLIBC_2.2.5 before).
+  void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+  return p != nullptr ? p : dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+}
+
 dlsym_fn real_dlsym_function() {
-  static dlsym_fn real = resolve_real_dlsym();
+  static dlsym_fn real = reinterpret_cast<dlsym_fn>(resolve_real_dlsym());
   return real;
 }
 

@@ -36,6 +36,7 @@ namespace vramswap::detail::preload {
 using get_proc_v2_fn = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
 using dlsym_fn = void* (*)(void*, const char*);
 dlsym_fn real_dlsym_function();
+void* resolve_real_dlsym();  // uncached, and safe before a sanitizer runtime is initialized
 get_proc_v2_fn real_get_proc_address();
 void* real_dlsym(void* handle, const char* symbol);
 // A real driver function, with the ABI of `version` (nullptr if the driver lacks it); for
