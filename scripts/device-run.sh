@@ -102,6 +102,12 @@ if [[ $what == *wheel* ]]; then
   grep -E "^===|wheel_test|wheel: |build-wheel: done|manylinux" "$OUT/wheel.log" | head -40
   what=${what//wheel/}
 fi
+# tests:vmm: the raw VMM program on the real driver, alone and under the shim.
+if [[ $what == *tests:vmm* ]]; then
+  : >"$OUT/gpu-tests.log"
+  bash scripts/device-vmm.sh "$build" || status=1
+  what=${what//tests:vmm/}
+fi
 # tests:oversub: only oversubscription: the multi-process suite on cuda and the
 # preload shim's GPU suite.
 if [[ $what == *tests:oversub* ]]; then
