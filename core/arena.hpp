@@ -1,7 +1,8 @@
 // arena: one process's virtual address range on one device, and the allocations in it.
 //
-// The arena reserves one large range once (VRAMSWAP_ARENA_SIZE, default twice the device's
-// memory) and never moves it, so every pointer it hands out stays valid for the life of
+// The arena reserves one large range once (VRAMSWAP_ARENA_SIZE, default ten times the
+// device's memory: addresses cost nothing, and a program's VMM reservations under the shim,
+// each as large as the device's memory for PyTorch's expandable segments, are carved from it) and never moves it, so every pointer it hands out stays valid for the life of
 // the process, whatever happens to the memory behind it. Allocations are carved out of the
 // range by range_allocator (best fit with coalescing, 256-byte aligned, page-aligned when
 // at least a page); the arena adds the reservation itself and the callers' advice.

@@ -76,7 +76,7 @@ constexpr uint64_t k_ns_per_day = 24ull * 3600 * 1'000'000'000;
     "memory of each emulated device of the host backend (size)")                                 \
   X(frame_size, "VRAMSWAP_FRAME_SIZE", "32MiB", size_form(1),                                    \
     "frame size: a multiple of the device's allocation granularity (2 MiB on CUDA)")             \
-  X(arena_size, "VRAMSWAP_ARENA_SIZE", "200%", percent_form("device memory"),                    \
+  X(arena_size, "VRAMSWAP_ARENA_SIZE", "1000%", percent_form("device memory"),                   \
     "virtual reservation per process and device: size, or percent of device memory")           \
   X(group, "VRAMSWAP_GROUP", "", text_form(),                                                    \
     "group whose users share the runtime dir and every file in it (mode 2770 / 0660, owned by "   \

@@ -68,7 +68,7 @@ enum class backing {
 
 struct pager_config {
   uint64_t frame_size = 0;         // 0: VRAMSWAP_FRAME_SIZE
-  uint64_t arena_size = 0;         // 0: VRAMSWAP_ARENA_SIZE (default twice the device's memory)
+  uint64_t arena_size = 0;         // 0: VRAMSWAP_ARENA_SIZE (default ten times the device's memory)
   unsigned copies_in_flight = 16;  // eviction copies queued ahead of the unmaps
   bool start_resident = true;      // false: new allocations stay unbacked until restore_all()
 };

@@ -371,14 +371,33 @@ void* replacement_by_name(const char* symbol) {
 }
 }  // namespace
 
+namespace {
+bool in_libcuda(const void* address) {
+  static const void* base = [] {
+    Dl_info info{};
+    void* fn = real_dlsym(libcuda(), "cuInit");
+    return fn != nullptr && dladdr(fn, &info) != 0 ? info.dli_fbase : nullptr;
+  }();
+  Dl_info info{};
+  return base != nullptr && dladdr(address, &info) != 0 && info.dli_fbase == base;
+}
+}  // namespace
+
 // dlsym's answer for a caller at `caller`: the shim's function, or nullptr to let the real
 // dlsym answer (dlsym_trampoline.cpp).
 void* lookup_for(const void* caller, void* handle, const char* symbol) {
-  if (symbol == nullptr || symbol[0] != 'c' || symbol[1] != 'u') return nullptr;
-  void* ours = replacement_by_name(symbol);
-  if (ours == nullptr || internal_caller(caller)) return nullptr;
+  if (symbol == nullptr || symbol[0] != 'c' || symbol[1] != 'u' || handle == RTLD_NEXT || internal_caller(caller)) return nullptr;
   // Only where the real symbol is there to be replaced (libcuda's handle, or the global scope).
-  return handle != RTLD_NEXT && real_dlsym(handle, symbol) != nullptr ? ours : nullptr;
+  void* real = real_dlsym(handle, symbol);
+  if (real == nullptr) return nullptr;
+  if (void* ours = replacement_by_name(symbol)) return ours;
+  // A program that binds the driver by dlsym (XLA's loader does) gets the gated functions
+  // too, by the real pointer as cuGetProcAddress's callers do: its launches and copies must
+  // wait at the gate while its pages move. Not for libcuda's own lookups while it
+  // initializes, when building the table (cuGetProcAddress) would crash it.
+  if (in_libcuda(caller)) return nullptr;
+  void* substituted = substitute(real, nullptr);
+  return substituted != real ? substituted : nullptr;
 }
 
 // Uninstrumented: dlsym_trampoline.cpp calls it while a sanitizer runtime initializes.

@@ -156,7 +156,9 @@ def run_job(engine, width, layers, shim, users):
         t.join(timeout=30)
     out, err = "".join(out_lines), "".join(err_lines)
     if job.returncode != 0:
-        sys.stderr.write(f"{engine} ({'shim' if shim else 'plain'}) exit {job.returncode}:\n{err[-4000:]}\n")
+        said = "".join(line for line in err_lines if " warn: " in line or " error: " in line)
+        sys.stderr.write(f"{engine} ({'shim' if shim else 'plain'}) exit {job.returncode}; vramswap's warnings:\n{said[-6000:]}\n"
+                         f"the end of its stderr:\n{err[-3000:]}\n")
     losses = re.findall(r"loss=(\S+)", out)
     seconds = [float(s) for s in re.findall(r"seconds=([\d.]+)", out)]
     state = re.search(r"state_bytes=(\d+)", out)
