@@ -217,10 +217,15 @@ void render_queue(const device_report& d, int width, const std::string& holder_l
 void render_processes(const device_report& d, const text_options& o, const painter& paint, int width, std::string* out) {
   std::string& t = *out;
   bool any_container = false;
-  for (const process_report& p : d.processes) any_container = any_container || !p.container.empty();
+  bool any_outside = false;  // device memory a process got past vramswap: shown only when there is some
+  for (const process_report& p : d.processes) {
+    any_container = any_container || !p.container.empty();
+    any_outside = any_outside || p.outside_pool_bytes != 0;
+  }
   std::vector<column> cols = {{"PID", true, false}, {"USER", false, false}, {"JOB / COMMAND", false, true}};
   if (any_container) cols.push_back({"WHERE", false, false});
   for (const char* c : {"STATE", "VRAM", "HOST", "DISK", "TURNS"}) cols.push_back({c, std::string(c) != "STATE", false});
+  if (any_outside) cols.push_back({"OUTSIDE POOL", true, false});
   if (o.wide) {
     for (const char* c : {"SWAPS", "IN", "OUT", "EVICTED", "WAITED"}) cols.push_back({c, true, false});
   }
@@ -234,6 +239,7 @@ void render_processes(const device_report& d, const text_options& o, const paint
     r.push_back({human_bytes(p.host_bytes)});
     r.push_back({human_bytes(p.disk_bytes)});
     r.push_back({std::to_string(p.acquires)});
+    if (any_outside) r.push_back({human_bytes(p.outside_pool_bytes)});
     if (o.wide) {
       r.push_back({std::to_string(p.swaps_in)});
       r.push_back({human_bytes(p.bytes_in)});

@@ -3,7 +3,7 @@
 // it on the host driver emulation, with and without the shim; on a GPU it runs on the real
 // driver as is).
 //
-// usage: vmm_program --lookup=proc|dlsym <granules> <signal-file> [seed]
+// usage: vmm_program --lookup=proc|dlsym <granules> <signal-file> [seed] [--also-pitch]
 //
 // It dlopens libcuda.so.1 and gets every function through cuGetProcAddress by base name
 // (--lookup=proc, as the CUDA runtime does) or through dlsym by the versioned symbol cuda.h
@@ -15,6 +15,8 @@
 // byte again, checks cuMemRetainAllocationHandle and cuMemGetAllocationPropertiesFromHandle
 // on a mapped address, unmaps one granule and maps a fresh handle there (the rest must be
 // untouched), and unmaps, releases and frees everything.
+// --also-pitch: also holds 3 rows of 1 MiB from cuMemAllocPitch while it waits (memory the
+// shim does not virtualize: it must say so and count it outside the pool), freed after.
 // Exit 0 only when everything matched; 1 after a failed call (its name and error name on
 // stderr), 2 for different bytes (the first: offset, expected, got), 64 for bad arguments.
 #include <cuda.h>
@@ -55,7 +57,9 @@ namespace {
   X(cuMemcpyHtoD)                                \
   X(cuMemcpyDtoH)                                \
   X(cuMemRetainAllocationHandle)                 \
-  X(cuMemGetAllocationPropertiesFromHandle)
+  X(cuMemGetAllocationPropertiesFromHandle)      \
+  X(cuMemAllocPitch)                             \
+  X(cuMemFree)
 
 struct driver {
 #define VP_FIELD(name) decltype(&::name) name = nullptr;
@@ -213,9 +217,14 @@ int main(int argc, char** argv) {
   std::vector<unsigned char> staging(gran);
   for (size_t i = 0; i < n; ++i) write_granule(r, i, staging);
   if (!verify(r, "after writing", staging)) return 2;
+  const bool also_pitch = argc > 5 && std::strcmp(argv[5], "--also-pitch") == 0;
+  CUdeviceptr pitched = 0;
+  size_t pitch = 0;
+  if (also_pitch) CK(cuMemAllocPitch(&pitched, &pitch, 1 << 20, 3, 4), cuMemAllocPitch);
   std::printf("written\n");
   std::fflush(stdout);
   if (!wait_for(signal_file)) return 1;
+  if (also_pitch) CK(cuMemFree(pitched), cuMemFree);
   if (!verify(r, "after the wait", staging)) return 2;
 
   // The handle behind an address inside one granule, and its properties.

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "pool/pool_report.hpp"
 #include "pool/pool_segment.hpp"
 #include "support/backends.hpp"
 #include "support/child_output.hpp"
@@ -116,9 +117,8 @@ INSTANTIATE_TEST_SUITE_P(Lookup, VmmProgramAlone, ::testing::Values("proc", "dls
 class VmmProgramUnderShim : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string key;
-    ASSERT_TRUE(test::device0_key("host", &key));
-    deploy_.create("vp", key,
+    ASSERT_TRUE(test::device0_key("host", &key_));
+    deploy_.create("vp", key_,
                    {"VRAMSWAP_BACKEND=host", "VRAMSWAP_HOST_DEVICE_MEMORY=256MiB", "VRAMSWAP_FRAME_SIZE=2MiB",
                     "VRAMSWAP_POOL_SIZE=" + std::to_string(64 * MiB), "VRAMSWAP_POOL_IDLE_EXIT=5", "VRAMSWAP_LOG=warn",
                     "VRAMSWAP_SWAP_DIR=/var/tmp"});
@@ -126,11 +126,13 @@ class VmmProgramUnderShim : public ::testing::Test {
   void TearDown() override { deploy_.destroy(); }
 
   // vmm_program under the shim on `granules` granules; VRAMSWAP_LOG=info for its at-exit line.
-  pid_t spawn_program(int granules, const std::string& signal, std::vector<std::string> env) {
+  pid_t spawn_program(int granules, const std::string& signal, std::vector<std::string> env, const char* extra = nullptr) {
     env.push_back("LD_PRELOAD=" + shim_preload());
     env.push_back(std::string("LD_LIBRARY_PATH=") + VRAMSWAP_HOST_DRIVER_DIR);
     env.push_back("VRAMSWAP_LOG=info");
-    return deploy_.spawn({VRAMSWAP_VMM_PROGRAM, "--lookup=proc", std::to_string(granules), signal, "3"}, env, out_file(), err_file());
+    std::vector<std::string> args = {VRAMSWAP_VMM_PROGRAM, "--lookup=proc", std::to_string(granules), signal, "3"};
+    if (extra != nullptr) args.push_back(extra);
+    return deploy_.spawn(args, env, out_file(), err_file());
   }
   // Until the program said "written" (true), or exited or took a minute (false).
   bool wait_written(pid_t pid, int* status) {
@@ -146,6 +148,7 @@ class VmmProgramUnderShim : public ::testing::Test {
   std::string said() const { return "stdout: " + test::slurp(out_file()) + "\nstderr: " + test::slurp(err_file()); }
 
   test::deployment deploy_;
+  std::string key_;
 };
 
 // 24 granules (48 MiB, 3/4 of the pool) mapped by the program, oversubscribed: lent pool
@@ -205,6 +208,40 @@ TEST_F(VmmProgramUnderShim, NormalPriorityProgramAllocatesThroughVramswap) {
   EXPECT_NE(err.find("preload: device 0: taking the device lock"), std::string::npos)
       << "the program's VMM allocations did not go through vramswap; " << said();
   EXPECT_GE(number_after(err, "preload: device 0 at exit: "), 0) << "no at-exit line; " << said();
+}
+
+// Device memory past the shim (cuMemAllocPitch is not virtualized): said once, naming the
+// path, and counted as the process's memory outside the pool while it holds it.
+TEST_F(VmmProgramUnderShim, MemoryPastTheShimIsSaidAndCountedOutsideThePool) {
+  const std::string signal = deploy_.dir() + "/go";
+  const pid_t program = spawn_program(4, signal, {}, "--also-pitch");
+  ASSERT_GT(program, 0);
+  int status = 0;
+  if (!wait_written(program, &status)) {
+    ::kill(program, SIGKILL);
+    wait_status(program);
+    FAIL() << "the program never said \"written\"; " << said();
+  }
+  uint64_t outside = 0;
+  device_report report;
+  for (int i = 0; i < 500 && outside == 0; ++i) {
+    if (collect_report(key_, &report) == ok) {
+      for (const process_report& p : report.processes) {
+        if (p.pid == program) outside = p.outside_pool_bytes;
+      }
+    }
+    if (outside == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(outside, 3 * MiB) << "3 rows of 1 MiB from cuMemAllocPitch; " << said();
+  EXPECT_LT(outside, 4 * MiB) << said();
+  ASSERT_TRUE(test::create_signal_file(signal.c_str()));
+  status = wait_status(program);
+  EXPECT_TRUE(exited_ok(status)) << describe(status) << "; " << said();
+  const std::string err = test::slurp(err_file());
+  const std::string warning = "the program got device memory through cuMemAllocPitch (cudaMallocPitch), which vramswap does not virtualize";
+  const size_t first = err.find(warning);
+  EXPECT_NE(first, std::string::npos) << said();
+  EXPECT_EQ(err.find(warning, first + 1), std::string::npos) << "said once; " << said();
 }
 
 }  // namespace
