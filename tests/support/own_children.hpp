@@ -21,6 +21,17 @@
 
 namespace vramswap::detail::test {
 
+// A /proc file's text; "" when the process went away meanwhile (libstdc++'s filebuf throws
+// on the read error, ESRCH, that a process ending between the open and the read gives).
+inline std::string read_proc_file(const std::string& path) {
+  try {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 // The live children of this process (from /proc/<pid>/stat's ppid field), with their command.
 inline std::vector<std::pair<pid_t, std::string>> live_children() {
   std::vector<std::pair<pid_t, std::string>> kids;
@@ -31,8 +42,7 @@ inline std::vector<std::pair<pid_t, std::string>> live_children() {
     char* end = nullptr;
     const long pid = std::strtol(e->d_name, &end, 10);
     if (pid <= 0 || *end != '\0') continue;
-    std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), {});
+    const std::string stat = read_proc_file("/proc/" + std::string(e->d_name) + "/stat");
     // pid (comm) state ppid ...: comm may hold spaces and parentheses; the last ')' ends it.
     const size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;
@@ -41,8 +51,7 @@ inline std::vector<std::pair<pid_t, std::string>> live_children() {
     long ppid = 0;
     rest >> state >> ppid;
     if (ppid != me || state == 'Z') continue;
-    std::ifstream cmd_in("/proc/" + std::string(e->d_name) + "/cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(cmd_in)), {});
+    std::string cmd = read_proc_file("/proc/" + std::string(e->d_name) + "/cmdline");
     for (char& c : cmd) c = c == '\0' ? ' ' : c;
     kids.emplace_back(static_cast<pid_t>(pid), cmd);
   }
