@@ -79,6 +79,19 @@ std::map<CUdeviceptr, CUmemGenericAllocationHandle>::iterator placed_holding(CUd
   return ptr - it->first < g_handles.at(it->second).size ? it : g_placed.end();
 }
 
+// Walking from `ptr` over mappings side by side: where the walk ended. At or past
+// ptr + size when [ptr, ptr + size) is covered by whole mappings (past it when the last one
+// runs on); else the first address in it where nothing is mapped.
+CUdeviceptr mapped_run_end(CUdeviceptr ptr, size_t size) {
+  CUdeviceptr at = ptr;
+  while (at < ptr + size) {
+    auto p = g_placed.find(at);
+    if (p == g_placed.end() || !g_handles.at(p->second).mapped) return at;
+    at += g_handles.at(p->second).size;
+  }
+  return at;
+}
+
 CUresult refuse(CUresult code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 CUresult refuse(CUresult code, const char* fmt, ...) {
   char text[512];
@@ -273,15 +286,12 @@ CUresult vmm_unmap(CUdeviceptr ptr, size_t size) {
     return real != nullptr ? real(ptr, size) : CUDA_ERROR_INVALID_VALUE;
   }
   // [ptr, ptr + size) must be a run of whole mappings (checked before anything changes).
-  for (CUdeviceptr at = ptr; at < ptr + size;) {
-    auto p = g_placed.find(at);
-    if (p == g_placed.end() || !g_handles.at(p->second).mapped) {
-      return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap(0x%llx, %zu): nothing is mapped at 0x%llx (a range of whole mappings is unmapped)",
-                    static_cast<unsigned long long>(ptr), size, static_cast<unsigned long long>(at));
-    }
-    at += g_handles.at(p->second).size;
-    if (at > ptr + size) return CUDA_ERROR_INVALID_VALUE;
+  const CUdeviceptr end = mapped_run_end(ptr, size);
+  if (end < ptr + size) {
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap(0x%llx, %zu): nothing is mapped at 0x%llx (a range of whole mappings is unmapped)",
+                  static_cast<unsigned long long>(ptr), size, static_cast<unsigned long long>(end));
   }
+  if (end > ptr + size) return CUDA_ERROR_INVALID_VALUE;
   // A kernel may still use the memory: the pool gets it only after the device's work.
   static auto ctx_sync = driver<CUresult (*)()>("cuCtxSynchronize");
   if (ctx_sync != nullptr) ctx_sync();
@@ -304,13 +314,9 @@ CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
     return real != nullptr ? real(ptr, size, desc, count) : CUDA_ERROR_INVALID_VALUE;
   }
   if (desc == nullptr || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
-  for (CUdeviceptr at = ptr; at < ptr + size;) {
-    auto p = g_placed.find(at);
-    if (p == g_placed.end() || !g_handles.at(p->second).mapped) {
-      return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess(0x%llx, %zu): nothing is mapped at 0x%llx",
-                    static_cast<unsigned long long>(ptr), size, static_cast<unsigned long long>(at));
-    }
-    at += g_handles.at(p->second).size;
+  if (const CUdeviceptr end = mapped_run_end(ptr, size); end < ptr + size) {
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess(0x%llx, %zu): nothing is mapped at 0x%llx",
+                  static_cast<unsigned long long>(ptr), size, static_cast<unsigned long long>(end));
   }
   for (size_t i = 0; i < count; ++i) {
     const CUmemAccessDesc& d = desc[i];
