@@ -14,7 +14,9 @@
 // partial copy in reached the frame, and neither leaving it nor copying the saved bytes
 // back worked. Its saved copy is then its only home: the pager copies it in again before
 // the page is used (restore_all, a malloc on the page) and evicts it without copying the
-// frame out. Not thread-safe: the pager serializes calls.
+// frame out. asleep says a live page was put to sleep (pager::sleep): it is never resident,
+// and restore_all leaves it where it is (host, discarded or unbacked) until pager::wake.
+// Not thread-safe: the pager serializes calls.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,7 @@ struct page_entry {
   page_state state = page_state::unbacked;
   bool host_copy_valid = false;
   bool frame_stale = false;  // resident, and only the saved copy holds the bytes
+  bool asleep = false;       // live, not resident, and left so until woken
   frame_id frame = 0;  // valid when resident
   uint32_t frees = 0;  // times the last allocation on this page was freed (placement by use's hint)
 };

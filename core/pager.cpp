@@ -409,7 +409,9 @@ int pager::back_not_resident(page_range pages) {
   };
   std::vector<todo> pending;
   for (uint64_t p = pages.first; p < pages.first + pages.count; ++p) {
-    if (table_[p].state != page_state::resident && arena_.page_live_count(p) > 0) pending.push_back({p, table_[p].state, 0});
+    if (table_[p].state != page_state::resident && !table_[p].asleep && arena_.page_live_count(p) > 0) {
+      pending.push_back({p, table_[p].state, 0});
+    }
   }
   if (pending.empty()) return ok;
   // Every frame first, so that a shortfall changes nothing.
@@ -484,6 +486,7 @@ int pager::free(device_ptr ptr) {
         --resident_pages_;
       }
       drop_saved_copy(p);
+      set_asleep(p, false);
       table_[p].state = page_state::unbacked;
       ++table_[p].frees;
     }
@@ -684,14 +687,24 @@ int pager::unback_saved_page(uint64_t page, bool scrubbed) {
 int pager::restore_all() {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto t0 = std::chrono::steady_clock::now();
-  // Every live page is resident exactly when the two counts agree (a resident page is
-  // always live: freeing the last allocation on a page unbacks it).
-  const size_t needed = live_pages_ - resident_pages_;
-  if (needed == 0 && stale_pages_ == 0) {
-    resident_ = true;
-    stats_.restore_seconds += since(t0);
-    return ok;
+  const int rc = restore_locked(nullptr);
+  stats_.restore_seconds += since(t0);
+  if (rc == ok) resident_ = true;
+  return rc;
+}
+
+int pager::restore_locked(const std::vector<bool>* chosen) {
+  // Every page that needs a frame: all of them when the counts say none does (a resident
+  // page is always live: freeing the last allocation on a page unbacks it).
+  size_t needed = live_pages_ - resident_pages_ - asleep_pages_;
+  if (chosen != nullptr && needed > 0) {
+    needed = 0;
+    for (uint64_t p = 0; p < table_.size(); ++p) {
+      const page_entry& e = table_[p];
+      needed += (*chosen)[p] && e.state != page_state::resident && !e.asleep && arena_.page_live_count(p) > 0;
+    }
   }
+  if (needed == 0 && stale_pages_ == 0) return ok;
   const store_mapping_scope mapping(store_, true);  // a switch's restore is the lock's critical path
   copy_pipeline::handlers on;
   on.copied = [&](uint64_t p, size_t, bool) {
@@ -708,21 +721,116 @@ int pager::restore_all() {
   }
   if (needed > 0 && !copies.failed()) copies.note_failure(frames_.prepare(device_, needed));
   for (uint64_t p = 0; p < table_.size() && !copies.failed(); ++p) {
+    if (chosen != nullptr && !(*chosen)[p]) continue;
     if (!restore_page(p, copies)) break;
   }
   stats_.last_restore_queued_ns = clock_ns();
   // The zero fills have no events: one synchronize for them (and the copies) at the end.
   copies.note_failure(be_.stream_synchronize(in_stream_));
   copies.complete_all();
-  stats_.restore_seconds += since(t0);
   if (copies.failed()) {
     // Pages whose copy in completed keep their frames (they are resident and whole); the
     // others keep their saved copies.
     return fail(copies.failure(), "restore_all: stopped, nothing lost (pages not restored keep their saved copies): %s",
                 copies.failure_detail().c_str());
   }
-  resident_ = true;
   return ok;
+}
+
+// --- sleep and wake -----------------------------------------------------------------------
+
+void pager::set_asleep(uint64_t page, bool asleep) {
+  page_entry& e = table_[page];
+  if (e.asleep == asleep) return;
+  e.asleep = asleep;
+  if (asleep) {
+    ++asleep_pages_;
+  } else {
+    --asleep_pages_;
+  }
+}
+
+std::vector<bool> pager::live_pages_of(const std::vector<page_range>& ranges) const {
+  std::vector<bool> chosen(table_.size(), false);
+  for (const page_range& r : ranges) {
+    for (uint64_t p = r.first; p < r.first + r.count && p < table_.size(); ++p) chosen[p] = arena_.page_live_count(p) > 0;
+  }
+  return chosen;
+}
+
+int pager::discard_pages(const std::vector<bool>& chosen) {
+  // The caller's kernels may still be writing the frames we are about to give away.
+  VS_TRY(add_context(be_.device_synchronize(device_), "sleep: synchronizing device %d failed before any page moved, nothing lost: ",
+                     device_));
+  for (uint64_t p = 0; p < table_.size(); ++p) {
+    if (!chosen[p]) continue;
+    page_entry& e = table_[p];
+    if (e.state == page_state::resident) VS_TRY(unback_page(p, page_state::discarded));
+    drop_saved_copy(p);
+    // An unbacked page stays so: it comes back as a fresh page, zero-filled like a discarded one.
+    if (e.state == page_state::host) e.state = page_state::discarded;
+    ++stats_.pages_discarded;
+    set_asleep(p, true);
+  }
+  return ok;
+}
+
+int pager::sleep(const std::vector<page_range>& ranges, bool discard) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<bool> chosen = live_pages_of(ranges);
+  int rc = discard ? discard_pages(chosen) : evict_locked(&chosen);
+  if (!discard) {
+    // Whatever left its frame (or never had one) is asleep now.
+    for (uint64_t p = 0; p < table_.size(); ++p) {
+      if (chosen[p] && table_[p].state != page_state::resident) set_asleep(p, true);
+    }
+  }
+  stats_.evict_seconds += since(t0);
+  if (rc == ok) return ok;
+  const std::string why = last_error();
+  if (discard || !resident_) {
+    // Discarded bytes cannot come back; and while not resident the pages that slept are
+    // where an eviction would have put them. Either way no byte is lost: they stay asleep.
+    return fail(rc, "sleep: stopped: %s; the pages that left their frames stay asleep, the rest are as they were (sleep again "
+                "to finish, or wake)", why.c_str());
+  }
+  // Resident: put back what slept, so that the memory is as before the call.
+  for (uint64_t p = 0; p < table_.size(); ++p) {
+    if (chosen[p]) set_asleep(p, false);
+  }
+  const int back = restore_locked(&chosen);
+  if (back != ok) {
+    for (uint64_t p = 0; p < table_.size(); ++p) {
+      if (chosen[p] && table_[p].state != page_state::resident) set_asleep(p, true);
+    }
+    return fail(rc, "sleep: stopped: %s; bringing back what had slept failed too (%s): those pages stay asleep with their bytes "
+                "saved (wake them to try again)", why.c_str(), last_error());
+  }
+  return fail(rc, "sleep: stopped: %s; the memory was brought back and is awake, nothing lost", why.c_str());
+}
+
+int pager::wake(const std::vector<page_range>& ranges) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<bool> chosen = live_pages_of(ranges);
+  for (uint64_t p = 0; p < table_.size(); ++p) {
+    if (chosen[p]) set_asleep(p, false);
+  }
+  if (!resident_) return ok;  // brought in with the rest at the next restore_all()
+  const int rc = restore_locked(&chosen);
+  stats_.restore_seconds += since(t0);
+  if (rc == ok) return ok;
+  const std::string why = last_error();
+  uint64_t left = 0;
+  for (uint64_t p = 0; p < table_.size(); ++p) {
+    if (chosen[p] && table_[p].state != page_state::resident) {
+      set_asleep(p, true);
+      ++left;
+    }
+  }
+  return fail(rc, "wake: %" PRIu64 " page(s) of %" PRIu64 " MiB stay asleep, their bytes where they were: %s", left, frame_size_ >> 20,
+              why.c_str());
 }
 
 void pager::restored_copied_in(uint64_t p) {
@@ -750,7 +858,7 @@ void pager::restored_not_copied_in(uint64_t p) {
 
 bool pager::restore_page(uint64_t p, copy_pipeline& copies) {
   page_entry& e = table_[p];
-  if (e.state == page_state::resident || arena_.page_live_count(p) == 0) return true;
+  if (e.state == page_state::resident || e.asleep || arena_.page_live_count(p) == 0) return true;
   const page_state was = e.state;
   void* host = nullptr;
   if (was == page_state::host) {
@@ -815,6 +923,15 @@ int pager::take_frame_for_restore(copy_pipeline& copies, frame_id* f) {
 
 // --- queries ------------------------------------------------------------------------------
 
+uint64_t pager::asleep_pages_in(const std::vector<page_range>& ranges) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t n = 0;
+  for (const page_range& r : ranges) {
+    for (uint64_t p = r.first; p < r.first + r.count && p < table_.size(); ++p) n += table_[p].asleep;
+  }
+  return n;
+}
+
 bool pager::resident() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return resident_;
@@ -827,7 +944,8 @@ pager_stats pager::stats() const {
   s.allocations = arena_.allocator().allocation_count();
   s.resident_bytes = resident_pages_ * frame_size_;
   s.host_bytes = store_.bytes_held();
-  s.pages_not_resident = live_pages_ - resident_pages_;
+  s.pages_not_resident = live_pages_ - resident_pages_ - asleep_pages_;
+  s.pages_asleep = asleep_pages_;
   return s;
 }
 
@@ -843,8 +961,14 @@ int pager::check_invariants() const {
   VS_TRY(arena_.allocator().check_invariants());
   uint64_t live_count = 0;
   for (uint64_t p = 0; p < table_.size(); ++p) live_count += arena_.page_live_count(p) > 0;
-  uint64_t stale_count = 0;
-  for (uint64_t p = 0; p < table_.size(); ++p) stale_count += table_[p].frame_stale;
+  uint64_t stale_count = 0, asleep_count = 0;
+  for (uint64_t p = 0; p < table_.size(); ++p) {
+    stale_count += table_[p].frame_stale;
+    asleep_count += table_[p].asleep;
+  }
+  if (asleep_count != asleep_pages_) {
+    return fail(err_internal, "pager: counted %" PRIu64 " pages asleep, the table has %" PRIu64, asleep_pages_, asleep_count);
+  }
   if (stale_count != stale_pages_) {
     return fail(err_internal, "pager: counted %" PRIu64 " pages with stale frames, the table has %" PRIu64, stale_pages_, stale_count);
   }
@@ -868,7 +992,8 @@ int pager::check_invariants() const {
     if (e.frame_stale && e.host_copy_valid) return broken("frame marked stale, and its copy marked as equal to it");
     if (e.state == page_state::resident && saved && !e.host_copy_valid && !e.frame_stale) return broken("resident page holds a stale copy");
     if (resident_ && e.frame_stale) return broken("pager is resident but a page's frame does not hold its bytes");
-    if (resident_ && live && e.state != page_state::resident) return broken("pager is resident but a live page is not");
+    if (e.asleep && (!live || e.state == page_state::resident)) return broken("a page marked asleep is dead or resident");
+    if (resident_ && live && e.state != page_state::resident && !e.asleep) return broken("pager is resident but a live page is not");
   }
   return ok;
 }

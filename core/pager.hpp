@@ -21,7 +21,7 @@
 // event (and by its scrub and a second event); unmapping page i overlaps the copies of
 // pages i+1.. still on the wire.
 //
-// restore_all(): for every live page that is not resident, take a frame, map it at the
+// restore_all(): for every live page that is not resident (nor asleep), take a frame, map it at the
 // page's address, grant access and queue the copy in (or a zero fill); mapping page i+1
 // overlaps the copy of page i. Each page's saved copy is released as soon as its copy in
 // is known complete (its event, polled each step), except for read_mostly pages, whose
@@ -81,7 +81,8 @@ struct pager_stats {
   uint64_t allocated_bytes = 0;  // live allocations (rounded to 256 B)
   uint64_t allocations = 0;
   uint64_t resident_bytes = 0;   // pages mapped in frames
-  uint64_t pages_not_resident = 0;  // live pages not in a frame: what the next restore_all() needs frames for
+  uint64_t pages_not_resident = 0;  // live pages not in a frame nor asleep: what the next restore_all() needs frames for
+  uint64_t pages_asleep = 0;        // live pages put to sleep (sleep), not counted above
   uint64_t host_bytes = 0;       // pages saved in the page store
   uint64_t bytes_out = 0;        // copied device -> host, total
   uint64_t bytes_in = 0;         // copied host -> device, total
@@ -138,7 +139,25 @@ class pager {
   int advise(device_ptr ptr, uint64_t size, advice a);
 
   int evict_all();
+  // Every live page that is not resident and not asleep gets a frame (see the top).
   int restore_all();
+  // Sleep and wake (runtime/memory_tags.hpp uses them for memory classes): the live pages of
+  // `ranges` leave their frames and stay out, whatever restore_all() does, until wake().
+  // Offload (discard false) saves their bytes in the store as an eviction does; discard
+  // drops them (the pages come back zero-filled). Pages not resident already just fall
+  // asleep (a discarded one's saved copy is dropped). On failure the pages that left their
+  // frames are brought back when that can be done (the error says which happened): a failed
+  // sleep leaves the memory as it was or asleep and whole, never half of a page lost.
+  int sleep(const std::vector<page_range>& ranges, bool discard);
+  // The pages of `ranges` are awake again: brought back now while the pager is resident
+  // (frames taken as restore_all() takes them), else at the next restore_all(). On failure
+  // the pages not brought back stay asleep (their bytes where they were), and the call may
+  // simply be repeated.
+  int wake(const std::vector<page_range>& ranges);
+  // Pages of `ranges` asleep now.
+  uint64_t asleep_pages_in(const std::vector<page_range>& ranges) const;
+  // The pages [ptr, ptr + size) overlaps (no check: a range of the arena).
+  page_range pages_of(device_ptr ptr, uint64_t size) const { return arena_.pages_of(ptr, size); }
   // Evict only the pages backed by these frames (a shared pool's owner serving another
   // process's request). Frames not backing a resident page are ignored.
   int evict_frames(const std::vector<frame_id>& frames);
@@ -253,6 +272,13 @@ class pager {
   int back_fresh_run(const page_range& r, backing_times* times, std::vector<uint64_t>* backed);
   // Evict the resident pages for which `chosen(page)` is true (all when it is null).
   int evict_locked(const std::vector<bool>* chosen);
+  // Bring in the live pages, not resident and not asleep, for which `chosen(page)` is true
+  // (all when it is null); restore_all's and wake's body.
+  int restore_locked(const std::vector<bool>* chosen);
+  // sleep's steps: the chosen live pages, and dropping (discard) what they hold.
+  std::vector<bool> live_pages_of(const std::vector<page_range>& ranges) const;
+  int discard_pages(const std::vector<bool>& chosen);
+  void set_asleep(uint64_t page, bool asleep);
   // evict_locked's steps. Tell the store how many of the chosen pages will be saved.
   void expect_saves_for(const std::vector<bool>* chosen);
   // Evict resident page `p`: it leaves its frame now, or its copy out is queued on
@@ -286,6 +312,7 @@ class pager {
   uint64_t live_pages_ = 0;      // pages some live allocation touches
   uint64_t resident_pages_ = 0;  // pages mapped in a frame
   uint64_t stale_pages_ = 0;     // resident pages whose frame does not hold their bytes (page_entry::frame_stale)
+  uint64_t asleep_pages_ = 0;    // live pages put to sleep (page_entry::asleep)
   stream_id out_stream_ = 0;
   stream_id in_stream_ = 0;
   stream_id scrub_stream_ = 0;  // scrubs made on their own (unback_page), never behind queued copies

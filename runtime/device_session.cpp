@@ -71,7 +71,32 @@ void device_session::leaving() noexcept {
   }
 }
 
+int device_session::keep_resident() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  if (kept_resident_.load(std::memory_order_relaxed)) return ok;
+  if (lock_.held() || rank_ != nullptr) {
+    return fail(err_invalid_argument, "keep_resident(device %d): this process %s; a process either takes turns under the lock or keeps "
+                "its memory resident and sleeps it, not both", device_, rank_ != nullptr ? "is a rank of a gang" : "holds the device's lock");
+  }
+  frames_->reclaim_own();
+  if (const int rc = memory().restore_all(); rc != ok) {
+    const std::string why = last_error();
+    memory().set_not_resident();
+    frames_->release_own();
+    return fail(rc, "keep_resident(device %d): bringing this process's memory in failed (it stays as it was): %s", device_, why.c_str());
+  }
+  frames_->reclaim_own();  // frames taken as idle meanwhile by another thread's allocation
+  kept_resident_.store(true, std::memory_order_release);
+  log(log_level::info, "device %d: this process keeps its memory resident from now on (it sleeps and wakes it; no turns under the lock)",
+      device_);
+  return ok;
+}
+
 int device_session::acquire(lock_priority priority, int64_t timeout_ns, acquire_info* info) {
+  if (kept_resident_.load(std::memory_order_acquire)) {
+    return fail(err_invalid_argument, "acquire(device %d): this process keeps its memory resident (keep_resident: it shares the device "
+                "by sleep and wake), so it takes no turns under the lock", device_);
+  }
   acquire_info local;
   if (info == nullptr) info = &local;
   acquire_start start;
@@ -248,7 +273,7 @@ void device_session::serve(uint32_t seen) {
 // While we wait for the lock too: the holder's memory is in, and the frames we will need are
 // better freed while it computes than after it hands on.
 void device_session::ask_ahead() noexcept {
-  if (!evict_ahead_ || lock_.held()) return;
+  if (!evict_ahead_ || lock_.held() || kept_resident_.load(std::memory_order_relaxed)) return;
   const uint64_t need = memory().stats().pages_not_resident;
   if (need == 0) return;
   if (frames_->ask_ahead(need, monotonic_ns()) > 0) {

@@ -29,6 +29,10 @@
 //   asked for), being evicted, or unmapped (faults; on the host backend a SIGSEGV, which
 //   runtime/fault_report.hpp explains before the process dies).
 //
+// keep_resident(): the process leaves turns for good: its memory is brought in (frames taken
+//   as an acquire takes them, asking idle owners) and its frames stay active, so no one asks
+//   for them; from then on its memory leaves the device only by sleeping (memory_tags), and
+//   acquire() is refused. What a process that shares the device by sleep and wake does.
 // Re-entry: acquire by the thread that holds the lock is counted, as the lock's own.
 // Fair turns: every wake of the service thread (at least every k_service_poll_ns) is a safe
 // point where the lock checks this process's hold (lock/device_lock.hpp, check_hold): past
@@ -89,6 +93,8 @@ class device_session final : public session {
   void gave_up(const acquire_start& start) noexcept override;
   int granted(lock_priority priority, const acquire_start& start, const acquire_info& info) override;
   bool resident() const noexcept override { return memory().resident(); }
+  int keep_resident() override;
+  bool keeps_resident() const noexcept override { return kept_resident_.load(std::memory_order_acquire); }
   // Total: the pool's bytes; free: what this process's live pages (resident or saved) leave of it.
   void memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const override;
   void fill_stats(vramswap_stats_t* out) const override;
@@ -118,6 +124,7 @@ class device_session final : public session {
   std::unique_ptr<pool_frame_source> frames_;
   std::unique_ptr<page_store> store_;
   uint32_t depth_ = 0;  // re-entry count, touched by the holding thread only
+  std::atomic<bool> kept_resident_{false};  // keep_resident(): for the rest of the session
 
   mutable std::mutex mutex_;  // acquire/release vs the eviction service
   session_stats stats_;

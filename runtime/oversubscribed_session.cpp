@@ -490,4 +490,10 @@ void oversubscribed_session::memory_info(uint64_t* free_bytes, uint64_t* total_b
   *free_bytes = uint64_t(frames_->free_pool_frames()) * fs + (limit - host_used);
 }
 
+int oversubscribed_session::keep_resident() {
+  return fail(err_invalid_argument, "keep_resident(device %d): this process is oversubscribed (VRAMSWAP_OVERSUBSCRIBE=1): its memory is "
+              "mapped at all times already, and it gives frames back to lock holders; sleep and wake are for time-sharing processes",
+              device_);
+}
+
 }  // namespace vramswap::detail

@@ -115,6 +115,7 @@ class oversubscribed_session final : public session {
   int release() override;
   bool holding() const noexcept override { return false; }
   bool resident() const noexcept override { return true; }  // every page is in a pool or host frame
+  int keep_resident() override;
   // The memory-info view (docs/oversubscription.md): total = pool + the host limit; free =
   // free pool frames + the host limit not yet used.
   void memory_info(uint64_t* free_bytes, uint64_t* total_bytes) const override;

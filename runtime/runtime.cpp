@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include "lock/process_identity.hpp"
 #include "lock/wait_bounds.hpp"
 #include "runtime/device_session.hpp"
+#include "runtime/memory_tags.hpp"
 #include "runtime/oversubscribed_session.hpp"
 #include "runtime/session.hpp"
 #include "runtime/stream_allocator.hpp"
@@ -35,6 +37,7 @@ namespace {
 struct device_state {
   std::unique_ptr<session> policy;
   std::unique_ptr<stream_allocator> async;  // over the session's pager; destroyed before it
+  std::unique_ptr<memory_tags> tags;        // the same
   std::atomic<uint64_t> holder_deaths{0};
 };
 
@@ -171,6 +174,7 @@ int state_for(const char* fn, int device, device_state** out) {
   }
   st->async = std::make_unique<stream_allocator>(st->policy->get_backend(), device, st->policy->memory(),
                                                  /*advise_at_release=*/!st->policy->mapped_without_lock());
+  st->tags = std::make_unique<memory_tags>(st->policy->memory());
   if (g_devices.size() <= static_cast<size_t>(device)) g_devices.resize(device + 1);
   g_devices[device] = std::move(st);
   if (static_cast<size_t>(device) < k_fast_devices) g_fast[device].store(g_devices[device].get(), std::memory_order_release);
@@ -560,7 +564,102 @@ int free(int device, uintptr_t ptr) noexcept {
                 "nothing was freed",
                 static_cast<size_t>(ptr), device);
   }
+  if (st->tags->owns(ptr)) return add_context(st->tags->free(ptr), "free(0x%zx, device %d): ", static_cast<size_t>(ptr), device);
   return add_context(st->policy->memory().free(ptr), "free(0x%zx, device %d): ", static_cast<size_t>(ptr), device);
+}
+
+int malloc_tagged(int device, size_t size, const char* tag, uintptr_t* out) noexcept {
+  if (tag == nullptr) return fail(err_invalid_argument, "malloc_tagged(device %d): tag is NULL", device);
+  try {
+    device_state* st = nullptr;
+    VS_TRY(state_for("malloc_tagged", device, &st));
+    device_ptr p = 0;
+    VS_TRY(add_context(st->tags->malloc(tag, size, backing::when_free, &p), "malloc(%zu bytes, tag '%s', device %d): ", size, tag, device));
+    *out = p;
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "malloc(%zu bytes, device %d): out of host memory", size, device);
+  }
+}
+
+namespace {
+int sleeping_session(const char* fn, int device, device_state** out) {
+  VS_TRY(state_for(fn, device, out));
+  if ((*out)->policy->oversubscribed()) {
+    return fail(err_invalid_argument, "%s(device %d): this process is oversubscribed (VRAMSWAP_OVERSUBSCRIBE=1); sleep and wake are for "
+                "time-sharing processes (docs/sleep.md)", fn, device);
+  }
+  return ok;
+}
+}  // namespace
+
+int sleep(int device, const char* const* tags, const uint8_t* modes, size_t count) noexcept {
+  if (count > 0 && (tags == nullptr || modes == nullptr)) return fail(err_invalid_argument, "sleep(device %d): tags or modes is NULL", device);
+  try {
+    device_state* st = nullptr;
+    VS_TRY(sleeping_session("sleep", device, &st));
+    std::vector<tag_sleep> asked;
+    for (size_t i = 0; i < count; ++i) {
+      if (tags[i] == nullptr) return fail(err_invalid_argument, "sleep(device %d): tag %zu is NULL", device, i);
+      asked.push_back({tags[i], static_cast<sleep_mode>(modes[i])});
+    }
+    return add_context(st->tags->sleep(asked), "device %d: ", device);
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "sleep(device %d): out of host memory; nothing was put to sleep", device);
+  }
+}
+
+int wake(int device, const char* const* tags, size_t count) noexcept {
+  if (count > 0 && tags == nullptr) return fail(err_invalid_argument, "wake(device %d): tags is NULL", device);
+  try {
+    device_state* st = nullptr;
+    VS_TRY(sleeping_session("wake", device, &st));
+    std::vector<std::string> asked;
+    for (size_t i = 0; i < count; ++i) {
+      if (tags[i] == nullptr) return fail(err_invalid_argument, "wake(device %d): tag %zu is NULL", device, i);
+      asked.emplace_back(tags[i]);
+    }
+    return add_context(st->tags->wake(asked), "device %d: ", device);
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "wake(device %d): out of host memory; nothing was woken", device);
+  }
+}
+
+int keep_resident(int device) noexcept {
+  if (held_by_this_thread(device) > 0) {
+    return fail(err_invalid_argument, "keep_resident(device %d): this thread holds the device's lock; a process either takes turns "
+                "under the lock or keeps its memory resident and sleeps it, not both", device);
+  }
+  try {
+    device_state* st = nullptr;
+    VS_TRY(state_for("keep_resident", device, &st));
+    return st->policy->keep_resident();
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "keep_resident(device %d): out of host memory", device);
+  }
+}
+
+int tags(int device, vramswap_tag_info_t* out, size_t capacity, size_t* count) noexcept {
+  if (count == nullptr || (capacity > 0 && out == nullptr)) return fail(err_invalid_argument, "tags(device %d): out or count is NULL", device);
+  try {
+    device_state* st = nullptr;
+    VS_TRY(state_for("tags", device, &st));
+    const std::vector<tag_report> all = st->tags->report();
+    for (size_t i = 0; i < all.size() && i < capacity; ++i) {
+      vramswap_tag_info_t& t = out[i];
+      std::memset(&t, 0, sizeof t);
+      std::snprintf(t.name, sizeof t.name, "%s", all[i].name.c_str());
+      t.allocated_bytes = all[i].allocated_bytes;
+      t.allocations = all[i].allocations;
+      t.reserved_bytes = all[i].reserved_bytes;
+      t.asleep = all[i].asleep ? 1 : 0;
+      t.sleep_mode = static_cast<int>(all[i].mode);
+    }
+    *count = all.size();
+    return ok;
+  } catch (const std::bad_alloc&) {
+    return fail(err_out_of_memory, "tags(device %d): out of host memory", device);
+  }
 }
 
 int reserve_addresses(int device, size_t size, size_t alignment, uintptr_t* out) noexcept {
@@ -611,6 +710,13 @@ int free_async(int device, uintptr_t ptr, uintptr_t stream) noexcept {
   try {
     device_state* st = nullptr;
     VS_TRY(state_for("free_async", device, &st));
+    if (st->tags->owns(ptr)) {
+      // Tagged memory is not the stream allocator's: work queued on `stream` may still use
+      // it, and its pages may leave with it.
+      VS_TRY(add_context(st->policy->get_backend().device_synchronize(device), "free_async(0x%zx, device %d): ", static_cast<size_t>(ptr),
+                         device));
+      return add_context(st->tags->free(ptr), "free_async(0x%zx, device %d): ", static_cast<size_t>(ptr), device);
+    }
     return st->async->deallocate(ptr, stream);
   } catch (const std::bad_alloc&) {
     return fail(err_out_of_memory, "free_async(0x%zx, device %d): out of host memory", static_cast<size_t>(ptr), device);
@@ -692,6 +798,7 @@ int stats(int device, vramswap_stats_t* out) noexcept {
     r.cache_miss_bytes = a.new_bytes;
     st->policy->fill_stats(&r);
     r.lock_holder_deaths = st->holder_deaths.load();
+    r.asleep_bytes = st->tags->asleep_bytes();
     *out = r;
     return ok;
   } catch (const std::bad_alloc&) {

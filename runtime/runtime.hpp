@@ -82,7 +82,8 @@
   X(placement_rounds_skipped, uint64_t) \
   X(pages_placed_in, uint64_t)    \
   X(pages_placed_out, uint64_t)   \
-  X(host_pinned_bytes, uint64_t)
+  X(host_pinned_bytes, uint64_t)  \
+  X(asleep_bytes, uint64_t)
 
 namespace vramswap::detail {
 namespace __attribute__((visibility("default"))) rt {
@@ -124,6 +125,18 @@ int map_at(int device, uintptr_t ptr, size_t size) noexcept;
 // The preload shim saw `delta_bytes` of device memory go to (or come back from) the driver
 // past vramswap: this process's memory outside the pool, published for `vramswap status`.
 int note_outside_pool(int device, int64_t delta_bytes) noexcept;
+// Memory classes and sleep/wake (runtime/memory_tags.hpp, docs/sleep.md). malloc_tagged: memory
+// of tag `tag` (free() and free_async() take it back; free_async synchronizes the device
+// first, as the tag's pages may leave with it). sleep: tags[i] sleeps as modes[i]
+// (VRAMSWAP_SLEEP_OFFLOAD or VRAMSWAP_SLEEP_DISCARD); count 0 does nothing. wake: the named
+// tags, or every sleeping one when count is 0. keep_resident: this process's memory stays
+// resident without the lock from now on (it sleeps and wakes instead of taking turns).
+// tags: up to `capacity` reports into out, *count set to how many tags there are.
+int malloc_tagged(int device, size_t size, const char* tag, uintptr_t* out) noexcept;
+int sleep(int device, const char* const* tags, const uint8_t* modes, size_t count) noexcept;
+int wake(int device, const char* const* tags, size_t count) noexcept;
+int keep_resident(int device) noexcept;
+int tags(int device, vramswap_tag_info_t* out, size_t capacity, size_t* count) noexcept;
 // Stream-ordered (runtime/stream_allocator.hpp); `stream` is a CUstream as a number.
 // free() of a malloc_async pointer is refused: it must go through free_async.
 int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noexcept;

@@ -85,6 +85,13 @@ class session {
   virtual void gave_up(const acquire_start&) noexcept {}
   virtual int granted(lock_priority, const acquire_start&, const acquire_info&) { return 0; }
 
+  // Keep this process's memory resident from now on, without the lock (docs/sleep.md): its
+  // frames are never asked of it, its memory leaves them only when it sleeps (memory_tags).
+  // For processes that share the device by sleeping and waking (serving and training
+  // colocated), not by taking turns. Time-sharing only (err_invalid_argument otherwise).
+  virtual int keep_resident() = 0;
+  virtual bool keeps_resident() const noexcept { return false; }
+
   // Whether all of this process's memory is mapped now.
   virtual bool resident() const noexcept = 0;
   // What memory_info reports (docs/api.md): the pool's bytes and what this process leaves free.

@@ -2,8 +2,10 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "runtime/runtime.hpp"
 #include "vramswap/vramswap.h"
@@ -228,6 +230,57 @@ void* malloc(size_t size, int device) {
 
 void free(void* ptr, int device) {
   if (const int rc = rt::free(device, reinterpret_cast<uintptr_t>(ptr)); rc != ok) throw_last(rc);
+}
+
+void* malloc(size_t size, int device, const std::string& tag) {
+  uintptr_t p = 0;
+  if (const int rc = rt::malloc_tagged(device, size, tag.c_str(), &p); rc != ok) throw_last(rc);
+  return reinterpret_cast<void*>(p);
+}
+
+void sleep(const std::vector<tag_sleep>& tags, int device) {
+  std::vector<const char*> names;
+  std::vector<uint8_t> modes;
+  for (const tag_sleep& t : tags) {
+    if (t.mode != sleep_mode::offload && t.mode != sleep_mode::discard) {
+      throw invalid_argument(VRAMSWAP_ERR_INVALID_ARGUMENT, "sleep: tag '" + t.tag + "': mode " + std::to_string(static_cast<int>(t.mode)) +
+                                                                " is neither offload nor discard");
+    }
+    names.push_back(t.tag.c_str());
+    modes.push_back(static_cast<uint8_t>(t.mode));
+  }
+  if (const int rc = rt::sleep(device, names.data(), modes.data(), names.size()); rc != ok) throw_last(rc);
+}
+
+void wake(const std::vector<std::string>& tags, int device) {
+  std::vector<const char*> names;
+  for (const std::string& t : tags) names.push_back(t.c_str());
+  if (const int rc = rt::wake(device, names.data(), names.size()); rc != ok) throw_last(rc);
+}
+
+void keep_resident(int device) {
+  if (const int rc = rt::keep_resident(device); rc != ok) throw_last(rc);
+}
+
+std::vector<tag_info> tags(int device) {
+  size_t count = 0;
+  std::vector<vramswap_tag_info_t> raw;
+  do {  // tags made between the two calls: ask again with room for them
+    raw.resize(count);
+    if (const int rc = rt::tags(device, raw.data(), raw.size(), &count); rc != ok) throw_last(rc);
+  } while (count > raw.size());
+  std::vector<tag_info> out;
+  for (size_t i = 0; i < count; ++i) {
+    tag_info t;
+    t.name = raw[i].name;
+    t.allocated_bytes = raw[i].allocated_bytes;
+    t.allocations = raw[i].allocations;
+    t.reserved_bytes = raw[i].reserved_bytes;
+    t.asleep = raw[i].asleep != 0;
+    t.mode = static_cast<sleep_mode>(raw[i].sleep_mode);
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 void* malloc_async(size_t size, void* stream, int device) {

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <new>
+#include <vector>
 
 #include "runtime/runtime.hpp"
 
@@ -49,6 +51,38 @@ int vramswap_malloc(void** out, size_t size, int device) {
 }
 
 int vramswap_free(void* ptr, int device) { return rt::free(device, reinterpret_cast<uintptr_t>(ptr)); }
+
+int vramswap_malloc_tagged(void** out, size_t size, int device, const char* tag) {
+  if (out == nullptr) return fail_with(VRAMSWAP_ERR_INVALID_ARGUMENT, "vramswap_malloc_tagged(device %d): out is NULL", device);
+  uintptr_t p = 0;
+  if (const int rc = rt::malloc_tagged(device, size, tag, &p); rc != VRAMSWAP_OK) return rc;
+  *out = reinterpret_cast<void*>(p);
+  return VRAMSWAP_OK;
+}
+
+int vramswap_sleep(int device, const char* const* tags, const int* modes, size_t count) {
+  if (count > 0 && modes == nullptr) return fail_with(VRAMSWAP_ERR_INVALID_ARGUMENT, "vramswap_sleep(device %d): modes is NULL", device);
+  std::vector<uint8_t> m;
+  try {
+    m.resize(count);
+  } catch (const std::bad_alloc&) {
+    return fail_with(VRAMSWAP_ERR_OUT_OF_MEMORY, "vramswap_sleep(device %d): out of host memory; nothing was put to sleep", device);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (modes[i] != VRAMSWAP_SLEEP_OFFLOAD && modes[i] != VRAMSWAP_SLEEP_DISCARD) {
+      return fail_with(VRAMSWAP_ERR_INVALID_ARGUMENT, "vramswap_sleep(device %d): mode %d (of tag %zu) is neither VRAMSWAP_SLEEP_OFFLOAD "
+                       "nor VRAMSWAP_SLEEP_DISCARD", device, modes[i], i);
+    }
+    m[i] = static_cast<uint8_t>(modes[i]);
+  }
+  return rt::sleep(device, tags, m.data(), count);
+}
+
+int vramswap_wake(int device, const char* const* tags, size_t count) { return rt::wake(device, tags, count); }
+
+int vramswap_keep_resident(int device) { return rt::keep_resident(device); }
+
+int vramswap_tags(int device, vramswap_tag_info_t* out, size_t capacity, size_t* count) { return rt::tags(device, out, capacity, count); }
 
 int vramswap_malloc_async(void** out, size_t size, int device, void* stream) {
   if (out == nullptr) return fail_with(VRAMSWAP_ERR_INVALID_ARGUMENT, "vramswap_malloc_async(device %d): out is NULL", device);

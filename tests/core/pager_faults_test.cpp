@@ -448,6 +448,67 @@ TEST_P(PagerFaults, AFreeWhosePageCannotLeaveItsFrameHoldsTheFrameBackUntilItCan
   }
 }
 
+// Sleep and wake of the normal memory (memory classes): a failure at any step of either
+// leaves the memory awake and whole, or asleep with every byte saved, and says which; once
+// the fault is gone, a wake brings every byte back.
+TEST_P(PagerFaults, AFailureAtAnyStepOfASleepOrAWakeLosesNoByte) {
+  const std::vector<page_range> pages = {pg->pages_of(normal, k_normal_pages * k_page)};
+  for (const bool waking : {false, true}) {
+    // The calls a clean run makes.
+    if (waking) {
+      ASSERT_EQ(pg->sleep(pages, false), ok) << last_error();
+    }
+    be->count_calls();
+    store->count_calls();
+    ASSERT_EQ(waking ? pg->wake(pages) : pg->sleep(pages, false), ok) << last_error();
+    std::vector<uint64_t> counts;
+    for (unsigned op = 0; op < static_cast<unsigned>(fault_op::count_); ++op) counts.push_back(be->calls(static_cast<fault_op>(op)));
+    counts.push_back(store->writes());
+    counts.push_back(store->reads());
+    if (!waking) {
+      ASSERT_EQ(pg->wake(pages), ok) << last_error();
+    }
+    uint64_t failed = 0;
+    for (size_t op = 0; op < counts.size(); ++op) {
+      for (uint64_t n = 0; n < counts[op]; ++n) {
+        const std::string name = op < static_cast<size_t>(fault_op::count_) ? test::fault_op_name(static_cast<fault_op>(op))
+                                 : op == counts.size() - 2                   ? "slot_for_write"
+                                                                             : "slot_for_read";
+        const std::string where = std::string(waking ? "wake" : "sleep") + ", " + name + " call #" + std::to_string(n) + " failing";
+        const uint64_t seed = 300 + ++round_;
+        write(normal, k_normal_pages, seed);
+        if (waking) {
+          ASSERT_EQ(pg->sleep(pages, false), ok) << where << ": " << last_error();
+        }
+        if (op < static_cast<size_t>(fault_op::count_)) {
+          be->fail_at(static_cast<fault_op>(op), n);
+        } else {
+          store->fail_at(op == counts.size() - 2 ? faulty_store::op::write : faulty_store::op::read, n);
+        }
+        clear_error();
+        const int rc = waking ? pg->wake(pages) : pg->sleep(pages, false);
+        be->disarm();
+        store->disarm();
+        if (rc != ok) {
+          ++failed;
+          const std::string why = last_error();
+          EXPECT_TRUE(why.find("asleep") != std::string::npos || why.find("awake") != std::string::npos) << where << ": " << why;
+        }
+        ASSERT_EQ(pg->check_invariants(), ok) << where << ": " << last_error();
+        // Asleep pages are saved (host), awake ones resident: never anywhere else.
+        for (uint64_t i = 0; i < k_normal_pages; ++i) {
+          const page_state st = pg->state_of(normal + i * k_page);
+          ASSERT_TRUE(st == page_state::resident || st == page_state::host) << where << ": page " << i << " is " << page_state_name(st);
+        }
+        ASSERT_EQ(pg->wake(pages), ok) << where << ": " << last_error();
+        ASSERT_TRUE(holds(normal, k_normal_pages, seed)) << where;
+        ASSERT_TRUE(holds(kept, k_kept_pages, 7777)) << where;
+      }
+    }
+    EXPECT_GT(failed, 3u) << (waking ? "wake" : "sleep") << ": the sweep must have made calls fail";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PagerFaults, ::testing::Values(backend_kind::host, backend_kind::cuda), test::param_name);
 
 }  // namespace

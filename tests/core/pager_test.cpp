@@ -358,6 +358,94 @@ TEST_P(PagerTest, RandomizedWalkKeepsInvariantsAndBytes) {
   verify_all();
 }
 
+// Sleep and wake (memory classes, runtime/memory_tags.hpp): two reservations stand for two
+// tags' regions. A sleeping region's pages leave their frames and stay out through turns
+// (evict_all / restore_all) until woken; the other region and the bytes of both are intact.
+TEST_P(PagerTest, SleepingPagesStayOutThroughTurnsUntilWokenWithEveryByte) {
+  device_ptr sleepy = 0, awake = 0;
+  ASSERT_EQ(pg->reserve(16 * MiB, 0, &sleepy), ok) << last_error();
+  ASSERT_EQ(pg->reserve(16 * MiB, 0, &awake), ok) << last_error();
+  ASSERT_EQ(pg->malloc_at(sleepy, 5 * MiB + 300), ok) << last_error();
+  ASSERT_EQ(pg->malloc_at(sleepy + 6 * MiB, 4 * MiB), ok) << last_error();
+  ASSERT_EQ(pg->malloc_at(awake, 6 * MiB), ok) << last_error();
+  write(sleepy, 5 * MiB + 300, 61);
+  write(sleepy + 6 * MiB, 4 * MiB, 62);
+  write(awake, 6 * MiB, 63);
+  const std::vector<page_range> region = {pg->pages_of(sleepy, 16 * MiB)};
+  const uint64_t out_before = pg->stats().bytes_out;
+  ASSERT_EQ(pg->sleep(region, /*discard=*/false), ok) << last_error();
+  ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+  pager_stats s = pg->stats();
+  EXPECT_EQ(s.resident_bytes, 6 * MiB) << "only the awake region keeps frames";
+  EXPECT_EQ(s.pages_asleep, 5u);
+  EXPECT_EQ(s.pages_not_resident, 0u) << "asleep pages are not what a restore needs";
+  EXPECT_EQ(s.bytes_out - out_before, 10 * MiB) << "its five pages copied out";
+  EXPECT_EQ(pg->asleep_pages_in(region), 5u);
+  for (int turn = 0; turn < 2; ++turn) {
+    ASSERT_EQ(pg->evict_all(), ok) << last_error();
+    ASSERT_EQ(pg->restore_all(), ok) << last_error();
+    ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+    EXPECT_EQ(pg->state_of(sleepy), page_state::host) << "turn " << turn << ": a sleeping page stays out";
+    EXPECT_TRUE(holds(awake, 6 * MiB, 63)) << "turn " << turn;
+  }
+  ASSERT_EQ(pg->wake(region), ok) << last_error();
+  ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+  s = pg->stats();
+  EXPECT_EQ(s.pages_asleep, 0u);
+  EXPECT_EQ(s.resident_bytes, 16 * MiB) << "woken while resident: back at once";
+  EXPECT_TRUE(holds(sleepy, 5 * MiB + 300, 61));
+  EXPECT_TRUE(holds(sleepy + 6 * MiB, 4 * MiB, 62));
+  EXPECT_TRUE(holds(awake, 6 * MiB, 63));
+}
+
+TEST_P(PagerTest, DiscardedSleepCopiesNothingAndWakesZeroFilled) {
+  device_ptr region = 0;
+  ASSERT_EQ(pg->reserve(8 * MiB, 0, &region), ok) << last_error();
+  ASSERT_EQ(pg->malloc_at(region, 8 * MiB), ok) << last_error();
+  write(region, 8 * MiB, 71);
+  const device_ptr other = alloc(3 * MiB);
+  write(other, 3 * MiB, 72);
+  // Half of it saved first (a turn), so that a discard drops saved copies as well as frames.
+  ASSERT_EQ(pg->sleep({pg->pages_of(region, 4 * MiB)}, false), ok) << last_error();
+  const uint64_t out_before = pg->stats().bytes_out;
+  ASSERT_EQ(pg->sleep({pg->pages_of(region, 8 * MiB)}, /*discard=*/true), ok) << last_error();
+  ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+  EXPECT_EQ(pg->stats().bytes_out, out_before) << "a discard copies nothing";
+  EXPECT_EQ(pg->stats().host_bytes, 0u) << "and keeps no saved copy";
+  EXPECT_EQ(pg->state_of(region), page_state::discarded);
+  ASSERT_EQ(pg->wake({pg->pages_of(region, 8 * MiB)}), ok) << last_error();
+  EXPECT_TRUE(holds(region, 8 * MiB, 0)) << "zero-filled";
+  EXPECT_TRUE(holds(other, 3 * MiB, 72));
+  ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+}
+
+TEST_P(PagerTest, SleepAndWakeBetweenTurnsActAtTheNextRestore) {
+  device_ptr region = 0;
+  ASSERT_EQ(pg->reserve(8 * MiB, 0, &region), ok) << last_error();
+  ASSERT_EQ(pg->malloc_at(region, 6 * MiB), ok) << last_error();
+  write(region, 6 * MiB, 81);
+  ASSERT_EQ(pg->evict_all(), ok) << last_error();  // between turns: the pages are saved
+  const std::vector<page_range> pages = {pg->pages_of(region, 8 * MiB)};
+  ASSERT_EQ(pg->sleep(pages, false), ok) << last_error();
+  ASSERT_EQ(pg->restore_all(), ok) << last_error();
+  EXPECT_EQ(pg->state_of(region), page_state::host) << "asleep: not brought in by the turn";
+  ASSERT_EQ(pg->evict_all(), ok) << last_error();
+  ASSERT_EQ(pg->wake(pages), ok) << last_error();
+  EXPECT_EQ(pg->state_of(region), page_state::host) << "woken between turns: in at the next restore";
+  ASSERT_EQ(pg->restore_all(), ok) << last_error();
+  EXPECT_TRUE(holds(region, 6 * MiB, 81));
+  // Freed while asleep: the page goes; a new allocation there is fresh and awake.
+  ASSERT_EQ(pg->sleep(pages, false), ok) << last_error();
+  ASSERT_EQ(pg->free(region), ok) << last_error();
+  ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+  EXPECT_EQ(pg->stats().pages_asleep, 0u);
+  EXPECT_EQ(pg->stats().host_bytes, 0u) << "its saved copies went with it";
+  ASSERT_EQ(pg->malloc_at(region, 2 * MiB), ok) << last_error();
+  write(region, 2 * MiB, 82);
+  EXPECT_TRUE(holds(region, 2 * MiB, 82));
+  ASSERT_EQ(pg->check_invariants(), ok) << last_error();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PagerTest, ::testing::Values(backend_kind::host, backend_kind::cuda),
                          test::param_name);
 

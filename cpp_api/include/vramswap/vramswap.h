@@ -256,6 +256,80 @@ VRAMSWAP_C_API int vramswap_free_async(void* ptr, int device, void* stream);
  *   and the errors of opening a session. */
 VRAMSWAP_C_API int vramswap_release_cached(int device);
 
+/* Memory classes, sleep and wake (docs/sleep.md)
+ * ===============================================
+ * An allocation may carry a tag, the name of its memory class ("weights", "kv_cache": 1 to 63
+ * of the characters letters, digits and _ - . : /; at most 64 tags a process and device). A
+ * tag's allocations share pages with nothing else, so that vramswap_sleep can take a tag's
+ * pages off the device while the rest stays: each of them leaves its frame, which goes back to
+ * the pool for whoever needs it next (another process's wake, or the lock's next holder), and
+ * stays out until vramswap_wake, whatever the lock does meanwhile. The addresses stay valid.
+ * While a tag sleeps the device must not touch its memory (an illegal address on CUDA), and
+ * allocating in it fails.
+ * A process that shares the device by sleeping and waking (a rollout engine and a trainer
+ * taking turns by their own schedule, as with torch_memory_saver or vLLM's sleep mode) does
+ * not take part in the lock: it calls vramswap_keep_resident first, and its memory then stays
+ * on the device until it sleeps it. A process that takes turns under the lock may sleep tags
+ * too: they stay out of its turns until woken. */
+#define VRAMSWAP_SLEEP_OFFLOAD 0 /* the bytes go to host memory (disk past its limit); wake brings them back */
+#define VRAMSWAP_SLEEP_DISCARD 1 /* the bytes are dropped; wake gives the pages back zero-filled */
+
+/* Device memory of tag `tag` (vramswap_malloc otherwise). vramswap_free takes it back, and
+ * vramswap_free_async too (it then synchronizes the device first).
+ * Errors: those of vramswap_malloc, and VRAMSWAP_ERR_INVALID_ARGUMENT: tag is NULL or not a
+ * valid name, the process has 64 tags already, the tag is asleep. */
+VRAMSWAP_C_API int vramswap_malloc_tagged(void** out, size_t size, int device, const char* tag);
+/* Put tags[i] to sleep as modes[i] (VRAMSWAP_SLEEP_*), for i < count, in one pass: the discarded
+ * ones first, then the offloaded ones' bytes copied out at the link rate. Synchronizes the
+ * device first. A tag asleep already is left so (but a discard drops what an offload kept).
+ * count 0 does nothing.
+ * On failure the tags whose pages were put back are awake and whole, the others asleep with
+ * their bytes saved; the message says which (offloaded bytes are never lost).
+ * Errors:
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  a NULL pointer; a tag that is no tag of this process, or
+ *                                  named twice; a mode that is no VRAMSWAP_SLEEP_*; an
+ *                                  oversubscribed process.
+ *   VRAMSWAP_ERR_OUT_OF_MEMORY, VRAMSWAP_ERR_IO, VRAMSWAP_ERR_NO_SPACE  saving the bytes
+ *                                  (host memory, the swap file) failed.
+ *   VRAMSWAP_ERR_CUDA              the device failed (synchronizing, copying, unmapping).
+ *   and the errors of opening a session. */
+VRAMSWAP_C_API int vramswap_sleep(int device, const char* const* tags, const int* modes, size_t count);
+/* Wake the named tags (count 0: every sleeping tag). Their pages come back now when this
+ * process's memory is resident (it holds the lock, or keeps its memory resident): frames are
+ * taken free, or asked of processes between turns, as an acquire takes them; else at the next
+ * acquire. A tag awake already is left as it is. On failure the pages not brought back stay
+ * asleep with their bytes where they were; call it again.
+ * Errors:
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  a NULL pointer; a tag that is no tag of this process; an
+ *                                  oversubscribed process.
+ *   VRAMSWAP_ERR_TIMEOUT           no frames came within VRAMSWAP_EVICT_TIMEOUT (the message
+ *                                  says who holds them: a process awake, not sleeping).
+ *   VRAMSWAP_ERR_CUDA, VRAMSWAP_ERR_IO  bringing the bytes in failed.
+ *   and the errors of opening a session. */
+VRAMSWAP_C_API int vramswap_wake(int device, const char* const* tags, size_t count);
+/* From now on this process's memory on `device` stays resident without the lock (brought in
+ * now, as an acquire brings it), and leaves only by vramswap_sleep; vramswap_lock of the
+ * device is refused from then on. Calling it again does nothing.
+ * Errors:
+ *   VRAMSWAP_ERR_INVALID_ARGUMENT  this process holds the device's lock, is a rank of a gang
+ *                                  on it, or is oversubscribed.
+ *   and those of bringing memory in at an acquire, and of opening a session. */
+VRAMSWAP_C_API int vramswap_keep_resident(int device);
+/* One tag of this process (vramswap_tags). */
+typedef struct vramswap_tag_info {
+  char name[64];
+  uint64_t allocated_bytes; /* live allocations (rounded to 256 bytes) */
+  uint64_t allocations;
+  uint64_t reserved_bytes;  /* addresses its regions hold */
+  int asleep;               /* 1 while asleep */
+  int sleep_mode;           /* VRAMSWAP_SLEEP_*: how it sleeps, while asleep */
+} vramswap_tag_info_t;
+/* This process's tags on `device`, in the order they were made: up to `capacity` of them into
+ * out (NULL when capacity is 0), and how many there are into *count.
+ * Errors: VRAMSWAP_ERR_INVALID_ARGUMENT (count NULL, out NULL with capacity > 0), and the
+ * errors of opening a session. */
+VRAMSWAP_C_API int vramswap_tags(int device, vramswap_tag_info_t* out, size_t capacity, size_t* count);
+
 /* Attach advice (VRAMSWAP_ADVICE_*) to [ptr, ptr + size), a range inside one allocation.
  * Errors:
  *   VRAMSWAP_ERR_INVALID_ARGUMENT  advice is not a VRAMSWAP_ADVICE_* value; the range is not
@@ -312,6 +386,8 @@ typedef struct vramswap_stats_t {
    * slots (those pinned ahead of need included; 0 with the shared host pool, which vramswapd
    * owns), and an oversubscribed process's host frames (in use and spare). */
   uint64_t host_pinned_bytes;
+  /* Memory classes (vramswap_sleep): bytes of the allocations of the tags asleep now. */
+  uint64_t asleep_bytes;
 } vramswap_stats_t;
 /* Errors:
  *   VRAMSWAP_ERR_INVALID_ARGUMENT  out is NULL, or out->size is smaller than 16 bytes.

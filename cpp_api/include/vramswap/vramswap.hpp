@@ -297,6 +297,47 @@ VRAMSWAP_API void release_cached(int device = 0);
 // session throws.
 VRAMSWAP_API void advise(void* ptr, size_t size, advice a, int device = 0);
 
+// --- memory classes: sleep and wake (docs/sleep.md; vramswap.h says it all) ----------------
+// A tag names a memory class ("weights", "kv_cache"): 1 to 63 letters, digits or _ - . : /,
+// at most 64 a process and device. A tag's allocations share no page with other memory, so
+// sleep() can take its pages off the device, their frames free for others, until wake().
+// The addresses stay valid; while a tag sleeps the device must not touch its memory.
+enum class sleep_mode : int {
+  offload = 0,  // the bytes go to host memory (disk past its limit); wake brings them back
+  discard = 1,  // the bytes are dropped; wake gives the pages back zero-filled
+};
+struct tag_sleep {
+  std::string tag;
+  sleep_mode mode = sleep_mode::offload;
+};
+struct tag_info {
+  std::string name;
+  uint64_t allocated_bytes = 0;
+  uint64_t allocations = 0;
+  uint64_t reserved_bytes = 0;
+  bool asleep = false;
+  sleep_mode mode = sleep_mode::offload;  // while asleep
+};
+// malloc of tag `tag`; free() (and free_async()) take it back. Throws what malloc throws, and
+// invalid_argument for a bad tag name, a 65th tag, or a tag asleep.
+VRAMSWAP_API void* malloc(size_t size, int device, const std::string& tag);
+// Sleep each tag as its mode says, in one pass (discards first); synchronizes the device. A
+// tag asleep already stays so (a discard drops what an offload kept). Throws invalid_argument
+// (an unknown tag, one named twice, an oversubscribed process), out_of_memory, cuda_error,
+// error (VRAMSWAP_ERR_IO, VRAMSWAP_ERR_NO_SPACE); what() says which tags are asleep then.
+VRAMSWAP_API void sleep(const std::vector<tag_sleep>& tags, int device = 0);
+// Wake the named tags (none named: every sleeping tag): brought in now while this process's
+// memory is resident (lock held, or keep_resident), else at the next lock. Throws
+// invalid_argument (an unknown tag, an oversubscribed process), timeout (no frames within
+// VRAMSWAP_EVICT_TIMEOUT), cuda_error, error (VRAMSWAP_ERR_IO); the tags not woken stay asleep.
+VRAMSWAP_API void wake(const std::vector<std::string>& tags = {}, int device = 0);
+// This process's memory on `device` stays resident without the lock from now on; it leaves
+// only by sleep(), and gpu_lock of the device is refused. Throws invalid_argument (the lock
+// held, a rank of a gang, an oversubscribed process) and what bringing memory in at a lock throws.
+VRAMSWAP_API void keep_resident(int device = 0);
+// This process's tags on `device`, in the order they were made.
+VRAMSWAP_API std::vector<tag_info> tags(int device = 0);
+
 // This process's numbers on one device. Plain data; see vramswap_stats_t for the C version.
 struct stats {
   uint64_t allocated_bytes = 0;  // live allocations (rounded to 256 bytes)
@@ -343,6 +384,8 @@ struct stats {
   // slots (those pinned ahead of need included; 0 with the shared host pool, which vramswapd
   // owns), and an oversubscribed process's host frames (in use and spare).
   uint64_t host_pinned_bytes = 0;
+  // Memory classes (sleep): bytes of the allocations of the tags asleep now.
+  uint64_t asleep_bytes = 0;
 };
 // Opens the device's session if needed (so it may start the pool server). Throws
 // out_of_memory (host memory), and what opening the device's session throws.
