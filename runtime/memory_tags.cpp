@@ -20,7 +20,9 @@ bool valid_name_char(char c) {
          c == '/';
 }
 
-int check_name(const std::string& name) {
+}  // namespace
+
+int memory_tags::check_name(const std::string& name) {
   if (name.empty() || name.size() > memory_tags::k_max_name) {
     return fail(err_invalid_argument, "memory tag '%s': a tag is 1 to %zu characters", name.c_str(), memory_tags::k_max_name);
   }
@@ -29,7 +31,6 @@ int check_name(const std::string& name) {
   }
   return ok;
 }
-}  // namespace
 
 const char* sleep_mode_name(sleep_mode m) noexcept { return m == sleep_mode::discard ? "discard" : "offload"; }
 

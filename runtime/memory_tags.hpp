@@ -59,6 +59,8 @@ class memory_tags {
   static constexpr size_t k_max_name = 63;
 
   explicit memory_tags(pager& memory) : memory_(memory) {}
+  // err_invalid_argument (detail set) unless `name` is a valid tag name.
+  static int check_name(const std::string& name);
   memory_tags(const memory_tags&) = delete;
   memory_tags& operator=(const memory_tags&) = delete;
 

@@ -61,6 +61,8 @@ std::atomic<bool> g_forked{false};
 void mark_forked() noexcept { g_forked.store(true, std::memory_order_relaxed); }
 // Locks held by this thread, by device: the re-entry depth (the sessions count the same).
 thread_local std::vector<uint32_t> t_held;
+// This thread's allocation tag (set_thread_tag); "" when none.
+thread_local char t_tag[memory_tags::k_max_name + 1] = "";
 
 // Set by close_all (at exit): the sessions are gone, and so, soon, is the backend. A call
 // after it (from an atexit handler or a static destructor that runs after vramswap's own)
@@ -545,6 +547,7 @@ int unlock(int device) noexcept {
 }
 
 int malloc(int device, size_t size, uintptr_t* out) noexcept {
+  if (t_tag[0] != '\0') return malloc_tagged(device, size, t_tag, out);
   device_state* st = nullptr;
   VS_TRY(state_for("malloc", device, &st));
   if (size == 0) return fail(err_invalid_argument, "malloc(device %d): size 0", device);
@@ -568,19 +571,40 @@ int free(int device, uintptr_t ptr) noexcept {
   return add_context(st->policy->memory().free(ptr), "free(0x%zx, device %d): ", static_cast<size_t>(ptr), device);
 }
 
-int malloc_tagged(int device, size_t size, const char* tag, uintptr_t* out) noexcept {
+namespace {
+int tagged_allocation(int device, size_t size, const char* tag, backing when_not_resident, uintptr_t* out) {
   if (tag == nullptr) return fail(err_invalid_argument, "malloc_tagged(device %d): tag is NULL", device);
   try {
     device_state* st = nullptr;
     VS_TRY(state_for("malloc_tagged", device, &st));
     device_ptr p = 0;
-    VS_TRY(add_context(st->tags->malloc(tag, size, backing::when_free, &p), "malloc(%zu bytes, tag '%s', device %d): ", size, tag, device));
+    VS_TRY(add_context(st->tags->malloc(tag, size, when_not_resident, &p), "malloc(%zu bytes, tag '%s', device %d): ", size, tag, device));
     *out = p;
     return ok;
   } catch (const std::bad_alloc&) {
     return fail(err_out_of_memory, "malloc(%zu bytes, device %d): out of host memory", size, device);
   }
 }
+}  // namespace
+
+int malloc_tagged(int device, size_t size, const char* tag, uintptr_t* out) noexcept {
+  return tagged_allocation(device, size, tag, backing::when_free, out);
+}
+
+int set_thread_tag(const char* tag) noexcept {
+  if (tag == nullptr || tag[0] == '\0') {
+    t_tag[0] = '\0';
+    return ok;
+  }
+  if (std::strlen(tag) > memory_tags::k_max_name) {
+    return fail(err_invalid_argument, "memory tag '%.*s...': a tag is 1 to %zu characters", 16, tag, memory_tags::k_max_name);
+  }
+  VS_TRY(memory_tags::check_name(tag));
+  std::snprintf(t_tag, sizeof t_tag, "%s", tag);
+  return ok;
+}
+
+const char* thread_tag() noexcept { return t_tag; }
 
 namespace {
 int sleeping_session(const char* fn, int device, device_state** out) {
@@ -693,6 +717,8 @@ int note_outside_pool(int device, int64_t delta_bytes) noexcept {
 }
 
 int malloc_async(int device, size_t size, uintptr_t stream, uintptr_t* out) noexcept {
+  // Its callers write the memory at once: backed now, or out of memory.
+  if (t_tag[0] != '\0') return tagged_allocation(device, size, t_tag, backing::required, out);
   try {
     device_state* st = nullptr;
     VS_TRY(state_for("malloc_async", device, &st));
@@ -811,9 +837,9 @@ namespace {
 int copy(const char* fn, int device, uintptr_t dev, void* host, size_t size, bool to_device) {
   device_state* st = nullptr;
   VS_TRY(state_for(fn, device, &st));
-  if (!st->policy->mapped_without_lock() && held_by_this_thread(device) == 0) {
-    return fail(err_not_owner, "%s(device %d): take the device's lock first: memory is resident only while it is held", fn,
-                device);
+  if (!st->policy->mapped_without_lock() && !st->policy->keeps_resident() && held_by_this_thread(device) == 0) {
+    return fail(err_not_owner, "%s(device %d): take the device's lock first (or keep_resident): memory is resident only while it is "
+                "held", fn, device);
   }
   if (size == 0) return ok;
   backend& be = st->policy->get_backend();

@@ -133,6 +133,12 @@ int note_outside_pool(int device, int64_t delta_bytes) noexcept;
 // resident without the lock from now on (it sleeps and wakes instead of taking turns).
 // tags: up to `capacity` reports into out, *count set to how many tags there are.
 int malloc_tagged(int device, size_t size, const char* tag, uintptr_t* out) noexcept;
+// This thread's allocation tag: while set (not nullptr, not ""), malloc and malloc_async of
+// this thread allocate memory of that tag (malloc_async then as malloc_tagged, not from the
+// stream allocator's cache). err_invalid_argument for a name that is no valid tag (nothing
+// changes); thread_tag() is "" when none is set.
+int set_thread_tag(const char* tag) noexcept;
+const char* thread_tag() noexcept;
 int sleep(int device, const char* const* tags, const uint8_t* modes, size_t count) noexcept;
 int wake(int device, const char* const* tags, size_t count) noexcept;
 int keep_resident(int device) noexcept;

@@ -238,6 +238,12 @@ void* malloc(size_t size, int device, const std::string& tag) {
   return reinterpret_cast<void*>(p);
 }
 
+void set_thread_tag(const std::string& tag) {
+  if (const int rc = rt::set_thread_tag(tag.c_str()); rc != ok) throw_last(rc);
+}
+
+std::string thread_tag() { return rt::thread_tag(); }
+
 void sleep(const std::vector<tag_sleep>& tags, int device) {
   std::vector<const char*> names;
   std::vector<uint8_t> modes;

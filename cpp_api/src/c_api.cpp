@@ -78,6 +78,10 @@ int vramswap_sleep(int device, const char* const* tags, const int* modes, size_t
   return rt::sleep(device, tags, m.data(), count);
 }
 
+int vramswap_set_thread_tag(const char* tag) { return rt::set_thread_tag(tag); }
+
+const char* vramswap_thread_tag(void) { return rt::thread_tag(); }
+
 int vramswap_wake(int device, const char* const* tags, size_t count) { return rt::wake(device, tags, count); }
 
 int vramswap_keep_resident(int device) { return rt::keep_resident(device); }

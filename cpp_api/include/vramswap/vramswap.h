@@ -279,6 +279,14 @@ VRAMSWAP_C_API int vramswap_release_cached(int device);
  * Errors: those of vramswap_malloc, and VRAMSWAP_ERR_INVALID_ARGUMENT: tag is NULL or not a
  * valid name, the process has 64 tags already, the tag is asleep. */
 VRAMSWAP_C_API int vramswap_malloc_tagged(void** out, size_t size, int device, const char* tag);
+/* This thread's allocation tag: while one is set, vramswap_malloc and vramswap_malloc_async of
+ * this thread (and so PyTorch's allocations through vramswap.torch) allocate memory of that tag
+ * (vramswap_malloc_async then as vramswap_malloc_tagged, backed at once or out of memory, not
+ * from the stream-ordered cache). NULL or "" clears it. vramswap_thread_tag: the tag set, ""
+ * when none (never NULL).
+ * Errors: VRAMSWAP_ERR_INVALID_ARGUMENT (not a valid tag name; nothing changed). */
+VRAMSWAP_C_API int vramswap_set_thread_tag(const char* tag);
+VRAMSWAP_C_API const char* vramswap_thread_tag(void);
 /* Put tags[i] to sleep as modes[i] (VRAMSWAP_SLEEP_*), for i < count, in one pass: the discarded
  * ones first, then the offloaded ones' bytes copied out at the link rate. Synchronizes the
  * device first. A tag asleep already is left so (but a discard drops what an offload kept).

@@ -321,6 +321,27 @@ struct tag_info {
 // malloc of tag `tag`; free() (and free_async()) take it back. Throws what malloc throws, and
 // invalid_argument for a bad tag name, a 65th tag, or a tag asleep.
 VRAMSWAP_API void* malloc(size_t size, int device, const std::string& tag);
+// This thread's allocation tag (vramswap_set_thread_tag): while set, malloc(size, device) and
+// malloc_async of this thread allocate memory of that tag. "" clears it. Throws
+// invalid_argument for a name that is no valid tag (nothing changed).
+VRAMSWAP_API void set_thread_tag(const std::string& tag);
+VRAMSWAP_API std::string thread_tag();
+// RAII: this thread's allocations are of `tag` until the scope ends (the previous tag back then).
+class tag_scope {
+ public:
+  explicit tag_scope(const std::string& tag) : previous_(thread_tag()) { set_thread_tag(tag); }
+  ~tag_scope() {
+    try {
+      set_thread_tag(previous_);
+    } catch (...) {  // the previous tag was valid: cannot fail
+    }
+  }
+  tag_scope(const tag_scope&) = delete;
+  tag_scope& operator=(const tag_scope&) = delete;
+
+ private:
+  std::string previous_;
+};
 // Sleep each tag as its mode says, in one pass (discards first); synchronizes the device. A
 // tag asleep already stays so (a discard drops what an offload kept). Throws invalid_argument
 // (an unknown tag, one named twice, an oversubscribed process), out_of_memory, cuda_error,
