@@ -55,6 +55,12 @@ if ! python3 -c "import pytest" 2>/dev/null && compgen -G ".devdeps/wheels/*.whl
     echo "device-run: installing pytest from .devdeps/wheels failed" >&2
 fi
 
+# torch_memory_saver, what bench_sleep_wake.py measures vramswap's sleep and wake beside.
+if ! python3 -c "import torch_memory_saver" 2>/dev/null && compgen -G ".devdeps/wheels/torch_memory_saver-*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps .devdeps/wheels/torch_memory_saver-*.whl >/dev/null 2>&1 ||
+    echo "device-run: installing torch_memory_saver from .devdeps/wheels failed" >&2
+fi
+
 # --- build --------------------------------------------------------------------------------
 build=build/device
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVRAMSWAP_WERROR=ON \
