@@ -256,6 +256,7 @@ def test_stats_keys():
         "pages_promoted", "reclaim_seconds", "cache_hits", "cache_misses", "cache_trims", "allocator_seconds",
         "yield_waits", "yield_seconds", "frames_asked_ahead", "frames_asked_at_acquire", "cache_miss_bytes",
         "placement_rounds", "placement_rounds_skipped", "pages_placed_in", "pages_placed_out", "host_pinned_bytes",
+        "asleep_bytes",
     }
     assert s["allocations"] == 0 and s["acquires"] == 0
 
