@@ -245,6 +245,25 @@ int pool_frame_source::timed_out_error(uint64_t waited_ns, const char* bound) co
                   host_pool.empty() ? "Is it stopped (SIGSTOP, a debugger) or stuck in a driver call?" : host_pool.c_str() + 1);
     }
   }
+  // No frame asked for is late: others hold theirs active. A member that holds active frames
+  // without the lock keeps its memory resident (keep_resident) until it sleeps: name them.
+  std::string awake;
+  for (uint32_t m = 0; m < k_member_count; ++m) {
+    if (m == me_) continue;
+    const member_slot& s = pool_.member(m);
+    if (s.state.load(std::memory_order_acquire) != member_live || s.holding.load(std::memory_order_relaxed) != 0) continue;
+    const uint32_t active = pool_.count(frame_active, m);
+    if (active == 0) continue;
+    awake += (awake.empty() ? "" : ", ") + std::string("process ") + std::to_string(s.pid) + " (" + std::to_string(active) + " frames)";
+  }
+  if (!awake.empty()) {
+    return fail(err_timeout,
+                "pool: no frame became free within %.1f s (%s): %s keep%s its memory resident without the lock and give%s "
+                "its frames back only when it sleeps its memory (vramswap.sleep, torch_memory_saver.pause); put it to sleep "
+                "first, or give this process more time (VRAMSWAP_EVICT_TIMEOUT)",
+                waited_ns / 1e9, bound, awake.c_str(), awake.find(',') == std::string::npos ? "s" : "",
+                awake.find(',') == std::string::npos ? "s" : "");
+  }
   return fail(err_timeout, "pool: no frame became free within %.1f s (%s): other processes hold the pool's frames",
               waited_ns / 1e9, bound);
 }

@@ -181,3 +181,23 @@ def test_bad_input_is_refused_and_changes_nothing():
     with pytest.raises(ValueError, match="keeps its memory resident"):
         with vramswap.gpu_lock():
             pass
+
+
+def test_waiting_on_an_awake_process_times_out_naming_it(monkeypatch):
+    sleeper = start_sleeper()  # awake: 40 MiB of the 64 MiB pool
+    try:
+        monkeypatch.setenv("VRAMSWAP_EVICT_TIMEOUT", "2")
+        vramswap._testing.reread_options()
+        vramswap.keep_resident()
+        with pytest.raises(TimeoutError, match=rf"process {sleeper.pid} \(\d+ frames\) keeps its memory resident.*sleep"):
+            vramswap.malloc(40 * MiB, tag="rollout")
+        assert vramswap.stats()["allocated_bytes"] == 0, "the failed allocation left nothing behind"
+        assert ask(sleeper, "sleep") == ["asleep", "0"]
+        p = vramswap.malloc(40 * MiB, tag="rollout")  # its frames are free now
+        vramswap.free(p)
+        ask(sleeper, "exit")
+        assert sleeper.wait(30) == 0
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
