@@ -114,7 +114,8 @@ class TorchMemorySaver:
 
     def pause(self, tag=None):
         """Put the memory of `tag` (None or "": every tag) to sleep: backed-up regions' bytes go
-        to host memory, the others are dropped; the frames are free for other processes."""
+        to host memory, the others are dropped; the frames are free for other processes. The
+        blocks of freed tensors that vramswap keeps for reuse are given back too."""
         self._ensure_initialized()
         for device in sorted(self._devices):
             asked = {}
@@ -125,6 +126,8 @@ class TorchMemorySaver:
                 asked[t["name"]] = "offload" if parts[1] else "discard"
             if asked:
                 _sleep.sleep(asked, device=device)
+            # Freed tensors' blocks kept for reuse hold frames too: give them back with the pause.
+            _vramswap.release_cached(device)
 
     def resume(self, tag=None):
         """Bring the memory of `tag` (None or "": every tag) back at the same addresses."""
