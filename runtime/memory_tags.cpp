@@ -167,15 +167,20 @@ std::vector<page_range> memory_tags::pages_of(const tag_entry& t) const {
   return pages;
 }
 
-int memory_tags::sleep_all_of(const std::vector<tag_entry*>& tags, sleep_mode mode) {
-  if (tags.empty()) return ok;
+std::vector<page_range> memory_tags::pages_of(const std::vector<tag_entry*>& tags, std::string* names) const {
   std::vector<page_range> pages;
-  std::string names;
-  for (tag_entry* t : tags) {
+  for (const tag_entry* t : tags) {
     const std::vector<page_range> p = pages_of(*t);
     pages.insert(pages.end(), p.begin(), p.end());
-    names += (names.empty() ? "'" : ", '") + t->name + "'";
+    *names += (names->empty() ? "'" : ", '") + t->name + "'";
   }
+  return pages;
+}
+
+int memory_tags::sleep_all_of(const std::vector<tag_entry*>& tags, sleep_mode mode) {
+  if (tags.empty()) return ok;
+  std::string names;
+  const std::vector<page_range> pages = pages_of(tags, &names);
   const int rc = memory_.sleep(pages, mode == sleep_mode::discard);
   for (tag_entry* t : tags) {
     // Discarded bytes are gone whatever happened next; otherwise a tag sleeps when any of its
@@ -231,13 +236,8 @@ int memory_tags::wake(const std::vector<std::string>& names) {
       }
     }
     if (chosen.empty()) return ok;
-    std::vector<page_range> pages;
     std::string listed;
-    for (tag_entry* t : chosen) {
-      const std::vector<page_range> p = pages_of(*t);
-      pages.insert(pages.end(), p.begin(), p.end());
-      listed += (listed.empty() ? "'" : ", '") + t->name + "'";
-    }
+    const std::vector<page_range> pages = pages_of(chosen, &listed);
     const int rc = memory_.wake(pages);
     for (tag_entry* t : chosen) t->asleep = rc != ok && memory_.asleep_pages_in(pages_of(*t)) > 0;
     if (rc != ok) return add_context(rc, "wake (%s): ", listed.c_str());

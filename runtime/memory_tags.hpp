@@ -101,6 +101,8 @@ class memory_tags {
   int grow(tag_entry& t, uint64_t size);
   region* region_of(device_ptr ptr) const;
   std::vector<page_range> pages_of(const tag_entry& t) const;
+  // The pages of all of `tags`; their names, quoted, appended to *names (for messages).
+  std::vector<page_range> pages_of(const std::vector<tag_entry*>& tags, std::string* names) const;
   int sleep_all_of(const std::vector<tag_entry*>& tags, sleep_mode mode);
 
   pager& memory_;

@@ -3,6 +3,7 @@ device and comes back with every byte at the same address, a sleeping process's 
 another process that needs them (real processes, one waiting on the other's frames), a lock
 user's sleeping tags stay out of its turns, and bad input is refused with what to do."""
 
+import contextlib
 import os
 import random
 import subprocess
@@ -94,11 +95,20 @@ for line in sys.stdin:
 """
 
 
-def start_sleeper():
+@contextlib.contextmanager
+def sleeper_process():
+    """The sleeper, awake and ready; told to exit (and waited for) at the end, killed if it hangs."""
     proc = subprocess.Popen([sys.executable, "-c", SLEEPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=os.environ.copy())
-    assert proc.stdout.readline().strip() == "ready", f"the sleeper did not start (exit {proc.poll()})"
-    return proc
+    try:
+        assert proc.stdout.readline().strip() == "ready", f"the sleeper did not start (exit {proc.poll()})"
+        yield proc
+        ask(proc, "exit")
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def ask(proc, cmd):
@@ -109,8 +119,7 @@ def ask(proc, cmd):
 
 def test_a_sleeping_process_gives_its_frames_to_the_next_and_gets_them_back():
     # Pool 64 MiB: the sleeper's 40 MiB and this process's 40 MiB do not fit together.
-    sleeper = start_sleeper()
-    try:
+    with sleeper_process() as sleeper:
         assert ask(sleeper, "sleep") == ["asleep", "0"]
         vramswap.keep_resident()
         mine_data = randbytes(40 * MiB, 9)
@@ -129,12 +138,6 @@ def test_a_sleeping_process_gives_its_frames_to_the_next_and_gets_them_back():
         assert ask(sleeper, "sleep") == ["asleep", "0"]
         vramswap.wake("rollout")
         assert vramswap._testing.read(mine, 40 * MiB) == mine_data
-        ask(sleeper, "exit")
-        assert sleeper.wait(30) == 0
-    finally:
-        if sleeper.poll() is None:
-            sleeper.kill()
-            sleeper.wait()
 
 
 def test_a_lock_users_sleeping_tag_stays_out_of_its_turns_until_woken():
@@ -184,8 +187,7 @@ def test_bad_input_is_refused_and_changes_nothing():
 
 
 def test_waiting_on_an_awake_process_times_out_naming_it(monkeypatch):
-    sleeper = start_sleeper()  # awake: 40 MiB of the 64 MiB pool
-    try:
+    with sleeper_process() as sleeper:  # awake: 40 MiB of the 64 MiB pool
         monkeypatch.setenv("VRAMSWAP_EVICT_TIMEOUT", "2")
         vramswap._testing.reread_options()
         vramswap.keep_resident()
@@ -195,9 +197,3 @@ def test_waiting_on_an_awake_process_times_out_naming_it(monkeypatch):
         assert ask(sleeper, "sleep") == ["asleep", "0"]
         p = vramswap.malloc(40 * MiB, tag="rollout")  # its frames are free now
         vramswap.free(p)
-        ask(sleeper, "exit")
-        assert sleeper.wait(30) == 0
-    finally:
-        if sleeper.poll() is None:
-            sleeper.kill()
-            sleeper.wait()
