@@ -257,12 +257,12 @@ int pool_frame_source::timed_out_error(uint64_t waited_ns, const char* bound) co
     awake += (awake.empty() ? "" : ", ") + std::string("process ") + std::to_string(s.pid) + " (" + std::to_string(active) + " frames)";
   }
   if (!awake.empty()) {
+    const char* verb_s = awake.find(',') == std::string::npos ? "s" : "";  // one process, or several
     return fail(err_timeout,
                 "pool: no frame became free within %.1f s (%s): %s keep%s its memory resident without the lock and give%s "
                 "its frames back only when it sleeps its memory (vramswap.sleep, torch_memory_saver.pause); put it to sleep "
                 "first, or give this process more time (VRAMSWAP_EVICT_TIMEOUT)",
-                waited_ns / 1e9, bound, awake.c_str(), awake.find(',') == std::string::npos ? "s" : "",
-                awake.find(',') == std::string::npos ? "s" : "");
+                waited_ns / 1e9, bound, awake.c_str(), verb_s, verb_s);
   }
   return fail(err_timeout, "pool: no frame became free within %.1f s (%s): other processes hold the pool's frames",
               waited_ns / 1e9, bound);

@@ -71,6 +71,25 @@ void device_session::leaving() noexcept {
   }
 }
 
+// Our idle frames active again, every page brought in, under mutex_. On failure the pager is
+// not resident and our frames are idle again, every page's bytes where they were.
+int device_session::bring_memory_in() {
+  frames_->reclaim_own();
+  if (const int rc = memory().restore_all(); rc != ok) {
+    const std::string why = last_error();
+    memory().set_not_resident();
+    frames_->release_own();
+    return fail(rc, "%s", why.c_str());
+  }
+  // A thread of ours that allocated while restore_all() had not yet made us resident took
+  // free frames as idle (pool_frame_source::try_take_not_resident), after the reclaim
+  // above: make them active too, so that no one asks for them. (No one could have
+  // meanwhile: only a holder asks, and a process that keeps its memory resident takes
+  // no turns.)
+  frames_->reclaim_own();
+  return ok;
+}
+
 int device_session::keep_resident() {
   std::lock_guard<std::mutex> guard(mutex_);
   if (kept_resident_.load(std::memory_order_relaxed)) return ok;
@@ -78,14 +97,9 @@ int device_session::keep_resident() {
     return fail(err_invalid_argument, "keep_resident(device %d): this process %s; a process either takes turns under the lock or keeps "
                 "its memory resident and sleeps it, not both", device_, rank_ != nullptr ? "is a rank of a gang" : "holds the device's lock");
   }
-  frames_->reclaim_own();
-  if (const int rc = memory().restore_all(); rc != ok) {
-    const std::string why = last_error();
-    memory().set_not_resident();
-    frames_->release_own();
-    return fail(rc, "keep_resident(device %d): bringing this process's memory in failed (it stays as it was): %s", device_, why.c_str());
+  if (const int rc = bring_memory_in(); rc != ok) {
+    return add_context(rc, "keep_resident(device %d): bringing this process's memory in failed (it stays as it was): ", device_);
   }
-  frames_->reclaim_own();  // frames taken as idle meanwhile by another thread's allocation
   kept_resident_.store(true, std::memory_order_release);
   log(log_level::info, "device %d: this process keeps its memory resident from now on (it sleeps and wakes it; no turns under the lock)",
       device_);
@@ -148,23 +162,15 @@ int device_session::granted(lock_priority priority, const acquire_start& start, 
   member().set_holding(true);
   member().observe().granted(priority, asked_ns, granted_ns);
   const uint64_t bytes_in_before = memory().stats().bytes_in;
-  frames_->reclaim_own();
-  const int rc = memory().restore_all();
+  const int rc = bring_memory_in();
   if (rc != ok) {
     const std::string why = last_error();
-    memory().set_not_resident();
-    frames_->release_own();
     member().observe().restore_failed();
     member().set_holding(false);
     lock_.release();
     return fail(rc, "acquire(device %d): bringing this process's memory in failed, the lock was released again: %s", device_,
                 why.c_str());
   }
-  // A thread of ours that allocated while restore_all() had not yet made us resident took
-  // free frames as idle (pool_frame_source::try_take_not_resident), after the reclaim
-  // above: make them active too, so that no one asks for them while we hold the lock. (No
-  // one could have meanwhile: only the holder asks, and that is us.)
-  frames_->reclaim_own();
   depth_ = 1;
   ++stats_.acquires;
   stats_.last_lock_granted_ns = granted_ns;

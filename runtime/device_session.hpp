@@ -107,6 +107,7 @@ class device_session final : public session {
   void opened() override;
   void serve(uint32_t requests_seen) override;
   void leaving() noexcept override;
+  int bring_memory_in();
   void hand_on(uint64_t called_ns, uint64_t evict_start_ns, uint64_t bytes_out_before);
   uint64_t saved_past_host_tier() const noexcept;
   // Observability: publish where the saved pages are (host / disk bytes).
